@@ -1,0 +1,38 @@
+# funsim: two commands on a fresh machine.
+#   make demo   build .venv if missing, install, run the quickstart offline, print where the report is
+#   make test   same setup, then the fast test suite (what CI runs)
+#   make bench  run the side-by-side benchmarks (installs the peer libraries first)
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-slow bench clean venv
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -e ".[test,data]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/funsim quickstart
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS) tests similarity
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow $(PYTEST_ARGS) tests
+
+bench: $(STAMP)
+	$(PY) -m pip install -e ".[bench]"
+	$(PY) -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

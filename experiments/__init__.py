@@ -1,0 +1,1 @@
+"""funsim.experiments: data loading, thin drivers, plotting and the CLI."""

@@ -1,0 +1,43 @@
+"""Strict test settings shared by every test (STYLE.md 8, 9).
+
+* float64 is enabled so that NumPy/SciPy references can be compared at 1e-10;
+  float32 behaviour is tested by passing float32 arrays explicitly.
+* rank promotion raises, so silent broadcasting bugs fail loudly.
+* hypothesis is derandomized: the same examples every run, no deadline.
+"""
+
+import os
+
+os.environ.setdefault("TFDS_DISABLE_DOWNLOAD", "1")
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+settings.register_profile(
+    "funsim",
+    derandomize=True,
+    deadline=None,
+    max_examples=25,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.load_profile("funsim")
+
+# Per-dtype tolerances (STYLE.md 7): one table for every reference comparison.
+TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
+
+
+@pytest.fixture
+def rng():
+    """A fresh, seeded NumPy generator per test."""
+    return np.random.default_rng(0)
+
+
+@pytest.fixture
+def tol():
+    return TOL
