@@ -16,7 +16,14 @@ score (higher is more similar) or a distance.
 # --- representational similarity (cka, rsa, cca, shape, regression, registry) ---
 
 # --- stitching and usable information ---
+from similarity.stitching import FAMILIES as FAMILIES
+from similarity.stitching import Stitcher as Stitcher
+from similarity.stitching import apply_stitcher as apply_stitcher
 
 # --- multilinear networks and tensor similarity ---
+from similarity.multilinear import BilinearLayer as BilinearLayer
+from similarity.multilinear import LinearLayer as LinearLayer
+from similarity.multilinear import apply_layer as apply_layer
+from similarity.multilinear import apply_network as apply_network
 
 # --- comparison grid ---
