@@ -17,8 +17,14 @@ score (higher is more similar) or a distance.
 
 # --- stitching and usable information ---
 from similarity.stitching import FAMILIES as FAMILIES
+from similarity.stitching import ReconstructionScore as ReconstructionScore
 from similarity.stitching import Stitcher as Stitcher
+from similarity.stitching import StitchingAsymmetry as StitchingAsymmetry
 from similarity.stitching import apply_stitcher as apply_stitcher
+from similarity.stitching import fit_stitcher as fit_stitcher
+from similarity.stitching import fit_stitchers as fit_stitchers
+from similarity.stitching import reconstruction_score as reconstruction_score
+from similarity.stitching import stitching_asymmetry as stitching_asymmetry
 
 # --- multilinear networks and tensor similarity ---
 from similarity.multilinear import BilinearLayer as BilinearLayer
