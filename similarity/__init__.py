@@ -75,3 +75,6 @@ from similarity.multilinear import apply_layer as apply_layer
 from similarity.multilinear import apply_network as apply_network
 
 # --- comparison grid ---
+from similarity.grid import MOMENT_MEASURES as MOMENT_MEASURES
+from similarity.grid import GridResult as GridResult
+from similarity.grid import compare_grid as compare_grid
