@@ -92,17 +92,17 @@ def apply_layer(layer: Layer, x: ArrayLike) -> jax.Array:
     x = jnp.asarray(x)
     if isinstance(layer, LinearLayer):
         y = jnp.einsum("od,nd->no", layer.weight, x)
-        return y if layer.bias is None else y + layer.bias
+        return y if layer.bias is None else y + jnp.asarray(layer.bias)[None, :]
     if isinstance(layer, BilinearLayer):
         a = jnp.einsum("hd,nd->nh", layer.left, x)
         b = jnp.einsum("hd,nd->nh", layer.right, x)
         if layer.left_bias is not None:
-            a = a + layer.left_bias
+            a = a + jnp.asarray(layer.left_bias)[None, :]
         if layer.right_bias is not None:
-            b = b + layer.right_bias
+            b = b + jnp.asarray(layer.right_bias)[None, :]
         y = jnp.einsum("oh,nh->no", layer.down, a * b)
         if layer.down_bias is not None:
-            y = y + layer.down_bias
+            y = y + jnp.asarray(layer.down_bias)[None, :]
         if layer.residual:
             y = y + x
         return y
@@ -328,7 +328,7 @@ def network_depth(net: Network) -> int:
 
 
 def _shape(x) -> tuple:
-    return tuple(getattr(x, "shape", np.shape(x)))
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
 
 
 def validate_network(net, name: str = "net", *, batch_ndim: int = 0) -> tuple:
@@ -397,7 +397,7 @@ def validate_network(net, name: str = "net", *, batch_ndim: int = 0) -> tuple:
                     f"{where}.{field} has stacking shape {shp[:bd]}, but other leaves have "
                     f"{batch}; stack every checkpoint the same way."
                 )
-            dt = jnp.dtype(getattr(value, "dtype", np.asarray(value).dtype))
+            dt = jnp.dtype(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
             if not jnp.issubdtype(dt, jnp.floating):
                 raise TypeError(f"{where}.{field} must be a float array, got dtype {dt}.")
             shapes[field] = shp[bd:]

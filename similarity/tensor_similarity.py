@@ -95,6 +95,8 @@ def _resolve_method(metric: str, method: str, depth: int) -> str:
             "similarity.monte_carlo_inner (unbiased, with a standard error), or "
             "metric='symmetric' / 'frobenius' (exact Gram recursion at any depth)."
         )
+    if depth == 1:
+        return "exact"  # the closure is exact at depth 1: same computation, one compilation
     return "exact" if method == "auto" else method
 
 
@@ -522,7 +524,13 @@ def _matrix_jit(stacked, metric, method, outputs, batch_size):
         nb = jax.tree_util.tree_map(lambda x: x[j], stacked)
         return _inner_core(na, nb, metric, method, outputs)
 
-    vals = jax.lax.map(one, (jnp.asarray(iu), jnp.asarray(ju)), batch_size=batch_size)
+    # Pad the pair list to a multiple of the batch so that one vmapped body is compiled.
+    n_pairs = iu.size
+    bs = min(batch_size, n_pairs)
+    pad = -n_pairs % bs
+    ip = np.concatenate([iu, np.zeros(pad, iu.dtype)]).reshape(-1, bs)
+    jp = np.concatenate([ju, np.zeros(pad, ju.dtype)]).reshape(-1, bs)
+    vals = jax.lax.map(jax.vmap(one), (jnp.asarray(ip), jnp.asarray(jp))).reshape(-1)[:n_pairs]
     gram = jnp.zeros((n, n), vals.dtype).at[iu, ju].set(vals).at[ju, iu].set(vals)
     return gram
 
