@@ -213,12 +213,6 @@ def pair_moments(
 # ----------------------------------------------------------------------------- fits
 
 
-def _pad_square(c: jax.Array) -> jax.Array:
-    d1, d2 = c.shape
-    d = max(d1, d2)
-    return jnp.pad(c, ((0, d - d1), (0, d - d2)))
-
-
 def affine_system(gram: jax.Array, *, ridge: float, mask: jax.Array | None = None) -> jax.Array:
     """Cholesky factor of the (ridge-regularised) normal equations ``G + ridge I``.
 
@@ -251,7 +245,8 @@ def fit_from_moments(
     """Closed-form fit of ``V ≈ s * pad(U) Q`` (or ``U W``) from moments.
 
     Args:
-      gram_train: ``(d1, d1)`` ``U^T U``.
+      gram_train: ``(d1, d1)`` ``U^T U`` (the orthogonal families accept its
+        trace ``()`` instead).
       cross_train: ``(d1, d2)`` ``U^T V``.
       family: one of ``FAMILIES``.
       chol: optional precomputed :func:`affine_system` factor (reused by the grid).
@@ -269,13 +264,17 @@ def fit_from_moments(
             chol = affine_system(gram_train, ridge=ridge, mask=mask_src)
         w = jax.scipy.linalg.cho_solve((chol, True), cross_train)
         return w, jnp.ones((), dt)
-    d1, d2 = cross_train.shape
-    u, sv, vt = jnp.linalg.svd(_pad_square(cross_train))
-    q = jnp.einsum("ik,kj->ij", u, vt)
-    w = q[:d1, :d2]
+    # The (d1, d2) block of the square Procrustes solution on the zero-padded
+    # space is U V^T from the *thin* SVD U S V^T of the (d1, d2) cross-covariance
+    # (the padded rows/columns only add null directions that the block never
+    # sees), so no D x D SVD is needed. It is exact for the padded problem; it
+    # is not the solution of the unbalanced problem with a semi-orthogonal map.
+    u, sv, vt = jnp.linalg.svd(cross_train, full_matrices=False)
+    w = jnp.einsum("ik,kj->ij", u, vt)
     if family == "scaled_orthogonal":
         # s = <V, U Q> / ||pad(U) Q||^2 and ||pad(U) Q|| = ||U||.
-        return w, jnp.sum(sv) / jnp.trace(gram_train)
+        sq = jnp.trace(gram_train) if gram_train.ndim == 2 else gram_train
+        return w, jnp.sum(sv) / sq
     return w, jnp.ones((), dt)
 
 
@@ -398,19 +397,22 @@ def split_weights(
 
 
 def _fit_impl(x, y, mask_src, *, family, ridge, normalize):
-    ones = jnp.ones((x.shape[0],), x.dtype)
-    mx = layer_moments(x, ones, ones, normalize=normalize)
-    my = layer_moments(y, ones, ones, normalize=normalize)
-    pm = pair_moments(x, y, mx, my, ones, ones)
-    w, s = fit_from_moments(
-        mx.gram_train, pm.cross_train, family=family, ridge=ridge, mask_src=mask_src
-    )
-    ratio = my.norm / mx.norm
+    mx, my = jnp.mean(x, axis=0), jnp.mean(y, axis=0)
+    xc, yc = x - mx[None, :], y - my[None, :]
+    one = jnp.ones((), x.dtype)
+    nx = jnp.sqrt(jnp.sum(xc * xc)) if normalize else one
+    ny = jnp.sqrt(jnp.sum(yc * yc)) if normalize else one
+    u, v = xc / nx, yc / ny
+    # the orthogonal families only need tr(U^T U), not the Gram matrix
+    gram = jnp.einsum("ni,nj->ij", u, u) if family == "affine" else jnp.sum(u * u)
+    cross = jnp.einsum("ni,nj->ij", u, v)
+    w, s = fit_from_moments(gram, cross, family=family, ridge=ridge, mask_src=mask_src)
+    ratio = ny / nx
     if family == "affine":
-        weight, scale = w * ratio, jnp.ones((), x.dtype)
+        weight, scale = w * ratio, one
     else:
         weight, scale = w, s * ratio
-    bias = my.mean - scale * jnp.einsum("s,st->t", mx.mean, weight)
+    bias = my - scale * jnp.einsum("s,st->t", mx, weight)
     return weight, bias, scale
 
 
@@ -581,6 +583,10 @@ def stitching_asymmetry(
 # ----------------------------------------------------------------------------- batched
 
 
+def _bucket(d: int) -> int:
+    return 1 << (d - 1).bit_length()
+
+
 def _pad_cols(z: jax.Array, d: int) -> jax.Array:
     return jnp.pad(z, ((0, 0), (0, d - z.shape[1])))
 
@@ -599,20 +605,26 @@ def fit_stitchers(
     family: str = "affine",
     ridge: float = 0.0,
     normalize: bool = True,
+    bucket: bool = True,
 ) -> list[Stitcher] | Stitcher:
-    """Fit many stitchers in one vmapped, jit-compiled call.
+    """Fit many stitchers in one vmapped, jit-compiled call per width bucket.
 
     Problems of different widths are zero-padded to a common width, with
     feature masks (padded source features get a unit diagonal in the normal
     equations and weight 0; the orthogonal families are exact under zero
     padding), so each result equals the individual unpadded
-    :func:`fit_stitcher`.
+    :func:`fit_stitcher`. With ``bucket=True`` (default) each width is padded
+    only up to the next power of two and each ``(source, target)`` bucket is
+    one vmapped call, which bounds the padding waste by 2x per side; with
+    ``bucket=False`` every problem is padded to the largest width and the
+    whole batch is a single call (one compilation).
 
     Args:
       zs_src: a sequence of ``(n, d_src_i)`` arrays (same ``n``), or one stacked
         ``(b, n, d_src)`` array.
       zs_tgt: the matching ``(n, d_tgt_i)`` arrays, or ``(b, n, d_tgt)``.
       family, ridge, normalize: as in :func:`fit_stitcher`.
+      bucket: group problems into power-of-two width buckets (see above).
 
     Returns:
       For sequences, a list of :class:`Stitcher` (unpadded). For stacked arrays,
@@ -653,45 +665,24 @@ def fit_stitchers(
     if len(ns) != 1:
         raise ValueError(f"All problems must share the sample count n; got n in {sorted(ns)}.")
     dt = functools.reduce(jnp.promote_types, [x.dtype for x, _ in pairs])
-    d = max(max(x.shape[1], y.shape[1]) for x, y in pairs)
-    xs = jnp.stack([_pad_cols(x.astype(dt), d) for x, _ in pairs])
-    ys = jnp.stack([_pad_cols(y.astype(dt), d) for _, y in pairs])
-    masks = jnp.stack([(jnp.arange(d) < x.shape[1]).astype(dt) for x, _ in pairs])
-    weight, bias, scale = _fit_batch_core(
-        xs, ys, masks, family=family, ridge=float(ridge), normalize=bool(normalize)
-    )
-    _check_finite_result(weight, "A fitted stitcher weight")
-    if stacked:
-        d1, d2 = pairs[0][0].shape[1], pairs[0][1].shape[1]
-        return Stitcher(weight[:, :d1, :d2], bias[:, :d2], scale, family=family)
-    return [
-        Stitcher(weight[i, : x.shape[1], : y.shape[1]], bias[i, : y.shape[1]], scale[i], family=family)
-        for i, (x, y) in enumerate(pairs)
-    ]
-
-
-# ----------------------------------------------------------------------------- registry
-
-
-def _register_measures() -> None:
-    from similarity.registry import register
-
-    inv = ("translation", "rotation", "isotropic_scale", "permutation")
-    for fam in FAMILIES:
-        register(
-            f"stitch/{fam}",
-            functools.partial(_held_out_score, family=fam),
-            kind="score",
-            symmetric=False,
-            invariances=inv,
-            description=f"directed held-out reconstruction score of y from x, {fam} stitcher "
-            "(split=0.5 with jax.random.key(0); see reconstruction_score)",
-            overwrite=True,
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (x, y) in enumerate(pairs):
+        k = (_bucket(x.shape[1]), _bucket(y.shape[1])) if bucket else (0, 0)
+        groups.setdefault(k, []).append(i)
+    out: list[Stitcher | None] = [None] * len(pairs)
+    for idx in groups.values():
+        d1 = max(pairs[i][0].shape[1] for i in idx)
+        d2 = max(pairs[i][1].shape[1] for i in idx)
+        xs = jnp.stack([_pad_cols(pairs[i][0].astype(dt), d1) for i in idx])
+        ys = jnp.stack([_pad_cols(pairs[i][1].astype(dt), d2) for i in idx])
+        masks = jnp.stack([(jnp.arange(d1) < pairs[i][0].shape[1]).astype(dt) for i in idx])
+        weight, bias, scale = _fit_batch_core(
+            xs, ys, masks, family=family, ridge=float(ridge), normalize=bool(normalize)
         )
-
-
-def _held_out_score(x: ArrayLike, y: ArrayLike, /, *, family: str) -> jax.Array:
-    return reconstruction_score(x, y, family=family).held_out
-
-
-_register_measures()
+        _check_finite_result(weight, "A fitted stitcher weight")
+        if stacked:
+            return Stitcher(weight, bias, scale, family=family)
+        for k, i in enumerate(idx):
+            e1, e2 = pairs[i][0].shape[1], pairs[i][1].shape[1]
+            out[i] = Stitcher(weight[k, :e1, :e2], bias[k, :e2], scale[k], family=family)
+    return out
