@@ -591,12 +591,6 @@ def _pad_cols(z: jax.Array, d: int) -> jax.Array:
     return jnp.pad(z, ((0, 0), (0, d - z.shape[1])))
 
 
-@functools.partial(jax.jit, static_argnames=("family", "ridge", "normalize"))
-def _fit_batch_core(xs, ys, masks, *, family, ridge, normalize):
-    fit = functools.partial(_fit_impl, family=family, ridge=ridge, normalize=normalize)
-    return jax.vmap(fit)(xs, ys, masks)
-
-
 def fit_stitchers(
     zs_src: Sequence[ArrayLike] | ArrayLike,
     zs_tgt: Sequence[ArrayLike] | ArrayLike,
@@ -640,14 +634,20 @@ def fit_stitchers(
       [(3, 2), (5, 2)]
     """
     _check_options(family, ridge)
-    stacked = hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim")
-    if stacked:
-        if zs_src.ndim != 3 or zs_tgt.ndim != 3 or zs_src.shape[0] != zs_tgt.shape[0]:
+    opts = dict(family=family, ridge=float(ridge), normalize=bool(normalize))
+    if hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim"):
+        xs, ys = V.as_float_array(zs_src, "zs_src"), V.as_float_array(zs_tgt, "zs_tgt")
+        if xs.ndim != 3 or ys.ndim != 3 or xs.shape[:2] != ys.shape[:2]:
             raise ValueError(
-                "Stacked zs_src and zs_tgt must be (b, n, d) arrays with the same b, got "
-                f"{tuple(zs_src.shape)} and {tuple(zs_tgt.shape)}."
+                "Stacked zs_src and zs_tgt must be (b, n, d) arrays with the same b and n, got "
+                f"{tuple(xs.shape)} and {tuple(ys.shape)}."
             )
-        zs_src, zs_tgt = list(zs_src), list(zs_tgt)
+        _check_affine_rank(xs.shape[1], xs.shape[2], family, ridge, "zs_src")
+        dt = jnp.promote_types(xs.dtype, ys.dtype)
+        weight, bias, scale, flags = _fit_stacked(xs.astype(dt), ys.astype(dt), **opts)
+        _raise_flags(flags, range(xs.shape[0]))
+        _check_finite_result(weight, "A fitted stitcher weight")
+        return Stitcher(weight, bias, scale, family=family)
     zs_src, zs_tgt = list(zs_src), list(zs_tgt)
     if len(zs_src) != len(zs_tgt) or not zs_src:
         raise ValueError(
@@ -656,10 +656,10 @@ def fit_stitchers(
         )
     pairs = []
     for i, (a, b) in enumerate(zip(zs_src, zs_tgt)):
-        x, y = V.check_pair(a, b, (f"zs_src[{i}]", f"zs_tgt[{i}]"))
+        # shapes and dtypes here; values (NaN/Inf, constant sides) are checked
+        # inside the batched call, in one pass, and raised below
+        x, y = V.check_pair(a, b, (f"zs_src[{i}]", f"zs_tgt[{i}]"), finite=False)
         _check_affine_rank(x.shape[0], x.shape[1], family, ridge, f"zs_src[{i}]")
-        V.check_not_constant(x, f"zs_src[{i}]", what="the stitcher fit")
-        V.check_not_constant(y, f"zs_tgt[{i}]", what="the stitcher fit")
         pairs.append((x, y))
     ns = {x.shape[0] for x, _ in pairs}
     if len(ns) != 1:
@@ -671,18 +671,63 @@ def fit_stitchers(
         groups.setdefault(k, []).append(i)
     out: list[Stitcher | None] = [None] * len(pairs)
     for idx in groups.values():
-        d1 = max(pairs[i][0].shape[1] for i in idx)
-        d2 = max(pairs[i][1].shape[1] for i in idx)
-        xs = jnp.stack([_pad_cols(pairs[i][0].astype(dt), d1) for i in idx])
-        ys = jnp.stack([_pad_cols(pairs[i][1].astype(dt), d2) for i in idx])
-        masks = jnp.stack([(jnp.arange(d1) < pairs[i][0].shape[1]).astype(dt) for i in idx])
-        weight, bias, scale = _fit_batch_core(
-            xs, ys, masks, family=family, ridge=float(ridge), normalize=bool(normalize)
-        )
-        _check_finite_result(weight, "A fitted stitcher weight")
-        if stacked:
-            return Stitcher(weight, bias, scale, family=family)
+        xs = tuple(pairs[i][0].astype(dt) for i in idx)
+        ys = tuple(pairs[i][1].astype(dt) for i in idx)
+        weights, biases, scale, flags = _fit_group(xs, ys, **opts)
+        _raise_flags(flags, idx)
+        for w in weights:
+            _check_finite_result(w, "A fitted stitcher weight")
         for k, i in enumerate(idx):
-            e1, e2 = pairs[i][0].shape[1], pairs[i][1].shape[1]
-            out[i] = Stitcher(weight[k, :e1, :e2], bias[k, :e2], scale[k], family=family)
+            out[i] = Stitcher(weights[k], biases[k], scale[k], family=family)
     return out
+
+
+def _flags(x, y):
+    """Per-problem value checks: all finite, source not constant, target not constant."""
+
+    def spread(z):
+        dev = jnp.max(jnp.abs(z - jnp.mean(z, axis=0)[None, :]))
+        return dev > 1e-12 * jnp.maximum(jnp.max(jnp.abs(z)), 1.0)
+
+    finite = jnp.all(jnp.isfinite(x)) & jnp.all(jnp.isfinite(y))
+    return jnp.stack([finite, spread(x), spread(y)])
+
+
+def _raise_flags(flags, idx) -> None:
+    if not V.is_concrete(flags):
+        return
+    flags = np.asarray(flags)
+    for k, i in enumerate(idx):
+        if not flags[k, 0]:
+            raise ValueError(
+                f"zs_src[{i}] or zs_tgt[{i}] contains NaN or Inf values; remove or impute them."
+            )
+        for col, nm in ((1, "zs_src"), (2, "zs_tgt")):
+            if not flags[k, col]:
+                raise ValueError(
+                    f"{nm}[{i}] is constant across samples (zero variance after centring), so "
+                    "the stitcher fit is undefined (0/0). Check that the layer is not dead."
+                )
+
+
+@functools.partial(jax.jit, static_argnames=("family", "ridge", "normalize"))
+def _fit_group(xs, ys, *, family, ridge, normalize):
+    """Pad a tuple of problems to the group's widths, fit them vmapped, slice back."""
+    d1 = max(x.shape[1] for x in xs)
+    d2 = max(y.shape[1] for y in ys)
+    xp = jnp.stack([_pad_cols(x, d1) for x in xs])
+    yp = jnp.stack([_pad_cols(y, d2) for y in ys])
+    masks = jnp.asarray(np.stack([np.arange(d1) < x.shape[1] for x in xs]), xp.dtype)
+    fit = functools.partial(_fit_impl, family=family, ridge=ridge, normalize=normalize)
+    w, b, s = jax.vmap(fit)(xp, yp, masks)
+    flags = jnp.stack([_flags(x, y) for x, y in zip(xs, ys)])
+    weights = tuple(w[k, : x.shape[1], : y.shape[1]] for k, (x, y) in enumerate(zip(xs, ys)))
+    biases = tuple(b[k, : y.shape[1]] for k, y in enumerate(ys))
+    return weights, biases, s, flags
+
+
+@functools.partial(jax.jit, static_argnames=("family", "ridge", "normalize"))
+def _fit_stacked(xs, ys, *, family, ridge, normalize):
+    fit = functools.partial(_fit_impl, mask_src=None, family=family, ridge=ridge, normalize=normalize)
+    w, b, s = jax.vmap(lambda x, y: fit(x, y))(xs, ys)
+    return w, b, s, jax.vmap(_flags)(xs, ys)

@@ -332,3 +332,7 @@ def test_bad_input(rng):
         fit_stitcher(x, y, ridge=-1.0)
     with pytest.raises(ValueError, match="sample count"):
         fit_stitchers([x, x[:10]], [y, y[:10]])
+    with pytest.raises(ValueError, match=r"zs_src\[1\] or zs_tgt\[1\] contains NaN"):
+        fit_stitchers([x, bad], [y, y])
+    with pytest.raises(ValueError, match=r"zs_tgt\[0\] is constant"):
+        fit_stitchers([x], [np.ones_like(y)])
