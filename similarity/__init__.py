@@ -60,6 +60,13 @@ from similarity.stitching import fit_stitcher as fit_stitcher
 from similarity.stitching import fit_stitchers as fit_stitchers
 from similarity.stitching import reconstruction_score as reconstruction_score
 from similarity.stitching import stitching_asymmetry as stitching_asymmetry
+from similarity.usable_info import V_FAMILIES as V_FAMILIES
+from similarity.usable_info import PointwiseVInfo as PointwiseVInfo
+from similarity.usable_info import VResult as VResult
+from similarity.usable_info import conditional_v_information as conditional_v_information
+from similarity.usable_info import pointwise_v_information as pointwise_v_information
+from similarity.usable_info import v_entropy as v_entropy
+from similarity.usable_info import v_information as v_information
 
 # --- multilinear networks and tensor similarity ---
 from similarity.multilinear import BilinearLayer as BilinearLayer
@@ -68,3 +75,6 @@ from similarity.multilinear import apply_layer as apply_layer
 from similarity.multilinear import apply_network as apply_network
 
 # --- comparison grid ---
+from similarity.grid import MOMENT_MEASURES as MOMENT_MEASURES
+from similarity.grid import GridResult as GridResult
+from similarity.grid import compare_grid as compare_grid

@@ -285,7 +285,10 @@ def linear_stats(x: ArrayLike, /, *, debiased: bool = False, method: str = "auto
       >>> s.centred.shape, s.row_sq.shape, s.self_hsic.shape
       ((3, 2), (3,), ())
     """
-    xc = centre_features(x)
+    return _stats(centre_features(x), debiased, method)
+
+
+def _stats(xc: jax.Array, debiased: bool, method: str = "auto") -> LinearStats:
     kx = jnp.sum(xc * xc, axis=1)
     n = xc.shape[0]
     return LinearStats(xc, kx, _hsic_from_terms(_cross_sq(xc, xc, method), kx, kx, n, debiased))
@@ -471,7 +474,9 @@ def cka_accumulate(
 
     Nguyen et al. (2021) average the per-batch (unbiased) HSIC separately for
     the numerator and each denominator term; :func:`cka_finalize` divides.
-    Sums are kept in ``state``'s dtype.
+    Sums of the raw HSIC values (of the centred, unscaled batch) are kept in
+    ``state``'s dtype; float32 sums are fine for activations of ordinary
+    magnitude (values near 1e19 would overflow).
 
     Args:
       state: from :func:`cka_init` or a previous call.
@@ -500,9 +505,11 @@ def cka_accumulate(
 
 
 def _accumulate(state: CKAState, xb: jax.Array, yb: jax.Array, debiased: bool) -> CKAState:
+    # raw (unnormalised) centred features: batches are averaged on one common scale
     dt = state.xy.dtype
-    sx = linear_stats(xb.astype(dt), debiased=debiased)
-    sy = linear_stats(yb.astype(dt), debiased=debiased)
+    xb, yb = xb.astype(dt), yb.astype(dt)
+    sx = _stats(xb - jnp.mean(xb, axis=0, keepdims=True), debiased)
+    sy = _stats(yb - jnp.mean(yb, axis=0, keepdims=True), debiased)
     xy = linear_hsic_cross(sx, sy, debiased=debiased)
     return CKAState(state.xy + xy, state.xx + sx.self_hsic, state.yy + sy.self_hsic, state.count + 1)
 

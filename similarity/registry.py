@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 from collections.abc import Callable, Iterable
 
@@ -74,6 +75,7 @@ class Measure:
       symmetric: whether ``fn(x, y) == fn(y, x)``.
       invariances: a frozenset drawn from :data:`INVARIANCES`.
       description: one line.
+      bounds: ``(lo, hi)``, the range of values (``inf`` when unbounded).
     """
 
     name: str
@@ -82,6 +84,7 @@ class Measure:
     symmetric: bool
     invariances: frozenset
     description: str
+    bounds: tuple = (-math.inf, math.inf)
 
     def __call__(self, x, y, /) -> jax.Array:
         return self.fn(x, y)
@@ -92,14 +95,15 @@ _REGISTRY: dict[str, Measure] = {}
 _FAMILIES: dict[str, tuple[str, Callable[[float], Measure], tuple[float, ...]]] = {}
 
 
-def _make(name, fn, kind, symmetric, invariances, description) -> Measure:
+def _make(name, fn, kind, symmetric, invariances, description, bounds=(-math.inf, math.inf)) -> Measure:
     V.check_choice(kind, "kind", KINDS)
     inv = frozenset(invariances)
     for i in inv:
         V.check_choice(i, "invariance", INVARIANCES)
     if not callable(fn):
         raise TypeError(f"fn for measure {name!r} must be callable, got {type(fn).__name__}.")
-    return Measure(name, fn, kind, bool(symmetric), inv, description)
+    lo, hi = (float(b) for b in bounds)
+    return Measure(name, fn, kind, bool(symmetric), inv, description, (lo, hi))
 
 
 def register(
@@ -110,6 +114,7 @@ def register(
     symmetric: bool,
     invariances: Iterable[str],
     description: str,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
     overwrite: bool = False,
 ) -> Measure:
     """Add a measure under ``name``.
@@ -121,6 +126,7 @@ def register(
       symmetric: whether swapping the arguments leaves the value unchanged.
       invariances: names from :data:`INVARIANCES` (tested, so be exact).
       description: one line.
+      bounds: ``(lo, hi)``, the range of possible values (tested).
       overwrite: replace an existing entry instead of raising.
 
     Returns:
@@ -142,7 +148,7 @@ def register(
         raise ValueError(f"measure name {name!r} must not contain '='; use register_family.")
     if name in _REGISTRY and not overwrite:
         raise ValueError(f"measure {name!r} is already registered; pass overwrite=True.")
-    m = _make(name, fn, kind, symmetric, invariances, description)
+    m = _make(name, fn, kind, symmetric, invariances, description, bounds)
     _REGISTRY[name] = m
     return m
 
@@ -245,6 +251,7 @@ for _deb in (False, True):
             kind="score",
             symmetric=True,
             invariances=_ALL_BUT_LINEAR,
+            bounds=(-1.0 if _deb else 0.0, 1.0),
             description=f"{'debiased ' if _deb else ''}{_k} CKA"
             + (" (RBF bandwidth 0.5 x median distance)" if _k == "rbf" else ""),
         )
@@ -263,27 +270,28 @@ for _metric in RDM_METRICS:
             kind="score",
             symmetric=True,
             invariances=_RDM_INV[_metric],
+            bounds=(-1.0, 1.0),
             description=f"RSA: {_metric} RDMs compared by {_cmp}"
             + (" (sqeuclidean + cosine_cov = linear CKA)" if _cmp == "cosine_cov" else ""),
         )
 
-register("cca/r2", cca_r2, kind="score", symmetric=True,
+register("cca/r2", cca_r2, bounds=(0.0, 1.0), kind="score", symmetric=True,
          invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
          description="mean squared canonical correlation R^2_CCA (needs d < n)")
-register("cca/mean", cca_mean, kind="score", symmetric=True,
+register("cca/mean", cca_mean, bounds=(0.0, 1.0), kind="score", symmetric=True,
          invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
          description="mean canonical correlation (needs d < n)")
-register("svcca", svcca, kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
+register("svcca", svcca, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
          description="SVCCA: mean CCA of the top-SVD subspaces keeping 99% variance")
-register("pwcca", pwcca, kind="score", symmetric=False,
+register("pwcca", pwcca, bounds=(0.0, 1.0), kind="score", symmetric=False,
          invariances={"translation", "isotropic_scale", "permutation"},
          description="projection-weighted CCA, weights from the first argument (needs d < n)")
-register("nbs", nbs, kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
+register("nbs", nbs, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
          description="normalised Bures similarity ||Xc^T Yc||_* / (||Xc|| ||Yc||)")
-register("procrustes", procrustes_distance, kind="distance", symmetric=True,
+register("procrustes", procrustes_distance, bounds=(0.0, 2.0), kind="distance", symmetric=True,
          invariances=_ALL_BUT_LINEAR,
          description="Ding et al. squared Procrustes distance 2 - 2 NBS on unit-norm data")
-register("regression/r2", linear_regression_r2, kind="score", symmetric=False,
+register("regression/r2", linear_regression_r2, bounds=(0.0, 1.0), kind="score", symmetric=False,
          invariances=_ALL_BUT_LINEAR,
          description="directed linear-regression R^2 of the second argument from the first")
 
@@ -302,7 +310,8 @@ def _shape_builder(distance: str) -> Callable[[float], Measure]:
             f"shape/{distance}/alpha={_fmt(alpha)}",
             functools.partial(shape_distance, alpha=alpha, distance=distance),
             "distance", True, inv,
-            f"{distance} shape metric, alpha={_fmt(alpha)} ({what}; netrep semantics)",
+            bounds=(0.0, math.pi / 2 if distance == "angular" else math.inf),
+            description=f"{distance} shape metric, alpha={_fmt(alpha)} ({what}; netrep semantics)",
         )
 
     return build
@@ -319,7 +328,7 @@ def _ridge_builder(ridge: float) -> Measure:
     return _make(
         f"regression/r2/ridge={_fmt(ridge)}",
         functools.partial(linear_regression_r2, ridge=ridge),
-        "score", False, inv, f"directed ridge-regression R^2 (ridge={_fmt(ridge)}, in-sample)",
+        "score", False, inv, bounds=(0.0, 1.0), description=f"directed ridge-regression R^2 (ridge={_fmt(ridge)}, in-sample)",
     )
 
 

@@ -668,3 +668,30 @@ def fit_stitchers(
         Stitcher(weight[i, : x.shape[1], : y.shape[1]], bias[i, : y.shape[1]], scale[i], family=family)
         for i, (x, y) in enumerate(pairs)
     ]
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def _register_measures() -> None:
+    from similarity.registry import register
+
+    inv = ("translation", "rotation", "isotropic_scale", "permutation")
+    for fam in FAMILIES:
+        register(
+            f"stitch/{fam}",
+            functools.partial(_held_out_score, family=fam),
+            kind="score",
+            symmetric=False,
+            invariances=inv,
+            description=f"directed held-out reconstruction score of y from x, {fam} stitcher "
+            "(split=0.5 with jax.random.key(0); see reconstruction_score)",
+            overwrite=True,
+        )
+
+
+def _held_out_score(x: ArrayLike, y: ArrayLike, /, *, family: str) -> jax.Array:
+    return reconstruction_score(x, y, family=family).held_out
+
+
+_register_measures()
