@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import pathlib
 import time
 
@@ -139,15 +140,30 @@ def _stitch_grid(cfg, feats_a, feats_b):
     return out
 
 
+def _tensor_api():
+    """(tensor_similarity, weight_cosine) from similarity, or None where not built yet."""
+    fns = []
+    for name in ("tensor_similarity", "weight_cosine"):
+        fn = getattr(similarity, name, None)
+        if not callable(fn):
+            try:
+                mod = importlib.import_module("similarity.tensor_similarity")
+                fn = getattr(mod, name, None)
+            except ImportError:
+                fn = None
+        fns.append(fn)
+    return fns
+
+
 def _tensor_step(cfg, trained, out):
-    ts = getattr(similarity, "tensor_similarity", None)
+    ts, weight_cosine = _tensor_api()
     if ts is None:
         return None, "similarity.tensor_similarity is not available in this build; step 4 skipped."
     a, b = (trained[f"bilinear_s{s}"] for s in cfg.seeds[:2])
     net_a, net_b = a.to_network(), b.to_network()
     res = {"seeds": {m: float(ts(net_a, net_b, metric=m)) for m in TENSOR_METRICS}}
-    if hasattr(similarity, "weight_cosine"):
-        res["seeds"]["weight_cosine (baseline)"] = float(similarity.weight_cosine(net_a, net_b))
+    if weight_cosine is not None:
+        res["seeds"]["weight cosine (baseline)"] = float(weight_cosine(net_a, net_b))
     # similarity of each checkpoint of one run to its final network
     wd = out / "models" / f"bilinear_s{cfg.seeds[0]}"
     steps = list_checkpoints(wd)
