@@ -112,10 +112,11 @@ def test_kornblith_published_values():
 # --------------------------------------------------------------------- vs references
 
 
-@pytest.mark.parametrize("kind", DATA_KINDS)
-@pytest.mark.parametrize("kernel", ["linear", "rbf"])
+@pytest.mark.parametrize("kind", ["random", "duplicated", "wide"])
 @pytest.mark.parametrize("debiased", [False, True])
-def test_cka_matches_reference(kind, kernel, debiased):
+def test_rbf_cka_matches_reference(kind, debiased):
+    """(The linear kernel on every data kind: test_feature_and_gram_paths_agree.)"""
+    kernel = "rbf"
     x, y = _data(kind, np.random.default_rng(0))
     got = float(cka(x, y, kernel=kernel, debiased=debiased))
     assert got == pytest.approx(_ref_for(kind, x, y, kernel, debiased), rel=1e-9, abs=1e-10)

@@ -50,9 +50,9 @@ def _data(kind, rng):
         x = rng.integers(0, 3, size=(12, 4)).astype(float)
         return x, np.abs(x - 1.0) + rng.integers(0, 2, size=(12, 4))
     if kind == "duplicated":  # duplicated samples: tied distances under every metric
-        x = rng.normal(size=(12, 4))
+        x = rng.normal(size=(16, 4))
         x[3], x[7] = x[2], x[6]
-        return x, np.tanh(x) + 0.3 * rng.normal(size=(12, 4))
+        return x, np.tanh(x) + 0.3 * rng.normal(size=(16, 4))
     raise ValueError(kind)
 
 
@@ -63,8 +63,10 @@ def test_rdm_matches_scipy(metric):
     np.testing.assert_allclose(rdm(x, metric=metric), ref_rdm(x, metric), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["random", "duplicated"])
-@pytest.mark.parametrize("compare", COMPARISONS)
+@pytest.mark.parametrize(
+    "kind, compare",
+    [("random", c) for c in COMPARISONS] + [("duplicated", c) for c in ("spearman", "kendall")],
+)
 @pytest.mark.parametrize("metric", RDM_METRICS)
 def test_rsa_matches_reference(metric, compare, kind):
     x, y = _data(kind, np.random.default_rng(1))
