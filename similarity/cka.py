@@ -125,6 +125,12 @@ def _sq_dists(x: jax.Array) -> jax.Array:
     return jnp.where(jnp.eye(n, dtype=bool), 0.0, jnp.maximum(d2, 0.0))
 
 
+def _rbf_gram_and_median(x: jax.Array, scale: float) -> tuple[jax.Array, jax.Array]:
+    d2 = _sq_dists(x)
+    med = jnp.median(d2)
+    return jnp.exp(-d2 / (2.0 * scale**2 * med)), med
+
+
 def rbf_gram(x: ArrayLike, /, *, scale: float = 0.5) -> jax.Array:
     """RBF kernel with the median heuristic of Kornblith et al. (2019).
 
@@ -145,10 +151,7 @@ def rbf_gram(x: ArrayLike, /, *, scale: float = 0.5) -> jax.Array:
       >>> k.shape
       (3, 3)
     """
-    x = jnp.asarray(x)
-    d2 = _sq_dists(x)
-    med = jnp.median(d2)
-    return jnp.exp(-d2 / (2.0 * scale**2 * med))
+    return _rbf_gram_and_median(jnp.asarray(x), scale)[0]
 
 
 def centre_gram(k: ArrayLike, /) -> jax.Array:
@@ -351,21 +354,21 @@ def linear_cka_from_stats(
 
 @functools.partial(jax.jit, static_argnames=("kernel", "debiased", "rbf_scale", "method"))
 def _cka_parts(x, y, kernel: str, debiased: bool, rbf_scale: float, method: str):
-    """(HSIC(x, y), HSIC(x, x), HSIC(y, y))."""
+    """(HSIC(x, y), HSIC(x, x), HSIC(y, y), RBF median of x, of y (1 for linear))."""
     if kernel == "linear":
         sx = linear_stats(x, debiased=debiased, method=method)
         sy = linear_stats(y, debiased=debiased, method=method)
-        return linear_hsic_cross(sx, sy, debiased=debiased, method=method), sx.self_hsic, sy.self_hsic
-    k = rbf_gram(x, scale=rbf_scale)
-    l = rbf_gram(y, scale=rbf_scale)
-    return _hsic_gram(k, l, debiased), _hsic_gram(k, k, debiased), _hsic_gram(l, l, debiased)
+        one = jnp.ones((), x.dtype)
+        xy = linear_hsic_cross(sx, sy, debiased=debiased, method=method)
+        return xy, sx.self_hsic, sy.self_hsic, one, one
+    k, mx = _rbf_gram_and_median(x, rbf_scale)
+    l, my = _rbf_gram_and_median(y, rbf_scale)
+    hs = _hsic_gram(k, l, debiased), _hsic_gram(k, k, debiased), _hsic_gram(l, l, debiased)
+    return (*hs, mx, my)
 
 
-_median_sq_dist = jax.jit(lambda x: jnp.median(_sq_dists(x)))
-
-
-def _check_rbf_median(x: jax.Array, name: str) -> None:
-    if V.is_concrete(x) and not float(_median_sq_dist(x)) > 0:
+def _check_rbf_median(med: jax.Array, x: jax.Array, name: str) -> None:
+    if V.is_concrete(med) and not float(med) > 0:
         raise ValueError(
             f"{name} of shape {tuple(x.shape)} has a zero median squared pairwise distance "
             "(at least half of its sample pairs coincide), so the RBF bandwidth is zero. "
@@ -420,10 +423,9 @@ def cka(
     x, y = V.check_pair(x, y, min_samples=need, why=why)
     V.check_not_constant(x, "x", what="CKA")
     V.check_not_constant(y, "y", what="CKA")
-    if kernel == "rbf":
-        _check_rbf_median(x, "x")
-        _check_rbf_median(y, "y")
-    xy, xx, yy = _cka_parts(x, y, kernel, debiased, float(rbf_scale), method)
+    xy, xx, yy, mx, my = _cka_parts(x, y, kernel, debiased, float(rbf_scale), method)
+    _check_rbf_median(mx, x, "x")
+    _check_rbf_median(my, y, "y")
     V.check_positive_result(xx, "HSIC(x, x)", _CONSTANT_CAUSE)
     V.check_positive_result(yy, "HSIC(y, y)", _CONSTANT_CAUSE)
     return xy / jnp.sqrt(xx * yy)
