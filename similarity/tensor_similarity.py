@@ -23,6 +23,14 @@ metric         method       what it is
                             algorithm); exact at depth <= 1, an approximation beyond.
 =============  ===========  ==============================================================
 
+How far off the closure is at depth 2 (measured with ``tensor_inner`` against
+``method="exact"``, which matches quadrature to 1e-8, on six random float64
+two-layer networks, d=4, h=6, o=3, biases, half with a residual first layer):
+the closure's self inner product ``<A|A>`` was 0.27-0.74 times the exact one
+(so up to ~3.7x too small), and the similarity of two independent networks was
+off by up to 0.17 in absolute value (e.g. exact 0.040 vs closure -0.127, exact
+0.217 vs closure 0.079). Treat it as a cheap kernel, not as the Gaussian metric.
+
 ``method="auto"`` picks ``gram`` for frobenius/symmetric and ``exact`` for
 gaussian; for gaussian at depth >= 3 it raises, because no exact polynomial
 method is offered there (exactness is exponential in depth): pass
@@ -258,10 +266,33 @@ def _bcast(x, letters):
     return x
 
 
+def _alternating_trace(a1, b1, a2, b2):
+    """``tr(a1[k] b1[K] a2[k] b2[K])`` for all (k, K): the one ``O(h_a h_b d^3)`` term.
+
+    Mapped over k so that each step is two ``(d, d) x (h_b, d, d)`` products,
+    with ``O(h_b d^2)`` memory (a single einsum would hold two ``h_a h_b d^2``
+    intermediates and was 5x slower).
+    """
+
+    def one(ak):
+        x, y = ak
+        u = jnp.einsum("pq,Kqr->Kpr", x, b1)
+        v = jnp.einsum("rs,Ksp->Krp", y, b2)
+        return jnp.einsum("Kpr,Krp->K", u, v)
+
+    return jax.lax.map(one, (a1, a2))
+
+
 def _chain(parts, order, closed):
     """``tr(A_o1 ... A_om)`` (closed) or ``b_o1^T A_o2 ... A_o(m-1) b_om``, over (k, K)."""
     specs, ops = [], []
     m = len(order)
+    sides = [_SIDE[it] for it in order]
+    if closed and m == 4 and sides in (["k", "K", "k", "K"], ["K", "k", "K", "k"]):
+        if sides[0] == "K":  # rotate the cycle so that it starts on the a side
+            order = order[1:] + order[:1]
+        a1, b1, a2, b2 = (parts[it][2] for it in order)
+        return _alternating_trace(a1, b1, a2, b2)
     if closed:
         for j, it in enumerate(order):
             specs.append(_SIDE[it] + _IDX[j] + _IDX[(j + 1) % m])
