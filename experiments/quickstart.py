@@ -31,7 +31,6 @@ import pathlib
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 

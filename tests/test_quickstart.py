@@ -7,7 +7,7 @@ import pytest
 
 import similarity
 from experiments import cli
-from experiments.quickstart import TINY, run
+from experiments.quickstart import TINY
 
 
 def test_quickstart_tiny_end_to_end(tmp_path, capsys):

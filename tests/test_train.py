@@ -1,6 +1,5 @@
 """Training loop: learning, determinism, resume after a kill, schedules, refusals."""
 
-import json
 import os
 import pathlib
 import signal
@@ -9,14 +8,13 @@ import sys
 import textwrap
 import time
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
 
 import models
 from experiments import data
-from experiments.io import read_json, write_json_atomic
+from experiments.io import read_json
 from models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
