@@ -31,7 +31,6 @@ import pathlib
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -80,7 +79,8 @@ class QuickstartConfig:
 
 
 TINY = QuickstartConfig(
-    steps=12, batch_size=32, seeds=(0, 1), mlp_widths=(8,), bilinear_d_model=8, bilinear_d_hidden=8,
+    # every layer 10 wide (= the 10 digit classes): one compiled shape per measure and family
+    steps=12, batch_size=32, seeds=(0, 1), mlp_widths=(10,), bilinear_d_model=10, bilinear_d_hidden=8,
     n_checkpoints=2, n_compare=60, measures=("cka/linear",), n_train=200,
 )
 
@@ -239,6 +239,12 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
         figures.append(plotting.bar_chart(
             tensor["seeds"], out / "tensor_similarity.png", ylabel="similarity",
             title=f"bilinear_s{s0} vs bilinear_s{s1}: weight-based similarity", ylim=(min(0.0, *tensor["seeds"].values()), 1.05),
+        ))
+        ck = tensor["checkpoints"]
+        figures.append(plotting.lines(
+            ck["steps"], {m: ck[m] for m in ck if m != "steps"}, out / "tensor_checkpoints.png",
+            title=f"bilinear_s{s0}: tensor similarity of each checkpoint to the final network",
+            xlabel="checkpoint step (power-spaced)", ylabel="similarity to final",
         ))
 
     metrics["seconds"] = round(time.time() - t0, 1)
