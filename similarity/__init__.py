@@ -19,6 +19,15 @@ score (higher is more similar) or a distance.
 from similarity.stitching import FAMILIES as FAMILIES
 from similarity.stitching import Stitcher as Stitcher
 from similarity.stitching import apply_stitcher as apply_stitcher
+from similarity.task_stitching import DirectionResult as DirectionResult
+from similarity.task_stitching import FunctionalSimilarity as FunctionalSimilarity
+from similarity.task_stitching import TrainHistory as TrainHistory
+from similarity.task_stitching import functional_similarity as functional_similarity
+from similarity.task_stitching import resize_spatial as resize_spatial
+from similarity.task_stitching import stitch_representation as stitch_representation
+from similarity.task_stitching import stitching_loss as stitching_loss
+from similarity.task_stitching import train_stitcher as train_stitcher
+from similarity.task_stitching import train_stitchers as train_stitchers
 
 # --- multilinear networks and tensor similarity ---
 from similarity.multilinear import BilinearLayer as BilinearLayer
