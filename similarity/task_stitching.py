@@ -60,7 +60,7 @@ from similarity._validate import (
     check_int_labels,
     is_concrete,
 )
-from similarity.stitching import FAMILIES, Stitcher
+from similarity.stitching import FAMILIES, Stitcher, fit_stitcher
 
 INITS = ("closed_form", "identity", "random")
 LOSSES = ("ce", "kl")
@@ -115,9 +115,8 @@ def resize_spatial(z: ArrayLike, /, *, size: tuple[int, int]) -> jax.Array:
     Examples:
       >>> import jax.numpy as jnp
       >>> z = jnp.arange(16.0).reshape(1, 4, 4, 1)
-      >>> resize_spatial(z, size=(2, 2))[0, :, :, 0]
-      Array([[ 2.5,  4.5],
-             [10.5, 12.5]], dtype=float32)
+      >>> resize_spatial(z, size=(2, 2))[0, :, :, 0].tolist()
+      [[2.5, 4.5], [10.5, 12.5]]
     """
     z = as_float_array(z, "z")
     if z.ndim != 4:
@@ -159,8 +158,8 @@ def stitch_representation(
       >>> import jax.numpy as jnp
       >>> from similarity import Stitcher
       >>> s = Stitcher(jnp.eye(2), jnp.ones(2), jnp.asarray(2.0), "scaled_orthogonal")
-      >>> stitch_representation(s, jnp.ones((1, 3, 3, 2)), spatial=(1, 1))[0, 0, 0]
-      Array([3., 3.], dtype=float32)
+      >>> stitch_representation(s, jnp.ones((1, 2, 2, 2)), spatial=(1, 1))[0, 0, 0].tolist()
+      [3.0, 3.0]
     """
     z = as_float_array(z, "z")
     d_src = stitcher.weight.shape[0]
@@ -333,41 +332,26 @@ def _eval_losses(params, consts, z, y, teacher, *, tail_fn, family, loss, d_tgt)
     return jax.vmap(lambda p, c, zz: fn(p, c, zz, y, teacher)[0])(params, consts, z)
 
 
-@functools.partial(jax.jit, static_argnames=("family", "d_tgt"))
-def _materialise_all(params, consts, *, family, d_tgt):
-    return jax.vmap(lambda p, c: _materialise(p, c, family, d_tgt)[:3])(params, consts)
+def _materialise_numpy(params, consts, i: int, family: str, d_src: int, d_tgt: int):
+    """Stitcher ``i``'s ``(weight (d_src, d_tgt), scale, bias)`` in float64 NumPy.
+
+    The same map as :func:`_materialise`, evaluated once after training without
+    compiling anything.
+    """
+    p = {k: np.asarray(v[i], np.float64) for k, v in params.items()}
+    if family == "affine":
+        return p["weight"][:d_src], 1.0, p["bias"]
+    g = p["gen"]
+    a = (g - g.T) * np.asarray(consts["mask"][i], np.float64)
+    eye = np.eye(a.shape[0])
+    q = np.asarray(consts["base"][i], np.float64) @ np.linalg.solve(eye - a, eye + a)
+    scale = float(np.exp(p["log_scale"])) if family == "scaled_orthogonal" else 1.0
+    return q[:d_src, :d_tgt], scale, p["bias"]
 
 
 # ---------------------------------------------------------------------------
 # Initialisation
 # ---------------------------------------------------------------------------
-
-
-def _closed_form(z_src: jax.Array, z_tgt: jax.Array, family: str, ridge: float):
-    """Least-squares reconstruction fit of ``z_tgt`` from ``z_src`` on raw activations.
-
-    Returns ``(weight (d_src, d_tgt), scale, bias (d_tgt,))``. The orthogonal
-    families solve Procrustes on the zero-padded common width (DESIGN.md §3), so
-    ``weight`` is a semi-orthogonal block of a square orthogonal matrix.
-    """
-    z_src = np.asarray(z_src, np.float64)
-    z_tgt = np.asarray(z_tgt, np.float64)
-    mu_s, mu_t = z_src.mean(0), z_tgt.mean(0)
-    a, b = z_src - mu_s, z_tgt - mu_t
-    d_s, d_t = a.shape[1], b.shape[1]
-    if family == "affine":
-        if ridge > 0:
-            weight = np.linalg.solve(a.T @ a + ridge * np.eye(d_s), a.T @ b)
-        else:  # minimum-norm least squares: also fine for rank-deficient sources
-            weight = np.linalg.lstsq(a, b, rcond=None)[0]
-        return weight, 1.0, mu_t - mu_s @ weight
-    m = max(d_s, d_t)
-    a_p = np.pad(a, ((0, 0), (0, m - d_s)))
-    b_p = np.pad(b, ((0, 0), (0, m - d_t)))
-    u, sv, vt = np.linalg.svd(a_p.T @ b_p)
-    weight = (u @ vt)[:d_s, :d_t]
-    scale = float(sv.sum() / np.sum(a * a)) if family == "scaled_orthogonal" else 1.0
-    return weight, scale, mu_t - scale * (mu_s @ weight)
 
 
 def _complete_orthogonal(weight: np.ndarray) -> np.ndarray:
@@ -390,7 +374,13 @@ def _init_one(family, init, d_src, d_tgt, m, z_src, z_tgt, ridge, key):
     scale = 1.0
     base = np.eye(m)
     if init == "closed_form":
-        weight, scale, bias = _closed_form(z_src, z_tgt, family, ridge)
+        # Orthogonal families: raw-activation Procrustes (normalize=False), so that the
+        # orthogonal family has scale 1. Affine: normalised fit, so `ridge` is scale-free.
+        affine = family == "affine"
+        fitted = fit_stitcher(z_src, z_tgt, family=family, ridge=ridge if affine else 0.0,
+                              normalize=affine)
+        weight, bias = np.asarray(fitted.weight, np.float64), np.asarray(fitted.bias, np.float64)
+        scale = float(fitted.scale)
         if family != "affine":
             base = _complete_orthogonal(weight)
     elif init == "random":
@@ -496,7 +486,7 @@ def train_stitchers(
     eval_data: tuple | None = None,
     early_stopping: int | None = None,
     eval_every: int = 50,
-    ridge: float = 0.0,
+    ridge: float = 1e-6,
     progress: bool = True,
 ) -> tuple[list[Stitcher], list[TrainHistory]]:
     """Train K stitchers into one target layer in a single vmapped, jitted loop.
@@ -514,8 +504,11 @@ def train_stitchers(
         the compiled loop (hashed by identity): arrays it closes over are baked
         in, so pass a new function after changing them.
       families: one family for all, or K families (see ``similarity.FAMILIES``).
-      init: ``"closed_form"`` (start at the least-squares reconstruction of
-        ``z_tgt``), ``"identity"`` (the padded identity block) or ``"random"``.
+      init: ``"closed_form"`` (start at :func:`~similarity.fit_stitcher`'s
+        least-squares reconstruction of ``z_tgt``: ``normalize=False`` for the
+        orthogonal families, so that ``orthogonal`` has scale 1; ``normalize=True``
+        with ``ridge`` for ``affine``), ``"identity"`` (the padded identity block) or
+        ``"random"`` (Haar-random rotation; Gaussian ``N(0, 1/d_src)`` affine weight).
       z_tgt: ``(n, *target_shape)`` model B's own target-layer activations on
         the same inputs; required for ``init="closed_form"``.
       target_shape: the per-sample target shape, ``(d_tgt,)`` or ``(H, W, C)``,
@@ -537,7 +530,10 @@ def train_stitchers(
         loss has not improved for that many evaluations and return its best
         parameters. Needs ``eval_data``.
       eval_every: steps per jitted chunk (``lax.scan``) and between evaluations.
-      ridge: ridge of the closed-form affine init.
+      ridge: ridge of the closed-form affine init, in the scale-free units of
+        :func:`~similarity.fit_stitcher` (the centred source has unit Frobenius
+        norm). The small default keeps dead or collinear units (common in ReLU
+        layers) from making the normal equations singular.
       progress: show a tqdm progress bar over the steps.
 
     Returns:
@@ -725,13 +721,13 @@ def train_stitchers(
             bar.close()
 
     final = best_params if early_stopping is not None else params
-    weight, scale, bias = _materialise_all(final, consts, family=family, d_tgt=d_tgt)
     tl = np.concatenate(tr_losses, axis=1)[:, :steps]
     te = np.concatenate(tr_errs, axis=1)[:, :steps]
     stitchers, histories = [], []
     for i, (src, fam) in enumerate(zip(srcs, fams)):
-        d_k = src.shape[-1]
-        stitchers.append(Stitcher(weight[i, :d_k], bias[i], scale[i], fam))
+        weight, scale, bias = _materialise_numpy(final, consts, i, fam, src.shape[-1], d_tgt)
+        stitchers.append(Stitcher(jnp.asarray(weight, dtype), jnp.asarray(bias, dtype),
+                                  jnp.asarray(scale, dtype), fam))
         ran = int(stopped_at[i])
         histories.append(TrainHistory(
             train_loss=tl[i, :ran], constraint_error=te[i, :ran],
@@ -762,7 +758,7 @@ def train_stitcher(
     eval_data: tuple | None = None,
     early_stopping: int | None = None,
     eval_every: int = 50,
-    ridge: float = 0.0,
+    ridge: float = 1e-6,
     progress: bool = True,
 ) -> tuple[Stitcher, TrainHistory]:
     """Train one stitcher from a source layer into model B's layer with the task loss.
@@ -1050,7 +1046,7 @@ def functional_similarity(
     early_stopping: int | None = None,
     val_fraction: float = 0.15,
     eval_every: int = 50,
-    ridge: float = 0.0,
+    ridge: float = 1e-6,
     key: jax.Array | None = None,
     progress: bool = True,
 ) -> FunctionalSimilarity:
