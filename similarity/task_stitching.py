@@ -58,7 +58,6 @@ from similarity._validate import (
     check_choice,
     check_finite,
     check_int_labels,
-    is_concrete,
 )
 from similarity.stitching import FAMILIES, Stitcher, fit_stitcher
 
@@ -462,6 +461,11 @@ def _prepare_source(z, name: str, tshape: tuple[int, ...], n: int | None) -> jax
     raise ValueError(f"Target per-sample shape {tshape} must be (d,) or (H, W, C).")
 
 
+def _pad_stack(zs: Sequence[jax.Array], width: int) -> jax.Array:
+    """Zero-pad each ``(n, ..., d_k)`` on the last axis to ``width`` and stack: ``(K, n, ..., width)``."""
+    return jnp.stack([jnp.pad(z, [(0, 0)] * (z.ndim - 1) + [(0, width - z.shape[-1])]) for z in zs])
+
+
 def _flat(z: jax.Array) -> jax.Array:
     return z.reshape(-1, z.shape[-1])
 
@@ -644,13 +648,14 @@ def train_stitchers(
     consts = stack(clist)
     consts = dict(base=consts["base"].astype(dtype), mask=consts["mask"].astype(dtype),
                   code=consts["code"].astype(jnp.int32))
-    z_all = jnp.stack([jnp.pad(s, [(0, 0)] * (s.ndim - 1) + [(0, d_max - s.shape[-1])]) for s in srcs])
+    z_all = _pad_stack(srcs, d_max)
     family = fams[0] if len(set(fams)) == 1 else "mixed"
 
     z_eval = y_eval = t_eval = None
     if eval_data is not None:
         if not isinstance(eval_data, tuple) or len(eval_data) not in (2, 3):
-            raise TypeError("eval_data must be (z_srcs_eval, y_eval) or (z_srcs_eval, y_eval, teacher_logits_eval).")
+            raise TypeError("eval_data must be (z_srcs_eval, y_eval) or "
+                            "(z_srcs_eval, y_eval, teacher_logits_eval).")
         z_ev_list, y_eval = eval_data[0], check_int_labels(eval_data[1], "eval_data[1] (y_eval)")
         if not isinstance(z_ev_list, (list, tuple)) or len(z_ev_list) != k_count:
             raise ValueError(f"eval_data[0] must be a list of {k_count} held-out source arrays.")
@@ -660,7 +665,7 @@ def train_stitchers(
             if e.shape[1:] != s.shape[1:]:
                 raise ValueError(f"eval_data[0][{i}] has per-sample shape {e.shape[1:]} but the "
                                  f"training source has {s.shape[1:]}.")
-        z_eval = jnp.stack([jnp.pad(e, [(0, 0)] * (e.ndim - 1) + [(0, d_max - e.shape[-1])]) for e in evs]).astype(dtype)
+        z_eval = _pad_stack(evs, d_max).astype(dtype)
         if loss == "kl":
             if len(eval_data) != 3:
                 raise ValueError('loss="kl" with eval_data needs (z_srcs_eval, y_eval, teacher_logits_eval).')
@@ -799,7 +804,8 @@ def train_stitcher(
     """
     if eval_data is not None:
         if not isinstance(eval_data, tuple) or len(eval_data) not in (2, 3):
-            raise TypeError("eval_data must be (z_src_eval, y_eval) or (z_src_eval, y_eval, teacher_logits_eval).")
+            raise TypeError("eval_data must be (z_src_eval, y_eval) or "
+                            "(z_src_eval, y_eval, teacher_logits_eval).")
         eval_data = ([eval_data[0]],) + tuple(eval_data[1:])
     stitchers, histories = train_stitchers(
         [z_src_train], y_train, tail_fn, families=family, init=init, z_tgt=z_tgt,

@@ -468,7 +468,8 @@ def test_conv_stitching_with_spatial_mismatch():
 def test_bad_input_functional_similarity(models, digits):
     a, b = models
     x, y = digits
-    with pytest.raises(ValueError, match=r"layer_a='h3' is not a layer of model_a; its layers are: 'h1', 'h2'"):
+    msg = r"layer_a='h3' is not a layer of model_a; its layers are: 'h1', 'h2'"
+    with pytest.raises(ValueError, match=msg):
         functional_similarity(a, "h3", b, "h1", (x, y), progress=False)
     with pytest.raises(ValueError, match=r"layer_b='out'.*'h1', 'h2'"):
         functional_similarity(a, "h1", b, "out", (x, y), progress=False)
@@ -511,3 +512,26 @@ def test_bad_input_train_stitcher():
                         progress=False)
     with pytest.raises(ValueError, match=r"z must be \(n, 3\) or NHWC"):
         stitch_representation(Stitcher(jnp.eye(3), jnp.zeros(3), jnp.ones(()), "affine"), jnp.ones((2, 4)))
+
+
+def test_with_a_flax_models_mlp(digits):
+    """The duck-typed adapter works with a real `models` network (Flax NNX), traced inside jit."""
+    from flax import nnx
+
+    from models import MLP as NnxMLP
+
+    a = NnxMLP(64, 10, widths=(16,), rngs=nnx.Rngs(0))
+    b = NnxMLP(64, 10, widths=(16,), rngs=nnx.Rngs(1))
+    x, y = digits[0][:400].astype(np.float32), digits[1][:400]
+    data = ((x[:300], y[:300]), (x[300:], y[300:]))
+    # zero learning rate: the returned stitcher is its closed-form start, checked independently
+    res = functional_similarity(a, "fc0", b, "fc0", data, family="scaled_orthogonal", steps=2,
+                                optimizer=optax.sgd(0.0), progress=False)
+    r = res.a_to_b
+    assert r.n_eval == 100 and np.isfinite([r.stitched_ce, r.own_ce]).all()
+    za, zb = a.features(jnp.asarray(x[:300]))["fc0"], b.features(jnp.asarray(x[:300]))["fc0"]
+    ref = fit_stitcher(za, zb, family="scaled_orthogonal", normalize=False)
+    np.testing.assert_allclose(r.stitcher.weight, ref.weight, atol=1e-5)
+    np.testing.assert_allclose(r.stitcher.scale, ref.scale, rtol=1e-5)
+    logits = b.tail("fc0", stitch_representation(r.stitcher, a.features(jnp.asarray(x[300:]))["fc0"]))
+    np.testing.assert_allclose(r.stitched_ce, _np_ce_acc(logits, y[300:])[0], rtol=1e-5)
