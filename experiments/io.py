@@ -27,7 +27,7 @@ def to_jsonable(obj: Any) -> Any:
         return str(obj)
     if isinstance(obj, (str, bool, int, float)) or obj is None:
         if isinstance(obj, float) and not np.isfinite(obj):
-            return str(obj)
+            return None if np.isnan(obj) else str(obj)  # JSON has no NaN: undefined -> null
         return obj
     if hasattr(obj, "shape") and hasattr(obj, "dtype"):
         arr = np.asarray(obj)

@@ -23,9 +23,10 @@ Workdir layout: ``train_config.json``, ``metrics.json``, ``checkpoints/<step>/``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import pathlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -115,16 +116,45 @@ def power_schedule(total_steps: int, n: int, /, *, power: float = 2.0) -> tuple[
 
 
 def _optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-    lr: Any = cfg.learning_rate
-    if cfg.warmup_steps:
-        lr = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, cfg.warmup_steps, max(cfg.steps, cfg.warmup_steps + 1))
-    if cfg.optimizer == "adam":
+    return _make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.weight_decay, cfg.warmup_steps, cfg.steps)
+
+
+@functools.lru_cache(maxsize=32)
+def _make_optimizer(name, learning_rate, weight_decay, warmup_steps, steps) -> optax.GradientTransformation:
+    # cached: an equal optimiser is the same object, so runs that differ only in
+    # seed (or data of the same shape) reuse the compiled train step.
+    lr: Any = learning_rate
+    if warmup_steps:
+        lr = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup_steps, max(steps, warmup_steps + 1))
+    if name == "adam":
         return optax.adam(lr)
-    if cfg.optimizer == "adamw":
-        return optax.adamw(lr, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "sgd":
+    if name == "adamw":
+        return optax.adamw(lr, weight_decay=weight_decay)
+    if name == "sgd":
         return optax.sgd(lr, momentum=0.9)
-    raise ValueError(f"Unknown optimizer {cfg.optimizer!r}. Valid options: 'adam', 'adamw', 'sgd'.")
+    raise ValueError(f"Unknown optimizer {name!r}. Valid options: 'adam', 'adamw', 'sgd'.")
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "batch_size"))
+def _train_step(graphdef, tx, batch_size, params, rest, opt_state, key, xs, ys, step):
+    """One optimiser step on the minibatch drawn with ``fold_in(key, step)``."""
+    idx = jax.random.choice(jax.random.fold_in(key, step), xs.shape[0], (batch_size,), replace=False)
+    xb, yb = xs[idx], ys[idx]
+
+    def loss_fn(p):
+        return _loss_and_accuracy(nnx.merge(graphdef, p, rest)(xb), yb)[0]
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _evaluate(graphdef, params, rest, x_test, y_test, x_train, y_train):
+    m = nnx.merge(graphdef, params, rest)
+    te = _loss_and_accuracy(m(x_test), y_test)
+    tr = _loss_and_accuracy(m(x_train), y_train)
+    return {"test_loss": te[0], "test_accuracy": te[1], "train_loss": tr[0], "train_accuracy": tr[1]}
 
 
 def _fingerprint(*arrays) -> str:
@@ -279,25 +309,8 @@ def train(
     xs_te, ys_te = jnp.asarray(x_test), jnp.asarray(y_test)
     key = jax.random.PRNGKey(cfg.seed)
 
-    @jax.jit
-    def train_step(params, opt_state, step):
-        idx = jax.random.choice(jax.random.fold_in(key, step), n, (cfg.batch_size,), replace=False)
-        xb, yb = xs_tr[idx], ys_tr[idx]
-
-        def loss_fn(p):
-            return _loss_and_accuracy(nnx.merge(graphdef, p, rest)(xb), yb)[0]
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    @jax.jit
     def evaluate(params):
-        m = nnx.merge(graphdef, params, rest)
-        te = _loss_and_accuracy(m(xs_te), ys_te)
-        tr = _loss_and_accuracy(m(xs_ev), ys_ev)
-        return {"test_loss": te[0], "test_accuracy": te[1], "train_loss": tr[0], "train_accuracy": tr[1]}
-
+        return _evaluate(graphdef, params, rest, xs_te, ys_te, xs_ev, ys_ev)
     def log_eval(step):
         m = {"step": step, **{k: float(v) for k, v in evaluate(params).items()}}
         history.append(m)
@@ -310,7 +323,9 @@ def train(
         log_eval(0)
     bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc=type(model).__name__, leave=False)
     for step in range(start, cfg.steps):
-        params, opt_state, loss = train_step(params, opt_state, jnp.asarray(step, jnp.uint32))
+        params, opt_state, loss = _train_step(
+            graphdef, tx, cfg.batch_size, params, rest, opt_state, key, xs_tr, ys_tr, jnp.asarray(step, jnp.uint32)
+        )
         done = step + 1
         m = None
         if done % cfg.eval_every == 0 or done == cfg.steps:

@@ -11,7 +11,10 @@ from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
+
+from similarity._validate import check_finite
 
 
 @jax.tree_util.register_dataclass
@@ -89,17 +92,17 @@ def apply_layer(layer: Layer, x: ArrayLike) -> jax.Array:
     x = jnp.asarray(x)
     if isinstance(layer, LinearLayer):
         y = jnp.einsum("od,nd->no", layer.weight, x)
-        return y if layer.bias is None else y + layer.bias
+        return y if layer.bias is None else y + jnp.asarray(layer.bias)[None, :]
     if isinstance(layer, BilinearLayer):
         a = jnp.einsum("hd,nd->nh", layer.left, x)
         b = jnp.einsum("hd,nd->nh", layer.right, x)
         if layer.left_bias is not None:
-            a = a + layer.left_bias
+            a = a + jnp.asarray(layer.left_bias)[None, :]
         if layer.right_bias is not None:
-            b = b + layer.right_bias
+            b = b + jnp.asarray(layer.right_bias)[None, :]
         y = jnp.einsum("oh,nh->no", layer.down, a * b)
         if layer.down_bias is not None:
-            y = y + layer.down_bias
+            y = y + jnp.asarray(layer.down_bias)[None, :]
         if layer.residual:
             y = y + x
         return y
@@ -129,3 +132,342 @@ def apply_network(net: Network, x: ArrayLike) -> jax.Array:
     for layer in net:
         x = apply_layer(layer, x)
     return x
+
+
+# ---------------------------------------------------------------------------
+# Lifting, interaction tensors, differences and network validation
+# ---------------------------------------------------------------------------
+
+
+def _lift_input(x: jax.Array, dtype) -> jax.Array:
+    """Prepend a zero column: the map ``x~ -> x`` acting on lifted inputs."""
+    return jnp.concatenate([jnp.zeros(x.shape[:-1] + (1,), dtype), x.astype(dtype)], axis=-1)
+
+
+def lift(layer: BilinearLayer) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Lift a bilinear layer to a pure bilinear node on ``x~ = (1, x)``.
+
+    Every lifted output coordinate is a quadratic form of the lifted input,
+    ``y~_o = x~^T (sum_u D~[o, u] L~[u] R~[u]^T) x~``, with ``y~_0 = 1``
+    (DESIGN.md §4). The hidden units of the lifted node are, in order:
+
+    * the layer's ``h`` units, ``L~ = [left_bias | left]``, ``R~ = [right_bias | right]``
+      (a missing bias is 0), feeding ``D~[1:] = down``;
+    * one constant unit ``L~ = R~ = e0``, feeding ``D~[0] = 1`` (the constant
+      output coordinate) and ``D~[1:] = down_bias`` (0 when absent);
+    * if ``residual``, ``d`` units ``L~ = [0 | I]``, ``R~ = e0``, ``D~[1:] = I``.
+
+    Args:
+      layer: a :class:`BilinearLayer` with ``left, right: (h, d)``, ``down: (o, h)``.
+
+    Returns:
+      ``(L~, R~, D~)`` with shapes ``(H, d+1)``, ``(H, d+1)``, ``(o+1, H)``, where
+      ``H = h + 1 + (d if residual else 0)``.
+
+    Raises:
+      TypeError: if ``layer`` is not a :class:`BilinearLayer` (use :func:`lift_linear`).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> layer = BilinearLayer(jnp.ones((2, 3)), jnp.ones((2, 3)), jnp.ones((1, 2)))
+      >>> [a.shape for a in lift(layer)]
+      [(3, 4), (3, 4), (2, 3)]
+    """
+    if not isinstance(layer, BilinearLayer):
+        raise TypeError(
+            f"lift expects a BilinearLayer, got {type(layer).__name__}; "
+            "use lift_linear for a LinearLayer."
+        )
+    dtype = jnp.result_type(layer.left, layer.right, layer.down)
+    h, d = layer.left.shape[-2:]
+    o = layer.down.shape[-2]
+
+    def col(bias):
+        return jnp.zeros((h, 1), dtype) if bias is None else jnp.asarray(bias, dtype)[:, None]
+
+    e0 = jnp.zeros((1, d + 1), dtype).at[0, 0].set(1)
+    left = jnp.concatenate([col(layer.left_bias), layer.left.astype(dtype)], axis=1)
+    right = jnp.concatenate([col(layer.right_bias), layer.right.astype(dtype)], axis=1)
+    db = jnp.zeros((o,), dtype) if layer.down_bias is None else jnp.asarray(layer.down_bias, dtype)
+    const_col = jnp.concatenate([jnp.ones((1,), dtype), db])[:, None]  # (o+1, 1)
+    down = jnp.concatenate([jnp.zeros((1, h), dtype), layer.down.astype(dtype)], axis=0)
+    ls, rs, ds = [left, e0], [right, e0], [down, const_col]
+    if layer.residual:
+        eye = jnp.eye(d, dtype=dtype)
+        ls.append(_lift_input(eye, dtype))
+        rs.append(jnp.tile(e0, (d, 1)))
+        ds.append(jnp.concatenate([jnp.zeros((1, d), dtype), eye], axis=0))
+    return jnp.concatenate(ls, 0), jnp.concatenate(rs, 0), jnp.concatenate(ds, 1)
+
+
+def lift_linear(layer: LinearLayer) -> jax.Array:
+    """Lift an affine layer to ``block_diag(1, weight)`` with the bias in column 0.
+
+    Args:
+      layer: a :class:`LinearLayer` with ``weight: (o, d)``, ``bias: (o,)`` or None.
+
+    Returns:
+      ``W~``: ``(o+1, d+1)`` with ``W~ @ (1, x) = (1, weight @ x + bias)``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> lift_linear(LinearLayer(jnp.array([[2.0]]), jnp.array([3.0]))).tolist()
+      [[1.0, 0.0], [3.0, 2.0]]
+    """
+    if not isinstance(layer, LinearLayer):
+        raise TypeError(f"lift_linear expects a LinearLayer, got {type(layer).__name__}.")
+    w = jnp.asarray(layer.weight)
+    o, d = w.shape[-2:]
+    b = jnp.zeros((o,), w.dtype) if layer.bias is None else jnp.asarray(layer.bias, w.dtype)
+    top = jnp.zeros((1, d + 1), w.dtype).at[0, 0].set(1)
+    return jnp.concatenate([top, jnp.concatenate([b[:, None], w], axis=1)], axis=0)
+
+
+def interaction_tensor(layer: BilinearLayer, *, symmetric: bool = True) -> jax.Array:
+    """Materialise the lifted interaction tensor ``B[o, i, j]`` of one layer.
+
+    ``y~_o = sum_ij B[o, i, j] x~_i x~_j`` with ``x~ = (1, x)``; ``B[0]`` is the
+    constant output coordinate (``e0 e0^T``) and ``B[1:]`` are the layer's real
+    outputs. With ``symmetric`` each slice is symmetrised, ``(B_o + B_o^T) / 2``.
+
+    This costs ``O(o h d^2)`` time and ``O(o d^2)`` memory: it is meant for tests
+    and small models only. The similarity functions never build it.
+
+    Args:
+      layer: a :class:`BilinearLayer` (``left: (h, d)``, ``down: (o, h)``).
+      symmetric: symmetrise each slice over its two input legs.
+
+    Returns:
+      ``(o+1, d+1, d+1)``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> layer = BilinearLayer(jnp.array([[1.0, 0.0]]), jnp.array([[0.0, 1.0]]), jnp.ones((1, 1)))
+      >>> interaction_tensor(layer)[1].tolist()   # x1 * x2
+      [[0.0, 0.0, 0.0], [0.0, 0.0, 0.5], [0.0, 0.5, 0.0]]
+    """
+    left, right, down = lift(layer)
+    b = jnp.einsum("ou,ui,uj->oij", down, left, right)
+    if symmetric:
+        b = (b + jnp.swapaxes(b, -1, -2)) / 2
+    return b
+
+
+def difference(layer_new: BilinearLayer, layer_old: BilinearLayer, /) -> BilinearLayer:
+    """The bilinear layer computing ``layer_new(x) - layer_old(x)``.
+
+    The hidden units are concatenated, ``down = [down_new, -down_old]``. When both
+    layers are residual the skip connections cancel; when only one is, the skip
+    ``x_i = x_i * 1`` is written as ``d`` extra hidden units (``left = I``,
+    ``right = 0``, ``right_bias = 1``, ``down = ±I``). The result is never
+    residual. For two networks that share every layer but the last,
+    ``prefix + (difference(last_new, last_old),)`` computes exactly the difference
+    of the two networks.
+
+    Args:
+      layer_new: ``left, right: (h1, d)``, ``down: (o, h1)``.
+      layer_old: ``left, right: (h2, d)``, ``down: (o, h2)``.
+
+    Returns:
+      A :class:`BilinearLayer` with ``h1 + h2`` hidden units (``+ d`` when exactly
+      one input is residual).
+
+    Raises:
+      ValueError: if the input or output widths differ.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> a = BilinearLayer(jnp.ones((2, 3)), jnp.ones((2, 3)), jnp.ones((1, 2)))
+      >>> diff = difference(a, a)
+      >>> diff.d_hidden, apply_network((diff,), jnp.ones((1, 3))).tolist()
+      (4, [[0.0]])
+    """
+    for nm, lay in (("layer_new", layer_new), ("layer_old", layer_old)):
+        if not isinstance(lay, BilinearLayer):
+            raise TypeError(f"{nm} must be a BilinearLayer, got {type(lay).__name__}.")
+        validate_network((lay,), nm)
+    if (layer_new.d_in, layer_new.d_out) != (layer_old.d_in, layer_old.d_out):
+        raise ValueError(
+            f"difference needs layers with the same input and output widths, got "
+            f"layer_new (d={layer_new.d_in}, o={layer_new.d_out}) and layer_old "
+            f"(d={layer_old.d_in}, o={layer_old.d_out})."
+        )
+    dtype = jnp.result_type(layer_new.left, layer_old.left, layer_new.down, layer_old.down)
+    d, o = layer_new.d_in, layer_new.d_out
+
+    def bias(v, n):
+        return jnp.zeros((n,), dtype) if v is None else jnp.asarray(v, dtype)
+
+    parts = [
+        (layer_new.left, layer_new.right, layer_new.down, layer_new.left_bias, layer_new.right_bias),
+        (layer_old.left, layer_old.right, -jnp.asarray(layer_old.down), layer_old.left_bias,
+         layer_old.right_bias),
+    ]
+    if layer_new.residual != layer_old.residual:
+        sign = 1.0 if layer_new.residual else -1.0
+        eye = jnp.eye(d, dtype=dtype)
+        parts.append((eye, jnp.zeros((d, d), dtype), sign * eye, None, jnp.ones((d,), dtype)))
+    any_lb = any(p[3] is not None for p in parts)
+    any_rb = any(p[4] is not None for p in parts)
+    left = jnp.concatenate([jnp.asarray(p[0], dtype) for p in parts], 0)
+    right = jnp.concatenate([jnp.asarray(p[1], dtype) for p in parts], 0)
+    down = jnp.concatenate([jnp.asarray(p[2], dtype) for p in parts], 1)
+    lb = jnp.concatenate([bias(p[3], p[0].shape[0]) for p in parts]) if any_lb else None
+    rb = jnp.concatenate([bias(p[4], p[0].shape[0]) for p in parts]) if any_rb else None
+    db = None
+    if layer_new.down_bias is not None or layer_old.down_bias is not None:
+        db = bias(layer_new.down_bias, o) - bias(layer_old.down_bias, o)
+    return BilinearLayer(left, right, down, lb, rb, db, residual=False)
+
+
+def network_depth(net: Network) -> int:
+    """Number of bilinear layers in a network (linear layers fold in and do not count)."""
+    if isinstance(net, (BilinearLayer, LinearLayer)):
+        net = (net,)
+    return sum(isinstance(layer, BilinearLayer) for layer in net)
+
+
+def _shape(x) -> tuple:
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def validate_network(net, name: str = "net", *, batch_ndim: int = 0) -> tuple:
+    """Check a network's structure, shapes and values; return it as a tuple of layers.
+
+    Checks: the network is a non-empty tuple of :class:`BilinearLayer` /
+    :class:`LinearLayer`; every weight has the documented rank and shape;
+    consecutive widths match; a residual layer has ``o == d``; concrete weights
+    hold no NaN/Inf (skipped under tracing, see :mod:`similarity._validate`).
+
+    Args:
+      net: a layer or a tuple of layers.
+      name: the argument name used in error messages.
+      batch_ndim: number of leading stacking axes on every leaf (0 for one network,
+        1 for a stack of checkpoints).
+
+    Returns:
+      The network as a tuple of layers.
+
+    Raises:
+      TypeError: for something that is not a layer or a tuple of layers.
+      ValueError: for an empty network, inconsistent shapes or non-finite weights.
+    """
+    if isinstance(net, (BilinearLayer, LinearLayer)):
+        net = (net,)
+    if not isinstance(net, (tuple, list)):
+        raise TypeError(
+            f"{name} must be a BilinearLayer, a LinearLayer or a tuple of them, "
+            f"got {type(net).__name__}."
+        )
+    net = tuple(net)
+    if len(net) == 0:
+        raise ValueError(
+            f"{name} is an empty network (no layers); pass a tuple with at least one "
+            "BilinearLayer or LinearLayer."
+        )
+    bd = batch_ndim
+    batch = None
+    prev_out = None
+    for i, layer in enumerate(net):
+        where = f"{name}[{i}]"
+        if isinstance(layer, BilinearLayer):
+            fields = dict(left=2, right=2, down=2, left_bias=1, right_bias=1, down_bias=1)
+        elif isinstance(layer, LinearLayer):
+            fields = dict(weight=2, bias=1)
+        else:
+            raise TypeError(
+                f"{where} must be a BilinearLayer or LinearLayer, got {type(layer).__name__}."
+            )
+        shapes = {}
+        for field, rank in fields.items():
+            value = getattr(layer, field)
+            if value is None:
+                continue
+            shp = _shape(value)
+            if len(shp) != rank + bd:
+                raise ValueError(
+                    f"{where}.{field} must have rank {rank + bd} "
+                    f"({'stack axis + ' if bd else ''}{'matrix' if rank == 2 else 'vector'}), "
+                    f"got shape {shp}."
+                )
+            if batch is None:
+                batch = shp[:bd]
+            elif shp[:bd] != batch:
+                raise ValueError(
+                    f"{where}.{field} has stacking shape {shp[:bd]}, but other leaves have "
+                    f"{batch}; stack every checkpoint the same way."
+                )
+            dt = jnp.dtype(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
+            if not jnp.issubdtype(dt, jnp.floating):
+                raise TypeError(f"{where}.{field} must be a float array, got dtype {dt}.")
+            shapes[field] = shp[bd:]
+        if isinstance(layer, BilinearLayer):
+            h, d = shapes["left"]
+            o = shapes["down"][0]
+            expect = dict(right=(h, d), down=(o, h), left_bias=(h,), right_bias=(h,),
+                          down_bias=(o,))
+            for field, shp in expect.items():
+                if field in shapes and shapes[field] != shp:
+                    raise ValueError(
+                        f"{where}.{field} has shape {shapes[field]}, expected {shp} for a "
+                        f"layer with left {(h, d)} (h={h} hidden units, d={d} inputs) and "
+                        f"{o} outputs."
+                    )
+            if layer.residual and o != d:
+                raise ValueError(
+                    f"{where} is residual but maps d={d} inputs to o={o} outputs; a residual "
+                    "layer adds its input to its output and needs o == d. Set residual=False "
+                    "or make down of shape (d, h)."
+                )
+        else:
+            o, d = shapes["weight"]
+            if "bias" in shapes and shapes["bias"] != (o,):
+                raise ValueError(
+                    f"{where}.bias has shape {shapes['bias']}, expected {(o,)} for weight "
+                    f"{(o, d)}."
+                )
+        if prev_out is not None and d != prev_out:
+            raise ValueError(
+                f"{name}[{i - 1}] outputs {prev_out} features but {where} expects d={d} "
+                "inputs; consecutive layer widths must match."
+            )
+        prev_out = o
+        for field in fields:
+            value = getattr(layer, field)
+            if value is not None:
+                check_finite(jnp.asarray(value), f"{where}.{field}")
+    return net
+
+
+def fold_network(net: Network) -> list:
+    """Fold a network into lifted pure nodes (DESIGN.md §4).
+
+    Linear layers are lifted to ``block_diag(1, W)`` (bias in column 0) and
+    multiplied into the neighbouring bilinear node: into the next node's ``L~``
+    and ``R~``, or, after the last bilinear layer, into its ``D~``.
+
+    Args:
+      net: a validated network (tuple of layers), unbatched.
+
+    Returns:
+      A list of ``(L~, R~, D~)`` triples, one per bilinear layer; for a network
+      with no bilinear layer, a one-element list ``[W~]`` with ``W~: (o+1, d+1)``.
+    """
+    nodes: list = []
+    pending = None
+    for layer in net:
+        if isinstance(layer, LinearLayer):
+            w = lift_linear(layer)
+            pending = w if pending is None else w @ pending
+        else:
+            left, right, down = lift(layer)
+            if pending is not None:
+                left, right = left @ pending, right @ pending
+                pending = None
+            nodes.append((left, right, down))
+    if pending is not None:
+        if not nodes:
+            return [pending]
+        left, right, down = nodes[-1]
+        nodes[-1] = (left, right, pending @ down)
+    return nodes

@@ -7,7 +7,9 @@ cosine; or, with ``compare="cosine_cov"``, by the cosine of the two
 double-centred full RDMs ``H D H``. For squared-Euclidean RDMs that last
 comparison is exactly linear CKA, because ``H D H = -2 H X X^T H``.
 
-Costs: an RDM is ``O(n^2 d)``; Spearman sorts the ``m = n(n-1)/2`` pairs;
+Costs: an RDM is ``O(n^2 d)``, computed row by row from direct differences
+(not a matrix product), so that identical samples give exactly tied distances,
+as in ``scipy.spatial.distance.pdist``, and Spearman/Kendall see the ties; Spearman sorts the ``m = n(n-1)/2`` pairs;
 Kendall tau-a compares all pairs of pairs, ``O(m^2) = O(n^4)`` time in
 ``O(m)`` memory, so keep n below a few hundred for it.
 
@@ -32,17 +34,27 @@ RDM_METRICS = ("correlation", "euclidean", "sqeuclidean", "cosine")
 COMPARISONS = ("spearman", "pearson", "kendall", "cosine", "cosine_cov")
 
 
+def _rows(f, x: jax.Array) -> jax.Array:
+    """``out[i, j] = f(x[i], x)[j]``, a block of rows at a time.
+
+    Each entry is reduced over features in the same order whatever its position,
+    so identical samples get bit-identical distances (exact ties, as in
+    ``scipy.spatial.distance.pdist``); a matrix product does not promise that.
+    """
+    return jax.lax.map(lambda xi: f(xi[None, :], x), x, batch_size=min(x.shape[0], 64))
+
+
 def _rdm(x: jax.Array, metric: str) -> jax.Array:
     n = x.shape[0]
     eye = jnp.eye(n, dtype=bool)
     if metric in ("correlation", "cosine"):
         z = x - jnp.mean(x, axis=1, keepdims=True) if metric == "correlation" else x
-        z = z / jnp.sqrt(jnp.sum(z * z, axis=1, keepdims=True))
-        return jnp.where(eye, 0.0, 1.0 - jnp.einsum("nd,md->nm", z, z))
-    xc = x - jnp.mean(x, axis=0, keepdims=True)
-    sq = jnp.sum(xc * xc, axis=1)
-    d2 = jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * jnp.einsum("nd,md->nm", xc, xc), 0.0)
-    d2 = jnp.where(eye, 0.0, d2)
+        g = _rows(lambda zi, z: jnp.sum(zi * z, axis=1), z)
+        sq = jnp.diagonal(g)
+        # identical samples are at distance exactly 0 (rounding would break their ties)
+        same = _rows(lambda xi, x: jnp.all(xi == x, axis=1), x)
+        return jnp.where(same, 0.0, 1.0 - g / jnp.sqrt(sq[:, None] * sq[None, :]))
+    d2 = _rows(lambda xi, x: jnp.sum((xi - x) ** 2, axis=1), x)
     if metric == "sqeuclidean":
         return d2
     # sqrt with a zero-safe gradient on the diagonal

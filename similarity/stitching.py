@@ -213,12 +213,6 @@ def pair_moments(
 # ----------------------------------------------------------------------------- fits
 
 
-def _pad_square(c: jax.Array) -> jax.Array:
-    d1, d2 = c.shape
-    d = max(d1, d2)
-    return jnp.pad(c, ((0, d - d1), (0, d - d2)))
-
-
 def affine_system(gram: jax.Array, *, ridge: float, mask: jax.Array | None = None) -> jax.Array:
     """Cholesky factor of the (ridge-regularised) normal equations ``G + ridge I``.
 
@@ -251,7 +245,8 @@ def fit_from_moments(
     """Closed-form fit of ``V ≈ s * pad(U) Q`` (or ``U W``) from moments.
 
     Args:
-      gram_train: ``(d1, d1)`` ``U^T U``.
+      gram_train: ``(d1, d1)`` ``U^T U`` (the orthogonal families accept its
+        trace ``()`` instead).
       cross_train: ``(d1, d2)`` ``U^T V``.
       family: one of ``FAMILIES``.
       chol: optional precomputed :func:`affine_system` factor (reused by the grid).
@@ -269,13 +264,17 @@ def fit_from_moments(
             chol = affine_system(gram_train, ridge=ridge, mask=mask_src)
         w = jax.scipy.linalg.cho_solve((chol, True), cross_train)
         return w, jnp.ones((), dt)
-    d1, d2 = cross_train.shape
-    u, sv, vt = jnp.linalg.svd(_pad_square(cross_train))
-    q = jnp.einsum("ik,kj->ij", u, vt)
-    w = q[:d1, :d2]
+    # The (d1, d2) block of the square Procrustes solution on the zero-padded
+    # space is U V^T from the *thin* SVD U S V^T of the (d1, d2) cross-covariance
+    # (the padded rows/columns only add null directions that the block never
+    # sees), so no D x D SVD is needed. It is exact for the padded problem; it
+    # is not the solution of the unbalanced problem with a semi-orthogonal map.
+    u, sv, vt = jnp.linalg.svd(cross_train, full_matrices=False)
+    w = jnp.einsum("ik,kj->ij", u, vt)
     if family == "scaled_orthogonal":
         # s = <V, U Q> / ||pad(U) Q||^2 and ||pad(U) Q|| = ||U||.
-        return w, jnp.sum(sv) / jnp.trace(gram_train)
+        sq = jnp.trace(gram_train) if gram_train.ndim == 2 else gram_train
+        return w, jnp.sum(sv) / sq
     return w, jnp.ones((), dt)
 
 
@@ -398,19 +397,22 @@ def split_weights(
 
 
 def _fit_impl(x, y, mask_src, *, family, ridge, normalize):
-    ones = jnp.ones((x.shape[0],), x.dtype)
-    mx = layer_moments(x, ones, ones, normalize=normalize)
-    my = layer_moments(y, ones, ones, normalize=normalize)
-    pm = pair_moments(x, y, mx, my, ones, ones)
-    w, s = fit_from_moments(
-        mx.gram_train, pm.cross_train, family=family, ridge=ridge, mask_src=mask_src
-    )
-    ratio = my.norm / mx.norm
+    mx, my = jnp.mean(x, axis=0), jnp.mean(y, axis=0)
+    xc, yc = x - mx[None, :], y - my[None, :]
+    one = jnp.ones((), x.dtype)
+    nx = jnp.sqrt(jnp.sum(xc * xc)) if normalize else one
+    ny = jnp.sqrt(jnp.sum(yc * yc)) if normalize else one
+    u, v = xc / nx, yc / ny
+    # the orthogonal families only need tr(U^T U), not the Gram matrix
+    gram = jnp.einsum("ni,nj->ij", u, u) if family == "affine" else jnp.sum(u * u)
+    cross = jnp.einsum("ni,nj->ij", u, v)
+    w, s = fit_from_moments(gram, cross, family=family, ridge=ridge, mask_src=mask_src)
+    ratio = ny / nx
     if family == "affine":
-        weight, scale = w * ratio, jnp.ones((), x.dtype)
+        weight, scale = w * ratio, one
     else:
         weight, scale = w, s * ratio
-    bias = my.mean - scale * jnp.einsum("s,st->t", mx.mean, weight)
+    bias = my - scale * jnp.einsum("s,st->t", mx, weight)
     return weight, bias, scale
 
 
@@ -581,14 +583,12 @@ def stitching_asymmetry(
 # ----------------------------------------------------------------------------- batched
 
 
+def _bucket(d: int) -> int:
+    return 1 << (d - 1).bit_length()
+
+
 def _pad_cols(z: jax.Array, d: int) -> jax.Array:
     return jnp.pad(z, ((0, 0), (0, d - z.shape[1])))
-
-
-@functools.partial(jax.jit, static_argnames=("family", "ridge", "normalize"))
-def _fit_batch_core(xs, ys, masks, *, family, ridge, normalize):
-    fit = functools.partial(_fit_impl, family=family, ridge=ridge, normalize=normalize)
-    return jax.vmap(fit)(xs, ys, masks)
 
 
 def fit_stitchers(
@@ -599,20 +599,26 @@ def fit_stitchers(
     family: str = "affine",
     ridge: float = 0.0,
     normalize: bool = True,
+    bucket: bool = True,
 ) -> list[Stitcher] | Stitcher:
-    """Fit many stitchers in one vmapped, jit-compiled call.
+    """Fit many stitchers in one vmapped, jit-compiled call per width bucket.
 
     Problems of different widths are zero-padded to a common width, with
     feature masks (padded source features get a unit diagonal in the normal
     equations and weight 0; the orthogonal families are exact under zero
     padding), so each result equals the individual unpadded
-    :func:`fit_stitcher`.
+    :func:`fit_stitcher`. With ``bucket=True`` (default) each width is padded
+    only up to the next power of two and each ``(source, target)`` bucket is
+    one vmapped call, which bounds the padding waste by 2x per side; with
+    ``bucket=False`` every problem is padded to the largest width and the
+    whole batch is a single call (one compilation).
 
     Args:
       zs_src: a sequence of ``(n, d_src_i)`` arrays (same ``n``), or one stacked
         ``(b, n, d_src)`` array.
       zs_tgt: the matching ``(n, d_tgt_i)`` arrays, or ``(b, n, d_tgt)``.
       family, ridge, normalize: as in :func:`fit_stitcher`.
+      bucket: group problems into power-of-two width buckets (see above).
 
     Returns:
       For sequences, a list of :class:`Stitcher` (unpadded). For stacked arrays,
@@ -628,14 +634,20 @@ def fit_stitchers(
       [(3, 2), (5, 2)]
     """
     _check_options(family, ridge)
-    stacked = hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim")
-    if stacked:
-        if zs_src.ndim != 3 or zs_tgt.ndim != 3 or zs_src.shape[0] != zs_tgt.shape[0]:
+    opts = dict(family=family, ridge=float(ridge), normalize=bool(normalize))
+    if hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim"):
+        xs, ys = V.as_float_array(zs_src, "zs_src"), V.as_float_array(zs_tgt, "zs_tgt")
+        if xs.ndim != 3 or ys.ndim != 3 or xs.shape[:2] != ys.shape[:2]:
             raise ValueError(
-                "Stacked zs_src and zs_tgt must be (b, n, d) arrays with the same b, got "
-                f"{tuple(zs_src.shape)} and {tuple(zs_tgt.shape)}."
+                "Stacked zs_src and zs_tgt must be (b, n, d) arrays with the same b and n, got "
+                f"{tuple(xs.shape)} and {tuple(ys.shape)}."
             )
-        zs_src, zs_tgt = list(zs_src), list(zs_tgt)
+        _check_affine_rank(xs.shape[1], xs.shape[2], family, ridge, "zs_src")
+        dt = jnp.promote_types(xs.dtype, ys.dtype)
+        weight, bias, scale, flags = _fit_stacked(xs.astype(dt), ys.astype(dt), **opts)
+        _raise_flags(flags, range(xs.shape[0]))
+        _check_finite_result(weight, "A fitted stitcher weight")
+        return Stitcher(weight, bias, scale, family=family)
     zs_src, zs_tgt = list(zs_src), list(zs_tgt)
     if len(zs_src) != len(zs_tgt) or not zs_src:
         raise ValueError(
@@ -644,54 +656,78 @@ def fit_stitchers(
         )
     pairs = []
     for i, (a, b) in enumerate(zip(zs_src, zs_tgt)):
-        x, y = V.check_pair(a, b, (f"zs_src[{i}]", f"zs_tgt[{i}]"))
+        # shapes and dtypes here; values (NaN/Inf, constant sides) are checked
+        # inside the batched call, in one pass, and raised below
+        x, y = V.check_pair(a, b, (f"zs_src[{i}]", f"zs_tgt[{i}]"), finite=False)
         _check_affine_rank(x.shape[0], x.shape[1], family, ridge, f"zs_src[{i}]")
-        V.check_not_constant(x, f"zs_src[{i}]", what="the stitcher fit")
-        V.check_not_constant(y, f"zs_tgt[{i}]", what="the stitcher fit")
         pairs.append((x, y))
     ns = {x.shape[0] for x, _ in pairs}
     if len(ns) != 1:
         raise ValueError(f"All problems must share the sample count n; got n in {sorted(ns)}.")
     dt = functools.reduce(jnp.promote_types, [x.dtype for x, _ in pairs])
-    d = max(max(x.shape[1], y.shape[1]) for x, y in pairs)
-    xs = jnp.stack([_pad_cols(x.astype(dt), d) for x, _ in pairs])
-    ys = jnp.stack([_pad_cols(y.astype(dt), d) for _, y in pairs])
-    masks = jnp.stack([(jnp.arange(d) < x.shape[1]).astype(dt) for x, _ in pairs])
-    weight, bias, scale = _fit_batch_core(
-        xs, ys, masks, family=family, ridge=float(ridge), normalize=bool(normalize)
-    )
-    _check_finite_result(weight, "A fitted stitcher weight")
-    if stacked:
-        d1, d2 = pairs[0][0].shape[1], pairs[0][1].shape[1]
-        return Stitcher(weight[:, :d1, :d2], bias[:, :d2], scale, family=family)
-    return [
-        Stitcher(weight[i, : x.shape[1], : y.shape[1]], bias[i, : y.shape[1]], scale[i], family=family)
-        for i, (x, y) in enumerate(pairs)
-    ]
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (x, y) in enumerate(pairs):
+        k = (_bucket(x.shape[1]), _bucket(y.shape[1])) if bucket else (0, 0)
+        groups.setdefault(k, []).append(i)
+    out: list[Stitcher | None] = [None] * len(pairs)
+    for idx in groups.values():
+        xs = tuple(pairs[i][0].astype(dt) for i in idx)
+        ys = tuple(pairs[i][1].astype(dt) for i in idx)
+        weights, biases, scale, flags = _fit_group(xs, ys, **opts)
+        _raise_flags(flags, idx)
+        for w in weights:
+            _check_finite_result(w, "A fitted stitcher weight")
+        for k, i in enumerate(idx):
+            out[i] = Stitcher(weights[k], biases[k], scale[k], family=family)
+    return out
 
 
-# ----------------------------------------------------------------------------- registry
+def _flags(x, y):
+    """Per-problem value checks: all finite, source not constant, target not constant."""
+
+    def spread(z):
+        dev = jnp.max(jnp.abs(z - jnp.mean(z, axis=0)[None, :]))
+        return dev > 1e-12 * jnp.maximum(jnp.max(jnp.abs(z)), 1.0)
+
+    finite = jnp.all(jnp.isfinite(x)) & jnp.all(jnp.isfinite(y))
+    return jnp.stack([finite, spread(x), spread(y)])
 
 
-def _register_measures() -> None:
-    from similarity.registry import register
-
-    inv = ("translation", "rotation", "isotropic_scale", "permutation")
-    for fam in FAMILIES:
-        register(
-            f"stitch/{fam}",
-            functools.partial(_held_out_score, family=fam),
-            kind="score",
-            symmetric=False,
-            invariances=inv,
-            description=f"directed held-out reconstruction score of y from x, {fam} stitcher "
-            "(split=0.5 with jax.random.key(0); see reconstruction_score)",
-            overwrite=True,
-        )
-
-
-def _held_out_score(x: ArrayLike, y: ArrayLike, /, *, family: str) -> jax.Array:
-    return reconstruction_score(x, y, family=family).held_out
+def _raise_flags(flags, idx) -> None:
+    if not V.is_concrete(flags):
+        return
+    flags = np.asarray(flags)
+    for k, i in enumerate(idx):
+        if not flags[k, 0]:
+            raise ValueError(
+                f"zs_src[{i}] or zs_tgt[{i}] contains NaN or Inf values; remove or impute them."
+            )
+        for col, nm in ((1, "zs_src"), (2, "zs_tgt")):
+            if not flags[k, col]:
+                raise ValueError(
+                    f"{nm}[{i}] is constant across samples (zero variance after centring), so "
+                    "the stitcher fit is undefined (0/0). Check that the layer is not dead."
+                )
 
 
-_register_measures()
+@functools.partial(jax.jit, static_argnames=("family", "ridge", "normalize"))
+def _fit_group(xs, ys, *, family, ridge, normalize):
+    """Pad a tuple of problems to the group's widths, fit them vmapped, slice back."""
+    d1 = max(x.shape[1] for x in xs)
+    d2 = max(y.shape[1] for y in ys)
+    xp = jnp.stack([_pad_cols(x, d1) for x in xs])
+    yp = jnp.stack([_pad_cols(y, d2) for y in ys])
+    masks = jnp.asarray(np.stack([np.arange(d1) < x.shape[1] for x in xs]), xp.dtype)
+    fit = functools.partial(_fit_impl, family=family, ridge=ridge, normalize=normalize)
+    w, b, s = jax.vmap(fit)(xp, yp, masks)
+    flags = jnp.stack([_flags(x, y) for x, y in zip(xs, ys)])
+    weights = tuple(w[k, : x.shape[1], : y.shape[1]] for k, (x, y) in enumerate(zip(xs, ys)))
+    biases = tuple(b[k, : y.shape[1]] for k, y in enumerate(ys))
+    return weights, biases, s, flags
+
+
+@functools.partial(jax.jit, static_argnames=("family", "ridge", "normalize"))
+def _fit_stacked(xs, ys, *, family, ridge, normalize):
+    fit = functools.partial(_fit_impl, mask_src=None, family=family, ridge=ridge, normalize=normalize)
+    w, b, s = jax.vmap(lambda x, y: fit(x, y))(xs, ys)
+    return w, b, s, jax.vmap(_flags)(xs, ys)

@@ -274,8 +274,11 @@ def test_gradients_of_affine_score():
 def test_fit_stitchers_equals_individual_unpadded_fits(rng, family):
     shapes = [(3, 5), (6, 2), (4, 4), (1, 3)]
     xs, ys = zip(*(_data(rng, 30, a, b) for a, b in shapes))
-    batch = fit_stitchers(list(xs), list(ys), family=family, ridge=0.1 if family == "affine" else 0.0)
-    for s, x, y in zip(batch, xs, ys):
+    ridge = 0.1 if family == "affine" else 0.0
+    batch = fit_stitchers(list(xs), list(ys), family=family, ridge=ridge)
+    single_call = fit_stitchers(list(xs), list(ys), family=family, ridge=ridge, bucket=False)
+    for s, s1, x, y in zip(batch, single_call, xs, ys):
+        np.testing.assert_allclose(s1.weight, s.weight, atol=1e-10)
         ref = fit_stitcher(x, y, family=family, ridge=0.1 if family == "affine" else 0.0)
         assert s.weight.shape == ref.weight.shape and s.family == family
         np.testing.assert_allclose(s.weight, ref.weight, atol=1e-10)
@@ -329,3 +332,7 @@ def test_bad_input(rng):
         fit_stitcher(x, y, ridge=-1.0)
     with pytest.raises(ValueError, match="sample count"):
         fit_stitchers([x, x[:10]], [y, y[:10]])
+    with pytest.raises(ValueError, match=r"zs_src\[1\] or zs_tgt\[1\] contains NaN"):
+        fit_stitchers([x, bad], [y, y])
+    with pytest.raises(ValueError, match=r"zs_tgt\[0\] is constant"):
+        fit_stitchers([x], [np.ones_like(y)])
