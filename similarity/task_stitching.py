@@ -591,6 +591,14 @@ def train_stitchers(
     d_tgt = tshape[-1]
     srcs = [_prepare_source(z, f"z_srcs_train[{i}]", tshape, n) for i, z in enumerate(z_srcs_train)]
     dtype = jnp.result_type(*srcs)
+    out = jax.eval_shape(tail_fn, jax.ShapeDtypeStruct((2, *tshape), dtype))
+    if getattr(out, "ndim", None) != 2:
+        raise ValueError(
+            f"tail_fn must map target activations (b, *{tshape}) to logits (b, C); it returned "
+            f"{getattr(out, 'shape', type(out).__name__)} for b = 2."
+        )
+    n_classes = int(out.shape[1])
+    y = check_int_labels(y, "y_train", n_classes=n_classes)
     if z_tgt is not None:
         z_tgt = as_float_array(z_tgt, "z_tgt")
         if z_tgt.shape[0] != n:
@@ -656,7 +664,8 @@ def train_stitchers(
         if not isinstance(eval_data, tuple) or len(eval_data) not in (2, 3):
             raise TypeError("eval_data must be (z_srcs_eval, y_eval) or "
                             "(z_srcs_eval, y_eval, teacher_logits_eval).")
-        z_ev_list, y_eval = eval_data[0], check_int_labels(eval_data[1], "eval_data[1] (y_eval)")
+        z_ev_list = eval_data[0]
+        y_eval = check_int_labels(eval_data[1], "eval_data[1] (y_eval)", n_classes=n_classes)
         if not isinstance(z_ev_list, (list, tuple)) or len(z_ev_list) != k_count:
             raise ValueError(f"eval_data[0] must be a list of {k_count} held-out source arrays.")
         evs = [_prepare_source(z, f"eval_data[0][{i}]", tshape, y_eval.shape[0])

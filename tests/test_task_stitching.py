@@ -502,6 +502,11 @@ def test_bad_input_train_stitcher():
         train_stitcher(z[:9], y, tail, init="identity", target_shape=(3,), progress=False)
     with pytest.raises(ValueError, match=r"conv target needs an NHWC source"):
         train_stitcher(z, y, tail, init="identity", target_shape=(2, 2, 3), progress=False)
+    with pytest.raises(ValueError, match=r"y_train has labels in \[0, 5\], outside \[0, 3\)"):
+        train_stitcher(z, jnp.arange(10) % 6, tail, init="identity", target_shape=(3,),
+                       progress=False)
+    with pytest.raises(ValueError, match=r"tail_fn must map target activations"):
+        train_stitcher(z, y, lambda h: h[:, 0], init="identity", target_shape=(3,), progress=False)
     with pytest.raises(ValueError, match=r"early_stopping needs eval_data"):
         train_stitcher(z, y, tail, init="identity", target_shape=(3,), early_stopping=2,
                        progress=False)
@@ -526,7 +531,7 @@ def test_with_a_flax_models_mlp(digits):
     data = ((x[:300], y[:300]), (x[300:], y[300:]))
     # zero learning rate: the returned stitcher is its closed-form start, checked independently
     res = functional_similarity(a, "fc0", b, "fc0", data, family="scaled_orthogonal", steps=2,
-                                optimizer=optax.sgd(0.0), progress=False)
+                                optimizer=optax.sgd(0.0), both_directions=False, progress=False)
     r = res.a_to_b
     assert r.n_eval == 100 and np.isfinite([r.stitched_ce, r.own_ce]).all()
     za, zb = a.features(jnp.asarray(x[:300]))["fc0"], b.features(jnp.asarray(x[:300]))["fc0"]
