@@ -36,11 +36,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import gzip
-import importlib.metadata
 import importlib.util
 import os
 import pathlib
-import string
 from collections.abc import Callable
 
 import numpy as np

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["heatmap", "heatmap_grid", "training_curves", "bar_chart", "save"]
+__all__ = ["heatmap", "heatmap_grid", "training_curves", "bar_chart", "lines", "save"]
 
 
 def save(fig, path: str | os.PathLike) -> pathlib.Path:
@@ -116,5 +116,19 @@ def bar_chart(values: Mapping[str, float], path: str | os.PathLike, *, title: st
     ax.set(title=title, ylabel=ylabel)
     if ylim is not None:
         ax.set_ylim(*ylim)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def lines(xs: Sequence[float], series: Mapping[str, Sequence[float]], path: str | os.PathLike, *,
+          title: str, xlabel: str, ylabel: str) -> pathlib.Path:
+    """One line per named series against ``xs``, with markers and a legend."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for name, ys in series.items():
+        ax.plot(xs, ys, marker="o", label=name)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     return save(fig, path)

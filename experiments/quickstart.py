@@ -31,7 +31,6 @@ import pathlib
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -80,7 +79,8 @@ class QuickstartConfig:
 
 
 TINY = QuickstartConfig(
-    steps=12, batch_size=32, seeds=(0, 1), mlp_widths=(8,), bilinear_d_model=8, bilinear_d_hidden=8,
+    # every layer 10 wide (= the 10 digit classes): one compiled shape per measure and family
+    steps=12, batch_size=32, seeds=(0, 1), mlp_widths=(10,), bilinear_d_model=10, bilinear_d_hidden=8,
     n_checkpoints=2, n_compare=60, measures=("cka/linear",), n_train=200,
 )
 
@@ -108,11 +108,16 @@ def _train_models(cfg: QuickstartConfig, ds, out: pathlib.Path, progress: bool):
 def _rep_grid(cfg, feats_a, feats_b, undefined: list):
     """{measure: (layers_a, layers_b) matrix} of registry measures.
 
-    A cell where the measure is undefined (e.g. CCA on rank-deficient ReLU
-    layers) is NaN, and the reason is appended to ``undefined``.
+    Measures with shared per-layer statistics go through one
+    :func:`similarity.compare_grid` call; the others are called per pair with
+    eager validation, and a cell where the measure is undefined (e.g. CCA on
+    rank-deficient ReLU layers) is NaN, with the reason appended to ``undefined``.
     """
-    out = {}
+    fast = [m for m in cfg.measures if m in similarity.MOMENT_MEASURES]
+    out = dict(similarity.compare_grid(feats_a, feats_b, measures=fast).tables) if fast else {}
     for name in cfg.measures:
+        if name in out:
+            continue
         m = similarity.measure(name)
         mat = np.full((len(feats_a), len(feats_b)), np.nan)
         for i, (la, za) in enumerate(feats_a.items()):
@@ -122,22 +127,22 @@ def _rep_grid(cfg, feats_a, feats_b, undefined: list):
                 except ValueError as e:
                     undefined.append(f"{name}({la}, {lb}): {str(e).split('. ')[0]}")
         out[name] = mat
-    return out
+    return {name: np.asarray(out[name]) for name in cfg.measures}
 
 
 def _stitch_grid(cfg, feats_a, feats_b):
-    """{family: {"a->b": matrix, "b->a": matrix}} of held-out reconstruction scores."""
-    out = {}
-    for fam in similarity.FAMILIES:
-        fwd = np.zeros((len(feats_a), len(feats_b)))
-        bwd = np.zeros_like(fwd)
-        for i, za in enumerate(feats_a.values()):
-            for j, zb in enumerate(feats_b.values()):
-                ridge = cfg.stitch_ridge if fam == "affine" else 0.0  # dead ReLUs make affine fits singular
-                r = similarity.stitching_asymmetry(za, zb, family=fam, split=cfg.stitch_split, key=jax.random.key(0), ridge=ridge)
-                fwd[i, j], bwd[i, j] = float(r.forward.held_out), float(r.backward.held_out)
-        out[fam] = {"a->b": fwd, "b->a": bwd}
-    return out
+    """{family: {"a->b": matrix, "b->a": matrix}} of held-out reconstruction scores.
+
+    ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a". The
+    affine stitcher has a small ridge: dead ReLU units make its fit singular.
+    """
+    names = [f"stitch/{fam}" for fam in similarity.FAMILIES]
+    g = similarity.compare_grid(feats_a, feats_b, measures=names, split=cfg.stitch_split,
+                                key=jax.random.key(0), ridge=cfg.stitch_ridge)
+    return {
+        fam: {"a->b": np.asarray(g.tables[f"stitch/{fam}"]), "b->a": np.asarray(g.tables[f"stitch/{fam}/reverse"])}
+        for fam in similarity.FAMILIES
+    }
 
 
 def _tensor_api():
@@ -239,6 +244,12 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
         figures.append(plotting.bar_chart(
             tensor["seeds"], out / "tensor_similarity.png", ylabel="similarity",
             title=f"bilinear_s{s0} vs bilinear_s{s1}: weight-based similarity", ylim=(min(0.0, *tensor["seeds"].values()), 1.05),
+        ))
+        ck = tensor["checkpoints"]
+        figures.append(plotting.lines(
+            ck["steps"], {m: ck[m] for m in ck if m != "steps"}, out / "tensor_checkpoints.png",
+            title=f"bilinear_s{s0}: tensor similarity of each checkpoint to the final network",
+            xlabel="checkpoint step (power-spaced)", ylabel="similarity to final",
         ))
 
     metrics["seconds"] = round(time.time() - t0, 1)

@@ -31,14 +31,6 @@ def _val(p):
     return None if p is None else p[...]
 
 
-def _apply(layer, x):
-    # similarity.apply_layer adds (o,) biases to (n, o) outputs by implicit rank
-    # promotion; allow it here so the models also run under
-    # jax_numpy_rank_promotion="raise" (the test setting).
-    with jax.numpy_rank_promotion("allow"):
-        return apply_layer(layer, x)
-
-
 class LinearParams(nnx.Module):
     """An affine map ``W x + b`` with ``W: (o, d)``, exported as :class:`similarity.LinearLayer`."""
 
@@ -50,7 +42,7 @@ class LinearParams(nnx.Module):
         return LinearLayer(self.weight[...], _val(self.bias))
 
     def __call__(self, x):
-        return _apply(self.to_layer(), x)
+        return apply_layer(self.to_layer(), x)
 
 
 class BilinearParams(nnx.Module):
@@ -83,7 +75,7 @@ class BilinearParams(nnx.Module):
         )
 
     def __call__(self, x):
-        return _apply(self.to_layer(), x)
+        return apply_layer(self.to_layer(), x)
 
 
 class BilinearMLP(FeatureModel):

@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import hashlib
 import pathlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax

@@ -67,6 +67,15 @@ from similarity.usable_info import conditional_v_information as conditional_v_in
 from similarity.usable_info import pointwise_v_information as pointwise_v_information
 from similarity.usable_info import v_entropy as v_entropy
 from similarity.usable_info import v_information as v_information
+from similarity.task_stitching import DirectionResult as DirectionResult
+from similarity.task_stitching import FunctionalSimilarity as FunctionalSimilarity
+from similarity.task_stitching import TrainHistory as TrainHistory
+from similarity.task_stitching import functional_similarity as functional_similarity
+from similarity.task_stitching import resize_spatial as resize_spatial
+from similarity.task_stitching import stitch_representation as stitch_representation
+from similarity.task_stitching import stitching_loss as stitching_loss
+from similarity.task_stitching import train_stitcher as train_stitcher
+from similarity.task_stitching import train_stitchers as train_stitchers
 
 # --- multilinear networks and tensor similarity ---
 from similarity.multilinear import BilinearLayer as BilinearLayer

@@ -23,6 +23,14 @@ metric         method       what it is
                             algorithm); exact at depth <= 1, an approximation beyond.
 =============  ===========  ==============================================================
 
+How far off the closure is at depth 2 (measured with ``tensor_inner`` against
+``method="exact"``, which matches quadrature to 1e-8, on six random float64
+two-layer networks, d=4, h=6, o=3, biases, half with a residual first layer):
+the closure's self inner product ``<A|A>`` was 0.27-0.74 times the exact one
+(so up to ~3.7x too small), and the similarity of two independent networks was
+off by up to 0.17 in absolute value (e.g. exact 0.040 vs closure -0.127, exact
+0.217 vs closure 0.079). Treat it as a cheap kernel, not as the Gaussian metric.
+
 ``method="auto"`` picks ``gram`` for frobenius/symmetric and ``exact`` for
 gaussian; for gaussian at depth >= 3 it raises, because no exact polynomial
 method is offered there (exactness is exponential in depth): pass
@@ -258,10 +266,33 @@ def _bcast(x, letters):
     return x
 
 
+def _alternating_trace(a1, b1, a2, b2):
+    """``tr(a1[k] b1[K] a2[k] b2[K])`` for all (k, K): the one ``O(h_a h_b d^3)`` term.
+
+    Mapped over k so that each step is two ``(d, d) x (h_b, d, d)`` products,
+    with ``O(h_b d^2)`` memory (a single einsum would hold two ``h_a h_b d^2``
+    intermediates and was 5x slower).
+    """
+
+    def one(ak):
+        x, y = ak
+        u = jnp.einsum("pq,Kqr->Kpr", x, b1)
+        v = jnp.einsum("rs,Ksp->Krp", y, b2)
+        return jnp.einsum("Kpr,Krp->K", u, v)
+
+    return jax.lax.map(one, (a1, a2))
+
+
 def _chain(parts, order, closed):
     """``tr(A_o1 ... A_om)`` (closed) or ``b_o1^T A_o2 ... A_o(m-1) b_om``, over (k, K)."""
     specs, ops = [], []
     m = len(order)
+    sides = [_SIDE[it] for it in order]
+    if closed and m == 4 and sides in (["k", "K", "k", "K"], ["K", "k", "K", "k"]):
+        if sides[0] == "K":  # rotate the cycle so that it starts on the a side
+            order = order[1:] + order[:1]
+        a1, b1, a2, b2 = (parts[it][2] for it in order)
+        return _alternating_trace(a1, b1, a2, b2)
     if closed:
         for j, it in enumerate(order):
             specs.append(_SIDE[it] + _IDX[j] + _IDX[(j + 1) % m])
@@ -382,8 +413,9 @@ def _prepare(net_a, net_b, metric, method, outputs):
     if depth_a != depth_b:
         raise ValueError(
             f"net_a has depth {depth_a} but net_b has depth {depth_b} (bilinear layers); "
-            "the inner products here compare networks of equal depth. Compare functions of "
-            "different depths with monte_carlo_inner or quadrature_inner."
+            "the inner products here compare networks of equal depth. For the Gaussian metric, "
+            "append identity bilinear layers to the shallower one (left=I, right=0, "
+            "right_bias=1, down=I computes y * 1 = y), or use monte_carlo_inner."
         )
     method = _resolve_method(metric, method, depth_a)
     outputs = _resolve_outputs(outputs, net_a[-1].d_out)
@@ -513,26 +545,16 @@ def _stack(nets):
     return jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *nets)
 
 
-@functools.partial(jax.jit, static_argnames=("metric", "method", "outputs", "batch_size"))
-def _matrix_jit(stacked, metric, method, outputs, batch_size):
-    n = jax.tree_util.tree_leaves(stacked)[0].shape[0]
-    iu, ju = np.triu_indices(n)
+@functools.partial(jax.jit, static_argnames=("metric", "method", "outputs"))
+def _matrix_jit(stacked, metric, method, outputs):
+    # Row i against every column j at once: with net_i unbatched and net_j vmapped,
+    # the first node's cross products become one large matrix product per row
+    # (A_i @ [A_1 ... A_n]^T), far faster than n^2 small batched products.
+    def row(net_i):
+        return jax.vmap(lambda net_j: _inner_core(net_i, net_j, metric, method, outputs))(stacked)
 
-    def one(ij):
-        i, j = ij
-        na = jax.tree_util.tree_map(lambda x: x[i], stacked)
-        nb = jax.tree_util.tree_map(lambda x: x[j], stacked)
-        return _inner_core(na, nb, metric, method, outputs)
-
-    # Pad the pair list to a multiple of the batch so that one vmapped body is compiled.
-    n_pairs = iu.size
-    bs = min(batch_size, n_pairs)
-    pad = -n_pairs % bs
-    ip = np.concatenate([iu, np.zeros(pad, iu.dtype)]).reshape(-1, bs)
-    jp = np.concatenate([ju, np.zeros(pad, ju.dtype)]).reshape(-1, bs)
-    vals = jax.lax.map(jax.vmap(one), (jnp.asarray(ip), jnp.asarray(jp))).reshape(-1)[:n_pairs]
-    gram = jnp.zeros((n, n), vals.dtype).at[iu, ju].set(vals).at[ju, iu].set(vals)
-    return gram
+    gram = jax.lax.map(row, stacked)
+    return (gram + gram.T) / 2
 
 
 def similarity_matrix(
@@ -542,14 +564,15 @@ def similarity_matrix(
     metric: str = "gaussian",
     method: str = "auto",
     outputs=None,
-    batch_size: int = 256,
     return_inner: bool = False,
 ) -> jax.Array:
     """Similarity matrix over many checkpoints in one jit-compiled, vmapped call.
 
-    The ``n (n + 1) / 2`` cross inner products ``<A_i|M|A_j>`` (``i <= j``) are
-    computed by one vmapped kernel (in chunks of ``batch_size`` pairs), and the
-    matrix is normalised by its own diagonal: no ``n^2`` separate calls.
+    The cross inner products ``<A_i|M|A_j>`` are computed in one jit-compiled call:
+    a loop over rows i, each row vmapped over all checkpoints j (so the first
+    layer's cross products are one large matrix product per row), then the matrix
+    is symmetrised and normalised by its own diagonal; no ``n^2`` separate calls.
+    Memory is that of one row: n times one pair's working set.
 
     Args:
       nets: either a Python ``list`` of networks (each a layer or a tuple of
@@ -558,7 +581,6 @@ def similarity_matrix(
       metric: see :func:`tensor_inner`.
       method: see :func:`tensor_inner`.
       outputs: see :func:`tensor_inner`.
-      batch_size: pairs evaluated together by ``vmap`` (memory/speed trade-off).
       return_inner: return the unnormalised inner-product matrix instead.
 
     Returns:
@@ -582,13 +604,11 @@ def similarity_matrix(
         stacked = _stack(nets)
     else:
         stacked = validate_network(nets, "nets", batch_ndim=1)
-    if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     one = jax.tree_util.tree_map(lambda x: x[0], stacked)
     method = _resolve_method(metric, method, network_depth(one))
     outputs = _resolve_outputs(outputs, one[-1].d_out)
     stacked, _ = _promote(stacked, stacked)
-    gram = _matrix_jit(stacked, metric, method, outputs, batch_size)
+    gram = _matrix_jit(stacked, metric, method, outputs)
     if return_inner:
         return gram
     diag = jnp.diagonal(gram)

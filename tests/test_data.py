@@ -176,3 +176,15 @@ def test_gaussian_task_is_learnable_and_seeded():
 def test_unknown_dataset_name_suggests():
     with pytest.raises(ValueError, match="Unknown data set 'cifar'. Did you mean .*'cifar10'.*Valid data sets:"):
         data.load("cifar")
+
+
+def test_fashion_mnist_tfds_fallback_with_coarse_labels(tmp_path):
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=8, policy=tfds.testing.MockPolicy.USE_CODE):
+        ds = data.load("fashion_mnist", source="tfds", label="coarse")
+        fine = data.load("fashion_mnist", source="tfds")
+    assert ds.class_names == data.FASHION_COARSE_NAMES and fine.class_names == data.FASHION_CLASSES
+    np.testing.assert_array_equal(ds.y_train, np.asarray(data.FASHION_COARSE)[fine.y_train])
+    with pytest.raises(ValueError, match="source must be 'auto', 'idx' or 'tfds'"):
+        data.load("fashion_mnist", source="web")

@@ -107,8 +107,7 @@ def test_bilinear_mlp_to_network_equals_model(bias, residual):
     net = model.to_network()
     assert isinstance(net[0], LinearLayer) and isinstance(net[-1], LinearLayer)
     assert all(isinstance(l, BilinearLayer) and l.residual == residual for l in net[1:-1])
-    with jax.numpy_rank_promotion("allow"):  # apply_layer broadcasts (o,) biases implicitly
-        np.testing.assert_allclose(apply_network(net, x), model(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(apply_network(net, x), model(x), rtol=1e-5, atol=1e-5)
 
 
 def test_bilinear_mlp_against_numpy_reference():

@@ -7,7 +7,7 @@ import pytest
 
 import similarity
 from experiments import cli
-from experiments.quickstart import TINY, run
+from experiments.quickstart import TINY
 
 
 def test_quickstart_tiny_end_to_end(tmp_path, capsys):
@@ -37,6 +37,8 @@ def test_quickstart_tiny_end_to_end(tmp_path, capsys):
 
     if _tensor_api()[0] is not None:
         assert set(ts["seeds"]) >= {"frobenius", "symmetric", "gaussian"}
+        assert ts["checkpoints"]["symmetric"][-1] == pytest.approx(1.0, abs=1e-5)  # final vs itself
+        assert (out / "tensor_checkpoints.png").exists()
     else:
         assert "skipped" in ts
     for png in ("training.png", "representational_mlp_seeds.png", "stitching_mlp_vs_bilinear.png"):

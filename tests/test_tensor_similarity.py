@@ -376,7 +376,7 @@ def test_similarity_matrix_equals_pairwise(metric, method):
     pairwise = np.array([[float(tensor_similarity(x, y, metric=metric, method=method))
                           for y in ckpts] for x in ckpts])
     for nets in (ckpts, stack(ckpts)):
-        got = similarity_matrix(nets, metric=metric, method=method, batch_size=4)
+        got = similarity_matrix(nets, metric=metric, method=method)
         np.testing.assert_allclose(got, pairwise, rtol=1e-10, atol=1e-12)
     inner = similarity_matrix(ckpts, metric=metric, method=method, return_inner=True)
     assert rel(inner[1, 3], tensor_inner(ckpts[1], ckpts[3], metric=metric, method=method)) < 1e-10
