@@ -1,7 +1,6 @@
 """CCA, R^2_CCA, SVCCA and PWCCA against float64 references written from the papers' definitions."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings

@@ -1,7 +1,6 @@
 """RDMs and RSA against SciPy references; the RSA = linear CKA identity."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
