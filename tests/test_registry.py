@@ -171,7 +171,9 @@ def test_float32_and_numpy_input(name):
     assert isinstance(ref, jax.Array) and ref.shape == () and ref.dtype == np.float64
     out = m(x.astype(np.float32), y.astype(np.float32))
     assert isinstance(out, jax.Array) and out.shape == () and out.dtype == np.float32
-    assert float(out) == pytest.approx(float(ref), abs=3e-3)
+    # whitening (shape alpha < 1) works with the squared condition number (~2e4 here) in float32
+    whitened = name.startswith("shape/") and not name.endswith("alpha=1")
+    assert float(out) == pytest.approx(float(ref), abs=2e-3 if whitened else 2e-5)
 
 
 @settings(max_examples=6)
