@@ -337,7 +337,8 @@ def test_self_similarity_is_one(metric, method):
 
 
 @settings(max_examples=20)
-@given(seed=st.integers(0, 2**31 - 1), setting=st.sampled_from(SETTINGS),
+@given(seed=st.integers(0, 2**31 - 1),
+       setting=st.sampled_from([("gaussian", "exact"), ("symmetric", "gram"), ("gaussian", "closure")]),
        scale=st.floats(0.1, 3.0))
 def test_similarity_is_bounded(seed, setting, scale):
     depth = 2  # at depth 1 every method is the exact Gaussian one (tested above)
@@ -368,7 +369,12 @@ def test_jit_and_vmap_over_checkpoints():
     np.testing.assert_allclose(vmapped, eager, rtol=1e-12)
 
 
-@pytest.mark.parametrize("metric,method", SETTINGS)
+@pytest.mark.parametrize("metric,method", [
+    ("gaussian", "exact"),
+    ("symmetric", "gram"),
+    pytest.param("frobenius", "gram", marks=pytest.mark.slow),
+    pytest.param("gaussian", "closure", marks=pytest.mark.slow),
+])
 def test_similarity_matrix_equals_pairwise(metric, method):
     rng = np.random.default_rng(12)
     ckpts = [(bilinear(rng, 2, 2, 2, bias=True, residual=True), bilinear(rng, 2, 2, 2))
@@ -399,7 +405,7 @@ def test_gradients(metric, method, depth):
 def test_float32_matches_float64():
     a, b = TWO["embed_head_residual_bias"]
     to32 = lambda n: jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), n)
-    for metric, method in (("gaussian", "exact"), ("frobenius", "gram")):
+    for metric, method in (("gaussian", "exact"),):
         s64 = tensor_similarity(a, b, metric=metric, method=method)
         s32 = tensor_similarity(to32(a), to32(b), metric=metric, method=method)
         assert s32.dtype == jnp.float32
