@@ -20,7 +20,6 @@ from jax.test_util import check_grads
 
 from similarity import (
     BilinearLayer,
-    LinearLayer,
     apply_network,
     behavioral_similarity,
     difference,
