@@ -2,4 +2,63 @@
 
 Every model exposes ``features(x) -> {layer: activations}``, ``layer_names()``
 and ``tail(layer, z) -> logits`` (the rest of the network from a layer).
+Convolutional and sequence activations are turned into 2-D representations by
+:func:`flatten_features` with an explicit policy.
 """
+
+from __future__ import annotations
+
+from flax import nnx
+
+from models.base import FeatureModel as FeatureModel
+from models.base import flatten as flatten
+from models.base import flatten_features as flatten_features
+from models.base import unknown_name_error as _unknown_name_error
+from models.bilinear import BilinearMLP as BilinearMLP
+from models.bilinear import BilinearTransformer as BilinearTransformer
+from models.bilinear import bilinear_attention as bilinear_attention
+from models.cnn import CNN as CNN
+from models.cnn import MobileNet as MobileNet
+from models.cnn import ResNet as ResNet
+from models.mlp import MLP as MLP
+from models.mlp import Linear as Linear
+
+MODELS = {
+    "linear": Linear,
+    "mlp": MLP,
+    "cnn": CNN,
+    "resnet": ResNet,
+    "mobilenet": MobileNet,
+    "bilinear_mlp": BilinearMLP,
+    "bilinear_transformer": BilinearTransformer,
+}
+
+
+def list_models() -> tuple[str, ...]:
+    """Names accepted by :func:`get_model`."""
+    return tuple(MODELS)
+
+
+def get_model(name: str, *args, seed: int = 0, rngs: nnx.Rngs | None = None, **kwargs) -> FeatureModel:
+    """Build a model by name.
+
+    Args:
+      name: one of :func:`list_models`.
+      *args: the model's positional arguments (e.g. ``input_shape, n_classes``).
+      seed: used for ``nnx.Rngs(seed)`` when ``rngs`` is not given.
+      rngs: explicit ``nnx.Rngs``.
+      **kwargs: the model's keyword options.
+
+    Returns:
+      the model.
+
+    Raises:
+      ValueError: for an unknown name (the message lists the valid ones).
+
+    Examples:
+      >>> get_model("mlp", 4, 3, widths=(8,)).layer_names()
+      ('fc0', 'logits')
+    """
+    if name not in MODELS:
+        raise _unknown_name_error("model name", name, MODELS)
+    return MODELS[name](*args, rngs=rngs if rngs is not None else nnx.Rngs(seed), **kwargs)

@@ -14,11 +14,68 @@ score (higher is more similar) or a distance.
 # ruff: noqa: F401  (explicit re-exports, one per line, as JAX does)
 
 # --- representational similarity (cka, rsa, cca, shape, regression, registry) ---
+from similarity.cka import cka as cka
+from similarity.cka import hsic as hsic
+from similarity.cka import minibatch_cka as minibatch_cka
+from similarity.cka import cka_init as cka_init
+from similarity.cka import cka_accumulate as cka_accumulate
+from similarity.cka import cka_merge as cka_merge
+from similarity.cka import cka_finalize as cka_finalize
+from similarity.cka import CKAState as CKAState
+from similarity.cka import LinearStats as LinearStats
+from similarity.cka import linear_stats as linear_stats
+from similarity.cka import linear_hsic_cross as linear_hsic_cross
+from similarity.cka import linear_cka_from_stats as linear_cka_from_stats
+from similarity.cka import centre_features as centre_features
+from similarity.cka import centre_gram as centre_gram
+from similarity.cka import linear_gram as linear_gram
+from similarity.cka import rbf_gram as rbf_gram
+from similarity.rsa import rdm as rdm
+from similarity.rsa import rsa as rsa
+from similarity.rsa import rank_average as rank_average
+from similarity.cca import cca as cca
+from similarity.cca import cca_r2 as cca_r2
+from similarity.cca import cca_mean as cca_mean
+from similarity.cca import svcca as svcca
+from similarity.cca import pwcca as pwcca
+from similarity.shape import shape_distance as shape_distance
+from similarity.shape import nbs as nbs
+from similarity.shape import procrustes_distance as procrustes_distance
+from similarity.shape import partial_whiten as partial_whiten
+from similarity.regression import linear_regression_r2 as linear_regression_r2
+from similarity.registry import Measure as Measure
+from similarity.registry import INVARIANCES as INVARIANCES
+from similarity.registry import measure as measure
+from similarity.registry import list_measures as list_measures
+from similarity.registry import register as register
+from similarity.registry import register_family as register_family
 
 # --- stitching and usable information ---
 from similarity.stitching import FAMILIES as FAMILIES
+from similarity.stitching import ReconstructionScore as ReconstructionScore
 from similarity.stitching import Stitcher as Stitcher
+from similarity.stitching import StitchingAsymmetry as StitchingAsymmetry
 from similarity.stitching import apply_stitcher as apply_stitcher
+from similarity.stitching import fit_stitcher as fit_stitcher
+from similarity.stitching import fit_stitchers as fit_stitchers
+from similarity.stitching import reconstruction_score as reconstruction_score
+from similarity.stitching import stitching_asymmetry as stitching_asymmetry
+from similarity.usable_info import V_FAMILIES as V_FAMILIES
+from similarity.usable_info import PointwiseVInfo as PointwiseVInfo
+from similarity.usable_info import VResult as VResult
+from similarity.usable_info import conditional_v_information as conditional_v_information
+from similarity.usable_info import pointwise_v_information as pointwise_v_information
+from similarity.usable_info import v_entropy as v_entropy
+from similarity.usable_info import v_information as v_information
+from similarity.task_stitching import DirectionResult as DirectionResult
+from similarity.task_stitching import FunctionalSimilarity as FunctionalSimilarity
+from similarity.task_stitching import TrainHistory as TrainHistory
+from similarity.task_stitching import functional_similarity as functional_similarity
+from similarity.task_stitching import resize_spatial as resize_spatial
+from similarity.task_stitching import stitch_representation as stitch_representation
+from similarity.task_stitching import stitching_loss as stitching_loss
+from similarity.task_stitching import train_stitcher as train_stitcher
+from similarity.task_stitching import train_stitchers as train_stitchers
 
 # --- multilinear networks and tensor similarity ---
 from similarity.multilinear import BilinearLayer as BilinearLayer
@@ -43,3 +100,6 @@ from similarity.validate_numerics import monte_carlo_inner as monte_carlo_inner
 from similarity.validate_numerics import quadrature_inner as quadrature_inner
 
 # --- comparison grid ---
+from similarity.grid import MOMENT_MEASURES as MOMENT_MEASURES
+from similarity.grid import GridResult as GridResult
+from similarity.grid import compare_grid as compare_grid

@@ -1,15 +1,57 @@
 """Stitchers: maps from a source representation to a target one (DESIGN.md §3).
 
 Families, nested: ``orthogonal`` ⊂ ``scaled_orthogonal`` ⊂ ``affine``.
+
+Conventions used throughout this module:
+
+* **Scale-free fits.** Every closed-form fit first centres each side and divides
+  it by its Frobenius norm (train rows only), fits the family on these
+  normalised matrices ``U = (Z1 - mu1)/||Z1c||`` and ``V = (Z2 - mu2)/||Z2c||``,
+  then folds the centring and the two norms back into the returned
+  :class:`Stitcher`, so that ``apply_stitcher(fit_stitcher(z1, z2), z1)``
+  predicts the *raw* ``z2``. For ``affine`` and ``scaled_orthogonal`` this
+  equals the least-squares fit on the raw (centred) data. For ``orthogonal`` it
+  means the fitted stitcher is ``Q`` times the fixed ratio ``||Z2c||/||Z1c||``
+  (a ratio of the data's norms, not a fitted parameter), stored in ``scale``;
+  pass ``normalize=False`` for the raw-space orthogonal fit with ``scale == 1``.
+* **Widths.** The orthogonal families zero-pad the narrower side to the common
+  width ``D = max(d1, d2)`` and fit a square orthogonal ``Q`` (``D x D``) from
+  the SVD of the padded cross-covariance (the netrep convention), so the
+  closed form is exact for any widths. ``Stitcher.weight`` is the
+  ``(d1, d2)`` block ``Q[:d1, :d2]``, which is semi-orthogonal. We never use
+  ``U V^T`` of the rectangular cross-covariance as the solution of the
+  *unbalanced* Procrustes problem (semi-orthogonal ``Q`` with ``d1 > d2``):
+  it is not its solution.
+* **Scores in the padded space.** The reconstruction score of an orthogonal
+  family counts the error on the padded coordinates when ``d1 > d2``; this is
+  what makes the in-sample identities exact: ``scaled_orthogonal`` scores
+  ``NBS^2`` and ``orthogonal`` scores ``2 NBS - 1`` with
+  ``NBS = ||Z1c^T Z2c||_* / (||Z1c|| ||Z2c||)``; ``affine`` scores the
+  regression ``R^2``.
+* **Held-out scores.** ``reconstruction_score`` fits on a train split and
+  scores ``1 - SSE / SST`` on the held-out split, where the prediction uses only
+  train statistics (means, norms, the fitted map) and ``SST`` is the held-out
+  target's variance around its own mean (the usual out-of-sample ``R^2``).
+
+Everything is written in terms of per-layer and per-pair second moments
+(:func:`layer_moments`, :func:`pair_moments`) so that the comparison grid
+(:mod:`similarity.grid`) can compute each layer's statistics once, stream
+samples in chunks, and still agree with the pairwise functions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
+
+from similarity import _validate as V
 
 FAMILIES = ("orthogonal", "scaled_orthogonal", "affine")
 
@@ -25,8 +67,11 @@ class Stitcher:
         zero-padded space (the netrep convention), or a semi-orthogonal matrix
         when trained with the task loss.
       bias: ``(d_tgt,)``.
-      scale: ``()``; 1 for ``orthogonal``, the fitted isotropic scale otherwise
-        (for ``affine`` it is 1 and the scale lives in ``weight``).
+      scale: ``()``. For ``scaled_orthogonal`` the fitted isotropic scale (in
+        raw units). For ``orthogonal`` fitted by :func:`fit_stitcher` it is the
+        fixed norm ratio ``||Z_tgt,c|| / ||Z_src,c||`` (exactly 1 with
+        ``normalize=False``). For ``affine`` it is 1 and the scale lives in
+        ``weight``.
       family: static; one of ``FAMILIES``.
     """
 
@@ -47,4 +92,642 @@ def apply_stitcher(stitcher: Stitcher, z: ArrayLike, /) -> jax.Array:
       ``(n, d_tgt)``.
     """
     z = jnp.asarray(z)
-    return stitcher.scale * jnp.einsum("ns,st->nt", z, stitcher.weight) + stitcher.bias
+    return stitcher.scale * jnp.einsum("ns,st->nt", z, stitcher.weight) + stitcher.bias[None, :]
+
+
+class ReconstructionScore(NamedTuple):
+    """A directed reconstruction score and its in-sample (leaky) counterpart.
+
+    Attributes:
+      held_out: ``()`` score on the held-out split (the estimate to report).
+      in_sample: ``()`` score on the train split the map was fitted on.
+    """
+
+    held_out: jax.Array
+    in_sample: jax.Array
+
+
+class StitchingAsymmetry(NamedTuple):
+    """Both directions of a reconstruction score and their difference.
+
+    Attributes:
+      forward: score of ``z_a -> z_b``.
+      backward: score of ``z_b -> z_a``.
+      difference: ``forward - backward`` (field by field).
+    """
+
+    forward: ReconstructionScore
+    backward: ReconstructionScore
+    difference: ReconstructionScore
+
+
+class LayerMoments(NamedTuple):
+    """Per-layer statistics on normalised, train-centred data ``u = (z - mean)/norm``.
+
+    Attributes:
+      mean: ``(d,)`` train mean.
+      norm: ``()`` Frobenius norm of the train-centred train rows (1 if not normalising).
+      gram_train: ``(d, d)`` ``sum_train u u^T``.
+      gram_test: ``(d, d)`` ``sum_test u u^T``.
+      sum_test: ``(d,)`` ``sum_test u``.
+      n_test: ``()`` number of test rows.
+    """
+
+    mean: jax.Array
+    norm: jax.Array
+    gram_train: jax.Array
+    gram_test: jax.Array
+    sum_test: jax.Array
+    n_test: jax.Array
+
+
+class PairMoments(NamedTuple):
+    """Cross moments of a (source, target) pair: ``sum u v^T`` over train and test rows."""
+
+    cross_train: jax.Array
+    cross_test: jax.Array
+
+
+# ----------------------------------------------------------------------------- moments
+
+
+def _weighted_mean(z: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.einsum("n,nd->d", w, z) / jnp.sum(w)
+
+
+def layer_moments(
+    z: jax.Array, w_train: jax.Array, w_test: jax.Array, /, *, normalize: bool = True
+) -> LayerMoments:
+    """Moments of one layer given 0/1 row weights for the train and test rows.
+
+    Args:
+      z: ``(n, d)``.
+      w_train: ``(n,)`` 1.0 for train rows, else 0.0.
+      w_test: ``(n,)`` 1.0 for test rows, else 0.0.
+      normalize: divide by the train Frobenius norm.
+
+    Returns:
+      A :class:`LayerMoments`.
+    """
+    mean = _weighted_mean(z, w_train)
+    zc = z - mean[None, :]
+    g_tr = jnp.einsum("n,ni,nj->ij", w_train, zc, zc)
+    norm = jnp.sqrt(jnp.trace(g_tr)) if normalize else jnp.ones((), z.dtype)
+    u = zc / norm
+    return LayerMoments(
+        mean=mean,
+        norm=norm,
+        gram_train=g_tr / norm**2,
+        gram_test=jnp.einsum("n,ni,nj->ij", w_test, u, u),
+        sum_test=jnp.einsum("n,ni->i", w_test, u),
+        n_test=jnp.sum(w_test),
+    )
+
+
+def pair_moments(
+    z_src: jax.Array,
+    z_tgt: jax.Array,
+    m_src: LayerMoments,
+    m_tgt: LayerMoments,
+    w_train: jax.Array,
+    w_test: jax.Array,
+    /,
+) -> PairMoments:
+    """Cross moments ``sum u v^T`` of a pair, over train and test rows.
+
+    Args:
+      z_src: ``(n, d1)``; z_tgt: ``(n, d2)``; m_src, m_tgt: their moments.
+      w_train, w_test: ``(n,)`` row weights.
+
+    Returns:
+      :class:`PairMoments` with ``(d1, d2)`` arrays.
+    """
+    u = (z_src - m_src.mean[None, :]) / m_src.norm
+    v = (z_tgt - m_tgt.mean[None, :]) / m_tgt.norm
+    return PairMoments(
+        cross_train=jnp.einsum("n,ni,nj->ij", w_train, u, v),
+        cross_test=jnp.einsum("n,ni,nj->ij", w_test, u, v),
+    )
+
+
+# ----------------------------------------------------------------------------- fits
+
+
+def affine_system(gram: jax.Array, *, ridge: float, mask: jax.Array | None = None) -> jax.Array:
+    """Cholesky factor of the (ridge-regularised) normal equations ``G + ridge I``.
+
+    Args:
+      gram: ``(d, d)`` ``U^T U`` of the normalised source.
+      ridge: non-negative ridge, in units of the normalised problem.
+      mask: ``(d,)`` 1 for real features, 0 for zero-padded ones (padded
+        coordinates get a unit diagonal so the system stays definite; their
+        weights come out exactly 0).
+
+    Returns:
+      ``(d, d)`` lower Cholesky factor.
+    """
+    d = gram.shape[0]
+    mask = jnp.ones((d,), gram.dtype) if mask is None else mask.astype(gram.dtype)
+    a = gram + jnp.diag(ridge * mask + (1.0 - mask))
+    return jnp.linalg.cholesky(a)
+
+
+def fit_from_moments(
+    gram_train: jax.Array,
+    cross_train: jax.Array,
+    /,
+    *,
+    family: str,
+    chol: jax.Array | None = None,
+    ridge: float = 0.0,
+    mask_src: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Closed-form fit of ``V ≈ s * pad(U) Q`` (or ``U W``) from moments.
+
+    Args:
+      gram_train: ``(d1, d1)`` ``U^T U`` (the orthogonal families accept its
+        trace ``()`` instead).
+      cross_train: ``(d1, d2)`` ``U^T V``.
+      family: one of ``FAMILIES``.
+      chol: optional precomputed :func:`affine_system` factor (reused by the grid).
+      ridge: ridge for ``affine``.
+      mask_src: ``(d1,)`` real-feature mask for zero-padded sources.
+
+    Returns:
+      ``(W, s)``: ``W`` is ``(d1, d2)`` (the block ``Q[:d1, :d2]`` for the
+      orthogonal families), ``s`` the isotropic scale (1 for ``affine`` and
+      ``orthogonal``).
+    """
+    dt = cross_train.dtype
+    if family == "affine":
+        if chol is None:
+            chol = affine_system(gram_train, ridge=ridge, mask=mask_src)
+        w = jax.scipy.linalg.cho_solve((chol, True), cross_train)
+        return w, jnp.ones((), dt)
+    # The (d1, d2) block of the square Procrustes solution on the zero-padded
+    # space is U V^T from the *thin* SVD U S V^T of the (d1, d2) cross-covariance
+    # (the padded rows/columns only add null directions that the block never
+    # sees), so no D x D SVD is needed. It is exact for the padded problem; it
+    # is not the solution of the unbalanced problem with a semi-orthogonal map.
+    u, sv, vt = jnp.linalg.svd(cross_train, full_matrices=False)
+    w = jnp.einsum("ik,kj->ij", u, vt)
+    if family == "scaled_orthogonal":
+        # s = <V, U Q> / ||pad(U) Q||^2 and ||pad(U) Q|| = ||U||.
+        sq = jnp.trace(gram_train) if gram_train.ndim == 2 else gram_train
+        return w, jnp.sum(sv) / sq
+    return w, jnp.ones((), dt)
+
+
+def _sse(
+    w: jax.Array, s: jax.Array, gram: jax.Array, cross: jax.Array, vv: jax.Array, family: str
+) -> jax.Array:
+    """``||V_p - s pad(U) Q||^2`` (orthogonal, padded) or ``||V - U W||^2`` from moments."""
+    lin = jnp.einsum("ij,ij->", w, cross)
+    if family == "affine":
+        quad = jnp.einsum("ij,ik,kj->", w, gram, w)
+    else:  # padded space: ||pad(U) Q||^2 = ||U||^2
+        quad = jnp.trace(gram)
+    return vv - 2.0 * s * lin + s**2 * quad
+
+
+def score_from_moments(
+    m_src: LayerMoments,
+    m_tgt: LayerMoments,
+    pm: PairMoments,
+    /,
+    *,
+    family: str,
+    ridge: float = 0.0,
+    chol: jax.Array | None = None,
+    mask_src: jax.Array | None = None,
+) -> ReconstructionScore:
+    """Held-out and in-sample reconstruction scores from precomputed moments."""
+    w, s = fit_from_moments(
+        m_src.gram_train, pm.cross_train, family=family, chol=chol, ridge=ridge, mask_src=mask_src
+    )
+    vv_tr = jnp.trace(m_tgt.gram_train)  # the target is exactly centred on train rows
+    in_sample = 1.0 - _sse(w, s, m_src.gram_train, pm.cross_train, vv_tr, family) / vv_tr
+    vv_te = jnp.trace(m_tgt.gram_test)
+    sst_te = vv_te - jnp.sum(m_tgt.sum_test**2) / m_tgt.n_test
+    held_out = 1.0 - _sse(w, s, m_src.gram_test, pm.cross_test, vv_te, family) / sst_te
+    return ReconstructionScore(held_out=held_out, in_sample=in_sample)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_options(family: str, ridge: float) -> None:
+    V.check_choice(family, "family", FAMILIES)
+    if not isinstance(ridge, (int, float)) or isinstance(ridge, bool) or not ridge >= 0:
+        raise ValueError(f"ridge must be a non-negative float, got {ridge!r}.")
+
+
+def _check_affine_rank(n_fit: int, d_src: int, family: str, ridge: float, where: str) -> None:
+    if family == "affine" and ridge == 0 and n_fit - 1 < d_src:
+        raise ValueError(
+            f"An unregularised affine fit needs more samples than source features: {where} "
+            f"has {n_fit} samples (n - 1 = {n_fit - 1} after centring) but z_src has "
+            f"{d_src} features, so the normal equations are singular. Pass ridge > 0 "
+            "(e.g. ridge=1e-3), use more samples, or reduce the width."
+        )
+
+
+def _check_nonconstant_train(z: jax.Array, w_train: jax.Array, name: str) -> None:
+    if V.is_concrete(z, w_train):
+        zt = np.asarray(z)[np.asarray(w_train) > 0]
+        V.check_not_constant(zt, f"{name} (train rows)", what="the reconstruction score")
+
+
+def _check_finite_result(x: jax.Array, what: str) -> None:
+    if V.is_concrete(x) and not np.all(np.isfinite(np.asarray(x))):
+        raise ValueError(
+            f"{what} is not finite: the normal equations are numerically singular "
+            "(collinear features, or float32 with an ill-conditioned source). Pass ridge > 0 "
+            "or use float64."
+        )
+
+
+def split_weights(
+    n: int, split: float | tuple[ArrayLike, ArrayLike], key: jax.Array | None, dtype
+) -> tuple[jax.Array, jax.Array]:
+    """Turn ``split`` into 0/1 train and test row weights ``(n,)``, validating it.
+
+    ``split`` is the train fraction (rows drawn at random with ``key``; the
+    default key is ``jax.random.key(0)``, so the split is deterministic), or a
+    pair ``(train_idx, test_idx)`` of integer index arrays.
+    """
+    if isinstance(split, tuple):
+        if len(split) != 2:
+            raise ValueError("split must be a fraction or a pair (train_idx, test_idx).")
+        idx = []
+        for nm, ix in zip(("train_idx", "test_idx"), split):
+            ix = np.asarray(ix) if not isinstance(ix, jax.Array) else ix
+            if ix.ndim != 1 or not jnp.issubdtype(ix.dtype, jnp.integer):
+                raise ValueError(f"split's {nm} must be a 1-D integer index array, got {ix.dtype} {ix.shape}.")
+            if V.is_concrete(ix) and ix.size and (int(ix.min()) < 0 or int(ix.max()) >= n):
+                raise ValueError(f"split's {nm} has indices outside [0, {n}).")
+            idx.append(ix)
+        tr, te = idx
+        if V.is_concrete(tr, te) and np.intersect1d(np.asarray(tr), np.asarray(te)).size:
+            raise ValueError("split's train_idx and test_idx overlap; held-out rows must be unseen.")
+        w_tr = jnp.zeros((n,), dtype).at[tr].set(1.0)
+        w_te = jnp.zeros((n,), dtype).at[te].set(1.0)
+        n_tr, n_te = int(tr.shape[0]), int(te.shape[0])
+    else:
+        if not isinstance(split, (float, int)) or isinstance(split, bool) or not 0 < split < 1:
+            raise ValueError(
+                f"split must be a train fraction in (0, 1) or (train_idx, test_idx), got {split!r}."
+            )
+        n_tr = int(round(split * n))
+        n_te = n - n_tr
+        key = jax.random.key(0) if key is None else key
+        perm = jax.random.permutation(key, n)
+        w_tr = jnp.zeros((n,), dtype).at[perm[:n_tr]].set(1.0)
+        w_te = 1.0 - w_tr
+    if n_tr < 2 or n_te < 2:
+        raise ValueError(
+            f"split gives {n_tr} train and {n_te} test rows out of n={n}; each side needs at "
+            "least 2 rows (to centre and to have a variance). Use more samples or a fraction "
+            "closer to 0.5."
+        )
+    return w_tr, w_te
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def _fit_impl(x, y, mask_src, *, family, ridge, normalize):
+    mx, my = jnp.mean(x, axis=0), jnp.mean(y, axis=0)
+    xc, yc = x - mx[None, :], y - my[None, :]
+    one = jnp.ones((), x.dtype)
+    nx = jnp.sqrt(jnp.sum(xc * xc)) if normalize else one
+    ny = jnp.sqrt(jnp.sum(yc * yc)) if normalize else one
+    u, v = xc / nx, yc / ny
+    # the orthogonal families only need tr(U^T U), not the Gram matrix
+    gram = jnp.einsum("ni,nj->ij", u, u) if family == "affine" else jnp.sum(u * u)
+    cross = jnp.einsum("ni,nj->ij", u, v)
+    w, s = fit_from_moments(gram, cross, family=family, ridge=ridge, mask_src=mask_src)
+    ratio = ny / nx
+    if family == "affine":
+        weight, scale = w * ratio, one
+    else:
+        weight, scale = w, s * ratio
+    bias = my - scale * jnp.einsum("s,st->t", mx, weight)
+    return weight, bias, scale
+
+
+_fit_core = jax.jit(_fit_impl, static_argnames=("family", "ridge", "normalize"))
+
+
+def fit_stitcher(
+    z_src: ArrayLike,
+    z_tgt: ArrayLike,
+    /,
+    *,
+    family: str = "affine",
+    ridge: float = 0.0,
+    normalize: bool = True,
+) -> Stitcher:
+    """Fit a stitcher ``z_src -> z_tgt`` in closed form (least squares within the family).
+
+    The fit is scale-free: each side is centred and divided by its Frobenius
+    norm, the family is fitted on those, and the centring and norms are folded
+    back, so the returned stitcher acts on **raw** activations:
+    ``apply_stitcher(s, z_src) ≈ z_tgt``.
+
+    * ``affine``: ``W`` from the Cholesky factor of the normal equations
+      ``(U^T U + ridge I) W = U^T V`` (ridge in units of the normalised problem,
+      where ``tr(U^T U) = 1``).
+    * ``orthogonal``: Procrustes; ``Q = A B^T`` from the SVD ``A S B^T`` of the
+      cross-covariance zero-padded to the square width ``max(d_src, d_tgt)``;
+      ``weight = Q[:d_src, :d_tgt]``; ``scale`` is the fixed norm ratio
+      ``||Z_tgt,c||/||Z_src,c||`` (1 with ``normalize=False``).
+    * ``scaled_orthogonal``: the same ``Q`` and the optimal isotropic scale.
+
+    When ``d_src > d_tgt`` the orthogonal stitcher outputs the first ``d_tgt``
+    coordinates of ``pad(z) Q``; it is the optimum in the padded space, not
+    the solution of the unbalanced Procrustes problem.
+
+    Args:
+      z_src: ``(n, d_src)`` source activations.
+      z_tgt: ``(n, d_tgt)`` target activations (same samples, same order).
+      family: ``"affine"``, ``"scaled_orthogonal"`` or ``"orthogonal"``.
+      ridge: ridge for ``affine`` (ignored by the orthogonal families).
+      normalize: fit on Frobenius-normalised data (default). Only changes the
+        ``orthogonal`` family (its scale) and the units of ``ridge``.
+
+    Returns:
+      A :class:`Stitcher` with ``weight (d_src, d_tgt)``, ``bias (d_tgt,)``, ``scale ()``.
+
+    Raises:
+      ValueError: unknown family, mismatched sample counts, NaN/Inf, a constant
+        side, or fewer samples than source features for an unregularised affine fit.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> x = jax.random.normal(jax.random.key(0), (50, 3))
+      >>> q, _ = jnp.linalg.qr(jax.random.normal(jax.random.key(1), (3, 3)))
+      >>> s = fit_stitcher(x, 2.0 * x @ q + 1.0, family="scaled_orthogonal")
+      >>> print(round(float(s.scale), 4), bool(jnp.allclose(s.weight, q, atol=1e-5)))
+      2.0 True
+    """
+    _check_options(family, ridge)
+    x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"))
+    _check_affine_rank(x.shape[0], x.shape[1], family, ridge, "z_src")
+    V.check_not_constant(x, "z_src", what="the stitcher fit")
+    V.check_not_constant(y, "z_tgt", what="the stitcher fit")
+    weight, bias, scale = _fit_core(
+        x, y, None, family=family, ridge=float(ridge), normalize=bool(normalize)
+    )
+    _check_finite_result(weight, "The fitted stitcher weight")
+    return Stitcher(weight=weight, bias=bias, scale=scale, family=family)
+
+
+@functools.partial(jax.jit, static_argnames=("family", "ridge"))
+def _score_core(x, y, w_tr, w_te, *, family, ridge):
+    mx = layer_moments(x, w_tr, w_te)
+    my = layer_moments(y, w_tr, w_te)
+    pm = pair_moments(x, y, mx, my, w_tr, w_te)
+    return score_from_moments(mx, my, pm, family=family, ridge=ridge)
+
+
+def reconstruction_score(
+    z_src: ArrayLike,
+    z_tgt: ArrayLike,
+    /,
+    *,
+    family: str = "affine",
+    split: float | tuple[ArrayLike, ArrayLike] = 0.5,
+    key: jax.Array | None = None,
+    ridge: float = 0.0,
+) -> ReconstructionScore:
+    """Directed reconstruction score ``1 - ||Z2c - g(Z1c)||^2 / ||Z2c||^2`` (a score).
+
+    The stitcher ``g`` (scale-free, see :func:`fit_stitcher`) is fitted on the
+    train rows and scored on the held-out rows, with train means and norms.
+    The denominator is the held-out target's variance around its own mean.
+    For the orthogonal families the error is measured in the zero-padded space
+    (it counts the padded coordinates when ``d_src > d_tgt``), which makes the
+    in-sample identities exact for any widths: ``scaled_orthogonal`` gives
+    ``NBS^2``, ``orthogonal`` gives ``2 NBS - 1``, ``affine`` the regression ``R^2``.
+
+    Args:
+      z_src: ``(n, d_src)``.
+      z_tgt: ``(n, d_tgt)``.
+      family: one of ``FAMILIES``.
+      split: train fraction in (0, 1), drawn at random with ``key``, or a pair
+        ``(train_idx, test_idx)`` of disjoint integer index arrays.
+      key: PRNG key for a fractional split (default ``jax.random.key(0)``).
+      ridge: ridge for ``affine``.
+
+    Returns:
+      :class:`ReconstructionScore` ``(held_out, in_sample)``, each ``()``.
+
+    Raises:
+      ValueError: unknown family, bad split, too few train rows for an
+        unregularised affine fit, mismatched samples, NaN/Inf, constant input.
+
+    Examples:
+      >>> import jax
+      >>> x = jax.random.normal(jax.random.key(0), (40, 3))
+      >>> r = reconstruction_score(x, x @ jax.random.normal(jax.random.key(1), (3, 2)))
+      >>> print(round(float(r.held_out), 6), round(float(r.in_sample), 6))
+      1.0 1.0
+    """
+    _check_options(family, ridge)
+    x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"))
+    w_tr, w_te = split_weights(x.shape[0], split, key, x.dtype)
+    _check_affine_rank(int(round(float(jnp.sum(w_tr)))) if V.is_concrete(w_tr) else x.shape[0],
+                       x.shape[1], family, ridge, "the train split")
+    _check_nonconstant_train(x, w_tr, "z_src")
+    _check_nonconstant_train(y, w_tr, "z_tgt")
+    out = _score_core(x, y, w_tr, w_te, family=family, ridge=float(ridge))
+    _check_finite_result(out.held_out, "The reconstruction score")
+    return out
+
+
+def stitching_asymmetry(
+    z_a: ArrayLike,
+    z_b: ArrayLike,
+    /,
+    *,
+    family: str = "affine",
+    split: float | tuple[ArrayLike, ArrayLike] = 0.5,
+    key: jax.Array | None = None,
+    ridge: float = 0.0,
+) -> StitchingAsymmetry:
+    """Reconstruction scores in both directions, on the same split, and their difference.
+
+    Args:
+      z_a: ``(n, d_a)``.
+      z_b: ``(n, d_b)``.
+      family, split, key, ridge: as in :func:`reconstruction_score`.
+
+    Returns:
+      :class:`StitchingAsymmetry` with ``forward`` (a -> b), ``backward``
+      (b -> a) and ``difference = forward - backward``.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> a = jax.random.normal(jax.random.key(0), (60, 4))
+      >>> r = stitching_asymmetry(a, a[:, :2])  # b is a projection of a
+      >>> print(round(float(r.forward.held_out), 4), bool(r.difference.held_out > 0))
+      1.0 True
+    """
+    fwd = reconstruction_score(z_a, z_b, family=family, split=split, key=key, ridge=ridge)
+    bwd = reconstruction_score(z_b, z_a, family=family, split=split, key=key, ridge=ridge)
+    diff = ReconstructionScore(*(f - b for f, b in zip(fwd, bwd)))
+    return StitchingAsymmetry(forward=fwd, backward=bwd, difference=diff)
+
+
+# ----------------------------------------------------------------------------- batched
+
+
+def _bucket(d: int) -> int:
+    return 1 << (d - 1).bit_length()
+
+
+def _pad_cols(z: jax.Array, d: int) -> jax.Array:
+    return jnp.pad(z, ((0, 0), (0, d - z.shape[1])))
+
+
+def fit_stitchers(
+    zs_src: Sequence[ArrayLike] | ArrayLike,
+    zs_tgt: Sequence[ArrayLike] | ArrayLike,
+    /,
+    *,
+    family: str = "affine",
+    ridge: float = 0.0,
+    normalize: bool = True,
+    bucket: bool = True,
+) -> list[Stitcher] | Stitcher:
+    """Fit many stitchers in one vmapped, jit-compiled call per width bucket.
+
+    Problems of different widths are zero-padded to a common width, with
+    feature masks (padded source features get a unit diagonal in the normal
+    equations and weight 0; the orthogonal families are exact under zero
+    padding), so each result equals the individual unpadded
+    :func:`fit_stitcher`. With ``bucket=True`` (default) each width is padded
+    only up to the next power of two and each ``(source, target)`` bucket is
+    one vmapped call, which bounds the padding waste by 2x per side; with
+    ``bucket=False`` every problem is padded to the largest width and the
+    whole batch is a single call (one compilation).
+
+    Args:
+      zs_src: a sequence of ``(n, d_src_i)`` arrays (same ``n``), or one stacked
+        ``(b, n, d_src)`` array.
+      zs_tgt: the matching ``(n, d_tgt_i)`` arrays, or ``(b, n, d_tgt)``.
+      family, ridge, normalize: as in :func:`fit_stitcher`.
+      bucket: group problems into power-of-two width buckets (see above).
+
+    Returns:
+      For sequences, a list of :class:`Stitcher` (unpadded). For stacked arrays,
+      one batched :class:`Stitcher` with ``weight (b, d_src, d_tgt)``,
+      ``bias (b, d_tgt)``, ``scale (b,)``.
+
+    Examples:
+      >>> import jax
+      >>> k = jax.random.split(jax.random.key(0), 3)
+      >>> xs = [jax.random.normal(k[0], (30, 3)), jax.random.normal(k[1], (30, 5))]
+      >>> ys = [x[:, :2] for x in xs]
+      >>> [tuple(s.weight.shape) for s in fit_stitchers(xs, ys)]
+      [(3, 2), (5, 2)]
+    """
+    _check_options(family, ridge)
+    opts = dict(family=family, ridge=float(ridge), normalize=bool(normalize))
+    if hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim"):
+        xs, ys = V.as_float_array(zs_src, "zs_src"), V.as_float_array(zs_tgt, "zs_tgt")
+        if xs.ndim != 3 or ys.ndim != 3 or xs.shape[:2] != ys.shape[:2]:
+            raise ValueError(
+                "Stacked zs_src and zs_tgt must be (b, n, d) arrays with the same b and n, got "
+                f"{tuple(xs.shape)} and {tuple(ys.shape)}."
+            )
+        _check_affine_rank(xs.shape[1], xs.shape[2], family, ridge, "zs_src")
+        dt = jnp.promote_types(xs.dtype, ys.dtype)
+        weight, bias, scale, flags = _fit_stacked(xs.astype(dt), ys.astype(dt), **opts)
+        _raise_flags(flags, range(xs.shape[0]))
+        _check_finite_result(weight, "A fitted stitcher weight")
+        return Stitcher(weight, bias, scale, family=family)
+    zs_src, zs_tgt = list(zs_src), list(zs_tgt)
+    if len(zs_src) != len(zs_tgt) or not zs_src:
+        raise ValueError(
+            f"zs_src and zs_tgt must be non-empty and of equal length, got {len(zs_src)} and "
+            f"{len(zs_tgt)}."
+        )
+    pairs = []
+    for i, (a, b) in enumerate(zip(zs_src, zs_tgt)):
+        # shapes and dtypes here; values (NaN/Inf, constant sides) are checked
+        # inside the batched call, in one pass, and raised below
+        x, y = V.check_pair(a, b, (f"zs_src[{i}]", f"zs_tgt[{i}]"), finite=False)
+        _check_affine_rank(x.shape[0], x.shape[1], family, ridge, f"zs_src[{i}]")
+        pairs.append((x, y))
+    ns = {x.shape[0] for x, _ in pairs}
+    if len(ns) != 1:
+        raise ValueError(f"All problems must share the sample count n; got n in {sorted(ns)}.")
+    dt = functools.reduce(jnp.promote_types, [x.dtype for x, _ in pairs])
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (x, y) in enumerate(pairs):
+        k = (_bucket(x.shape[1]), _bucket(y.shape[1])) if bucket else (0, 0)
+        groups.setdefault(k, []).append(i)
+    out: list[Stitcher | None] = [None] * len(pairs)
+    for idx in groups.values():
+        xs = tuple(pairs[i][0].astype(dt) for i in idx)
+        ys = tuple(pairs[i][1].astype(dt) for i in idx)
+        weights, biases, scale, flags = _fit_group(xs, ys, **opts)
+        _raise_flags(flags, idx)
+        for w in weights:
+            _check_finite_result(w, "A fitted stitcher weight")
+        for k, i in enumerate(idx):
+            out[i] = Stitcher(weights[k], biases[k], scale[k], family=family)
+    return out
+
+
+def _flags(x, y):
+    """Per-problem value checks: all finite, source not constant, target not constant."""
+
+    def spread(z):
+        dev = jnp.max(jnp.abs(z - jnp.mean(z, axis=0)[None, :]))
+        return dev > 1e-12 * jnp.maximum(jnp.max(jnp.abs(z)), 1.0)
+
+    finite = jnp.all(jnp.isfinite(x)) & jnp.all(jnp.isfinite(y))
+    return jnp.stack([finite, spread(x), spread(y)])
+
+
+def _raise_flags(flags, idx) -> None:
+    if not V.is_concrete(flags):
+        return
+    flags = np.asarray(flags)
+    for k, i in enumerate(idx):
+        if not flags[k, 0]:
+            raise ValueError(
+                f"zs_src[{i}] or zs_tgt[{i}] contains NaN or Inf values; remove or impute them."
+            )
+        for col, nm in ((1, "zs_src"), (2, "zs_tgt")):
+            if not flags[k, col]:
+                raise ValueError(
+                    f"{nm}[{i}] is constant across samples (zero variance after centring), so "
+                    "the stitcher fit is undefined (0/0). Check that the layer is not dead."
+                )
+
+
+@functools.partial(jax.jit, static_argnames=("family", "ridge", "normalize"))
+def _fit_group(xs, ys, *, family, ridge, normalize):
+    """Pad a tuple of problems to the group's widths, fit them vmapped, slice back."""
+    d1 = max(x.shape[1] for x in xs)
+    d2 = max(y.shape[1] for y in ys)
+    xp = jnp.stack([_pad_cols(x, d1) for x in xs])
+    yp = jnp.stack([_pad_cols(y, d2) for y in ys])
+    masks = jnp.asarray(np.stack([np.arange(d1) < x.shape[1] for x in xs]), xp.dtype)
+    fit = functools.partial(_fit_impl, family=family, ridge=ridge, normalize=normalize)
+    w, b, s = jax.vmap(fit)(xp, yp, masks)
+    flags = jnp.stack([_flags(x, y) for x, y in zip(xs, ys)])
+    weights = tuple(w[k, : x.shape[1], : y.shape[1]] for k, (x, y) in enumerate(zip(xs, ys)))
+    biases = tuple(b[k, : y.shape[1]] for k, y in enumerate(ys))
+    return weights, biases, s, flags
+
+
+@functools.partial(jax.jit, static_argnames=("family", "ridge", "normalize"))
+def _fit_stacked(xs, ys, *, family, ridge, normalize):
+    fit = functools.partial(_fit_impl, mask_src=None, family=family, ridge=ridge, normalize=normalize)
+    w, b, s = jax.vmap(lambda x, y: fit(x, y))(xs, ys)
+    return w, b, s, jax.vmap(_flags)(xs, ys)

@@ -1,0 +1,236 @@
+"""``funsim compare``: every representational measure on two saved representation matrices.
+
+Run::
+
+    funsim compare A.npy B.npy                       # every registered measure, as a table
+    funsim compare A.npz:layer3 B.npz:layer3 --json  # a named array in an .npz
+    funsim compare A.npy B.npy --measures cka/linear svcca "shape/angular/alpha=0.5"
+    funsim compare --example                         # demo on scikit-learn's digits (offline)
+
+Rows of A and B are the same inputs in the same order; columns are features.
+Measures that cannot be computed for this data (e.g. CCA when d >= n) are
+listed with the reason instead of a value. Kendall-tau RSA costs O(n^4), so
+it is skipped for n > 300 unless named with ``--measures``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+KENDALL_MAX_N = 300
+EXAMPLE_DIR = Path("results") / "compare" / "example"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", nargs="?", help="first representation: A.npy, A.npz (one array) or A.npz:name")
+    parser.add_argument("b", nargs="?", help="second representation, same rows as the first")
+    parser.add_argument("--key", help="array name inside .npz files (for both, unless given as file.npz:name)")
+    parser.add_argument(
+        "--measures", nargs="+", metavar="NAME",
+        help="measure names (see `--list`); commas also separate names. Default: all.",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--list", action="store_true", help="list the registered measures and exit")
+    parser.add_argument(
+        "--example", action="store_true",
+        help="build two views of scikit-learn's digits (pixels vs random features of a PCA), "
+        "save them as .npy and compare them",
+    )
+    parser.add_argument("--out", type=Path, default=EXAMPLE_DIR, help=f"where --example writes (default {EXAMPLE_DIR})")
+    parser.add_argument("--float32", action="store_true", help="compute in float32 (default float64)")
+
+
+class CompareError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def load_representation(spec: str, key: str | None = None) -> np.ndarray:
+    """Load ``file.npy``, ``file.npz`` (its only array, or ``key``) or ``file.npz:name``."""
+    path, name = spec, key
+    if ":" in spec and not Path(spec).exists():
+        path, name = spec.rsplit(":", 1)
+    p = Path(path)
+    if not p.exists():
+        raise CompareError(f"{path}: no such file.")
+    try:
+        data = np.load(p, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise CompareError(f"{path}: cannot read it as .npy/.npz ({e}).") from None
+    if isinstance(data, np.lib.npyio.NpzFile):
+        with data:
+            keys = list(data.keys())
+            if name is None:
+                if len(keys) != 1:
+                    raise CompareError(
+                        f"{path} holds {len(keys)} arrays ({', '.join(keys)}); pick one with "
+                        f"{path}:NAME or --key NAME."
+                    )
+                name = keys[0]
+            if name not in keys:
+                raise CompareError(f"{path} has no array {name!r}; it holds: {', '.join(keys)}.")
+            arr = data[name]
+    else:
+        arr = data
+    if arr.ndim != 2:
+        raise CompareError(
+            f"{spec}: expected a 2-D (n_samples, n_features) array, got shape {arr.shape}. "
+            "Flatten trailing axes first, e.g. a.reshape(a.shape[0], -1)."
+        )
+    if not np.issubdtype(arr.dtype, np.number):
+        raise CompareError(f"{spec}: expected a numeric array, got dtype {arr.dtype}.")
+    return arr
+
+
+def _select(names_arg: list[str] | None, n: int) -> tuple[list[str], list[str]]:
+    from similarity import list_measures, measure
+
+    if names_arg:
+        names = [s for item in names_arg for s in item.split(",") if s]
+        for name in names:
+            measure(name)  # raises with close-name suggestions
+        return names, []
+    names = list_measures()
+    skipped = []
+    if n > KENDALL_MAX_N:
+        skipped = [m for m in names if m.endswith("/kendall")]
+        names = [m for m in names if m not in skipped]
+    return names, skipped
+
+
+def compare(x: np.ndarray, y: np.ndarray, names: list[str]) -> list[dict]:
+    """Evaluate each named measure; failures are recorded with their reason."""
+    from similarity import measure
+
+    rows = []
+    for name in names:
+        m = measure(name)
+        row = {"measure": name, "kind": m.kind, "symmetric": m.symmetric, "value": None, "error": None}
+        t0 = time.perf_counter()
+        try:
+            row["value"] = float(m(x, y))
+        except ValueError as e:
+            row["error"] = str(e)
+        row["seconds"] = round(time.perf_counter() - t0, 4)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """An aligned plain-text table."""
+    head = ("measure", "kind", "sym", "value")
+    body = []
+    for r in rows:
+        val = f"{r['value']:.6f}" if r["value"] is not None else "n/a: " + r["error"].split(". ")[0]
+        body.append((r["measure"], r["kind"], "yes" if r["symmetric"] else "no", val))
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(3)]
+    fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3]
+    rule = "  ".join("-" * w for w in widths) + "  " + "-" * 8
+    return "\n".join([fmt(head), rule, *(fmt(r) for r in body)])
+
+
+def _atomic_save(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _save_npy(path: str, arr: np.ndarray) -> None:
+    with open(path, "wb") as f:  # a file object: np.save would append ".npy" to a name
+        np.save(f, arr)
+
+
+def make_example(out: Path, *, seed: int = 0) -> tuple[Path, Path]:
+    """Two views of the same 1797 digits: pixels, and random tanh features of a 16-D PCA.
+
+    Pixels that are 0 for every digit are dropped (they carry nothing and make
+    CCA undefined). Writes ``pixels.npy`` and ``random_features.npy`` under ``out``.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.decomposition import PCA
+
+    pixels = load_digits().data.astype(np.float64)
+    pixels = pixels[:, pixels.std(axis=0) > 0]
+    rng = np.random.default_rng(seed)
+    pcs = PCA(n_components=16, random_state=seed).fit_transform(pixels)
+    pcs /= pcs.std(axis=0)
+    feats = np.tanh(pcs @ rng.normal(size=(16, 48)) / 4.0)
+    paths = out / "pixels.npy", out / "random_features.npy"
+    for p, arr in zip(paths, (pixels, feats)):
+        _atomic_save(p, lambda tmp, arr=arr: _save_npy(tmp, arr))
+    return paths
+
+
+def main(args: argparse.Namespace) -> int:
+    import jax
+
+    if not args.float32:
+        jax.config.update("jax_enable_x64", True)
+    from similarity import list_measures, measure
+
+    try:
+        if args.list:
+            for name in list_measures():
+                m = measure(name)
+                print(f"{name:34s} {m.kind:8s} {'symmetric' if m.symmetric else 'directed':9s} {m.description}")
+            return 0
+        if args.example:
+            if args.a or args.b:
+                raise CompareError("--example builds its own inputs; drop the file arguments.")
+            a_path, b_path = make_example(args.out)
+            args.a, args.b = str(a_path), str(b_path)
+            if not args.json:
+                print(f"digits example: {a_path} vs {b_path}")
+        if not args.a or not args.b:
+            raise CompareError("give two files (A.npy B.npy), or --example.")
+        dtype = np.float32 if args.float32 else np.float64
+        x = load_representation(args.a, args.key).astype(dtype)
+        y = load_representation(args.b, args.key).astype(dtype)
+        if x.shape[0] != y.shape[0]:
+            raise CompareError(
+                f"{args.a} has shape {x.shape} and {args.b} has shape {y.shape}: the number of "
+                "rows (samples) must match, same inputs in the same order."
+            )
+        for spec, arr in ((args.a, x), (args.b, y)):
+            bad = int(np.size(arr) - np.isfinite(arr).sum())
+            if bad:
+                raise CompareError(f"{spec}: {bad} NaN/Inf values; remove or impute them first.")
+        names, skipped = _select(args.measures, x.shape[0])
+    except (CompareError, ValueError) as e:
+        print(f"funsim compare: error: {e}", file=sys.stderr)
+        return 2
+
+    rows = compare(x, y, names)
+    result = {
+        "a": {"path": args.a, "shape": list(x.shape)},
+        "b": {"path": args.b, "shape": list(y.shape)},
+        "dtype": np.dtype(dtype).name,
+        "skipped": {name: f"O(n^4) for n={x.shape[0]} > {KENDALL_MAX_N}; name it with --measures" for name in skipped},
+        "measures": rows,
+    }
+    if args.example:
+        text = json.dumps(result, indent=2)
+        _atomic_save(args.out / "metrics.json", lambda tmp: Path(tmp).write_text(text))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"A: {args.a} {x.shape}   B: {args.b} {y.shape}   ({np.dtype(dtype).name})")
+    print(format_table(rows))
+    if skipped:
+        print(f"skipped {len(skipped)} Kendall-tau RSA measures: O(n^4) for n={x.shape[0]} > {KENDALL_MAX_N}; name them with --measures.")
+    if args.example:
+        print(f"wrote {args.out / 'metrics.json'}")
+    return 0

@@ -1,0 +1,317 @@
+"""``funsim quickstart``: train small models offline and compare them end to end (``make demo``).
+
+Run::
+
+    funsim quickstart                  # digits, about a minute on 2 CPU cores
+    funsim quickstart --dataset mnist5k --steps 600
+    funsim quickstart --tiny           # a seconds-long smoke run
+
+Steps:
+
+1. train two seeds of an MLP and two seeds of a bilinear MLP (power-spaced
+   checkpoints for the bilinear ones);
+2. the grid of representational measures (registry names), layer x layer,
+   between the two MLP seeds and between an MLP and a bilinear MLP, on
+   held-out inputs;
+3. closed-form stitching in the three families (affine, scaled orthogonal,
+   orthogonal), both directions, scored on held-out rows;
+4. the tensor similarity of the two bilinear networks from their weights
+   (frobenius, symmetric, gaussian), and across one run's checkpoints;
+5. writes ``results/quickstart/<run>/``: config.json, metrics.json (atomic),
+   PNG heatmaps and training curves, model checkpoints;
+6. prints a short summary and where the files are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import pathlib
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+import models
+import similarity
+from experiments import data as data_lib
+from experiments import plotting
+from experiments.io import results_dir, write_json_atomic
+from models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
+
+# One or more of each family, chosen to keep `make demo` near a minute on 2 cores.
+# (svcca and regression/r2 are slower per call; affine stitching below *is* the
+# held-out regression R^2.) `--measures all` runs every registered measure.
+DEFAULT_MEASURES = (
+    "cka/linear",
+    "cka/linear/debiased",
+    "cka/rbf",
+    "rsa/correlation/spearman",
+    "cca/mean",
+    "pwcca",
+    "nbs",
+    "procrustes",
+    "shape/angular/alpha=0.5",
+)
+TENSOR_METRICS = ("frobenius", "symmetric", "gaussian")
+
+
+@dataclasses.dataclass(frozen=True)
+class QuickstartConfig:
+    """Everything the quickstart does; saved as config.json."""
+
+    dataset: str = "digits"
+    steps: int = 400
+    batch_size: int = 128
+    learning_rate: float = 3e-3
+    seeds: tuple[int, ...] = (0, 1)
+    mlp_widths: tuple[int, ...] = (64, 64)
+    bilinear_d_model: int = 64  # same width as the MLP: fewer shapes to compile
+    bilinear_d_hidden: int = 64
+    n_checkpoints: int = 5
+    n_compare: int = 300
+    measures: tuple[str, ...] = DEFAULT_MEASURES
+    stitch_split: float = 0.5
+    stitch_ridge: float = 1e-3
+    n_train: int | None = None
+
+
+TINY = QuickstartConfig(
+    # every layer 10 wide (= the 10 digit classes): one compiled shape per measure and family
+    steps=12, batch_size=32, seeds=(0, 1), mlp_widths=(10,), bilinear_d_model=10, bilinear_d_hidden=8,
+    n_checkpoints=2, n_compare=60, measures=("cka/linear",), n_train=200,
+)
+
+
+def _train_models(cfg: QuickstartConfig, ds, out: pathlib.Path, progress: bool):
+    trained, histories = {}, {}
+    for kind in ("mlp", "bilinear"):
+        for seed in cfg.seeds:
+            name = f"{kind}_s{seed}"
+            if kind == "mlp":
+                model = models.MLP(ds.input_shape, ds.n_classes, widths=cfg.mlp_widths, rngs=nnx.Rngs(seed))
+                ckpts = ()
+            else:
+                model = models.BilinearMLP(ds.input_shape, ds.n_classes, d_model=cfg.bilinear_d_model,
+                                           d_hidden=cfg.bilinear_d_hidden, n_layers=1, rngs=nnx.Rngs(seed))
+                ckpts = power_schedule(cfg.steps, cfg.n_checkpoints, power=2.0)
+            tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+                               seed=seed, eval_every=max(1, cfg.steps // 8), checkpoint_steps=ckpts)
+            r = train(model, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=tcfg,
+                      workdir=out / "models" / name, progress=progress)
+            trained[name], histories[name] = model, r.history
+    return trained, histories
+
+
+def _rep_grid(cfg, feats_a, feats_b, undefined: list):
+    """{measure: (layers_a, layers_b) matrix} of registry measures.
+
+    Measures with shared per-layer statistics go through one
+    :func:`similarity.compare_grid` call; the others are called per pair with
+    eager validation, and a cell where the measure is undefined (e.g. CCA on
+    rank-deficient ReLU layers) is NaN, with the reason appended to ``undefined``.
+    """
+    fast = [m for m in cfg.measures if m in similarity.MOMENT_MEASURES]
+    out = dict(similarity.compare_grid(feats_a, feats_b, measures=fast).tables) if fast else {}
+    for name in cfg.measures:
+        if name in out:
+            continue
+        m = similarity.measure(name)
+        mat = np.full((len(feats_a), len(feats_b)), np.nan)
+        for i, (la, za) in enumerate(feats_a.items()):
+            for j, (lb, zb) in enumerate(feats_b.items()):
+                try:
+                    mat[i, j] = float(m(za, zb))
+                except ValueError as e:
+                    undefined.append(f"{name}({la}, {lb}): {str(e).split('. ')[0]}")
+        out[name] = mat
+    return {name: np.asarray(out[name]) for name in cfg.measures}
+
+
+def _stitch_grid(cfg, feats_a, feats_b):
+    """{family: {"a->b": matrix, "b->a": matrix}} of held-out reconstruction scores.
+
+    ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a". The
+    affine stitcher has a small ridge: dead ReLU units make its fit singular.
+    """
+    names = [f"stitch/{fam}" for fam in similarity.FAMILIES]
+    g = similarity.compare_grid(feats_a, feats_b, measures=names, split=cfg.stitch_split,
+                                key=jax.random.key(0), ridge=cfg.stitch_ridge)
+    return {
+        fam: {"a->b": np.asarray(g.tables[f"stitch/{fam}"]), "b->a": np.asarray(g.tables[f"stitch/{fam}/reverse"])}
+        for fam in similarity.FAMILIES
+    }
+
+
+def _tensor_api():
+    """(tensor_similarity, weight_cosine) from similarity, or None where not built yet."""
+    fns = []
+    for name in ("tensor_similarity", "weight_cosine"):
+        fn = getattr(similarity, name, None)
+        if not callable(fn):
+            try:
+                mod = importlib.import_module("similarity.tensor_similarity")
+                fn = getattr(mod, name, None)
+            except ImportError:
+                fn = None
+        fns.append(fn)
+    return fns
+
+
+def _tensor_step(cfg, trained, out):
+    ts, weight_cosine = _tensor_api()
+    if ts is None:
+        return None, "similarity.tensor_similarity is not available in this build; step 4 skipped."
+    a, b = (trained[f"bilinear_s{s}"] for s in cfg.seeds[:2])
+    net_a, net_b = a.to_network(), b.to_network()
+    res = {"seeds": {m: float(ts(net_a, net_b, metric=m)) for m in TENSOR_METRICS}}
+    if weight_cosine is not None:
+        res["seeds"]["weight cosine (baseline)"] = float(weight_cosine(net_a, net_b))
+    # similarity of each checkpoint of one run to its final network
+    wd = out / "models" / f"bilinear_s{cfg.seeds[0]}"
+    steps = list_checkpoints(wd)
+    template = models.BilinearMLP(a.input_shape, a.head.weight.shape[0], d_model=cfg.bilinear_d_model,
+                                  d_hidden=cfg.bilinear_d_hidden, n_layers=1, rngs=nnx.Rngs(0))
+    res["checkpoints"] = {
+        "steps": list(steps),
+        **{m: [float(ts(load_checkpoint(template, wd, s).to_network(), net_a, metric=m)) for s in steps] for m in ("symmetric", "gaussian")},
+    }
+    return res, None
+
+
+def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
+        progress: bool = True, log=print) -> dict:
+    """Run the quickstart; returns the metrics dict (also written to metrics.json)."""
+    t0 = time.time()
+    _log = log
+    log = lambda msg: _log(f"{msg}  [{time.time() - t0:.0f} s]" if msg.startswith("[") else msg)
+    out = results_dir("quickstart", run_name, root=root)
+    write_json_atomic(out / "config.json", cfg)
+    ds = data_lib.load(cfg.dataset)
+    if cfg.n_train is not None:
+        ds = ds.subset(cfg.n_train)
+    log(f"[1/5] training {2 * len(cfg.seeds)} models on {ds.name} ({len(ds.x_train)} train, {len(ds.x_test)} test)")
+    trained, histories = _train_models(cfg, ds, out, progress)
+    figures = [plotting.training_curves(histories, out / "training.png", title=f"Training on {ds.name}")]
+    metrics: dict = {"accuracy": {k: h[-1]["test_accuracy"] for k, h in histories.items()}, "histories": histories}
+
+    x = ds.x_test[: cfg.n_compare]
+    feats = {k: models.flatten_features(m.features(x)) for k, m in trained.items()}
+    names = {k: list(m.layer_names()) for k, m in trained.items()}
+    s0, s1 = cfg.seeds[:2]
+    pairs = {"mlp_seeds": (f"mlp_s{s0}", f"mlp_s{s1}"), "mlp_vs_bilinear": (f"mlp_s{s0}", f"bilinear_s{s0}")}
+
+    log(f"[2/5] {len(cfg.measures)} representational measures, layer x layer, on {len(x)} held-out inputs")
+    metrics["representational"] = {}
+    for pair, (a, b) in pairs.items():
+        undefined: list[str] = []
+        grid = _rep_grid(cfg, feats[a], feats[b], undefined)
+        metrics["representational"][pair] = {"rows": f"{a}: {names[a]}", "cols": f"{b}: {names[b]}",
+                                             **grid, "undefined": undefined}
+        if undefined:
+            log(f"      {pair}: {len(undefined)} cells undefined (NaN, blank in the figure), e.g. {undefined[0]}")
+        titled = {f"{n} ({similarity.measure(n).kind})": g for n, g in grid.items()}
+        figures.append(plotting.heatmap_grid(
+            titled, names[a], names[b], out / f"representational_{pair}.png",
+            suptitle=f"Representational similarity: {a} (rows) vs {b} (columns)", xlabel=b, ylabel=a,
+            cmaps={t: ("viridis_r" if t.endswith("(distance)") else "viridis") for t in titled},
+        ))
+
+    log("[3/5] closed-form stitching: 3 families x both directions, held-out scores")
+    metrics["stitching"] = {}
+    for pair, (a, b) in pairs.items():
+        st = _stitch_grid(cfg, feats[a], feats[b])
+        metrics["stitching"][pair] = {"rows": f"{a}: {names[a]}", "cols": f"{b}: {names[b]}", **st}
+        mats = {}
+        for fam, d in st.items():
+            mats[f"{fam}: {a} -> {b}"] = d["a->b"]
+            mats[f"{fam}: {b} -> {a}"] = d["b->a"]
+        figures.append(plotting.heatmap_grid(
+            mats, names[a], names[b], out / f"stitching_{pair}.png", ncols=2,
+            suptitle=f"Held-out reconstruction score (1 = perfect), rows: {a} layers, columns: {b} layers",
+            xlabel=b, ylabel=a, ranges={t: (None, 1.0) for t in mats},
+        ))
+
+    log("[4/5] tensor similarity of the two bilinear networks (weights only)")
+    tensor, note = _tensor_step(cfg, trained, out)
+    if note:
+        log(f"      note: {note}")
+        metrics["tensor_similarity"] = {"skipped": note}
+    else:
+        metrics["tensor_similarity"] = tensor
+        figures.append(plotting.bar_chart(
+            tensor["seeds"], out / "tensor_similarity.png", ylabel="similarity",
+            title=f"bilinear_s{s0} vs bilinear_s{s1}: weight-based similarity", ylim=(min(0.0, *tensor["seeds"].values()), 1.05),
+        ))
+        ck = tensor["checkpoints"]
+        figures.append(plotting.lines(
+            ck["steps"], {m: ck[m] for m in ck if m != "steps"}, out / "tensor_checkpoints.png",
+            title=f"bilinear_s{s0}: tensor similarity of each checkpoint to the final network",
+            xlabel="checkpoint step (power-spaced)", ylabel="similarity to final",
+        ))
+
+    metrics["seconds"] = round(time.time() - t0, 1)
+    write_json_atomic(out / "metrics.json", metrics)
+    log("[5/5] " + summary(metrics, out, figures))
+    metrics["figures"] = [str(f) for f in figures]
+    metrics["out"] = str(out)
+    return metrics
+
+
+def summary(metrics: dict, out: pathlib.Path, figures) -> str:
+    """A short, readable summary of a quickstart run."""
+    lines = ["summary"]
+    lines.append("  test accuracy: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics["accuracy"].items()))
+    rep = metrics["representational"]["mlp_seeds"]
+    if "cka/linear" in rep:
+        diag = np.diag(np.asarray(rep["cka/linear"]))
+        lines.append("  linear CKA between MLP seeds, same layer: " + ", ".join(f"{v:.3f}" for v in diag))
+    st = metrics["stitching"]["mlp_vs_bilinear"]
+    for fam in st:
+        if fam in ("rows", "cols"):
+            continue
+        f, b = np.asarray(st[fam]["a->b"])[-1, -1], np.asarray(st[fam]["b->a"])[-1, -1]
+        lines.append(f"  stitching logits, {fam:18s} mlp->bilinear {f:.3f}  bilinear->mlp {b:.3f} (held out)")
+    ts = metrics["tensor_similarity"]
+    if "seeds" in ts:
+        lines.append("  tensor similarity of the bilinear seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in ts["seeds"].items()))
+    else:
+        lines.append(f"  tensor similarity: {ts['skipped']}")
+    lines.append(f"  took {metrics['seconds']} s; results in {out}/")
+    lines += [f"    {pathlib.Path(f).name}" for f in ["config.json", "metrics.json", *figures]]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", default="digits", choices=["digits", "mnist5k", "fashion_mnist"],
+                        help="an offline data set (default: digits)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per model")
+    parser.add_argument("--n-compare", type=int, default=None, help="held-out inputs used for the comparisons")
+    parser.add_argument("--measures", default=None,
+                        help="comma-separated registry names, or 'all' (default: a representative set)")
+    parser.add_argument("--root", default="results", help="results root directory (default: results)")
+    parser.add_argument("--run", default=None, help="run name (default: a UTC timestamp)")
+    parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke configuration")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = TINY if args.tiny else QuickstartConfig()
+    cfg = dataclasses.replace(
+        cfg, dataset=args.dataset,
+        **({"steps": args.steps} if args.steps else {}),
+        **({"n_compare": args.n_compare} if args.n_compare else {}),
+    )
+    if args.measures:
+        names = similarity.list_measures() if args.measures == "all" else [m.strip() for m in args.measures.split(",")]
+        for n in names:
+            similarity.measure(n)  # unknown names fail here, with suggestions
+        cfg = dataclasses.replace(cfg, measures=tuple(names))
+    try:
+        run(cfg, root=args.root, run_name=args.run, progress=not args.no_progress)
+    except data_lib.DataNotFoundError as e:
+        print(f"funsim quickstart: {e}")
+        return 1
+    return 0

@@ -1,0 +1,311 @@
+"""Bilinear networks: a bilinear MLP and a bilinear-attention transformer.
+
+Both are polynomials in their input: no elementwise nonlinearity, no softmax,
+no normalisation. Each bilinear layer is a :class:`similarity.BilinearLayer`
+evaluated by :func:`similarity.apply_layer`; the modules only own the
+``nnx.Param``s (STYLE.md 5).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.typing import ArrayLike
+
+from models.base import FeatureModel
+from models.mlp import _shape
+from similarity.multilinear import BilinearLayer, LinearLayer, apply_layer
+
+
+def _normal(rngs: nnx.Rngs, shape, scale: float) -> nnx.Param:
+    return nnx.Param(scale * jax.random.normal(rngs.params(), shape, jnp.float32))
+
+
+def _zeros_or_none(n: int, use: bool):
+    return nnx.Param(jnp.zeros((n,), jnp.float32)) if use else None
+
+
+def _val(p):
+    return None if p is None else p[...]
+
+
+class LinearParams(nnx.Module):
+    """An affine map ``W x + b`` with ``W: (o, d)``, exported as :class:`similarity.LinearLayer`."""
+
+    def __init__(self, d_in: int, d_out: int, *, bias: bool, rngs: nnx.Rngs):
+        self.weight = _normal(rngs, (d_out, d_in), 1.0 / np.sqrt(d_in))
+        self.bias = _zeros_or_none(d_out, bias)
+
+    def to_layer(self) -> LinearLayer:
+        return LinearLayer(self.weight[...], _val(self.bias))
+
+    def __call__(self, x):
+        return apply_layer(self.to_layer(), x)
+
+
+class BilinearParams(nnx.Module):
+    """One bilinear layer ``down((left x + lb) * (right x + rb)) + db [+ x]``.
+
+    Shapes: ``left, right: (h, d)``, ``down: (o, h)``; exported as
+    :class:`similarity.BilinearLayer`.
+    """
+
+    def __init__(self, d_in: int, d_hidden: int, d_out: int, *, bias: bool, residual: bool, rngs: nnx.Rngs):
+        if residual and d_in != d_out:
+            raise ValueError(f"A residual bilinear layer needs d_in == d_out, got {d_in} and {d_out}.")
+        self.left = _normal(rngs, (d_hidden, d_in), 1.0 / np.sqrt(d_in))
+        self.right = _normal(rngs, (d_hidden, d_in), 1.0 / np.sqrt(d_in))
+        self.down = _normal(rngs, (d_out, d_hidden), (0.5 if residual else 1.0) / np.sqrt(d_hidden))
+        self.left_bias = _zeros_or_none(d_hidden, bias)
+        self.right_bias = _zeros_or_none(d_hidden, bias)
+        self.down_bias = _zeros_or_none(d_out, bias)
+        self.residual = residual
+
+    def to_layer(self) -> BilinearLayer:
+        return BilinearLayer(
+            self.left[...],
+            self.right[...],
+            self.down[...],
+            _val(self.left_bias),
+            _val(self.right_bias),
+            _val(self.down_bias),
+            residual=self.residual,
+        )
+
+    def __call__(self, x):
+        return apply_layer(self.to_layer(), x)
+
+
+class BilinearMLP(FeatureModel):
+    """Embedding -> ``n_layers`` bilinear layers -> linear head.
+
+    ``embed(x) = E flatten(x) [+ e]``; each layer is
+    ``down((left z + lb) * (right z + rb)) + db [+ z]`` (biases if ``bias``,
+    the ``+ z`` if ``residual``); ``logits = U z [+ u]``.
+
+    Layers: ``("embed", "bilinear0", ..., "logits")``.
+
+    Args:
+      input_shape: per-sample shape (int or tuple); inputs are flattened.
+      n_classes: number of outputs.
+      d_model: width of the embedding and of every layer output.
+      d_hidden: hidden units per bilinear layer.
+      n_layers: number of bilinear layers.
+      residual: add each layer's input to its output.
+      bias: biases in the embedding, the bilinear layers and the head.
+      rngs: ``nnx.Rngs``.
+
+    Examples:
+      >>> from flax import nnx
+      >>> import jax.numpy as jnp
+      >>> from similarity.multilinear import apply_network
+      >>> m = BilinearMLP(4, 3, d_model=8, d_hidden=8, n_layers=2, rngs=nnx.Rngs(0))
+      >>> x = jnp.ones((2, 4))
+      >>> bool(jnp.allclose(apply_network(m.to_network(), x), m(x), atol=1e-5))
+      True
+    """
+
+    def __init__(
+        self,
+        input_shape,
+        n_classes: int,
+        *,
+        d_model: int = 64,
+        d_hidden: int = 64,
+        n_layers: int = 1,
+        residual: bool = True,
+        bias: bool = False,
+        rngs: nnx.Rngs,
+    ):
+        self.input_shape = _shape(input_shape)
+        d_in = int(np.prod(self.input_shape))
+        self.embed = LinearParams(d_in, d_model, bias=bias, rngs=rngs)
+        self.layers = nnx.List(
+            [BilinearParams(d_model, d_hidden, d_model, bias=bias, residual=residual, rngs=rngs) for _ in range(n_layers)]
+        )
+        self.head = LinearParams(d_model, n_classes, bias=bias, rngs=rngs)
+
+    def _stage_names(self):
+        return ("embed", *(f"bilinear{i}" for i in range(len(self.layers))), "logits")
+
+    def _stage(self, i, z):
+        if i == 0:
+            return self.embed(z.reshape(z.shape[0], -1))
+        if i <= len(self.layers):
+            return self.layers[i - 1](z)
+        return self.head(z)
+
+    def to_network(self) -> tuple:
+        """The pure network ``(LinearLayer, BilinearLayer, ..., LinearLayer)``.
+
+        ``similarity.apply_network(model.to_network(), x.reshape(n, -1))``
+        equals ``model(x)``.
+        """
+        return (self.embed.to_layer(), *(l.to_layer() for l in self.layers), self.head.to_layer())
+
+
+def bilinear_attention(
+    x: ArrayLike,
+    q1: ArrayLike,
+    k1: ArrayLike,
+    q2: ArrayLike,
+    k2: ArrayLike,
+    v: ArrayLike,
+    o: ArrayLike,
+    /,
+) -> jax.Array:
+    """Causal bilinear attention without softmax, added to the residual stream.
+
+    ``pattern[h, t, s] = (q1_t . k1_s)(q2_t . k2_s) / e^2`` for ``s <= t``
+    (0 otherwise), ``out_t = x_t + sum_h O_h sum_s pattern[h, t, s] v_s``,
+    where ``q1_t = Q1_h x_t`` etc.
+
+    Args:
+      x: ``(n, t, d)`` residual stream.
+      q1, k1, q2, k2, v: ``(a, e, d)`` per-head projections (a heads of size e).
+      o: ``(d, a, e)`` output projection.
+
+    Returns:
+      ``(n, t, d)``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> w = jnp.ones((1, 2, 3))
+      >>> bilinear_attention(jnp.zeros((1, 4, 3)), w, w, w, w, w, jnp.ones((3, 1, 2))).shape
+      (1, 4, 3)
+    """
+    x = jnp.asarray(x)
+    e = jnp.shape(q1)[1]
+    proj = lambda w: jnp.einsum("aed,ntd->nate", w, x)
+    s1 = jnp.einsum("nate,nase->nats", proj(q1), proj(k1))
+    s2 = jnp.einsum("nate,nase->nats", proj(q2), proj(k2))
+    t = x.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    pattern = jnp.where(causal, s1 * s2 / e**2, 0.0)
+    z = jnp.einsum("nats,nase->nate", pattern, proj(v))
+    return x + jnp.einsum("dae,nate->ntd", o, z)
+
+
+class BilinearAttention(nnx.Module):
+    """Parameters of one :func:`bilinear_attention` block."""
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, *, rngs: nnx.Rngs):
+        s = 1.0 / np.sqrt(d_model)
+        self.q1, self.k1, self.q2, self.k2, self.v = (
+            _normal(rngs, (n_heads, d_head, d_model), s) for _ in range(5)
+        )
+        self.o = _normal(rngs, (d_model, n_heads, d_head), 0.5 / np.sqrt(n_heads * d_head))
+
+    def __call__(self, x):
+        w = [p[...] for p in (self.q1, self.k1, self.q2, self.k2, self.v, self.o)]
+        return bilinear_attention(x, *w)
+
+
+class BilinearTransformer(FeatureModel):
+    """Token + position embedding -> [bilinear attention (+ bilinear MLP)] * n_layers -> unembed.
+
+    Inputs are integer tokens ``(n, seq_len)`` in ``[0, vocab_size)``; the
+    logits are ``(n, seq_len, vocab_size)`` (next-token prediction at every
+    position). Stage outputs are residual streams ``(n, seq_len, d_model)``.
+
+    Layers: ``("embed", "attn0", ["mlp0",] ..., "logits")``.
+
+    Args:
+      vocab_size: number of tokens.
+      seq_len: context length (inputs must have exactly this length).
+      d_model: residual width.
+      n_layers: number of blocks.
+      n_heads, d_head: attention heads and their size.
+      mlp: add a residual bilinear MLP after each attention block.
+      d_hidden: hidden units of the bilinear MLPs.
+      rngs: ``nnx.Rngs``.
+
+    Examples:
+      >>> from flax import nnx
+      >>> import jax.numpy as jnp
+      >>> m = BilinearTransformer(5, 4, d_model=8, n_layers=1, n_heads=2, d_head=4, rngs=nnx.Rngs(0))
+      >>> m(jnp.zeros((3, 4), jnp.int32)).shape
+      (3, 4, 5)
+      >>> m.layer_names()
+      ('embed', 'attn0', 'mlp0', 'logits')
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        *,
+        d_model: int = 64,
+        n_layers: int = 1,
+        n_heads: int = 4,
+        d_head: int = 16,
+        mlp: bool = True,
+        d_hidden: int = 128,
+        rngs: nnx.Rngs,
+    ):
+        self.input_shape = (int(seq_len),)
+        self.vocab_size = int(vocab_size)
+        self.token_embed = _normal(rngs, (vocab_size, d_model), 1.0)
+        self.pos_embed = _normal(rngs, (seq_len, d_model), 0.1)
+        self.attn = nnx.List([BilinearAttention(d_model, n_heads, d_head, rngs=rngs) for _ in range(n_layers)])
+        self.mlps = nnx.List(
+            [BilinearParams(d_model, d_hidden, d_model, bias=False, residual=True, rngs=rngs) for _ in range(n_layers)]
+            if mlp
+            else []
+        )
+        self.unembed = _normal(rngs, (vocab_size, d_model), 1.0 / np.sqrt(d_model))
+
+    def _input_dtype(self):
+        return jnp.int32
+
+    def _prepare(self, x):
+        x = jnp.asarray(x)
+        if x.ndim != 2 or x.shape[1] != self.input_shape[0] or not jnp.issubdtype(x.dtype, jnp.integer):
+            raise ValueError(
+                f"BilinearTransformer expects integer tokens of shape (n, {self.input_shape[0]}), "
+                f"got {tuple(x.shape)} with dtype {x.dtype}. Cut the text into windows of seq_len "
+                "tokens (experiments.data.load('shakespeare', seq_len=...))."
+            )
+        return x
+
+    def _stage_names(self):
+        names = ["embed"]
+        for i in range(len(self.attn)):
+            names.append(f"attn{i}")
+            if len(self.mlps):
+                names.append(f"mlp{i}")
+        return (*names, "logits")
+
+    def _stage(self, i, z):
+        names = self._stage_names()
+        name = names[i]
+        if name == "embed":
+            return jnp.take(self.token_embed[...], z, axis=0) + self.pos_embed[...][None]
+        if name == "logits":
+            return jnp.einsum("vd,ntd->ntv", self.unembed[...], z)
+        j = int(name[4:] if name.startswith("attn") else name[3:])
+        if name.startswith("attn"):
+            return self.attn[j](z)
+        n, t, d = z.shape
+        return self.mlps[j](z.reshape(n * t, d)).reshape(n, t, d)
+
+    def mlp_network(self, i: int) -> tuple:
+        """The i-th bilinear MLP block as a pure network ``(BilinearLayer,)`` acting per token."""
+        if not len(self.mlps):
+            raise ValueError("This BilinearTransformer was built with mlp=False; it has no MLP blocks.")
+        return (self.mlps[i].to_layer(),)
+
+    def to_network(self) -> tuple:
+        """Not available: a bilinear-attention layer is a degree-5 map of the context.
+
+        It is not a chain of :class:`similarity.BilinearLayer` nodes; use
+        :meth:`mlp_network` for the per-token MLP blocks and the attention
+        parameters (``model.attn[i]``) for the attention blocks.
+        """
+        raise NotImplementedError(
+            "BilinearTransformer.to_network(): bilinear attention (q1.k1)(q2.k2) v is a degree-5 map "
+            "of the context, not a chain of BilinearLayer/LinearLayer nodes. Use mlp_network(i) for "
+            "the bilinear MLP blocks, or BilinearMLP for a network with to_network()."
+        )

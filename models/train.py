@@ -1,0 +1,384 @@
+"""One generic, resumable training loop for funsim models.
+
+Design (STYLE.md 5, 6, 12):
+
+* ``graphdef, params, rest = nnx.split(model, nnx.Param, ...)``; the train step
+  is a ``jax.jit`` pure function of ``(params, opt_state, step)`` that calls
+  ``nnx.merge`` inside.
+* Randomness is reproducible from ``(seed, step)``: the minibatch of step ``s``
+  is drawn without replacement with ``jax.random.fold_in(key, s)``.
+* Evaluation every ``eval_every`` steps (and at step 0 and the end): loss and
+  accuracy on the test split and on a fixed train subset.
+* orbax checkpoints of ``(params, opt_state)`` at ``checkpoint_every``
+  multiples, at any explicit ``checkpoint_steps`` (e.g. :func:`power_schedule`)
+  and at the end. A run in the same ``workdir`` resumes from its last
+  checkpoint and reproduces the uninterrupted run exactly; a resume with a
+  different config, model or data is refused with the differences listed.
+* ``metrics.json`` (history of evaluations) is written atomically after every
+  evaluation.
+
+Workdir layout: ``train_config.json``, ``metrics.json``, ``checkpoints/<step>/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm.auto import tqdm
+
+from experiments.io import read_json, to_jsonable, write_json_atomic
+
+__all__ = ["TrainConfig", "TrainResult", "train", "power_schedule", "list_checkpoints", "load_checkpoint"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Hyperparameters of a run; all of them must match to resume.
+
+    Attributes:
+      steps: number of optimiser steps.
+      batch_size: minibatch size (at most the number of training examples).
+      learning_rate: peak learning rate.
+      optimizer: ``"adam"``, ``"adamw"`` or ``"sgd"`` (with momentum 0.9).
+      weight_decay: decoupled weight decay (``adamw``).
+      warmup_steps: linear warmup; then cosine decay to 0 (0 disables the schedule).
+      seed: folded with the step to pick minibatches.
+      eval_every: evaluate every this many steps (also at 0 and at the end).
+      eval_train_size: size of the fixed train subset evaluated.
+      checkpoint_every: checkpoint every this many steps (None: only explicit steps and the end).
+      checkpoint_steps: explicit checkpoint steps, e.g. ``power_schedule(steps, 10)``.
+    """
+
+    steps: int = 1000
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    optimizer: str = "adamw"
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    seed: int = 0
+    eval_every: int = 100
+    eval_train_size: int = 2048
+    checkpoint_every: int | None = None
+    checkpoint_steps: tuple[int, ...] = ()
+
+    def checkpoint_set(self) -> tuple[int, ...]:
+        """Every step at which a checkpoint is written (sorted)."""
+        s = {int(t) for t in self.checkpoint_steps if 0 < int(t) <= self.steps} | {self.steps}
+        if self.checkpoint_every:
+            s |= set(range(self.checkpoint_every, self.steps + 1, self.checkpoint_every))
+        return tuple(sorted(s))
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What :func:`train` returns.
+
+    Attributes:
+      model: the trained model (the input model, updated in place).
+      history: one dict per evaluation: step, test_loss, test_accuracy, train_loss, train_accuracy.
+      resumed_from: the checkpoint step the run resumed from (0 for a fresh run).
+    """
+
+    model: nnx.Module
+    history: list[dict[str, float]]
+    resumed_from: int = 0
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.history[-1]
+
+
+def power_schedule(total_steps: int, n: int, /, *, power: float = 2.0) -> tuple[int, ...]:
+    """Checkpoint steps ``round(total * (i / n) ** power)``, i = 1..n: dense early, sparse late.
+
+    ``power=1`` is evenly spaced; larger powers crowd the checkpoints towards
+    the start of training. Duplicates are merged, so fewer than ``n`` steps
+    may come back; the last is always ``total_steps``.
+
+    Examples:
+      >>> power_schedule(1000, 5, power=2.0)
+      (40, 160, 360, 640, 1000)
+    """
+    if total_steps < 1 or n < 1 or power <= 0:
+        raise ValueError(f"power_schedule needs total_steps >= 1, n >= 1, power > 0; got {total_steps}, {n}, {power}.")
+    t = np.rint(total_steps * (np.arange(1, n + 1) / n) ** power).astype(int)
+    return tuple(sorted({int(max(1, s)) for s in t}))
+
+
+def _optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    return _make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.weight_decay, cfg.warmup_steps, cfg.steps)
+
+
+@functools.lru_cache(maxsize=32)
+def _make_optimizer(name, learning_rate, weight_decay, warmup_steps, steps) -> optax.GradientTransformation:
+    # cached: an equal optimiser is the same object, so runs that differ only in
+    # seed (or data of the same shape) reuse the compiled train step.
+    lr: Any = learning_rate
+    if warmup_steps:
+        lr = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup_steps, max(steps, warmup_steps + 1))
+    if name == "adam":
+        return optax.adam(lr)
+    if name == "adamw":
+        return optax.adamw(lr, weight_decay=weight_decay)
+    if name == "sgd":
+        return optax.sgd(lr, momentum=0.9)
+    raise ValueError(f"Unknown optimizer {name!r}. Valid options: 'adam', 'adamw', 'sgd'.")
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "batch_size"))
+def _train_step(graphdef, tx, batch_size, params, rest, opt_state, key, xs, ys, step):
+    """One optimiser step on the minibatch drawn with ``fold_in(key, step)``."""
+    idx = jax.random.choice(jax.random.fold_in(key, step), xs.shape[0], (batch_size,), replace=False)
+    xb, yb = xs[idx], ys[idx]
+
+    def loss_fn(p):
+        return _loss_and_accuracy(nnx.merge(graphdef, p, rest)(xb), yb)[0]
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _evaluate(graphdef, params, rest, x_test, y_test, x_train, y_train):
+    m = nnx.merge(graphdef, params, rest)
+    te = _loss_and_accuracy(m(x_test), y_test)
+    tr = _loss_and_accuracy(m(x_train), y_train)
+    return {"test_loss": te[0], "test_accuracy": te[1], "train_loss": tr[0], "train_accuracy": tr[1]}
+
+
+def _fingerprint(*arrays) -> str:
+    h = hashlib.sha1()
+    for a in arrays:
+        a = np.ascontiguousarray(np.asarray(a))
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _loss_and_accuracy(logits, y):
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    acc = (jnp.argmax(logits, axis=-1) == y).mean()
+    return loss, acc
+
+
+def _check_data(model, x, y, name):
+    if len(x) != len(y):
+        raise ValueError(f"x_{name} has {len(x)} examples but y_{name} has {len(y)}; they must match.")
+    try:
+        out = jax.eval_shape(model, jax.ShapeDtypeStruct((2, *x.shape[1:]), x.dtype))
+    except ValueError as e:
+        raise ValueError(f"x_{name} of shape {x.shape} does not fit the model: {e}") from e
+    if tuple(out.shape[1:-1]) != tuple(y.shape[1:]):
+        raise ValueError(
+            f"y_{name} of shape {y.shape} does not match the model's logits (n, {', '.join(map(str, out.shape[1:]))}): "
+            "labels must have the logits' shape without the class axis."
+        )
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"y_{name} must hold integer class labels, got dtype {y.dtype}.")
+    if len(y) and (y.min() < 0 or y.max() >= out.shape[-1]):
+        raise ValueError(f"y_{name} has labels in [{y.min()}, {y.max()}], outside [0, {out.shape[-1]}) (the model's outputs).")
+
+
+def _checkpoint_manager(workdir: pathlib.Path):
+    import orbax.checkpoint as ocp
+
+    return ocp.CheckpointManager(
+        (workdir / "checkpoints").absolute(),
+        options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True, enable_async_checkpointing=False),
+    )
+
+
+def _to_tree(params, opt_state):
+    return {"params": jax.tree.leaves(params), "opt_state": jax.tree.leaves(opt_state)}
+
+
+def _diff(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        a, b = saved.get(k, "<absent>"), now.get(k, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, prefix + k + ".")
+        elif a != b:
+            out.append(f"{prefix}{k}: saved {a!r}, now {b!r}")
+    return out
+
+
+def train(
+    model: nnx.Module,
+    x_train: Any,
+    y_train: Any,
+    x_test: Any,
+    y_test: Any,
+    /,
+    *,
+    config: TrainConfig = TrainConfig(),
+    workdir: str | pathlib.Path | None = None,
+    progress: bool = True,
+    callback: Callable[[int, dict | None], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` with cross-entropy on integer labels; resumable.
+
+    Args:
+      model: a funsim model (or any NNX module mapping ``x`` to logits ``(n, ..., C)``).
+      x_train: ``(n, *input_shape)``.
+      y_train: ``(n,)`` int labels, or ``(n, T)`` for sequence models.
+      x_test: ``(m, *input_shape)``.
+      y_test: ``(m,)`` or ``(m, T)``.
+      config: :class:`TrainConfig`.
+      workdir: where checkpoints, ``metrics.json`` and ``train_config.json`` go;
+        None trains in memory without checkpoints. If it holds checkpoints of
+        the same run, training resumes from the last one.
+      progress: show a tqdm progress bar.
+      callback: called as ``callback(step, metrics_or_None)`` after every step
+        (``step`` counts completed steps).
+
+    Returns:
+      :class:`TrainResult`; ``model`` itself is updated in place.
+
+    Raises:
+      ValueError: data that does not fit the model, or a resume whose config,
+        model or data differ from the saved run (the differences are listed).
+    """
+    cfg = config
+    x_train, y_train, x_test, y_test = (np.asarray(a) for a in (x_train, y_train, x_test, y_test))
+    _check_data(model, x_train, y_train, "train")
+    _check_data(model, x_test, y_test, "test")
+    n = len(x_train)
+    if not 1 <= cfg.batch_size <= n:
+        raise ValueError(f"batch_size={cfg.batch_size} must be in [1, {n}] (the number of training examples).")
+    if cfg.steps < 1 or cfg.eval_every < 1:
+        raise ValueError(f"steps and eval_every must be >= 1, got {cfg.steps} and {cfg.eval_every}.")
+    tx = _optimizer(cfg)
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    opt_state = tx.init(params)
+    identity = {
+        "config": to_jsonable(cfg),
+        "model": {"class": type(model).__name__, "init_params_sha1": _fingerprint(*jax.tree.leaves(params))},
+        "data": {
+            "train_sha1": _fingerprint(x_train, y_train),
+            "test_sha1": _fingerprint(x_test, y_test),
+            "x_train_shape": list(x_train.shape),
+        },
+    }
+
+    history: list[dict] = []
+    start = 0
+    manager = None
+    if workdir is not None:
+        workdir = pathlib.Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        id_path = workdir / "train_config.json"
+        manager = _checkpoint_manager(workdir)
+        if id_path.exists():
+            diffs = _diff(read_json(id_path), identity)
+            if diffs:
+                raise ValueError(
+                    f"Refusing to resume the run in {workdir}: it was started with a different setup:\n  "
+                    + "\n  ".join(diffs)
+                    + "\nUse a new workdir, or restore the original settings."
+                )
+        else:
+            write_json_atomic(id_path, identity)
+        last = manager.latest_step()
+        if last is not None:
+            import orbax.checkpoint as ocp
+
+            template = _to_tree(params, opt_state)
+            restored = manager.restore(last, args=ocp.args.StandardRestore(template))
+            params = jax.tree.unflatten(jax.tree.structure(params), restored["params"])
+            opt_state = jax.tree.unflatten(jax.tree.structure(opt_state), restored["opt_state"])
+            start = int(last)
+            if (workdir / "metrics.json").exists():
+                history = [h for h in read_json(workdir / "metrics.json")["history"] if h["step"] <= start]
+
+    xs_tr, ys_tr = jnp.asarray(x_train), jnp.asarray(y_train)
+    sub = min(cfg.eval_train_size, n)
+    xs_ev, ys_ev = xs_tr[:sub], ys_tr[:sub]
+    xs_te, ys_te = jnp.asarray(x_test), jnp.asarray(y_test)
+    key = jax.random.PRNGKey(cfg.seed)
+
+    def evaluate(params):
+        return _evaluate(graphdef, params, rest, xs_te, ys_te, xs_ev, ys_ev)
+    def log_eval(step):
+        m = {"step": step, **{k: float(v) for k, v in evaluate(params).items()}}
+        history.append(m)
+        if workdir is not None:
+            write_json_atomic(workdir / "metrics.json", {"history": history})
+        return m
+
+    ckpt_steps = set(cfg.checkpoint_set())
+    if start == 0 and not history:
+        log_eval(0)
+    bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc=type(model).__name__, leave=False)
+    for step in range(start, cfg.steps):
+        params, opt_state, loss = _train_step(
+            graphdef, tx, cfg.batch_size, params, rest, opt_state, key, xs_tr, ys_tr, jnp.asarray(step, jnp.uint32)
+        )
+        done = step + 1
+        m = None
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            m = log_eval(done)
+            bar.set_postfix(loss=f"{m['train_loss']:.3f}", test_acc=f"{m['test_accuracy']:.3f}")
+        if manager is not None and done in ckpt_steps:
+            import orbax.checkpoint as ocp
+
+            manager.save(done, args=ocp.args.StandardSave(_to_tree(params, opt_state)))
+            manager.wait_until_finished()
+        bar.update(1)
+        if callback is not None:
+            callback(done, m)
+    bar.close()
+    if manager is not None:
+        manager.close()
+    nnx.update(model, params)
+    return TrainResult(model, history, start)
+
+
+def list_checkpoints(workdir: str | pathlib.Path) -> tuple[int, ...]:
+    """The checkpoint steps saved in ``workdir`` (sorted)."""
+    mgr = _checkpoint_manager(pathlib.Path(workdir))
+    steps = tuple(sorted(mgr.all_steps()))
+    mgr.close()
+    return steps
+
+
+def load_checkpoint(model: nnx.Module, workdir: str | pathlib.Path, step: int | None = None, *, config: TrainConfig | None = None) -> nnx.Module:
+    """Load the parameters saved at ``step`` (default: the last) into ``model`` (in place).
+
+    ``model`` must have the same structure as the trained one. ``config``
+    (default :class:`TrainConfig`'s optimizer) only shapes the optimiser state
+    that is stored alongside; pass the run's config when it used another optimiser.
+    """
+    import orbax.checkpoint as ocp
+
+    workdir = pathlib.Path(workdir)
+    if config is None and (workdir / "train_config.json").exists():
+        config = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in read_json(workdir / "train_config.json")["config"].items()})
+    tx = _optimizer(config or TrainConfig())
+    _, params, _ = nnx.split(model, nnx.Param, ...)
+    opt_state = tx.init(params)
+    mgr = _checkpoint_manager(workdir)
+    steps = tuple(mgr.all_steps())
+    if not steps:
+        mgr.close()
+        raise FileNotFoundError(f"No checkpoints in {workdir / 'checkpoints'}.")
+    step = max(steps) if step is None else step
+    if step not in steps:
+        mgr.close()
+        raise ValueError(f"No checkpoint at step {step} in {workdir}; saved steps: {sorted(steps)}.")
+    restored = mgr.restore(step, args=ocp.args.StandardRestore(_to_tree(params, opt_state)))
+    mgr.close()
+    nnx.update(model, jax.tree.unflatten(jax.tree.structure(params), restored["params"]))
+    return model

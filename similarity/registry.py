@@ -1,0 +1,335 @@
+"""Measures by name, with what each one promises (DESIGN.md §1-2).
+
+>>> import similarity
+>>> m = similarity.measure("cka/linear/debiased")
+>>> m.kind, m.symmetric, sorted(m.invariances)
+('score', True, ['isotropic_scale', 'permutation', 'rotation', 'translation'])
+
+Names are ``family/variant[/option]``; parametrised families take
+``name=value`` as the last component, e.g. ``"shape/angular/alpha=0.5"``.
+:func:`list_measures` lists every fixed name plus a few instances of each
+parametrised family; :func:`measure` builds any other value on demand.
+
+**Invariance vocabulary** (:data:`INVARIANCES`). A measure ``f(x, y)`` is
+invariant to a class of maps when ``f(T1(x), T2(y)) == f(x, y)`` for any
+maps ``T1``, ``T2`` of that class applied to *either or both* arguments
+independently (``x`` is ``(n, d)``, maps act on features):
+
+* ``"translation"``: ``x -> x + c`` (one vector ``c`` added to every sample);
+* ``"rotation"``: ``x -> x Q`` with ``Q`` orthogonal;
+* ``"isotropic_scale"``: ``x -> s x`` with ``s > 0``;
+* ``"permutation"``: ``x -> x P``, reordering features;
+* ``"invertible_linear"``: ``x -> x A`` with ``A`` invertible.
+
+A declared invariance is exact (up to rounding); a class not declared is a
+declared *non*-invariance: the tests assert that generic maps of that class
+change the value. Later modules add measures with :func:`register` and
+:func:`register_family`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from collections.abc import Callable, Iterable
+
+import jax
+
+from similarity import _validate as V
+from similarity.cca import cca_mean, cca_r2, pwcca, svcca
+from similarity.cka import cka
+from similarity.regression import linear_regression_r2
+from similarity.rsa import COMPARISONS, RDM_METRICS, rsa
+from similarity.shape import nbs, procrustes_distance, shape_distance
+
+__all__ = [
+    "INVARIANCES",
+    "KINDS",
+    "Measure",
+    "measure",
+    "list_measures",
+    "register",
+    "register_family",
+]
+
+INVARIANCES: dict[str, str] = {
+    "translation": "x -> x + c: one vector added to every sample",
+    "rotation": "x -> x Q, Q orthogonal",
+    "isotropic_scale": "x -> s x, s > 0",
+    "permutation": "x -> x P, features reordered",
+    "invertible_linear": "x -> x A, A invertible",
+}
+KINDS = ("score", "distance")
+
+
+@dataclasses.dataclass(frozen=True)
+class Measure:
+    """A registered measure; call it as ``m(x, y)``.
+
+    Attributes:
+      name: its registry name.
+      fn: ``fn(x, y) -> jax.Array``, shape ``()``.
+      kind: "score" (higher is more similar) or "distance" (0 is identical).
+      symmetric: whether ``fn(x, y) == fn(y, x)``.
+      invariances: a frozenset drawn from :data:`INVARIANCES`.
+      description: one line.
+      bounds: ``(lo, hi)``, the range of values (``inf`` when unbounded).
+    """
+
+    name: str
+    fn: Callable[..., jax.Array]
+    kind: str
+    symmetric: bool
+    invariances: frozenset
+    description: str
+    bounds: tuple = (-math.inf, math.inf)
+
+    def __call__(self, x, y, /) -> jax.Array:
+        return self.fn(x, y)
+
+
+_REGISTRY: dict[str, Measure] = {}
+# prefix -> (parameter name, builder(value) -> Measure, listed example values)
+_FAMILIES: dict[str, tuple[str, Callable[[float], Measure], tuple[float, ...]]] = {}
+
+
+def _make(name, fn, kind, symmetric, invariances, description, bounds=(-math.inf, math.inf)) -> Measure:
+    V.check_choice(kind, "kind", KINDS)
+    inv = frozenset(invariances)
+    for i in inv:
+        V.check_choice(i, "invariance", INVARIANCES)
+    if not callable(fn):
+        raise TypeError(f"fn for measure {name!r} must be callable, got {type(fn).__name__}.")
+    lo, hi = (float(b) for b in bounds)
+    return Measure(name, fn, kind, bool(symmetric), inv, description, (lo, hi))
+
+
+def register(
+    name: str,
+    fn: Callable[..., jax.Array],
+    *,
+    kind: str,
+    symmetric: bool,
+    invariances: Iterable[str],
+    description: str,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+    overwrite: bool = False,
+) -> Measure:
+    """Add a measure under ``name``.
+
+    Args:
+      name: e.g. ``"stitch/affine/r2"``; must not contain ``=``.
+      fn: ``fn(x, y) -> ()`` array.
+      kind: "score" or "distance".
+      symmetric: whether swapping the arguments leaves the value unchanged.
+      invariances: names from :data:`INVARIANCES` (tested, so be exact).
+      description: one line.
+      bounds: ``(lo, hi)``, the range of possible values (tested).
+      overwrite: replace an existing entry instead of raising.
+
+    Returns:
+      The registered :class:`Measure`.
+
+    Raises:
+      ValueError: a duplicate name, an unknown kind or invariance.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> m = register("demo/zero", lambda x, y: jnp.zeros(()), kind="distance",
+      ...              symmetric=True, invariances=INVARIANCES, description="always 0",
+      ...              overwrite=True)
+      >>> float(measure("demo/zero")(jnp.ones((2, 1)), jnp.ones((2, 1))))
+      0.0
+      >>> _ = _REGISTRY.pop("demo/zero")
+    """
+    if "=" in name:
+        raise ValueError(f"measure name {name!r} must not contain '='; use register_family.")
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(f"measure {name!r} is already registered; pass overwrite=True.")
+    m = _make(name, fn, kind, symmetric, invariances, description, bounds)
+    _REGISTRY[name] = m
+    return m
+
+
+def register_family(
+    prefix: str,
+    param: str,
+    builder: Callable[[float], Measure],
+    *,
+    examples: Iterable[float] = (),
+) -> None:
+    """Add a parametrised family: ``measure(f"{prefix}/{param}={value}")`` calls ``builder(value)``.
+
+    Args:
+      prefix: e.g. ``"shape/angular"``.
+      param: the parameter's name, e.g. ``"alpha"``.
+      builder: ``float -> Measure``; raise ``ValueError`` for invalid values.
+      examples: values listed by :func:`list_measures`.
+    """
+    _FAMILIES[prefix] = (param, builder, tuple(float(e) for e in examples))
+
+
+def _fmt(v: float) -> str:
+    return f"{v:g}"
+
+
+def _family_names() -> list[str]:
+    return [f"{p}/{param}={_fmt(v)}" for p, (param, _, ex) in _FAMILIES.items() for v in ex]
+
+
+def list_measures() -> list[str]:
+    """Every registered name, plus example instances of parametrised families (sorted).
+
+    Examples:
+      >>> "cka/linear" in list_measures() and "shape/angular/alpha=0.5" in list_measures()
+      True
+    """
+    return sorted([*_REGISTRY, *_family_names()])
+
+
+_PARAM = re.compile(r"^(?P<prefix>.+)/(?P<param>[A-Za-z_]\w*)=(?P<value>[^/]+)$")
+
+
+@functools.lru_cache(maxsize=256)
+def _build(prefix: str, value: float) -> Measure:
+    return _FAMILIES[prefix][1](value)
+
+
+def measure(name: str) -> Measure:
+    """Look up a measure by name.
+
+    Args:
+      name: e.g. ``"cka/linear"``, ``"rsa/correlation/spearman"``,
+        ``"shape/angular/alpha=0.25"``.
+
+    Returns:
+      The :class:`Measure`.
+
+    Raises:
+      ValueError: an unknown name (close names are suggested) or a bad parameter.
+
+    Examples:
+      >>> measure("shape/angular/alpha=0.25").kind
+      'distance'
+      >>> measure("cka/linaer")  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      ValueError: Unknown measure name 'cka/linaer'. Did you mean 'cka/linear', ...
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"measure name must be a str, got {type(name).__name__}.")
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    m = _PARAM.match(name)
+    if m and m["prefix"] in _FAMILIES:
+        param = _FAMILIES[m["prefix"]][0]
+        if m["param"] != param:
+            raise ValueError(
+                f"measure {name!r}: family {m['prefix']!r} takes {param}=..., not {m['param']}=..."
+            )
+        try:
+            value = float(m["value"])
+        except ValueError:
+            raise ValueError(f"measure {name!r}: {param}={m['value']!r} is not a number.") from None
+        return _build(m["prefix"], value)
+    V.check_choice(name, "measure name", list_measures())
+    raise AssertionError  # unreachable: check_choice raised
+
+
+# ------------------------------------------------------------------ built-in entries
+
+_ALL_BUT_LINEAR = frozenset({"translation", "rotation", "isotropic_scale", "permutation"})
+
+for _deb in (False, True):
+    for _k in ("linear", "rbf"):
+        _suffix = "/debiased" if _deb else ""
+        register(
+            f"cka/{_k}{_suffix}",
+            functools.partial(cka, kernel=_k, debiased=_deb),
+            kind="score",
+            symmetric=True,
+            invariances=_ALL_BUT_LINEAR,
+            bounds=(-1.0 if _deb else 0.0, 1.0),
+            description=f"{'debiased ' if _deb else ''}{_k} CKA"
+            + (" (RBF bandwidth 0.5 x median distance)" if _k == "rbf" else ""),
+        )
+
+_RDM_INV = {
+    "correlation": {"isotropic_scale", "permutation"},
+    "euclidean": set(_ALL_BUT_LINEAR),
+    "sqeuclidean": set(_ALL_BUT_LINEAR),
+    "cosine": {"rotation", "isotropic_scale", "permutation"},
+}
+for _metric in RDM_METRICS:
+    for _cmp in COMPARISONS:
+        register(
+            f"rsa/{_metric}/{_cmp}",
+            functools.partial(rsa, rdm_metric=_metric, compare=_cmp),
+            kind="score",
+            symmetric=True,
+            invariances=_RDM_INV[_metric],
+            bounds=(-1.0, 1.0),
+            description=f"RSA: {_metric} RDMs compared by {_cmp}"
+            + (" (sqeuclidean + cosine_cov = linear CKA)" if _cmp == "cosine_cov" else ""),
+        )
+
+register("cca/r2", cca_r2, bounds=(0.0, 1.0), kind="score", symmetric=True,
+         invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
+         description="mean squared canonical correlation R^2_CCA (needs d < n)")
+register("cca/mean", cca_mean, bounds=(0.0, 1.0), kind="score", symmetric=True,
+         invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
+         description="mean canonical correlation (needs d < n)")
+register("svcca", svcca, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
+         description="SVCCA: mean CCA of the top-SVD subspaces keeping 99% variance")
+register("pwcca", pwcca, bounds=(0.0, 1.0), kind="score", symmetric=False,
+         invariances={"translation", "isotropic_scale", "permutation"},
+         description="projection-weighted CCA, weights from the first argument (needs d < n)")
+register("nbs", nbs, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
+         description="normalised Bures similarity ||Xc^T Yc||_* / (||Xc|| ||Yc||)")
+register("procrustes", procrustes_distance, bounds=(0.0, 2.0), kind="distance", symmetric=True,
+         invariances=_ALL_BUT_LINEAR,
+         description="Ding et al. squared Procrustes distance 2 - 2 NBS on unit-norm data")
+register("regression/r2", linear_regression_r2, bounds=(0.0, 1.0), kind="score", symmetric=False,
+         invariances=_ALL_BUT_LINEAR,
+         description="directed linear-regression R^2 of the second argument from the first")
+
+
+def _shape_builder(distance: str) -> Callable[[float], Measure]:
+    def build(alpha: float) -> Measure:
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"shape/{distance}: alpha must be in [0, 1], got {alpha!r}.")
+        inv = {"translation", "rotation", "permutation"}
+        if distance == "angular" and alpha in (0.0, 1.0):
+            inv.add("isotropic_scale")
+        if distance == "angular" and alpha == 0.0:
+            inv.add("invertible_linear")
+        what = {1.0: "Procrustes", 0.0: "CCA-like, fully whitened"}.get(alpha, "partially whitened")
+        return _make(
+            f"shape/{distance}/alpha={_fmt(alpha)}",
+            functools.partial(shape_distance, alpha=alpha, distance=distance),
+            "distance", True, inv,
+            bounds=(0.0, math.pi / 2 if distance == "angular" else math.inf),
+            description=f"{distance} shape metric, alpha={_fmt(alpha)} ({what}; netrep semantics)",
+        )
+
+    return build
+
+
+register_family("shape/angular", "alpha", _shape_builder("angular"), examples=(0.0, 0.5, 1.0))
+register_family("shape/euclidean", "alpha", _shape_builder("euclidean"), examples=(1.0,))
+
+
+def _ridge_builder(ridge: float) -> Measure:
+    if not ridge >= 0.0:
+        raise ValueError(f"regression/r2: ridge must be >= 0, got {ridge!r}.")
+    inv = set(_ALL_BUT_LINEAR) if ridge == 0.0 else {"translation", "rotation", "permutation"}
+    return _make(
+        f"regression/r2/ridge={_fmt(ridge)}",
+        functools.partial(linear_regression_r2, ridge=ridge),
+        "score", False, inv, bounds=(0.0, 1.0), description=f"directed ridge-regression R^2 (ridge={_fmt(ridge)}, in-sample)",
+    )
+
+
+register_family("regression/r2", "ridge", _ridge_builder, examples=(1.0,))

@@ -1,0 +1,107 @@
+"""``funsim compare``: loading, the table/JSON output, errors, and the digits example (kept fast)."""
+
+import json
+
+import numpy as np
+import pytest
+
+import similarity
+from experiments.cli import main as cli
+from experiments.compare import format_table, make_example
+from tests.invariance import invariance_data
+
+
+@pytest.fixture
+def pair(tmp_path):
+    x, y = invariance_data(np.random.default_rng(0))  # (16, 4) each: shares compiled code with test_registry
+    np.save(tmp_path / "a.npy", x)
+    np.save(tmp_path / "b.npy", y)
+    np.savez(tmp_path / "both.npz", first=x, second=y)
+    return tmp_path, x, y
+
+
+def run(argv, capsys):
+    rc = cli(["compare", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_table_of_every_measure(pair, capsys):
+    d, x, y = pair
+    rc, out, _ = run([str(d / "a.npy"), str(d / "b.npy")], capsys)
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[1].split() == ["measure", "kind", "sym", "value"]
+    listed = {ln.split()[0] for ln in lines[3:]}
+    assert listed == set(similarity.list_measures())  # n = 16 <= 300: Kendall included
+    row = next(ln for ln in lines if ln.startswith("cka/linear "))
+    assert float(row.split()[-1]) == pytest.approx(float(similarity.cka(x, y)), abs=1e-6)
+
+
+def test_json_chosen_measures_and_npz(pair, capsys):
+    d, x, y = pair
+    rc, out, _ = run([f"{d / 'both.npz'}:first", f"{d / 'both.npz'}:second", "--measures",
+                      "cka/linear,svcca", "shape/angular/alpha=0.5", "--json"], capsys)
+    assert rc == 0
+    res = json.loads(out)
+    vals = {m["measure"]: m["value"] for m in res["measures"]}
+    assert list(vals) == ["cka/linear", "svcca", "shape/angular/alpha=0.5"]
+    assert vals["svcca"] == pytest.approx(float(similarity.svcca(x, y)), rel=1e-12)
+    assert vals["shape/angular/alpha=0.5"] == pytest.approx(
+        float(similarity.shape_distance(x, y, alpha=0.5)), rel=1e-12)
+    assert res["a"]["shape"] == [16, 4]
+
+
+def test_measure_errors_are_reported_not_fatal(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    np.save(tmp_path / "w.npy", rng.normal(size=(6, 10)))  # d > n: CCA is undefined
+    np.save(tmp_path / "v.npy", rng.normal(size=(6, 3)))
+    rc, out, _ = run([str(tmp_path / "w.npy"), str(tmp_path / "v.npy"), "--measures", "cca/r2", "nbs", "--json"], capsys)
+    assert rc == 0
+    rows = {m["measure"]: m for m in json.loads(out)["measures"]}
+    assert rows["cca/r2"]["value"] is None and "more samples than features" in rows["cca/r2"]["error"]
+    assert rows["nbs"]["value"] is not None
+    assert "n/a: x has shape (6, 10): CCA needs more samples" in format_table(list(rows.values()))
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["{d}/missing.npy", "{d}/b.npy"], r"missing\.npy: no such file"),
+        (["{d}/both.npz", "{d}/b.npy"], r"holds 2 arrays \(first, second\); pick one"),
+        (["{d}/both.npz:third", "{d}/b.npy"], r"has no array 'third'"),
+        (["{d}/cube.npy", "{d}/b.npy"], r"expected a 2-D \(n_samples, n_features\) array, got shape \(16, 2, 2\)"),
+        (["{d}/short.npy", "{d}/b.npy"], r"shape \(10, 4\) .* shape \(16, 4\): the number of rows"),
+        (["{d}/nan.npy", "{d}/b.npy"], r"1 NaN/Inf values"),
+        (["{d}/a.npy", "{d}/b.npy", "--measures", "cka/linaer"], r"Did you mean 'cka/linear'"),
+        (["{d}/a.npy"], r"give two files"),
+    ],
+)
+def test_errors(pair, capsys, argv, match):
+    d, x, _ = pair
+    np.save(d / "cube.npy", x.reshape(16, 2, 2))
+    np.save(d / "short.npy", x[:10])
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    np.save(d / "nan.npy", bad)
+    rc, _, err = run([a.format(d=d) for a in argv], capsys)
+    assert rc == 2
+    assert err.startswith("funsim compare: error:")
+    assert __import__("re").search(match, err), err
+
+
+def test_list(capsys):
+    rc, out, _ = run(["--list"], capsys)
+    assert rc == 0 and "pwcca" in out and "directed" in out
+
+
+def test_example_on_digits(tmp_path, capsys):
+    a, b = make_example(tmp_path / "views")
+    x, y = np.load(a), np.load(b)
+    assert x.shape == (1797, 61) and y.shape == (1797, 48)
+    rc, out, _ = run(["--example", "--out", str(tmp_path / "ex"), "--measures", "cka/linear", "nbs"], capsys)
+    assert rc == 0 and "digits example" in out
+    metrics = json.loads((tmp_path / "ex" / "metrics.json").read_text())
+    v = metrics["measures"][0]["value"]
+    assert v == pytest.approx(float(similarity.cka(x, y)), rel=1e-10)
+    assert 0.3 < v < 0.95  # related but different views

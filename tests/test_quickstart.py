@@ -1,0 +1,54 @@
+"""Smoke test: the quickstart end to end on a tiny configuration."""
+
+import json
+
+import numpy as np
+import pytest
+
+import similarity
+from experiments import cli
+from experiments.quickstart import TINY
+
+
+def test_quickstart_tiny_end_to_end(tmp_path, capsys):
+    rc = cli.main(["quickstart", "--tiny", "--no-progress", "--root", str(tmp_path), "--run", "smoke"])
+    assert rc == 0
+    out = tmp_path / "quickstart" / "smoke"
+    printed = capsys.readouterr().out
+    assert "[5/5] summary" in printed and str(out) in printed
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["steps"] == TINY.steps and cfg["measures"] == list(TINY.measures)
+    m = json.loads((out / "metrics.json").read_text())
+    assert set(m["accuracy"]) == {"mlp_s0", "mlp_s1", "bilinear_s0", "bilinear_s1"}
+    rep = m["representational"]["mlp_seeds"]
+    for name in TINY.measures:
+        grid = np.array(rep[name], dtype=float)
+        assert grid.shape == (2, 2)  # fc0, logits x fc0, logits
+    # linear CKA of a layer with itself across seeds is a score in [0, 1]
+    assert np.all((np.array(rep["cka/linear"]) >= 0) & (np.array(rep["cka/linear"]) <= 1 + 1e-6))
+    for pair in ("mlp_seeds", "mlp_vs_bilinear"):
+        st = m["stitching"][pair]
+        assert set(st) >= set(similarity.FAMILIES)
+        for fam in similarity.FAMILIES:
+            assert np.array(st[fam]["a->b"]).shape == np.array(st[fam]["b->a"]).shape == ((2, 2) if pair == "mlp_seeds" else (2, 3))
+            assert np.all(np.array(st[fam]["a->b"], dtype=float) <= 1 + 1e-6)
+    ts = m["tensor_similarity"]
+    from experiments.quickstart import _tensor_api
+
+    if _tensor_api()[0] is not None:
+        assert set(ts["seeds"]) >= {"frobenius", "symmetric", "gaussian"}
+        assert ts["checkpoints"]["symmetric"][-1] == pytest.approx(1.0, abs=1e-5)  # final vs itself
+        assert (out / "tensor_checkpoints.png").exists()
+    else:
+        assert "skipped" in ts
+    for png in ("training.png", "representational_mlp_seeds.png", "stitching_mlp_vs_bilinear.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert not list(out.glob("**/*.tmp*"))  # atomic writes leave no temp files
+
+
+def test_quickstart_rejects_unknown_measure_and_dataset(tmp_path):
+    with pytest.raises(ValueError, match="Unknown measure|Did you mean"):
+        cli.main(["quickstart", "--tiny", "--measures", "cka/lineer", "--root", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        cli.main(["quickstart", "--dataset", "imagenet", "--root", str(tmp_path)])

@@ -1,0 +1,189 @@
+"""Registry: names, metadata, and every declared property checked on every registered measure."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import similarity
+from similarity import INVARIANCES, list_measures, measure, register
+from similarity.registry import _REGISTRY
+from tests.invariance import invariance_data, random_transform
+
+NAMES = list_measures()
+
+
+def test_expected_names_present():
+    for name in [
+        "cka/linear", "cka/linear/debiased", "cka/rbf", "cka/rbf/debiased",
+        "rsa/correlation/spearman", "rsa/sqeuclidean/cosine_cov", "rsa/euclidean/kendall",
+        "svcca", "pwcca", "cca/r2", "shape/angular/alpha=0.5", "shape/angular/alpha=1",
+        "nbs", "procrustes", "regression/r2",
+    ]:
+        assert name in NAMES, name
+        assert measure(name).name == name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_metadata(name):
+    m = measure(name)
+    assert m.kind in ("score", "distance")
+    assert isinstance(m.symmetric, bool)
+    assert isinstance(m.invariances, frozenset) and m.invariances <= set(INVARIANCES)
+    assert m.description and "\n" not in m.description
+    lo, hi = m.bounds
+    assert lo < hi
+
+
+def test_parametrised_names_parse():
+    m = measure("shape/angular/alpha=0.25")
+    assert m.name == "shape/angular/alpha=0.25"
+    x, y = invariance_data(np.random.default_rng(0))
+    assert float(m(x, y)) == pytest.approx(float(similarity.shape_distance(x, y, alpha=0.25)), abs=1e-12)
+    assert measure("shape/angular/alpha=1.0").name == "shape/angular/alpha=1"
+    assert "invertible_linear" in measure("shape/angular/alpha=0").invariances
+    assert "isotropic_scale" not in measure("shape/angular/alpha=0.5").invariances
+
+
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("cka/linaer", r"Unknown measure name 'cka/linaer'\. Did you mean 'cka/linear'"),
+        ("svcaa", r"Did you mean 'svcca'"),
+        ("shape/angular/alpha=2", r"alpha must be in \[0, 1\], got 2"),
+        ("shape/angular/beta=0.5", r"takes alpha=\.\.\., not beta"),
+        ("shape/angular/alpha=abc", r"alpha='abc' is not a number"),
+    ],
+)
+def test_unknown_names(name, match):
+    with pytest.raises(ValueError, match=match):
+        measure(name)
+
+
+def test_register_rejects_bad_entries():
+    with pytest.raises(ValueError, match="already registered"):
+        register("nbs", similarity.nbs, kind="score", symmetric=True, invariances=(), description="x")
+    with pytest.raises(ValueError, match="Unknown invariance 'rotations'"):
+        register("tmp/x", similarity.nbs, kind="score", symmetric=True,
+                 invariances=("rotations",), description="x")
+    with pytest.raises(ValueError, match="Unknown kind 'similarity'"):
+        register("tmp/x", similarity.nbs, kind="similarity", symmetric=True,
+                 invariances=(), description="x")
+    assert "tmp/x" not in _REGISTRY
+
+
+def test_register_adds_entry():
+    try:
+        register("tmp/neg-nbs", lambda x, y: 1 - similarity.nbs(x, y), kind="distance",
+                 symmetric=True, invariances=("rotation",), description="1 - NBS")
+        assert "tmp/neg-nbs" in list_measures()
+        assert measure("tmp/neg-nbs").kind == "distance"
+    finally:
+        _REGISTRY.pop("tmp/neg-nbs", None)
+
+
+# ------------------------------------------------------------ invariance (from declarations)
+
+
+def _variants(m, x, y, tx, ty):
+    """Value change when the map hits x only, y only, and both."""
+    base = float(m(x, y))
+    return base, [float(m(tx(x), y)) - base, float(m(x, ty(y))) - base, float(m(tx(x), ty(y))) - base]
+
+
+@pytest.mark.parametrize("kind", list(INVARIANCES))
+@pytest.mark.parametrize("name", NAMES)
+def test_declared_invariances_and_non_invariances(name, kind):
+    m = measure(name)
+    rng = np.random.default_rng(1)
+    x, y = invariance_data(rng)
+    tx = random_transform(kind, x.shape[1], rng)
+    ty = random_transform(kind, y.shape[1], rng)
+    base, deltas = _variants(m, x, y, tx, ty)
+    if kind in m.invariances:
+        assert max(abs(d) for d in deltas) <= 1e-8 * max(1.0, abs(base)), (name, kind, base, deltas)
+    else:
+        assert max(abs(d) for d in deltas) > 1e-3, (
+            f"{name} does not declare {kind} but a generic {kind} map changed it by only {deltas}"
+        )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_symmetry_as_declared(name):
+    m = measure(name)
+    x, y = invariance_data(np.random.default_rng(2))
+    a, b = float(m(x, y)), float(m(y, x))
+    if m.symmetric:
+        assert a == pytest.approx(b, abs=1e-10)
+    else:
+        assert abs(a - b) > 1e-3
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_identical_inputs_are_optimal(name):
+    m = measure(name)
+    x, _ = invariance_data(np.random.default_rng(3))
+    v = float(m(x, x))
+    if "/ridge=" in name:  # shrinkage keeps a ridge fit below a perfect in-sample score
+        assert 0.99 < v < 1.0
+        return
+    target = m.bounds[1] if m.kind == "score" else 0.0
+    # kendall tau-a and rank correlations reach 1 on identical RDMs; distances reach 0
+    assert v == pytest.approx(target, abs=1e-6), (name, v)
+
+
+# ------------------------------------------------------------ transformations of the call
+
+
+# One measure per module and main code path (per-module tests cover the other options); the
+# whole registry runs under ``make test-slow``, since each case compiles anew.
+FAST = [
+    "cka/linear/debiased", "cka/rbf", "rsa/correlation/spearman", "rsa/euclidean/kendall",
+    "rsa/sqeuclidean/cosine_cov", "rsa/cosine/cosine", "cca/r2", "svcca", "pwcca",
+    "shape/angular/alpha=0.5", "procrustes", "regression/r2",
+]
+ALL_OR_FAST = [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in NAMES]
+
+
+@pytest.mark.parametrize("name", ALL_OR_FAST)
+def test_jit_vmap_match_eager(name):
+    """``jit(vmap(f))`` over a stack of pairs equals the eager loop (jit and vmap at once)."""
+    m = measure(name)
+    rng = np.random.default_rng(4)
+    pairs = [invariance_data(rng) for _ in range(3)]
+    xs = jnp.stack([p[0] for p in pairs])
+    ys = jnp.stack([p[1] for p in pairs])
+    eager = np.array([float(m(x, y)) for x, y in pairs])
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.vmap(m.fn))(xs, ys)), eager, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ALL_OR_FAST)
+def test_float32_and_numpy_input(name):
+    m = measure(name)
+    x, y = invariance_data(np.random.default_rng(5))
+    ref = m(x, y)
+    assert isinstance(ref, jax.Array) and ref.shape == () and ref.dtype == np.float64
+    out = m(x.astype(np.float32), y.astype(np.float32))
+    assert isinstance(out, jax.Array) and out.shape == () and out.dtype == np.float32
+    assert float(out) == pytest.approx(float(ref), abs=3e-3)
+
+
+@settings(max_examples=6)
+@given(seed=st.integers(0, 2**16), log_scale=st.floats(-2, 2), low_rank=st.booleans())
+def test_bounds_property(seed, log_scale, low_rank):
+    rng = np.random.default_rng(seed)
+    x, y = invariance_data(rng)
+    if low_rank:  # y lives near a 1-D subspace of its features
+        y = np.outer(y[:, 0], np.arange(1.0, y.shape[1] + 1)) + 1e-2 * rng.normal(size=y.shape)
+    x = x * 10.0**log_scale
+    for name in NAMES:
+        m = measure(name)
+        v = float(m(x, y))
+        lo, hi = m.bounds
+        slack = 1e-9 * max(1.0, abs(v))
+        assert lo - slack <= v <= hi + slack, (name, v, m.bounds)
+        assert math.isfinite(v)

@@ -1,0 +1,338 @@
+"""Closed-form stitchers and reconstruction scores against float64 NumPy/SciPy references."""
+
+import jax
+import jax.numpy as jnp
+import jax.test_util
+import numpy as np
+import pytest
+import scipy.linalg
+from hypothesis import given
+from hypothesis import strategies as st
+from sklearn.linear_model import LinearRegression
+
+import similarity as sim
+from similarity.stitching import (
+    apply_stitcher,
+    fit_stitcher,
+    fit_stitchers,
+    reconstruction_score,
+    stitching_asymmetry,
+)
+
+FAMS = ("orthogonal", "scaled_orthogonal", "affine")
+
+
+# ------------------------------------------------------------------ float64 NumPy references
+
+
+def _norm(z):
+    zc = z - z.mean(0)
+    return zc / np.linalg.norm(zc)
+
+
+def nbs_ref(x, y):
+    return np.linalg.svd(_norm(x).T @ _norm(y), compute_uv=False).sum()
+
+
+def r2_ref(x, y):
+    pred = LinearRegression().fit(x, y).predict(x)
+    return 1 - ((y - pred) ** 2).sum() / ((y - y.mean(0)) ** 2).sum()
+
+
+def held_out_ref(x, y, tr, te, family):
+    """Fit on rows tr (normalised with train stats), score on rows te; padded space for Q."""
+    mx, my = x[tr].mean(0), y[tr].mean(0)
+    nx, ny = np.linalg.norm(x[tr] - mx), np.linalg.norm(y[tr] - my)
+    u, v = (x - mx) / nx, (y - my) / ny
+    d1, d2 = x.shape[1], y.shape[1]
+    d = max(d1, d2)
+    up = np.pad(u, ((0, 0), (0, d - d1)))
+    vp = np.pad(v, ((0, 0), (0, d - d2)))
+    if family == "affine":
+        w = np.linalg.lstsq(u[tr], v[tr], rcond=None)[0]
+        pred_p = np.pad(u @ w, ((0, 0), (0, d - d2)))
+    else:
+        q, _ = scipy.linalg.orthogonal_procrustes(up[tr], vp[tr])
+        s = 1.0
+        if family == "scaled_orthogonal":
+            s = np.sum(vp[tr] * (up[tr] @ q)) / np.sum((up[tr] @ q) ** 2)
+        pred_p = s * up @ q
+    sse = ((vp[te] - pred_p[te]) ** 2).sum()
+    sst = ((v[te] - v[te].mean(0)) ** 2).sum()
+    sse_tr = ((vp[tr] - pred_p[tr]) ** 2).sum()
+    return 1 - sse / sst, 1 - sse_tr / (v[tr] ** 2).sum()
+
+
+def _data(rng, n, d1, d2, noise=0.5):
+    x = rng.normal(size=(n, d1)) @ rng.normal(size=(d1, d1)) + rng.normal(size=d1)
+    y = x @ rng.normal(size=(d1, d2)) + noise * rng.normal(size=(n, d2)) + 3.0
+    return x, y
+
+
+def _orth(rng, d):
+    return np.linalg.qr(rng.normal(size=(d, d)))[0]
+
+
+# ------------------------------------------------------------------ exact recovery
+
+
+@pytest.mark.parametrize("d1,d2", [(4, 4), (3, 5)])
+def test_scaled_orthogonal_recovers_scale_and_rotation(rng, d1, d2):
+    x = rng.normal(size=(40, d1)) + 2.0
+    q = _orth(rng, d2)[:d1]  # orthonormal rows
+    b = rng.normal(size=d2)
+    y = 2.5 * x @ q + b
+    s = fit_stitcher(x, y, family="scaled_orthogonal")
+    np.testing.assert_allclose(s.weight, q, atol=1e-10)
+    np.testing.assert_allclose(s.scale, 2.5, atol=1e-10)
+    np.testing.assert_allclose(s.bias, b, atol=1e-10)
+    np.testing.assert_allclose(apply_stitcher(s, x), y, atol=1e-10)
+
+
+def test_orthogonal_recovers_rotation(rng):
+    x = rng.normal(size=(40, 5)) - 1.0
+    q, b = _orth(rng, 5), rng.normal(size=5)
+    y = x @ q + b
+    for normalize in (True, False):
+        s = fit_stitcher(x, y, family="orthogonal", normalize=normalize)
+        np.testing.assert_allclose(s.weight, q, atol=1e-10)
+        np.testing.assert_allclose(s.scale, 1.0, atol=1e-10)
+        np.testing.assert_allclose(s.bias, b, atol=1e-10)
+
+
+# ------------------------------------------------------------------ raw-activation semantics
+
+
+def test_affine_acts_on_raw_activations_like_sklearn(rng):
+    x, y = _data(rng, 50, 4, 3)
+    s = fit_stitcher(x, y, family="affine")
+    lr = LinearRegression().fit(x, y)
+    np.testing.assert_allclose(apply_stitcher(s, x), lr.predict(x), atol=1e-10)
+    np.testing.assert_allclose(s.weight, lr.coef_.T, atol=1e-10)
+
+
+@pytest.mark.parametrize("d1,d2", [(4, 4), (3, 5), (5, 3)])
+def test_orthogonal_raw_fit_matches_scipy_procrustes(rng, d1, d2):
+    x, y = _data(rng, 50, d1, d2)
+    d = max(d1, d2)
+    xc = np.pad(x - x.mean(0), ((0, 0), (0, d - d1)))
+    yc = np.pad(y - y.mean(0), ((0, 0), (0, d - d2)))
+    q, _ = scipy.linalg.orthogonal_procrustes(xc, yc)
+    s = fit_stitcher(x, y, family="orthogonal", normalize=False)
+    np.testing.assert_allclose(s.scale, 1.0)
+    np.testing.assert_allclose(apply_stitcher(s, x), (xc @ q)[:, :d2] + y.mean(0), atol=1e-10)
+    # Default (normalised) fit: same Q, scale is the fixed norm ratio.
+    s2 = fit_stitcher(x, y, family="orthogonal")
+    np.testing.assert_allclose(s2.weight, q[:d1, :d2], atol=1e-10)
+    ratio = np.linalg.norm(y - y.mean(0)) / np.linalg.norm(x - x.mean(0))
+    np.testing.assert_allclose(s2.scale, ratio, rtol=1e-10)
+
+
+def test_scaled_orthogonal_equals_raw_least_squares_scale(rng):
+    x, y = _data(rng, 50, 3, 3)
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    q, _ = scipy.linalg.orthogonal_procrustes(xc, yc)
+    s_ref = np.sum(yc * (xc @ q)) / np.sum((xc @ q) ** 2)
+    s = fit_stitcher(x, y, family="scaled_orthogonal")
+    np.testing.assert_allclose(s.scale, s_ref, rtol=1e-10)
+
+
+# ------------------------------------------------------------------ identities and ordering
+
+
+@pytest.mark.parametrize("d1,d2", [(3, 3), (2, 6), (6, 2), (5, 4)])
+def test_in_sample_identities(rng, d1, d2):
+    x, y = _data(rng, 30, d1, d2, noise=2.0)
+    tr, te = np.arange(20), np.arange(20, 30)
+    nbs = nbs_ref(x[tr], y[tr])
+    got = {f: reconstruction_score(x, y, family=f, split=(tr, te)).in_sample for f in FAMS}
+    np.testing.assert_allclose(got["scaled_orthogonal"], nbs**2, atol=1e-10)
+    np.testing.assert_allclose(got["orthogonal"], 2 * nbs - 1, atol=1e-10)
+    np.testing.assert_allclose(got["affine"], r2_ref(x[tr], y[tr]), atol=1e-10)
+
+
+@pytest.mark.parametrize("family", FAMS)
+@pytest.mark.parametrize("d1,d2", [(3, 3), (2, 5), (5, 2)])
+def test_held_out_matches_reference(rng, family, d1, d2):
+    x, y = _data(rng, 40, d1, d2, noise=1.0)
+    perm = rng.permutation(40)
+    tr, te = perm[:25], perm[25:]
+    got = reconstruction_score(x, y, family=family, split=(tr, te))
+    ho, ins = held_out_ref(x, y, tr, te, family)
+    np.testing.assert_allclose(got.held_out, ho, atol=1e-10)
+    np.testing.assert_allclose(got.in_sample, ins, atol=1e-10)
+    assert abs(float(got.held_out) - float(got.in_sample)) > 1e-3  # the leakage gap is visible
+
+
+@given(
+    d1=st.sampled_from([1, 3]),
+    d2=st.sampled_from([2, 3]),
+    seed=st.integers(0, 2**16),
+    noise=st.floats(0.0, 3.0),
+)
+def test_in_sample_ordering_property(d1, d2, seed, noise):
+    # few distinct shapes so that compilation stays cheap; the data varies freely
+    n = 12
+    r = np.random.default_rng(seed)
+    x = r.normal(size=(n, d1))
+    y = x @ r.normal(size=(d1, d2)) + noise * r.normal(size=(n, d2))
+    tr, te = np.arange(n - 3), np.arange(n - 3, n)
+    o, s, a = (float(reconstruction_score(x, y, family=f, split=(tr, te)).in_sample) for f in FAMS)
+    assert o <= s + 1e-10 and s <= a + 1e-10
+
+
+def test_default_split_is_half_and_deterministic(rng):
+    x, y = _data(rng, 30, 3, 2)
+    r1 = reconstruction_score(x, y)
+    r2 = reconstruction_score(x, y, split=0.5, key=jax.random.key(0))
+    r3 = reconstruction_score(x, y, split=0.5, key=jax.random.key(1))
+    assert r1 == r2 and r1.held_out != r3.held_out
+
+
+# ------------------------------------------------------------------ invariances
+
+
+def test_declared_invariances_and_non_invariances(rng):
+    x, y = _data(rng, 40, 4, 4, noise=1.0)
+    sp = (np.arange(25), np.arange(25, 40))
+
+    def sc(a, b, f):
+        return float(reconstruction_score(a, b, family=f, split=sp).held_out)
+
+    q = _orth(rng, 4)
+    a = rng.normal(size=(4, 4))
+    for f in FAMS:  # rotation, isotropic scale and translation of either side
+        base = sc(x, y, f)
+        np.testing.assert_allclose(sc(3 * x @ q + 1, y, f), base, atol=1e-10)
+        np.testing.assert_allclose(sc(x, 0.2 * y @ q - 4, f), base, atol=1e-10)
+    # affine is invariant to an invertible linear map of the source; the others are not
+    np.testing.assert_allclose(sc(x @ a, y, "affine"), sc(x, y, "affine"), atol=1e-9)
+    for f in ("orthogonal", "scaled_orthogonal"):
+        assert abs(sc(x @ a, y, f) - sc(x, y, f)) > 1e-3
+        # nor to anisotropic scaling
+        assert abs(sc(x * np.array([1, 5, 1, 0.2]), y, f) - sc(x, y, f)) > 1e-3
+    # directed: swapping the arguments changes the score
+    assert abs(sc(x, y[:, :2], "affine") - sc(y[:, :2], x, "affine")) > 1e-3
+
+
+def test_asymmetry(rng):
+    a = rng.normal(size=(50, 4))
+    b = a[:, :2] + 0.1 * rng.normal(size=(50, 2))
+    r = stitching_asymmetry(a, b, family="affine")
+    f = reconstruction_score(a, b, family="affine")
+    g = reconstruction_score(b, a, family="affine")
+    assert r.forward == f and r.backward == g
+    np.testing.assert_allclose(r.difference.held_out, f.held_out - g.held_out)
+    assert float(r.difference.held_out) > 0.3
+
+
+# ------------------------------------------------------------------ float32, jit, vmap, grad
+
+
+@pytest.mark.parametrize("d1,d2", [(8, 8), (5, 9), (9, 5)])
+def test_orthogonality_float32(rng, d1, d2):
+    x, y = (z.astype(np.float32) for z in _data(rng, 60, d1, d2))
+    w = np.asarray(fit_stitcher(x, y, family="orthogonal").weight, dtype=np.float64)
+    assert w.dtype == np.float64 and fit_stitcher(x, y).weight.dtype == jnp.float32
+    gram = w @ w.T if d1 <= d2 else w.T @ w
+    np.testing.assert_allclose(gram, np.eye(min(d1, d2)), atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMS)
+def test_float32_matches_float64(rng, family):
+    x, y = _data(rng, 60, 4, 3)
+    sp = (np.arange(40), np.arange(40, 60))
+    r64 = reconstruction_score(x, y, family=family, split=sp)
+    r32 = reconstruction_score(x.astype(np.float32), y.astype(np.float32), family=family, split=sp)
+    assert r32.held_out.dtype == jnp.float32
+    np.testing.assert_allclose(r32.held_out, r64.held_out, atol=1e-5)
+
+
+def test_jit_and_vmap(rng):
+    x, y = _data(rng, 30, 3, 3)
+    key = jax.random.key(3)
+    f = lambda a, b: reconstruction_score(a, b, family="scaled_orthogonal", key=key)  # noqa: E731
+    np.testing.assert_allclose(jax.jit(f)(x, y).held_out, f(x, y).held_out, atol=1e-12)
+    xs = np.stack([x, 2 * x + rng.normal(size=x.shape)])
+    ys = np.stack([y, y])
+    fit = lambda a, b: fit_stitcher(a, b, family="affine").weight  # noqa: E731
+    np.testing.assert_allclose(jax.vmap(fit)(xs, ys), np.stack([fit(*p) for p in zip(xs, ys)]), atol=1e-10)
+
+
+def test_gradients_of_affine_score():
+    x = np.random.default_rng(1).normal(size=(12, 2))
+    y = np.random.default_rng(2).normal(size=(12, 2))
+    sp = (np.arange(8), np.arange(8, 12))
+    f = lambda a: reconstruction_score(a, y, family="affine", split=sp).held_out  # noqa: E731
+    jax.test_util.check_grads(f, (x,), order=1, modes=["rev"])
+
+
+# ------------------------------------------------------------------ batched fitting
+
+
+@pytest.mark.parametrize("family", FAMS)
+def test_fit_stitchers_equals_individual_unpadded_fits(rng, family):
+    shapes = [(3, 5), (6, 2), (4, 4), (1, 3)]
+    xs, ys = zip(*(_data(rng, 30, a, b) for a, b in shapes))
+    ridge = 0.1 if family == "affine" else 0.0
+    batch = fit_stitchers(list(xs), list(ys), family=family, ridge=ridge)
+    single_call = fit_stitchers(list(xs), list(ys), family=family, ridge=ridge, bucket=False)
+    for s, s1, x, y in zip(batch, single_call, xs, ys):
+        np.testing.assert_allclose(s1.weight, s.weight, atol=1e-10)
+        ref = fit_stitcher(x, y, family=family, ridge=0.1 if family == "affine" else 0.0)
+        assert s.weight.shape == ref.weight.shape and s.family == family
+        np.testing.assert_allclose(s.weight, ref.weight, atol=1e-10)
+        np.testing.assert_allclose(s.bias, ref.bias, atol=1e-10)
+        np.testing.assert_allclose(s.scale, ref.scale, atol=1e-10)
+
+
+def test_fit_stitchers_stacked(rng):
+    xs = rng.normal(size=(3, 20, 4))
+    ys = xs @ rng.normal(size=(4, 2)) + 0.1 * rng.normal(size=(3, 20, 2))
+    s = fit_stitchers(xs, ys, family="scaled_orthogonal")
+    assert s.weight.shape == (3, 4, 2) and s.scale.shape == (3,)
+    np.testing.assert_allclose(
+        s.weight[1], fit_stitcher(xs[1], ys[1], family="scaled_orthogonal").weight, atol=1e-10
+    )
+
+
+def test_public_reexports():
+    for name in ("fit_stitcher", "fit_stitchers", "reconstruction_score", "stitching_asymmetry"):
+        assert getattr(sim, name) is globals()[name]
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_bad_input(rng):
+    x, y = _data(rng, 20, 3, 2)
+    with pytest.raises(ValueError, match="same number of samples"):
+        fit_stitcher(x, y[:10])
+    with pytest.raises(ValueError, match="ridge > 0"):
+        fit_stitcher(rng.normal(size=(4, 6)), y[:4])
+    with pytest.raises(ValueError, match="ridge > 0"):
+        reconstruction_score(rng.normal(size=(12, 8)), y[:12], split=0.5)
+    fit_stitcher(rng.normal(size=(4, 6)), y[:4], ridge=1e-2)  # ridge fixes it
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        reconstruction_score(x, y, split=0.02)
+    with pytest.raises(ValueError, match="overlap"):
+        reconstruction_score(x, y, split=(np.arange(10), np.arange(5, 20)))
+    with pytest.raises(ValueError, match="Unknown family.*orthogonal"):
+        fit_stitcher(x, y, family="orthogonl")
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        reconstruction_score(bad, y)
+    bad[0, 0] = np.inf
+    with pytest.raises(ValueError, match="Inf"):
+        fit_stitcher(bad, y)
+    with pytest.raises(ValueError, match="constant"):
+        fit_stitcher(np.ones((20, 3)), y)
+    with pytest.raises(ValueError, match="ridge must be"):
+        fit_stitcher(x, y, ridge=-1.0)
+    with pytest.raises(ValueError, match="sample count"):
+        fit_stitchers([x, x[:10]], [y, y[:10]])
+    with pytest.raises(ValueError, match=r"zs_src\[1\] or zs_tgt\[1\] contains NaN"):
+        fit_stitchers([x, bad], [y, y])
+    with pytest.raises(ValueError, match=r"zs_tgt\[0\] is constant"):
+        fit_stitchers([x], [np.ones_like(y)])
