@@ -100,7 +100,6 @@ def numpy_gram_inner(a, b):
 
 def numpy_materialised_inner(a, b):
     """Build both symmetric lifted tensors and apply Isserlis slice by slice (NumPy)."""
-    out = 0.0
     tensors = []
     for layer in (a, b):
         lt, rt, down, db = _np_lift(layer)
@@ -115,8 +114,7 @@ def numpy_materialised_inner(a, b):
     s, t = tensors
     tr_s = np.einsum("pii->p", s)
     tr_t = np.einsum("pii->p", t)
-    out = tr_s @ tr_t + 2 * np.einsum("pij,pij->", s, t) - 2 * s[:, 0, 0] @ t[:, 0, 0]
-    return out
+    return tr_s @ tr_t + 2 * np.einsum("pij,pij->", s, t) - 2 * s[:, 0, 0] @ t[:, 0, 0]
 
 
 def _mc_to_one_percent(a, b, key, *, pilot=20_000, cap=200_000):

@@ -687,7 +687,7 @@ def behavioral_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
       >>> import jax.numpy as jnp
       >>> from similarity.multilinear import LinearLayer
       >>> a = LinearLayer(jnp.eye(2))
-      >>> float(behavioral_similarity(a, a, jnp.array([[1.0, 2.0], [3.0, -1.0]])))
+      >>> round(float(behavioral_similarity(a, a, jnp.array([[1.0, 2.0], [3.0, -1.0]]))), 6)
       1.0
     """
     net_a, net_b = _check_pair(net_a, net_b)

@@ -98,7 +98,9 @@ def monte_carlo_inner(
         raise ValueError(f"chunk must be a positive int, got {chunk!r}.")
     outputs = _resolve_outputs(outputs, net_a[-1].d_out)
     net_a, net_b = _promote(net_a, net_b)
-    return _mc_core(net_a, net_b, key, int(n_samples), int(min(chunk, n_samples)), outputs)
+    n_chunks = -(-int(n_samples) // int(chunk))
+    chunk = -(-int(n_samples) // n_chunks)  # balanced chunks: at most n_chunks - 1 wasted draws
+    return _mc_core(net_a, net_b, key, int(n_samples), chunk, outputs)
 
 
 def _gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:

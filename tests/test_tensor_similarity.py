@@ -20,7 +20,6 @@ from jax.test_util import check_grads
 
 from similarity import (
     BilinearLayer,
-    LinearLayer,
     apply_network,
     behavioral_similarity,
     difference,
@@ -273,6 +272,23 @@ def test_symmetric_recursion_is_not_a_function_of_the_polynomial_at_depth_2():
 # -------------------------------- closure --------------------------------
 
 
+def test_closure_step_is_exact_for_gaussian_inputs_with_any_moments():
+    # An affine embedding of x ~ N(0, I) is Gaussian with mean and correlated moments
+    # M = W~ W~^T; the closure's one-layer formula must then be exact (checked against
+    # quadrature of the embedded networks).
+    from similarity.multilinear import lift, lift_linear
+    from similarity.tensor_similarity import _closure_kernel
+
+    rng = np.random.default_rng(17)
+    emb_a, emb_b = linear(rng, 2, 3), linear(rng, 2, 3)
+    la, lb = bilinear(rng, 3, 3, 2, bias=True), bilinear(rng, 3, 4, 2, bias=True)
+    wa, wb = lift_linear(emb_a), lift_linear(emb_b)
+    node_a, node_b = lift(la), lift(lb)
+    k = _closure_kernel(node_a, node_b, wa @ wb.T, wa @ wa.T, wb @ wb.T)
+    got = np.einsum("pu,uv,pv->", node_a[2][1:], k, node_b[2][1:])
+    assert rel(got, quadrature_inner((emb_a, la), (emb_b, lb))) < EXACT_RTOL
+
+
 def test_closure_is_an_approximation_at_depth_2():
     a, b = TWO["embed_head_residual_bias"]
     exact = tensor_inner(a, a)
@@ -337,7 +353,8 @@ def test_self_similarity_is_one(metric, method):
 
 
 @settings(max_examples=20)
-@given(seed=st.integers(0, 2**31 - 1), setting=st.sampled_from(SETTINGS),
+@given(seed=st.integers(0, 2**31 - 1),
+       setting=st.sampled_from([("gaussian", "exact"), ("symmetric", "gram"), ("gaussian", "closure")]),
        scale=st.floats(0.1, 3.0))
 def test_similarity_is_bounded(seed, setting, scale):
     depth = 2  # at depth 1 every method is the exact Gaussian one (tested above)
@@ -368,7 +385,12 @@ def test_jit_and_vmap_over_checkpoints():
     np.testing.assert_allclose(vmapped, eager, rtol=1e-12)
 
 
-@pytest.mark.parametrize("metric,method", SETTINGS)
+@pytest.mark.parametrize("metric,method", [
+    ("gaussian", "exact"),
+    ("symmetric", "gram"),
+    pytest.param("frobenius", "gram", marks=pytest.mark.slow),
+    pytest.param("gaussian", "closure", marks=pytest.mark.slow),
+])
 def test_similarity_matrix_equals_pairwise(metric, method):
     rng = np.random.default_rng(12)
     ckpts = [(bilinear(rng, 2, 2, 2, bias=True, residual=True), bilinear(rng, 2, 2, 2))
@@ -399,7 +421,7 @@ def test_gradients(metric, method, depth):
 def test_float32_matches_float64():
     a, b = TWO["embed_head_residual_bias"]
     to32 = lambda n: jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), n)
-    for metric, method in (("gaussian", "exact"), ("frobenius", "gram")):
+    for metric, method in (("gaussian", "exact"),):
         s64 = tensor_similarity(a, b, metric=metric, method=method)
         s32 = tensor_similarity(to32(a), to32(b), metric=metric, method=method)
         assert s32.dtype == jnp.float32
