@@ -731,3 +731,30 @@ def _fit_stacked(xs, ys, *, family, ridge, normalize):
     fit = functools.partial(_fit_impl, mask_src=None, family=family, ridge=ridge, normalize=normalize)
     w, b, s = jax.vmap(lambda x, y: fit(x, y))(xs, ys)
     return w, b, s, jax.vmap(_flags)(xs, ys)
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def _register_measures() -> None:
+    from similarity.registry import register
+
+    inv = ("translation", "rotation", "isotropic_scale", "permutation")
+    for fam in FAMILIES:
+        register(
+            f"stitch/{fam}",
+            functools.partial(_held_out_score, family=fam),
+            kind="score",
+            symmetric=False,
+            invariances=inv,
+            description=f"directed held-out reconstruction score of y from x, {fam} stitcher "
+            "(split=0.5 with jax.random.key(0); see reconstruction_score)",
+            overwrite=True,
+        )
+
+
+def _held_out_score(x: ArrayLike, y: ArrayLike, /, *, family: str) -> jax.Array:
+    return reconstruction_score(x, y, family=family).held_out
+
+
+_register_measures()
