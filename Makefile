@@ -8,6 +8,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# pytest-xdist: one worker per core (JAX compiles dominate the suite's time).
+PYTEST_WORKERS ?= auto
 
 .PHONY: demo test test-slow bench clean venv
 
@@ -25,10 +27,10 @@ demo: $(STAMP)
 	$(VENV)/bin/funsim quickstart
 
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS) tests similarity
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS) tests similarity models experiments
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -m slow $(PYTEST_ARGS) tests
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m slow $(PYTEST_ARGS) tests
 
 bench: $(STAMP)
 	$(PY) -m pip install -e ".[bench]"

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -749,6 +750,7 @@ def _register_measures() -> None:
             invariances=inv,
             description=f"directed held-out reconstruction score of y from x, {fam} stitcher "
             "(split=0.5 with jax.random.key(0); see reconstruction_score)",
+            bounds=(-math.inf, 1.0),
             overwrite=True,
         )
 

@@ -173,7 +173,11 @@ def test_float32_and_numpy_input(name):
     assert isinstance(out, jax.Array) and out.shape == () and out.dtype == np.float32
     # whitening (shape alpha < 1) works with the squared condition number (~2e4 here) in float32
     whitened = name.startswith("shape/") and not name.endswith("alpha=1")
-    assert float(out) == pytest.approx(float(ref), abs=2e-3 if whitened else 2e-5)
+    # so does the affine stitcher's normal-equation solve, and its score is then extrapolated to
+    # held-out rows from only 8 training rows (5 parameters per output): float32 moves it by ~1e-2
+    affine_held_out = name == "stitch/affine"
+    tol = 2e-2 if affine_held_out else 2e-3 if whitened else 2e-5
+    assert float(out) == pytest.approx(float(ref), abs=tol)
 
 
 @settings(max_examples=6)
