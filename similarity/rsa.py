@@ -225,7 +225,7 @@ def rsa(
     Examples:
       >>> import numpy as np
       >>> x = np.random.default_rng(0).normal(size=(10, 4))
-      >>> float(rsa(x, 2 * x, rdm_metric="euclidean", compare="pearson"))
+      >>> round(float(rsa(x, 2 * x, rdm_metric="euclidean", compare="pearson")), 6)
       1.0
     """
     V.check_choice(rdm_metric, "rdm_metric", RDM_METRICS)
