@@ -139,22 +139,37 @@ def _evaluate(lm_a, lm_b, g_a, g_b, nrm_a, nrm_b, chol_a, chol_b, pm, ia, jb, *,
         fwd_pm = S.PairMoments(c_tr / (na * nb), c_te / (na * nb))
         bwd_pm = S.PairMoments(fwd_pm.cross_train.T, fwd_pm.cross_test.T)
         out = {}
+        # Each measure below runs a batched LAPACK kernel (SVD, triangular solve).
+        # Independent kernels would run concurrently on XLA's CPU intra-op pool, and
+        # jaxlib's batched LAPACK kernels block a pool thread while they wait for
+        # their own sub-tasks on that pool: two at once can deadlock a 2-core host.
+        # The barrier makes each kernel's input depend on the previous result, so
+        # they run one after another (no extra work, same results).
+        prev = [jnp.zeros((), c_tr.dtype)]
+
+        def after_previous(x):
+            _, x = jax.lax.optimization_barrier((prev[0], x))
+            return x
+
         for name in names:
             if name.startswith("stitch/"):
                 fam = name.split("/")[1]
-                f = S.score_from_moments(ma, mb, fwd_pm, family=fam, ridge=ridge,
+                f = S.score_from_moments(ma, mb, after_previous(fwd_pm), family=fam, ridge=ridge,
                                          chol=chol_a[i] if fam == "affine" else None)
-                b = S.score_from_moments(mb, ma, bwd_pm, family=fam, ridge=ridge,
+                prev[0] = f.held_out
+                b = S.score_from_moments(mb, ma, after_previous(bwd_pm), family=fam, ridge=ridge,
                                          chol=chol_b[j] if fam == "affine" else None)
+                prev[0] = b.held_out
                 out[name], out[name + "/in_sample"] = f.held_out, f.in_sample
                 out[name + "/reverse"], out[name + "/reverse/in_sample"] = b.held_out, b.in_sample
             else:
-                c = c_all / (nrm_a[i] * nrm_b[j])
+                c = after_previous(c_all / (nrm_a[i] * nrm_b[j]))
                 if name == "cka/linear":
                     out[name] = jnp.sum(c * c) / jnp.sqrt(jnp.sum(g_a[i] ** 2) * jnp.sum(g_b[j] ** 2))
                 else:
                     nuc = jnp.sum(jnp.linalg.svd(c, compute_uv=False))
                     out[name] = nuc if name == "nbs" else 2.0 - 2.0 * nuc
+                prev[0] = out[name]
         return out
 
     return jax.vmap(one)(ia, jb, pm["c_tr"], pm["c_te"], pm["c_all"])
@@ -162,7 +177,9 @@ def _evaluate(lm_a, lm_b, g_a, g_b, nrm_a, nrm_b, chol_a, chol_b, pm, ia, jb, *,
 
 @functools.partial(jax.jit, static_argnames=("fn",))
 def _generic(xa, xb, ia, jb, *, fn):
-    return jax.vmap(lambda i, j: fn(xa[i], xb[j]))(ia, jb)
+    # lax.map, not vmap: a generic measure may run independent LAPACK kernels (e.g.
+    # the SVDs of x and of y); batched, they can deadlock XLA's CPU pool (see _evaluate).
+    return jax.lax.map(lambda ij: fn(xa[ij[0]], xb[ij[1]]), (ia, jb))
 
 
 # ----------------------------------------------------------------------------- helpers
