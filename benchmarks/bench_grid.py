@@ -38,10 +38,7 @@ GRID_MEASURES = [
     "nbs",
     "procrustes",
 ]
-# Generic (vmapped, non-moment) measures such as "regression/r2" are left out of
-# the timed grid: at n = 2,000 a grid with them blocked indefinitely inside XLA on
-# the shared 2-core CPU (see RESULTS.md); the moment measures are what the grid
-# accelerates.
+# Generic (non-moment) measures are timed in their own table below.
 
 
 def _timed(f, reps: int) -> tuple[float, float]:

@@ -31,6 +31,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from similarity import _validate as V
+from similarity._linalg import svd as _svd
 
 __all__ = ["cca", "cca_r2", "cca_mean", "svcca", "pwcca"]
 
@@ -78,7 +79,7 @@ def _qr_basis(x: jax.Array) -> jax.Array:
 
 def _cca_core(x: jax.Array, y: jax.Array) -> jax.Array:
     m = jnp.einsum("ni,nj->ij", _qr_basis(x), _qr_basis(y))
-    return jnp.clip(jnp.linalg.svd(m, compute_uv=False), 0.0, 1.0)
+    return jnp.clip(_svd(m, compute_uv=False), 0.0, 1.0)
 
 
 _cca_jit = jax.jit(_cca_core)
@@ -149,7 +150,7 @@ def _pwcca_core(x: jax.Array, y: jax.Array) -> jax.Array:
     xc = _centre(x)
     qx = _qr_basis(x)
     qy = _qr_basis(y)
-    u, rho, _ = jnp.linalg.svd(jnp.einsum("ni,nj->ij", qx, qy), full_matrices=False)
+    u, rho, _ = _svd(jnp.einsum("ni,nj->ij", qx, qy))
     k = rho.shape[0]
     h = jnp.einsum("ni,ik->nk", qx, u[:, :k])  # unit-norm canonical variates of x
     w = jnp.sum(jnp.abs(jnp.einsum("nk,nj->kj", h, xc)), axis=1)
@@ -187,7 +188,7 @@ def pwcca(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("keep_variance",))
 def _svcca_core(x: jax.Array, y: jax.Array, keep_variance: float) -> jax.Array:
     def basis(a):
-        u, s, _ = jnp.linalg.svd(_centre(a), full_matrices=False)
+        u, s, _ = _svd(_centre(a))
         var = s * s
         frac = jnp.cumsum(var) / jnp.sum(var)
         # keep direction i iff the directions before it explain < keep_variance
@@ -198,7 +199,7 @@ def _svcca_core(x: jax.Array, y: jax.Array, keep_variance: float) -> jax.Array:
 
     ux, kx = basis(x)
     uy, ky = basis(y)
-    rho = jnp.linalg.svd(jnp.einsum("ni,nj->ij", ux, uy), compute_uv=False)
+    rho = _svd(jnp.einsum("ni,nj->ij", ux, uy), compute_uv=False)
     # the masked matrix has the kept block's min(kx, ky) correlations, then zeros
     return jnp.sum(jnp.clip(rho, 0.0, 1.0)) / jnp.minimum(kx, ky)
 

@@ -47,6 +47,7 @@ from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from similarity import _validate as V
+from similarity._linalg import svd as _svd
 from similarity import stitching as S
 from similarity.registry import measure as get_measure
 
@@ -139,37 +140,25 @@ def _evaluate(lm_a, lm_b, g_a, g_b, nrm_a, nrm_b, chol_a, chol_b, pm, ia, jb, *,
         fwd_pm = S.PairMoments(c_tr / (na * nb), c_te / (na * nb))
         bwd_pm = S.PairMoments(fwd_pm.cross_train.T, fwd_pm.cross_test.T)
         out = {}
-        # Each measure below runs a batched LAPACK kernel (SVD, triangular solve).
-        # Independent kernels would run concurrently on XLA's CPU intra-op pool, and
-        # jaxlib's batched LAPACK kernels block a pool thread while they wait for
-        # their own sub-tasks on that pool: two at once can deadlock a 2-core host.
-        # The barrier makes each kernel's input depend on the previous result, so
-        # they run one after another (no extra work, same results).
-        prev = [jnp.zeros((), c_tr.dtype)]
-
-        def after_previous(x):
-            _, x = jax.lax.optimization_barrier((prev[0], x))
-            return x
-
+        # The SVDs go through similarity._linalg.svd, which on the CPU runs a vmapped
+        # batch as unbatched kernels: jaxlib's batched CPU SVD blocks XLA's thread
+        # pool and deadlocks when several run at once (see that module).
         for name in names:
             if name.startswith("stitch/"):
                 fam = name.split("/")[1]
-                f = S.score_from_moments(ma, mb, after_previous(fwd_pm), family=fam, ridge=ridge,
+                f = S.score_from_moments(ma, mb, fwd_pm, family=fam, ridge=ridge,
                                          chol=chol_a[i] if fam == "affine" else None)
-                prev[0] = f.held_out
-                b = S.score_from_moments(mb, ma, after_previous(bwd_pm), family=fam, ridge=ridge,
+                b = S.score_from_moments(mb, ma, bwd_pm, family=fam, ridge=ridge,
                                          chol=chol_b[j] if fam == "affine" else None)
-                prev[0] = b.held_out
                 out[name], out[name + "/in_sample"] = f.held_out, f.in_sample
                 out[name + "/reverse"], out[name + "/reverse/in_sample"] = b.held_out, b.in_sample
             else:
-                c = after_previous(c_all / (nrm_a[i] * nrm_b[j]))
+                c = c_all / (nrm_a[i] * nrm_b[j])
                 if name == "cka/linear":
                     out[name] = jnp.sum(c * c) / jnp.sqrt(jnp.sum(g_a[i] ** 2) * jnp.sum(g_b[j] ** 2))
                 else:
-                    nuc = jnp.sum(jnp.linalg.svd(c, compute_uv=False))
+                    nuc = jnp.sum(_svd(c, compute_uv=False))
                     out[name] = nuc if name == "nbs" else 2.0 - 2.0 * nuc
-                prev[0] = out[name]
         return out
 
     return jax.vmap(one)(ia, jb, pm["c_tr"], pm["c_te"], pm["c_all"])
@@ -177,8 +166,8 @@ def _evaluate(lm_a, lm_b, g_a, g_b, nrm_a, nrm_b, chol_a, chol_b, pm, ia, jb, *,
 
 @functools.partial(jax.jit, static_argnames=("fn",))
 def _generic(xa, xb, ia, jb, *, fn):
-    # lax.map, not vmap: a generic measure may run independent LAPACK kernels (e.g.
-    # the SVDs of x and of y); batched, they can deadlock XLA's CPU pool (see _evaluate).
+    # lax.map, not vmap: a generic measure works on the raw (n, d) representations,
+    # and vmapping it over every pair would hold all pairs' (n, d)-sized intermediates.
     return jax.lax.map(lambda ij: fn(xa[ij[0]], xb[ij[1]]), (ia, jb))
 
 

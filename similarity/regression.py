@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from similarity import _validate as V
+from similarity._linalg import svd as _svd
 
 __all__ = ["linear_regression_r2"]
 
@@ -31,7 +32,7 @@ __all__ = ["linear_regression_r2"]
 def _r2(x, y, ridge: float):
     xc = x - jnp.mean(x, axis=0, keepdims=True)
     yc = y - jnp.mean(y, axis=0, keepdims=True)
-    u, s, _ = jnp.linalg.svd(xc, full_matrices=False)
+    u, s, _ = _svd(xc)
     if ridge == 0.0:
         tol = max(x.shape) * jnp.finfo(x.dtype).eps * s[0]
         f = (s > tol).astype(x.dtype)

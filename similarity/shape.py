@@ -38,6 +38,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from similarity import _validate as V
+from similarity._linalg import svd as _svd
 
 __all__ = ["SHAPE_DISTANCES", "shape_distance", "nbs", "procrustes_distance", "partial_whiten"]
 
@@ -82,7 +83,7 @@ def _pad(x: jax.Array, d: int) -> jax.Array:
 
 def _nuclear(a: jax.Array, b: jax.Array) -> jax.Array:
     """``||a^T b||_*`` for ``a``: (n, d1), ``b``: (n, d2)."""
-    return jnp.sum(jnp.linalg.svd(jnp.einsum("ni,nj->ij", a, b), compute_uv=False))
+    return jnp.sum(_svd(jnp.einsum("ni,nj->ij", a, b), compute_uv=False))
 
 
 @functools.partial(jax.jit, static_argnames=("alpha", "distance"))

@@ -53,6 +53,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from similarity import _validate as V
+from similarity._linalg import svd as _svd
 
 FAMILIES = ("orthogonal", "scaled_orthogonal", "affine")
 
@@ -270,7 +271,7 @@ def fit_from_moments(
     # (the padded rows/columns only add null directions that the block never
     # sees), so no D x D SVD is needed. It is exact for the padded problem; it
     # is not the solution of the unbalanced problem with a semi-orthogonal map.
-    u, sv, vt = jnp.linalg.svd(cross_train, full_matrices=False)
+    u, sv, vt = _svd(cross_train)
     w = jnp.einsum("ik,kj->ij", u, vt)
     if family == "scaled_orthogonal":
         # s = <V, U Q> / ||pad(U) Q||^2 and ||pad(U) Q|| = ||U||.

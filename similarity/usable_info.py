@@ -42,6 +42,7 @@ import optax.tree_utils as otu
 from jax.typing import ArrayLike
 
 from similarity import _validate as V
+from similarity._linalg import lstsq as _lstsq
 from similarity.stitching import split_weights
 
 V_FAMILIES = ("linear", "mlp", "gaussian_linear")
@@ -171,7 +172,7 @@ def _gaussian_loglik(z, y, w_tr):
         mz = _wmean(z, w_tr)
         zc = z - mz[None, :]
         sw = jnp.sqrt(w_tr)[:, None]
-        coef = jnp.linalg.lstsq(zc * sw, yc * sw)[0]
+        coef = _lstsq(zc * sw, yc * sw)
         resid = yc - jnp.einsum("nd,dk->nk", zc, coef)
     sq = jnp.sum(resid**2, axis=1)
     var = jnp.sum(w_tr * sq) / (jnp.sum(w_tr) * k)

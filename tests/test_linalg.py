@@ -1,0 +1,147 @@
+"""The batch-safe SVD and least squares (similarity._linalg) against NumPy float64.
+
+Besides the numbers, the tests check the structural property the module exists
+for: under ``vmap`` on the CPU, every compiled ``gesdd`` kernel is unbatched
+(jaxlib's batched CPU SVD can deadlock XLA's thread pool).
+"""
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from jax.test_util import check_grads
+
+from similarity._linalg import lstsq, svd
+
+SHAPES = [(7, 3), (3, 7), (5, 5), (1, 4), (4, 1)]
+
+
+def _gesdd_operands(fn, *args):
+    """Shapes of the matrices fed to every LAPACK SVD kernel in ``jit(fn)``'s CPU program."""
+    hlo = jax.jit(fn).lower(*args).compile().as_text()
+    lines = [ln for ln in hlo.splitlines() if "gesdd" in ln and "custom-call" in ln]
+    # "%svd.9 = (f64[6,4]{0,1}, f64[4]{0}, ...) custom-call(...)": the first tuple
+    # element is the overwritten input matrix, with any batch dimensions in front.
+    return [tuple(int(d) for d in re.search(r"= \(\w+\[([\d,]*)\]", ln).group(1).split(",")) for ln in lines]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_svd_matches_numpy(shape, rng):
+    x = rng.normal(size=shape)
+    u, s, vt = svd(jnp.asarray(x))
+    s_ref = np.linalg.svd(x, compute_uv=False)
+    r = min(shape)
+    assert u.shape == (shape[0], r) and s.shape == (r,) and vt.shape == (r, shape[1])
+    np.testing.assert_allclose(s, s_ref, atol=1e-12)
+    np.testing.assert_allclose((u * s[None, :]) @ vt, x, atol=1e-12)
+    np.testing.assert_allclose(u.T @ u, np.eye(r), atol=1e-12)
+    np.testing.assert_allclose(vt @ vt.T, np.eye(r), atol=1e-12)
+    np.testing.assert_allclose(svd(jnp.asarray(x), compute_uv=False), s_ref, atol=1e-12)
+
+
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(0, 2**31 - 1))
+def test_svd_property_reconstruction(m, k, seed):
+    x = np.random.default_rng(seed).normal(size=(m, k))
+    u, s, vt = svd(jnp.asarray(x))
+    np.testing.assert_allclose((u * s[None, :]) @ vt, x, atol=1e-11)
+    assert np.all(np.diff(np.asarray(s)) <= 1e-12)  # descending
+
+
+def test_vmap_equals_stack_and_leading_dims(rng):
+    x = jnp.asarray(rng.normal(size=(3, 2, 6, 4)))
+    stacked = np.stack([[np.linalg.svd(np.asarray(x[i, j]), compute_uv=False) for j in range(2)] for i in range(3)])
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.vmap(lambda a: svd(a, compute_uv=False))))(x), stacked, atol=1e-12)
+    np.testing.assert_allclose(svd(x, compute_uv=False), stacked, atol=1e-12)  # leading dims
+    u, s, vt = jax.vmap(svd)(x[0])
+    np.testing.assert_allclose(jnp.einsum("bik,bk,bkj->bij", u, s, vt), x[0], atol=1e-12)
+
+
+def test_vmapped_svd_kernels_are_unbatched_on_cpu(rng):
+    """The deadlock fix: no batched gesdd in a vmapped (or vmapped-gradient) program."""
+    x = jnp.asarray(rng.normal(size=(5, 9, 9)))
+    plain = _gesdd_operands(jax.vmap(lambda a: jnp.linalg.svd(a, compute_uv=False)), x)
+    assert plain == [(5, 9, 9)]  # the hazard exists: jnp batches the kernel
+    assert _gesdd_operands(jax.vmap(lambda a: svd(a, compute_uv=False)), x) == [(9, 9)]
+    assert _gesdd_operands(jax.vmap(svd), x) == [(9, 9)]
+    grads = _gesdd_operands(jax.vmap(jax.grad(lambda a: jnp.sum(jnp.sin(svd(a)[0])))), x)
+    assert grads and all(len(shape) == 2 for shape in grads)
+
+
+def test_library_programs_have_unbatched_svds(rng):
+    """The comparison grid and the batched stitcher fit, compiled: only unbatched SVDs."""
+    from similarity.grid import compare_grid
+
+    xs = [rng.normal(size=(40, 9)) for _ in range(3)]
+    ys = [rng.normal(size=(40, 9)) for _ in range(3)]
+    g = compare_grid(xs, ys, measures=["nbs", "procrustes", "stitch/orthogonal", "svcca"])
+    for key in ("nbs", "procrustes", "stitch/orthogonal", "svcca"):
+        assert np.all(np.isfinite(g.tables[key]))
+    # fit_stitchers' stacked path, traced the way it runs
+    from similarity import stitching as S
+
+    args = (jnp.asarray(np.stack(xs)), jnp.asarray(np.stack(ys)))
+    fit = lambda a, b: S._fit_stacked(a, b, family="orthogonal", ridge=0.0, normalize=True)[0]  # noqa: E731
+    ops = _gesdd_operands(fit, *args)
+    assert ops and all(len(shape) == 2 for shape in ops)
+
+
+def _gauge_invariant(x):
+    """A smooth function of the SVD that does not depend on the signs of the singular vectors."""
+    u, s, vt = svd(x)
+    return jnp.sum(jnp.sin((u * (s**2)[None, :]) @ u.T)) + jnp.sum(jnp.cos(vt.T @ (s[:, None] * vt))) + jnp.sum(jnp.tanh(u @ vt))
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4)])
+def test_svd_gradients(shape, rng):
+    x = jnp.asarray(rng.normal(size=shape))
+    check_grads(_gauge_invariant, (x,), order=1, modes=["fwd", "rev"])
+    check_grads(lambda a: jnp.sum(svd(a, compute_uv=False) ** 1.5), (x,), order=2, modes=["fwd", "rev"])
+
+    def ref(a):
+        u, s, vt = jnp.linalg.svd(a, full_matrices=False)
+        return jnp.sum(jnp.sin((u * (s**2)[None, :]) @ u.T)) + jnp.sum(jnp.cos(vt.T @ (s[:, None] * vt))) + jnp.sum(jnp.tanh(u @ vt))
+
+    np.testing.assert_allclose(jax.grad(_gauge_invariant)(x), jax.grad(ref)(x), atol=1e-10)
+    # vmap of grad equals the stacked grads
+    xb = jnp.stack([x, 2 * x + 1])
+    np.testing.assert_allclose(jax.vmap(jax.grad(_gauge_invariant))(xb),
+                               np.stack([jax.grad(_gauge_invariant)(a) for a in xb]), atol=1e-10)
+
+
+@pytest.mark.parametrize("shape", [(9, 4), (4, 9)])
+def test_lstsq_matches_numpy(shape, rng):
+    a = rng.normal(size=shape)
+    b = rng.normal(size=(shape[0], 2))
+    np.testing.assert_allclose(lstsq(jnp.asarray(a), jnp.asarray(b)), np.linalg.lstsq(a, b, rcond=None)[0], atol=1e-10)
+    # rank-deficient: a duplicated column gets the minimum-norm solution
+    a2 = np.concatenate([a, a[:, :1]], axis=1)
+    np.testing.assert_allclose(lstsq(jnp.asarray(a2), jnp.asarray(b)), np.linalg.lstsq(a2, b, rcond=None)[0], atol=1e-10)
+
+
+@pytest.mark.slow
+def test_full_size_grid_does_not_hang():
+    """The 12 x 12 grid of the benchmark (n = 2,000) that hung before the fix, in a subprocess."""
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        from similarity.grid import compare_grid
+        rng = np.random.default_rng(0)
+        a = [rng.standard_normal((2000, (64, 128)[i % 2])).astype(np.float32) for i in range(12)]
+        b = [rng.standard_normal((2000, (128, 64)[i % 2])).astype(np.float32) for i in range(12)]
+        ms = ["stitch/affine", "stitch/orthogonal", "stitch/scaled_orthogonal", "nbs", "procrustes", "cka/linear"]
+        for _ in range(3):
+            g = compare_grid(a, b, measures=ms)
+        print("ok", float(g.tables["nbs"].sum()))
+        """
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
