@@ -147,9 +147,11 @@ def cca_mean(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
 
 @jax.jit
 def _pwcca_core(x: jax.Array, y: jax.Array) -> jax.Array:
-    xc = _centre(x)
-    qx = _qr_basis(x)
-    qy = _qr_basis(y)
+    return _pwcca_pair(_qr_basis(x), _centre(x), _qr_basis(y))
+
+
+def _pwcca_pair(qx: jax.Array, xc: jax.Array, qy: jax.Array) -> jax.Array:
+    """PWCCA from ``x``'s basis ``(n, d1)`` and centred columns ``(n, d1)`` and ``y``'s basis."""
     u, rho, _ = _svd(jnp.einsum("ni,nj->ij", qx, qy))
     k = rho.shape[0]
     h = jnp.einsum("ni,ik->nk", qx, u[:, :k])  # unit-norm canonical variates of x
@@ -185,20 +187,25 @@ def pwcca(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
     return _pwcca_core(x, y)
 
 
+def _svcca_basis(a: jax.Array, keep_variance: float) -> tuple[jax.Array, jax.Array]:
+    """The top-SVD directions of ``a: (n, d)`` that SVCCA keeps: ``(u masked (n, r), count)``."""
+    u, s, _ = _svd(_centre(a))
+    var = s * s
+    frac = jnp.cumsum(var) / jnp.sum(var)
+    # keep direction i iff the directions before it explain < keep_variance
+    before = jnp.concatenate([jnp.zeros((1,), frac.dtype), frac[:-1]])
+    tol = _rank_tol(a.dtype, *a.shape) * s[0]
+    keep = (before < keep_variance) & (s > tol)
+    return u * keep[None, :].astype(u.dtype), jnp.sum(keep)
+
+
 @functools.partial(jax.jit, static_argnames=("keep_variance",))
 def _svcca_core(x: jax.Array, y: jax.Array, keep_variance: float) -> jax.Array:
-    def basis(a):
-        u, s, _ = _svd(_centre(a))
-        var = s * s
-        frac = jnp.cumsum(var) / jnp.sum(var)
-        # keep direction i iff the directions before it explain < keep_variance
-        before = jnp.concatenate([jnp.zeros((1,), frac.dtype), frac[:-1]])
-        tol = _rank_tol(a.dtype, *a.shape) * s[0]
-        keep = (before < keep_variance) & (s > tol)
-        return u * keep[None, :].astype(u.dtype), jnp.sum(keep)
+    return _svcca_pair(_svcca_basis(x, keep_variance), _svcca_basis(y, keep_variance))
 
-    ux, kx = basis(x)
-    uy, ky = basis(y)
+
+def _svcca_pair(bx, by) -> jax.Array:
+    (ux, kx), (uy, ky) = bx, by
     rho = _svd(jnp.einsum("ni,nj->ij", ux, uy), compute_uv=False)
     # the masked matrix has the kept block's min(kx, ky) correlations, then zeros
     return jnp.sum(jnp.clip(rho, 0.0, 1.0)) / jnp.minimum(kx, ky)

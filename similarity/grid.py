@@ -13,10 +13,15 @@ same samples and returns one ``(La, Lb)`` table per measure.
   (:func:`similarity.reconstruction_score`, :func:`similarity.cka`,
   :func:`similarity.nbs`, :func:`similarity.procrustes_distance`), so the
   grid agrees with calling them pair by pair.
-* **Any other registered measure** (``similarity.measure(name)``) is vmapped
-  over the pairs of each width group, on the raw representations.
-* **Batches by width.** Layers are stacked by width; the pairs of each
-  ``(d_a, d_b)`` group are evaluated in one vmapped, jit-compiled call.
+  The cross moments of all pairs of two width groups come out of one large GEMM.
+* **Any other registered measure** (``similarity.measure(name)``) that has
+  per-layer statistics (``Measure.stats``: the RDM for RSA, the kernel matrix
+  for CKA, an orthonormal basis for the CCA family, an SVD for regression)
+  computes them once per layer and only the cheap pairwise step per pair, as
+  long as they fit in ``stats_budget``; otherwise the measure is mapped over
+  the pairs on the raw representations.
+* **Batches by width.** Layers are grouped by width; the pairs of each
+  ``(d_a, d_b)`` group are evaluated in one jit-compiled call.
 * **Sharding.** The pair axis is sharded over a 1-D ``jax.sharding.Mesh`` of
   the available devices (layer statistics are replicated), so the same call
   uses every GPU/TPU, or every host after ``jax.distributed.initialize()``;
@@ -73,60 +78,107 @@ class GridResult(NamedTuple):
 # ----------------------------------------------------------------------------- moments
 
 
-def _acc_means(z, w_tr):
-    """Pass 1 for a stack ``(L, c, d)``: sums over train rows and over all rows."""
-    return jnp.einsum("n,lnd->ld", w_tr, z), jnp.sum(z, axis=1)
+# A width group holds L layers of width d, passed to the jitted passes as a
+# tuple of ``(c, d)`` row chunks. Per-layer moments stack them as ``(L, c, d)``
+# (a batched GEMM); cross moments put them side by side as ``(c, L * d)`` so
+# that every pair of two groups comes out of a single large GEMM.
 
 
-def _acc_layer(z, mean_tr, mean_all, w_tr, w_te):
-    """Pass 2 for a stack ``(L, c, d)``: centred second moments."""
-    zt = z - mean_tr[:, None, :]
-    za = z - mean_all[:, None, :]
-    return dict(
-        g_tr=jnp.einsum("n,lni,lnj->lij", w_tr, zt, zt),
-        g_te=jnp.einsum("n,lni,lnj->lij", w_te, zt, zt),
-        s_te=jnp.einsum("n,lni->li", w_te, zt),
-        g_all=jnp.einsum("lni,lnj->lij", za, za),
+@jax.jit
+def _acc_means(zs, w_tr):
+    """Pass 1 for a tuple of L ``(c, d)`` chunks.
+
+    Returns ``(sum_train (L*d,), sum_all (L*d,), max_abs (L,), finite (L,))``:
+    column sums over the train rows and over all rows, each layer's largest
+    ``|z|`` and whether it is all finite (for the input checks).
+    """
+    z = jnp.concatenate(zs, axis=1)
+    return (
+        jnp.einsum("n,nd->d", w_tr, z),
+        jnp.sum(z, axis=0),
+        jnp.stack([jnp.max(jnp.abs(jnp.where(jnp.isfinite(x), x, 0))) for x in zs]),
+        jnp.stack([jnp.all(jnp.isfinite(x)) for x in zs]),
     )
 
 
-def _acc_pairs(za, zb, ia, jb, ma_tr, mb_tr, ma_all, mb_all, w_tr, w_te):
-    """Pass 2 cross moments for the pairs ``(ia[p], jb[p])`` of two stacks."""
+@functools.partial(jax.jit, static_argnames=("split", "full"))
+def _acc_layer(zs, mean_tr, mean_all, w_tr, w_te, *, split, full):
+    """Pass 2 for a tuple of L ``(c, d)`` chunks: each layer's centred second moments ``(L, d, d)``.
 
-    def one(i, j):
-        a, b = za[i], zb[j]
-        at, bt = a - ma_tr[i][None, :], b - mb_tr[j][None, :]
-        aa, ba = a - ma_all[i][None, :], b - mb_all[j][None, :]
-        return dict(
-            c_tr=jnp.einsum("n,ni,nj->ij", w_tr, at, bt),
-            c_te=jnp.einsum("n,ni,nj->ij", w_te, at, bt),
-            c_all=jnp.einsum("ni,nj->ij", aa, ba),
-        )
+    ``split``: train/test moments around the train mean (stitching); ``full``:
+    the all-rows moment around the all-rows mean (CKA, NBS, Procrustes).
+    """
+    z = jnp.stack(zs)  # (L, c, d)
+    shape = (z.shape[0], 1, z.shape[2])
+    out = {}
+    if split:
+        zt = z - mean_tr.reshape(shape)
+        out["g_tr"] = jnp.einsum("n,lni,lnj->lij", w_tr, zt, zt)
+        out["g_te"] = jnp.einsum("n,lni,lnj->lij", w_te, zt, zt)
+        out["s_te"] = jnp.einsum("n,lni->li", w_te, zt)
+    if full:
+        za = z - mean_all.reshape(shape)
+        out["g_all"] = jnp.einsum("lni,lnj->lij", za, za)
+    return out
 
-    return jax.vmap(one)(ia, jb)
+
+def _pair_blocks(u, v, la, lb):
+    """``u: (c, la*da)``, ``v: (c, lb*db)`` -> ``(la*lb, da, db)``: ``u_k^T v_l`` for pair ``k*lb + l``."""
+    m = jnp.einsum("ni,nj->ij", u, v)  # one GEMM for every pair
+    da, db = u.shape[1] // la, v.shape[1] // lb
+    return m.reshape(la, da, lb, db).transpose(0, 2, 1, 3).reshape(la * lb, da, db)
 
 
-_acc_means_j = jax.jit(_acc_means)
-_acc_layer_j = jax.jit(_acc_layer)
-_acc_pairs_j = jax.jit(_acc_pairs)
+@functools.partial(jax.jit, static_argnames=("split", "full", "sharding"))
+def _acc_cross(zas, zbs, ma_tr, mb_tr, ma_all, mb_all, w_tr, w_te, *, split, full, sharding):
+    """Pass 2 cross moments of every pair of two tuples of chunks, ``(La*Lb, da, db)`` each.
+
+    ``sharding`` (or None) places the source block's columns, whole layers per
+    device, so each device computes the pairs of its own source layers.
+    """
+    la, lb = len(zas), len(zbs)
+    za, zb = jnp.concatenate(zas, axis=1), jnp.concatenate(zbs, axis=1)
+    if sharding is not None:
+        za = jax.lax.with_sharding_constraint(za, sharding)
+    out = {}
+    if split:
+        at, bt = za - ma_tr[None, :], zb - mb_tr[None, :]
+        out["c_tr"] = _pair_blocks(at * w_tr[:, None], bt, la, lb)
+        out["c_te"] = _pair_blocks(at * w_te[:, None], bt, la, lb)
+    if full:
+        out["c_all"] = _pair_blocks(za - ma_all[None, :], zb - mb_all[None, :], la, lb)
+    return out
 
 
 def _add(acc, new):
     return new if acc is None else jax.tree.map(jnp.add, acc, new)
 
 
-def _layer_finish(sums, mean_tr, n_te):
-    norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
-    norm_all = jnp.sqrt(jnp.trace(sums["g_all"], axis1=1, axis2=2))
-    lm = S.LayerMoments(
-        mean=mean_tr,
-        norm=norm,
-        gram_train=sums["g_tr"] / norm[:, None, None] ** 2,
-        gram_test=sums["g_te"] / norm[:, None, None] ** 2,
-        sum_test=sums["s_te"] / norm[:, None],
-        n_test=jnp.broadcast_to(n_te, norm.shape),
-    )
-    return lm, norm_all, sums["g_all"] / norm_all[:, None, None] ** 2
+def _shift_full(split_sum, delta_a, delta_b, n):
+    """All-rows centred moment from the train-centred one when train + test = all rows.
+
+    ``sum (a - m_all)(b - m_all)^T = sum (a - m_tr)(b - m_tr)^T - n (m_all - m_tr)(m_all - m_tr)^T``.
+    """
+    return split_sum - n * jnp.einsum("...i,...j->...ij", delta_a, delta_b)
+
+
+def _layer_finish(sums, mean_tr, n_te, *, split, full):
+    """``(LayerMoments or None, norm_all or None, normalised all-rows Gram or None)``."""
+    lm = norm_all = g_all = None
+    if split:
+        norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
+        lm = S.LayerMoments(
+            mean=mean_tr,
+            norm=norm,
+            gram_train=sums["g_tr"] / norm[:, None, None] ** 2,
+            gram_test=sums["g_te"] / norm[:, None, None] ** 2,
+            sum_test=sums["s_te"] / norm[:, None],
+            n_test=jnp.broadcast_to(n_te, norm.shape),
+        )
+    if full:
+        norm_all = jnp.sqrt(jnp.trace(sums["g_all"], axis1=1, axis2=2))
+        g_all = sums["g_all"] / norm_all[:, None, None] ** 2
+    return lm, norm_all, g_all
 
 
 @functools.partial(jax.jit, static_argnames=("names", "ridge"))
@@ -136,9 +188,10 @@ def _evaluate(lm_a, lm_b, g_a, g_b, nrm_a, nrm_b, chol_a, chol_b, pm, ia, jb, *,
     def one(i, j, c_tr, c_te, c_all):
         ma = jax.tree.map(lambda t: t[i], lm_a)
         mb = jax.tree.map(lambda t: t[j], lm_b)
-        na, nb = ma.norm, mb.norm
-        fwd_pm = S.PairMoments(c_tr / (na * nb), c_te / (na * nb))
-        bwd_pm = S.PairMoments(fwd_pm.cross_train.T, fwd_pm.cross_test.T)
+        if c_tr is not None:  # stitching measures requested
+            na, nb = ma.norm, mb.norm
+            fwd_pm = S.PairMoments(c_tr / (na * nb), c_te / (na * nb))
+            bwd_pm = S.PairMoments(fwd_pm.cross_train.T, fwd_pm.cross_test.T)
         out = {}
         # The SVDs go through similarity._linalg.svd, which on the CPU runs a vmapped
         # batch as unbatched kernels: jaxlib's batched CPU SVD blocks XLA's thread
@@ -161,7 +214,7 @@ def _evaluate(lm_a, lm_b, g_a, g_b, nrm_a, nrm_b, chol_a, chol_b, pm, ia, jb, *,
                     out[name] = nuc if name == "nbs" else 2.0 - 2.0 * nuc
         return out
 
-    return jax.vmap(one)(ia, jb, pm["c_tr"], pm["c_te"], pm["c_all"])
+    return jax.vmap(one)(ia, jb, pm.get("c_tr"), pm.get("c_te"), pm.get("c_all"))
 
 
 @functools.partial(jax.jit, static_argnames=("fn",))
@@ -169,6 +222,34 @@ def _generic(xa, xb, ia, jb, *, fn):
     # lax.map, not vmap: a generic measure works on the raw (n, d) representations,
     # and vmapping it over every pair would hold all pairs' (n, d)-sized intermediates.
     return jax.lax.map(lambda ij: fn(xa[ij[0]], xb[ij[1]]), (ia, jb))
+
+
+@functools.partial(jax.jit, static_argnames=("fn",))
+def _layer_stats(x, *, fn):
+    """``fn`` (a measure's ``LayerStats.layer``) on each layer of a stack ``(L, n, d)``."""
+    return jax.lax.map(fn, x)
+
+
+@functools.partial(jax.jit, static_argnames=("fn",))
+def _pairs_from_stats(sa, sb, ia, jb, *, fn):
+    """``fn(sa[ia[p]], sb[jb[p]])`` for every pair ``p`` (``LayerStats.pair``)."""
+
+    def one(ij):
+        pick = lambda s, k: jax.tree.map(lambda t: t[k], s)  # noqa: E731
+        return fn(pick(sa, ij[0]), pick(sb, ij[1]))
+
+    return jax.lax.map(one, (ia, jb))
+
+
+def _stats_fit(stats, n, widths, dtype, budget) -> bool:
+    """Whether every layer's statistics fit in ``budget`` bytes together (e.g. ``n^2`` RDMs)."""
+    if stats is None:
+        return False
+    total = 0
+    for d in widths:
+        shapes = jax.eval_shape(stats.layer, jax.ShapeDtypeStruct((n, d), dtype))
+        total += sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+    return total <= budget
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -186,21 +267,55 @@ def _as_layers(reps, name) -> tuple[tuple, list]:
     return keys, vals
 
 
-def _check_layers(vals, name, streaming):
+def _check_layers(vals, name, *, eager_values):
+    """Shape and dtype checks; with ``eager_values`` also NaN/Inf and constant layers.
+
+    Without ``eager_values`` (moment measures only) the arrays stay where they
+    are (host arrays are read chunk by chunk) and the value checks run inside
+    the first pass (see :func:`_raise_bad_layers`).
+    """
     out = []
     for k, z in enumerate(vals):
         nm = f"{name}[{k}]"
-        if streaming:  # keep host arrays on the host; check shape and dtype only
+        if not eager_values:
             if not hasattr(z, "shape") or len(z.shape) != 2:
                 raise ValueError(f"{nm} must be a 2-D (n, d) array, got {getattr(z, 'shape', type(z))}.")
             if not np.issubdtype(np.dtype(z.dtype), np.floating):
                 raise TypeError(f"{nm} has dtype {z.dtype}; pass float arrays.")
+            if z.shape[0] < 2 or z.shape[1] < 1:
+                raise ValueError(f"{nm} has shape {tuple(z.shape)}; it needs at least 2 samples and 1 feature.")
             out.append(z)
         else:
             z = V.check_rep(z, nm)
             V.check_not_constant(z, nm, what="the comparison grid")
             out.append(z)
     return out
+
+
+def _raise_bad_layers(side_name, idx, finite, max_abs, norm, n, d, dtype, where):
+    """Raise for non-finite or constant layers found by the jitted passes.
+
+    A layer counts as constant when the root-mean-square of its centred values
+    is at most ``tol * max|z|``, with ``tol = max(1e-12, 16 * eps(dtype))``: below
+    that the centred data is rounding noise and every score would be 0/0.
+    """
+    if finite is not None and V.is_concrete(finite):
+        bad = np.flatnonzero(~np.asarray(finite))
+        if bad.size:
+            raise ValueError(
+                f"{side_name}[{idx[bad[0]]}] contains NaN or Inf values; remove or impute them."
+            )
+    if norm is None or not V.is_concrete(norm, max_abs):
+        return
+    tol = max(1e-12, 16 * float(jnp.finfo(dtype).eps))
+    rms = np.asarray(norm, np.float64) / np.sqrt(n * d)
+    bad = np.flatnonzero(~(rms > tol * np.asarray(max_abs, np.float64)))
+    if bad.size:
+        raise ValueError(
+            f"{side_name}[{idx[bad[0]]}] (width {d}) is constant across {where} (zero variance "
+            "after centring), so its scores are undefined (0/0). Check that the layer is not "
+            "dead and that the samples differ."
+        )
 
 
 class _Plan(NamedTuple):
@@ -227,6 +342,13 @@ def _put_pairs(plan: _Plan, *arrs):
             a = jax.device_put(a, NamedSharding(plan.mesh, P("pairs")))
         out.append(a)
     return out
+
+
+def _shard_cols(plan: _Plan, x):
+    """Shard a ``(c, L * d)`` block over the mesh by columns (whole layers per device)."""
+    if plan.mesh is None:
+        return x
+    return jax.device_put(x, NamedSharding(plan.mesh, P(None, "pairs")))
 
 
 def _replicate(plan: _Plan, tree):
@@ -257,6 +379,7 @@ def compare_grid(
     ridge: float = 0.0,
     chunk_size: int | None = None,
     devices: Sequence[jax.Device] | None = None,
+    stats_budget: float = 2.0 * 2**30,
 ) -> GridResult:
     """Compare every layer of ``reps_a`` with every layer of ``reps_b``.
 
@@ -273,6 +396,10 @@ def compare_grid(
       ridge: ridge of the affine stitcher.
       chunk_size: stream samples in chunks of this many rows (moment measures only).
       devices: devices to shard the pair axis over (default: all of ``jax.devices()``).
+      stats_budget: bytes allowed for the per-layer statistics of a measure that
+        has them (``Measure.stats``: RDMs, kernel matrices, bases), all layers
+        together. Within it, such a measure does its per-layer work once per
+        layer; above it (e.g. ``n^2`` RDMs for large ``n``), once per pair.
 
     Returns:
       :class:`GridResult` ``(tables, rows, cols)``; each table is ``(La, Lb)``.
@@ -309,8 +436,13 @@ def compare_grid(
     if streaming and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
     S._check_options("affine", ridge)
-    va = _check_layers(va, "reps_a", streaming)
-    vb = _check_layers(vb, "reps_b", streaming)
+    # Generic measures need the eager value checks; the moment measures check
+    # values inside their first pass (cheaper, and possible while streaming).
+    eager = bool(generic)
+    va = _check_layers(va, "reps_a", eager_values=eager)
+    vb = _check_layers(vb, "reps_b", eager_values=eager)
+    if not streaming:  # on the device once, not once per pass
+        va, vb = [jnp.asarray(z) for z in va], [jnp.asarray(z) for z in vb]
     n = va[0].shape[0]
     for nm, vs in (("reps_a", va), ("reps_b", vb)):
         for k, z in enumerate(vs):
@@ -335,60 +467,90 @@ def compare_grid(
     ga, gb = groups(va), groups(vb)
     pair_groups = [(da, db) for da in ga for db in gb]
 
-    def stack(vs, idx, lo=0, hi=None):
+    def chunk(vs, idx, lo=0, hi=None):
+        """Rows ``lo:hi`` of layers ``idx`` of ``vs``, as a tuple of ``(c, d)`` device arrays."""
         hi = n if hi is None else hi
-        return jnp.stack([jnp.asarray(vs[k][lo:hi], dtype=dt) for k in idx])
+        return tuple(jnp.asarray(vs[k][lo:hi] if (lo, hi) != (0, n) else vs[k], dtype=dt) for k in idx)
+
+    def stack(vs, idx):
+        return jnp.stack([jnp.asarray(vs[k], dtype=dt) for k in idx])
 
     if moment:
         w_tr, w_te = S.split_weights(n, split, key, dt)
-        any_stitch = any(m.startswith("stitch/") for m in moment)
-        if any_stitch:
+        need_split = any(m.startswith("stitch/") for m in moment)
+        need_full = any(not m.startswith("stitch/") for m in moment)
+        if need_split:
             n_tr = int(round(float(jnp.sum(w_tr))))
             dmax = max(z.shape[1] for z in va + vb)
             if "stitch/affine" in moment:
                 S._check_affine_rank(n_tr, dmax, "affine", ridge, "the train split")
+        # When the split covers every row once, the all-rows moments follow from the
+        # train/test ones (see _shift_full) and need no GEMMs of their own.
+        derive_full = need_split and need_full and bool(np.all(np.asarray(w_tr + w_te) == 1))
+        flags = dict(split=need_split, full=need_full and not derive_full)
         chunks = [(lo, min(lo + chunk_size, n)) for lo in range(0, n, chunk_size)] if streaming else [(0, n)]
         n_tr_f, n_all = jnp.sum(w_tr), jnp.asarray(n, dt)
+        side_names = {"a": "reps_a", "b": "reps_b"}
 
-        # pass 1: means
+        # pass 1: means (L * d,), and the value checks
         means = {}
         for side, vs, g in (("a", va, ga), ("b", vb, gb)):
             for d, idx in g.items():
-                acc = None
+                acc, mx, fin_ok = None, None, None
                 for lo, hi in chunks:
-                    acc = _add(acc, _acc_means_j(stack(vs, idx, lo, hi), w_tr[lo:hi]))
-                means[side, d] = (acc[0] / n_tr_f, acc[1] / n_all)
+                    s_tr, s_all, m_abs, ok = _acc_means(chunk(vs, idx, lo, hi), w_tr[lo:hi])
+                    acc = _add(acc, (s_tr, s_all))
+                    mx = m_abs if mx is None else jnp.maximum(mx, m_abs)
+                    fin_ok = ok if fin_ok is None else fin_ok & ok
+                _raise_bad_layers(side_names[side], idx, fin_ok, None, None, n, d, dt, "")
+                means[side, d] = (acc[0] / n_tr_f, acc[1] / n_all, mx)
         # pass 2: centred moments, per layer and per pair
         lsums, psums, pidx = {}, {}, {}
         for side, vs, g in (("a", va, ga), ("b", vb, gb)):
             for d, idx in g.items():
                 acc = None
                 for lo, hi in chunks:
-                    acc = _add(acc, _acc_layer_j(stack(vs, idx, lo, hi), *means[side, d],
-                                                 w_tr[lo:hi], w_te[lo:hi]))
+                    acc = _add(acc, _acc_layer(chunk(vs, idx, lo, hi), *means[side, d][:2], w_tr[lo:hi],
+                                               w_te[lo:hi], **flags))
+                if derive_full:
+                    delta = (means[side, d][1] - means[side, d][0]).reshape(len(idx), d)
+                    acc["g_all"] = _shift_full(acc["g_tr"] + acc["g_te"], delta, delta, n_all)
                 lsums[side, d] = acc
+        n_te = jnp.sum(w_te)
+        fin = {k: _layer_finish(v, means[k][0], n_te, split=need_split, full=need_full)
+               for k, v in lsums.items()}
+        for (side, d), (lm, norm_all, _) in fin.items():
+            idx = (ga if side == "a" else gb)[d]
+            if lm is not None:
+                _raise_bad_layers(side_names[side], idx, None, means[side, d][2], lm.norm,
+                                  float(n_tr_f), d, dt, "the train rows")
+            if norm_all is not None:
+                _raise_bad_layers(side_names[side], idx, None, means[side, d][2], norm_all, n, d, dt,
+                                  "samples")
         for da, db in pair_groups:
-            ia, jb = np.meshgrid(np.arange(len(ga[da])), np.arange(len(gb[db])), indexing="ij")
-            ia, jb = ia.ravel(), jb.ravel()
-            pidx[da, db] = (ia, jb)
-            ia_s, jb_s = _put_pairs(plan, ia, jb)
+            # Pad the source layers to a multiple of the device count (repeating the
+            # last one), so the pair axis (source-major) splits evenly over the mesh;
+            # padded pairs come last and are dropped.
+            la, lb = len(ga[da]), len(gb[db])
+            la_pad = la + (-la) % plan.ndev
+            pad_a = np.minimum(np.arange(la_pad), la - 1)
+            idx_a = [ga[da][k] for k in pad_a]
+            ia, jb = np.repeat(pad_a, lb), np.tile(np.arange(lb), la_pad)
+            pidx[da, db] = (ia, jb, la * lb)
+            shard = None if plan.mesh is None else NamedSharding(plan.mesh, P(None, "pairs"))
+            ma_tr, ma_all = (m.reshape(la, da)[pad_a].reshape(-1) for m in means["a", da][:2])
             acc = None
             for lo, hi in chunks:
-                xa = _replicate(plan, stack(va, ga[da], lo, hi))
-                xb = _replicate(plan, stack(vb, gb[db], lo, hi))
-                rest = _replicate(plan, (*means["a", da], *means["b", db], w_tr[lo:hi], w_te[lo:hi]))
-                ma_tr, ma_all, mb_tr, mb_all, wt, we = rest
-                acc = _add(acc, _acc_pairs_j(xa, xb, ia_s, jb_s, ma_tr, mb_tr, ma_all, mb_all, wt, we))
+                rest = _replicate(plan, (ma_tr, ma_all, *means["b", db][:2], w_tr[lo:hi], w_te[lo:hi]))
+                m_tr, m_all, mb_tr, mb_all, wt, we = rest
+                acc = _add(acc, _acc_cross(_replicate(plan, chunk(va, idx_a, lo, hi)),
+                                           _replicate(plan, chunk(vb, gb[db], lo, hi)),
+                                           m_tr, mb_tr, m_all, mb_all, wt, we, sharding=shard, **flags))
+            if derive_full:
+                d_a = (means["a", da][1] - means["a", da][0]).reshape(la, da)[ia]
+                d_b = (means["b", db][1] - means["b", db][0]).reshape(lb, db)[jb]
+                acc["c_all"] = _shift_full(acc["c_tr"] + acc["c_te"], d_a, d_b, n_all)
             psums[da, db] = acc
-        n_te = jnp.sum(w_te)
-        fin = {k: _layer_finish(v, means[k][0], n_te) for k, v in lsums.items()}
-        for k, (lm, _, _) in fin.items():
-            if V.is_concrete(lm.norm) and not np.all(np.asarray(lm.norm) > 0):
-                side = {"a": "reps_a", "b": "reps_b"}[k[0]]
-                raise ValueError(
-                    f"a layer of {side} with width {k[1]} is constant on the train rows (zero "
-                    "variance), so its scores are undefined. Check for dead layers."
-                )
         chol = {}
         if "stitch/affine" in moment:
             for k, (lm, _, _) in fin.items():
@@ -398,15 +560,16 @@ def compare_grid(
         for da, db in pair_groups:
             lma, nra, gra = fin["a", da]
             lmb, nrb, grb = fin["b", db]
-            ia, jb = pidx[da, db]
+            ia, jb, n_real = pidx[da, db]
             ia_s, jb_s = _put_pairs(plan, ia, jb)
             ca = chol.get(("a", da), jnp.zeros((len(ga[da]), 0, 0), dt))
             cb = chol.get(("b", db), jnp.zeros((len(gb[db]), 0, 0), dt))
             res = _evaluate(*_replicate(plan, (lma, lmb, gra, grb, nra, nrb, ca, cb)),
                             psums[da, db], ia_s, jb_s, names=names, ridge=float(ridge))
+            ia, jb = ia[:n_real], jb[:n_real]
             for key_, vals in res.items():
                 t = tables.setdefault(key_, np.full((La, Lb), np.nan, dtype=dt))
-                vals = _to_host(vals)[: len(ia)]
+                vals = _to_host(vals)[:n_real]
                 t[np.asarray(ga[da])[ia], np.asarray(gb[db])[jb]] = vals
         for key_, t in tables.items():
             if not np.all(np.isfinite(t)):
@@ -416,13 +579,27 @@ def compare_grid(
                 )
     for m, meas in generic.items():
         t = np.full((La, Lb), np.nan, dtype=dt)
+        st = meas.stats if _stats_fit(meas.stats, n, [z.shape[1] for z in va + vb], dt, stats_budget) else None
+        if st is not None:  # per-layer work once per layer
+            sa = {d: _replicate(plan, _layer_stats(stack(va, idx), fn=st.layer)) for d, idx in ga.items()}
+            sb = {d: _replicate(plan, _layer_stats(stack(vb, idx), fn=st.layer)) for d, idx in gb.items()}
         for da, db in pair_groups:
             ia, jb = np.meshgrid(np.arange(len(ga[da])), np.arange(len(gb[db])), indexing="ij")
             ia, jb = ia.ravel(), jb.ravel()
             ia_s, jb_s = _put_pairs(plan, ia, jb)
-            xa = _replicate(plan, stack(va, ga[da]))
-            xb = _replicate(plan, stack(vb, gb[db]))
-            vals = _to_host(_generic(xa, xb, ia_s, jb_s, fn=meas.fn))[: len(ia)]
-            t[np.asarray(ga[da])[ia], np.asarray(gb[db])[jb]] = vals
+            if st is not None:
+                out = _pairs_from_stats(sa[da], sb[db], ia_s, jb_s, fn=st.pair)
+            else:
+                xa = _replicate(plan, stack(va, ga[da]))
+                xb = _replicate(plan, stack(vb, gb[db]))
+                out = _generic(xa, xb, ia_s, jb_s, fn=meas.fn)
+            t[np.asarray(ga[da])[ia], np.asarray(gb[db])[jb]] = _to_host(out)[: len(ia)]
+        if not np.all(np.isfinite(t)):
+            i, j = np.argwhere(~np.isfinite(t))[0]
+            raise ValueError(
+                f"{m}: the entry for rows[{i}] = {rows[i]!r} and cols[{j}] = {cols[j]!r} is not finite "
+                f"(undefined for those layers). Call similarity.measure({m!r})(a, b) on that pair "
+                "to see which input check fails."
+            )
         tables[m] = t
     return GridResult({k: jnp.asarray(v) for k, v in tables.items()}, rows, cols)

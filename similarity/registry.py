@@ -37,7 +37,9 @@ from collections.abc import Callable, Iterable
 
 import jax
 
+from similarity import _layer_stats as LS
 from similarity import _validate as V
+from similarity._layer_stats import LayerStats
 from similarity.cca import cca_mean, cca_r2, pwcca, svcca
 from similarity.cka import cka
 from similarity.regression import linear_regression_r2
@@ -76,6 +78,9 @@ class Measure:
       invariances: a frozenset drawn from :data:`INVARIANCES`.
       description: one line.
       bounds: ``(lo, hi)``, the range of values (``inf`` when unbounded).
+      stats: optional :class:`~similarity._layer_stats.LayerStats` ``(layer, pair)``
+        with ``fn(x, y) == pair(layer(x), layer(y))``; :func:`similarity.compare_grid`
+        uses it to do the per-layer work once per layer instead of once per pair.
     """
 
     name: str
@@ -85,6 +90,7 @@ class Measure:
     invariances: frozenset
     description: str
     bounds: tuple = (-math.inf, math.inf)
+    stats: LayerStats | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __call__(self, x, y, /) -> jax.Array:
         return self.fn(x, y)
@@ -95,7 +101,8 @@ _REGISTRY: dict[str, Measure] = {}
 _FAMILIES: dict[str, tuple[str, Callable[[float], Measure], tuple[float, ...]]] = {}
 
 
-def _make(name, fn, kind, symmetric, invariances, description, bounds=(-math.inf, math.inf)) -> Measure:
+def _make(name, fn, kind, symmetric, invariances, description, bounds=(-math.inf, math.inf),
+          stats=None) -> Measure:
     V.check_choice(kind, "kind", KINDS)
     inv = frozenset(invariances)
     for i in inv:
@@ -103,7 +110,9 @@ def _make(name, fn, kind, symmetric, invariances, description, bounds=(-math.inf
     if not callable(fn):
         raise TypeError(f"fn for measure {name!r} must be callable, got {type(fn).__name__}.")
     lo, hi = (float(b) for b in bounds)
-    return Measure(name, fn, kind, bool(symmetric), inv, description, (lo, hi))
+    if stats is not None and not isinstance(stats, LayerStats):
+        raise TypeError(f"stats for measure {name!r} must be a LayerStats(layer, pair), got {type(stats).__name__}.")
+    return Measure(name, fn, kind, bool(symmetric), inv, description, (lo, hi), stats)
 
 
 def register(
@@ -116,6 +125,7 @@ def register(
     description: str,
     bounds: tuple[float, float] = (-math.inf, math.inf),
     overwrite: bool = False,
+    stats: LayerStats | None = None,
 ) -> Measure:
     """Add a measure under ``name``.
 
@@ -128,6 +138,8 @@ def register(
       description: one line.
       bounds: ``(lo, hi)``, the range of possible values (tested).
       overwrite: replace an existing entry instead of raising.
+      stats: optional ``LayerStats(layer, pair)`` with ``fn(x, y) ==
+        pair(layer(x), layer(y))`` (pure, jit-able), for fast layer grids.
 
     Returns:
       The registered :class:`Measure`.
@@ -148,7 +160,7 @@ def register(
         raise ValueError(f"measure name {name!r} must not contain '='; use register_family.")
     if name in _REGISTRY and not overwrite:
         raise ValueError(f"measure {name!r} is already registered; pass overwrite=True.")
-    m = _make(name, fn, kind, symmetric, invariances, description, bounds)
+    m = _make(name, fn, kind, symmetric, invariances, description, bounds, stats)
     _REGISTRY[name] = m
     return m
 
@@ -254,6 +266,7 @@ for _deb in (False, True):
             bounds=(-1.0 if _deb else 0.0, 1.0),
             description=f"{'debiased ' if _deb else ''}{_k} CKA"
             + (" (RBF bandwidth 0.5 x median distance)" if _k == "rbf" else ""),
+            stats=LS.cka_stats(_k, _deb),
         )
 
 _RDM_INV = {
@@ -273,19 +286,21 @@ for _metric in RDM_METRICS:
             bounds=(-1.0, 1.0),
             description=f"RSA: {_metric} RDMs compared by {_cmp}"
             + (" (sqeuclidean + cosine_cov = linear CKA)" if _cmp == "cosine_cov" else ""),
+            stats=LS.rsa_stats(_metric, _cmp),
         )
 
 register("cca/r2", cca_r2, bounds=(0.0, 1.0), kind="score", symmetric=True,
          invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
-         description="mean squared canonical correlation R^2_CCA (needs d < n)")
+         description="mean squared canonical correlation R^2_CCA (needs d < n)", stats=LS.cca_stats("r2"))
 register("cca/mean", cca_mean, bounds=(0.0, 1.0), kind="score", symmetric=True,
          invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
-         description="mean canonical correlation (needs d < n)")
+         description="mean canonical correlation (needs d < n)", stats=LS.cca_stats("mean"))
 register("svcca", svcca, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
-         description="SVCCA: mean CCA of the top-SVD subspaces keeping 99% variance")
+         description="SVCCA: mean CCA of the top-SVD subspaces keeping 99% variance", stats=LS.svcca_stats())
 register("pwcca", pwcca, bounds=(0.0, 1.0), kind="score", symmetric=False,
          invariances={"translation", "isotropic_scale", "permutation"},
-         description="projection-weighted CCA, weights from the first argument (needs d < n)")
+         description="projection-weighted CCA, weights from the first argument (needs d < n)",
+         stats=LS.pwcca_stats())
 register("nbs", nbs, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
          description="normalised Bures similarity ||Xc^T Yc||_* / (||Xc|| ||Yc||)")
 register("procrustes", procrustes_distance, bounds=(0.0, 2.0), kind="distance", symmetric=True,
@@ -293,7 +308,8 @@ register("procrustes", procrustes_distance, bounds=(0.0, 2.0), kind="distance", 
          description="Ding et al. squared Procrustes distance 2 - 2 NBS on unit-norm data")
 register("regression/r2", linear_regression_r2, bounds=(0.0, 1.0), kind="score", symmetric=False,
          invariances=_ALL_BUT_LINEAR,
-         description="directed linear-regression R^2 of the second argument from the first")
+         description="directed linear-regression R^2 of the second argument from the first",
+         stats=LS.regression_stats(0.0))
 
 
 def _shape_builder(distance: str) -> Callable[[float], Measure]:
@@ -329,6 +345,7 @@ def _ridge_builder(ridge: float) -> Measure:
         f"regression/r2/ridge={_fmt(ridge)}",
         functools.partial(linear_regression_r2, ridge=ridge),
         "score", False, inv, bounds=(0.0, 1.0), description=f"directed ridge-regression R^2 (ridge={_fmt(ridge)}, in-sample)",
+        stats=LS.regression_stats(float(ridge)),
     )
 
 

@@ -28,14 +28,24 @@ from similarity._linalg import svd as _svd
 __all__ = ["linear_regression_r2"]
 
 
+def _layer(z):
+    """``(u (n, r), s (r,), centred z (n, d))``: what a layer contributes as predictor or target."""
+    zc = z - jnp.mean(z, axis=0, keepdims=True)
+    u, s, _ = _svd(zc)
+    return u, s, zc
+
+
 @functools.partial(jax.jit, static_argnames=("ridge",))
 def _r2(x, y, ridge: float):
-    xc = x - jnp.mean(x, axis=0, keepdims=True)
     yc = y - jnp.mean(y, axis=0, keepdims=True)
-    u, s, _ = _svd(xc)
+    return _r2_from_layers(_layer(x), (None, None, yc), ridge)
+
+
+def _r2_from_layers(lx, ly, ridge: float):
+    (u, s, xc), (_, _, yc) = lx, ly
     if ridge == 0.0:
-        tol = max(x.shape) * jnp.finfo(x.dtype).eps * s[0]
-        f = (s > tol).astype(x.dtype)
+        tol = max(xc.shape) * jnp.finfo(xc.dtype).eps * s[0]
+        f = (s > tol).astype(xc.dtype)
     else:
         f = s * s / (s * s + ridge)
     coef = jnp.einsum("nk,ne->ke", u, yc)

@@ -144,15 +144,27 @@ def _pearson(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.dot(a, b) / jnp.sqrt(jnp.dot(a, a) * jnp.dot(b, b))
 
 
+# Kendall's tau-a compares every pair of RDM entries: O(m^2) for m = n (n - 1) / 2
+# entries, i.e. O(n^4). Past this many entries (n of about 630 samples) it would
+# run for minutes to hours, so it is refused with a clear message instead.
+KENDALL_MAX_ENTRIES = 200_000
+
+
 def _kendall_tau_a(a: jax.Array, b: jax.Array) -> jax.Array:
     m = a.shape[0]
+    if m > KENDALL_MAX_ENTRIES:
+        raise ValueError(
+            f"Kendall's tau-a on {m} RDM entries would compare {m * (m - 1) // 2:.3e} pairs "
+            f"(O(n^4) in the number of samples); the limit is {KENDALL_MAX_ENTRIES} entries "
+            "(about 630 samples). Use compare='spearman', or subsample the rows."
+        )
 
     def row(ab):
         ai, bi = ab
         return jnp.sum(jnp.sign(ai - a) * jnp.sign(bi - b))
 
     total = jnp.sum(jax.lax.map(row, (a, b), batch_size=min(m, 256)))
-    return total / (m * (m - 1))
+    return total / (float(m) * (m - 1))  # a Python int would overflow int32 in jit
 
 
 def compare_vectors(a: ArrayLike, b: ArrayLike, /, *, compare: str = "spearman") -> jax.Array:

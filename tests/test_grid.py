@@ -61,6 +61,53 @@ def test_streaming_equals_one_shot(grid):
     np.testing.assert_allclose(s2.tables["cka/linear"], g.tables["cka/linear"], atol=1e-10)
 
 
+def test_partial_split_and_single_families(grid):
+    """A split that leaves rows out (all-rows moments get their own pass), and each
+    measure family alone (only the moments it needs are accumulated)."""
+    a, b, g = grid
+    tr, te = np.arange(0, 20), np.arange(24, N)  # rows 20..23 in neither part
+    p = compare_grid(a, b, measures=MOMENT, split=(tr, te))
+    for i, x in enumerate(a.values()):
+        for j, y in enumerate(b):
+            for fam in sim.FAMILIES:
+                want = sim.reconstruction_score(x, y, family=fam, split=(tr, te))
+                np.testing.assert_allclose(p.tables[f"stitch/{fam}"][i, j], want.held_out, atol=1e-10)
+                back = sim.reconstruction_score(y, x, family=fam, split=(tr, te))
+                np.testing.assert_allclose(p.tables[f"stitch/{fam}/reverse/in_sample"][i, j], back.in_sample,
+                                           atol=1e-10)
+    for m in ("cka/linear", "nbs", "procrustes"):  # all-rows measures ignore the split
+        np.testing.assert_allclose(p.tables[m], g.tables[m], atol=1e-10, err_msg=m)
+        np.testing.assert_allclose(compare_grid(a, b, measures=[m]).tables[m], g.tables[m], atol=1e-10, err_msg=m)
+    only = compare_grid(a, b, measures=["stitch/scaled_orthogonal"])
+    assert set(only.tables) == {"stitch/scaled_orthogonal" + k for k in ("", "/in_sample", "/reverse", "/reverse/in_sample")}
+    for k, t in only.tables.items():
+        np.testing.assert_allclose(t, g.tables[k], atol=1e-10, err_msg=k)
+
+
+GENERIC = ["rsa/correlation/spearman", "cka/rbf/debiased", "cca/mean", "svcca", "pwcca", "regression/r2"]
+
+
+def test_generic_measures_by_layer_stats(grid):
+    """Measures with per-layer statistics give the pairwise values, with or without the statistics."""
+    a, b, _ = grid
+    fast = compare_grid(a, b, measures=GENERIC)
+    slow = compare_grid(a, b, measures=GENERIC, stats_budget=0)  # forces the per-pair path
+    for m in GENERIC:
+        np.testing.assert_allclose(fast.tables[m], slow.tables[m], rtol=1e-9, atol=1e-12, err_msg=m)
+        for i, x in enumerate(a.values()):
+            for j, y in enumerate(b):
+                np.testing.assert_allclose(fast.tables[m][i, j], sim.measure(m)(x, y), rtol=1e-9, atol=1e-12,
+                                           err_msg=m)
+
+
+def test_generic_non_finite_entry_is_an_error(grid):
+    a, b, _ = grid
+    # a layer whose rows are constant across features: the correlation RDM is 0/0
+    bad = dict(a, l1=np.repeat(np.arange(N, dtype=float)[:, None], 5, axis=1))
+    with pytest.raises(ValueError, match="rows\\[1\\] = 'l1'.*not finite"):
+        compare_grid(bad, b, measures=["rsa/correlation/pearson"])
+
+
 def test_square_grid_and_float32():
     a, _ = _layers(1)
     a32 = [v.astype(np.float32) for v in a.values()]
@@ -97,6 +144,10 @@ def test_bad_input(grid):
         compare_grid(bad, b)
     with pytest.raises(ValueError, match="empty"):
         compare_grid([], b)
+    const = dict(a, l1=np.ones((N, 5)))
+    for ms in (["cka/linear"], ["stitch/orthogonal"]):
+        with pytest.raises(ValueError, match="constant"):
+            compare_grid(const, b, measures=ms)
     with pytest.raises(ValueError, match="ridge > 0"):
         compare_grid([np.random.default_rng(0).normal(size=(N, 30))], b, measures=["stitch/affine"])
 

@@ -195,3 +195,31 @@ def test_bounds_property(seed, log_scale, low_rank):
         slack = 1e-9 * max(1.0, abs(v))
         assert lo - slack <= v <= hi + slack, (name, v, m.bounds)
         assert math.isfinite(v)
+
+
+STATS_NAMES = [n for n in NAMES if measure(n).stats is not None]
+
+
+def test_which_measures_have_layer_stats():
+    """The measures whose per-layer work dominates have statistics (the grid relies on them)."""
+    for prefix in ("rsa/", "cka/", "cca/", "svcca", "pwcca", "regression/"):
+        assert any(n.startswith(prefix) for n in STATS_NAMES), prefix
+    assert all(measure(n).stats is not None for n in NAMES if n.startswith(("rsa/", "cka/", "regression/")))
+    assert measure("regression/r2/ridge=0.3").stats is not None  # built on demand
+
+
+@pytest.mark.parametrize("name", STATS_NAMES)
+def test_layer_stats_reproduce_the_measure(name):
+    """``pair(layer(x), layer(y)) == fn(x, y)``, both argument orders, jitted too."""
+    m = measure(name)
+    rng = np.random.default_rng(5)
+    x, y = invariance_data(rng)
+    layer, pair = jax.jit(m.stats.layer), jax.jit(m.stats.pair)
+    for a, b in ((x, y), (y, x)):
+        np.testing.assert_allclose(float(pair(layer(a), layer(b))), float(m(a, b)), rtol=1e-9, atol=1e-12)
+
+
+def test_register_checks_stats_type():
+    with pytest.raises(TypeError, match="LayerStats"):
+        register("demo/badstats", lambda x, y: jnp.zeros(()), kind="score", symmetric=True,
+                 invariances=(), description="d", stats=(lambda x: x, lambda a, b: 0.0))

@@ -160,3 +160,12 @@ X8 = np.random.default_rng(9).normal(size=(8, 3))
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_kendall_refuses_huge_rdms():
+    """Kendall's tau-a is O(m^2) in the RDM entries: past the limit it raises instead of hanging."""
+    from similarity.rsa import KENDALL_MAX_ENTRIES, compare_vectors
+
+    v = np.zeros((KENDALL_MAX_ENTRIES + 1,))
+    with pytest.raises(ValueError, match="spearman"):
+        compare_vectors(v, v, compare="kendall")
