@@ -267,7 +267,7 @@ def _as_layers(reps, name) -> tuple[tuple, list]:
     return keys, vals
 
 
-def _check_layers(vals, name, *, eager_values):
+def _check_layers(vals, name, *, eager_values, streaming):
     """Shape and dtype checks; with ``eager_values`` also NaN/Inf and constant layers.
 
     Without ``eager_values`` (moment measures only) the arrays stay where they
@@ -278,6 +278,8 @@ def _check_layers(vals, name, *, eager_values):
     for k, z in enumerate(vals):
         nm = f"{name}[{k}]"
         if not eager_values:
+            if not streaming:  # to a float device array (ints and bools are cast), once
+                z = V.as_float_array(z, nm)
             if not hasattr(z, "shape") or len(z.shape) != 2:
                 raise ValueError(f"{nm} must be a 2-D (n, d) array, got {getattr(z, 'shape', type(z))}.")
             if not np.issubdtype(np.dtype(z.dtype), np.floating):
@@ -439,10 +441,8 @@ def compare_grid(
     # Generic measures need the eager value checks; the moment measures check
     # values inside their first pass (cheaper, and possible while streaming).
     eager = bool(generic)
-    va = _check_layers(va, "reps_a", eager_values=eager)
-    vb = _check_layers(vb, "reps_b", eager_values=eager)
-    if not streaming:  # on the device once, not once per pass
-        va, vb = [jnp.asarray(z) for z in va], [jnp.asarray(z) for z in vb]
+    va = _check_layers(va, "reps_a", eager_values=eager, streaming=streaming)
+    vb = _check_layers(vb, "reps_b", eager_values=eager, streaming=streaming)
     n = va[0].shape[0]
     for nm, vs in (("reps_a", va), ("reps_b", vb)):
         for k, z in enumerate(vs):

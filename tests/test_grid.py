@@ -185,3 +185,12 @@ def test_sharded_over_four_forced_host_devices():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "SHARDED-OK" in out.stdout
+
+
+def test_integer_and_list_layers_are_cast(grid):
+    a, b, g = grid
+    ints = np.round(4 * a["l1"]).astype(np.int32)
+    got = compare_grid([ints, ints.tolist()], b, measures=["cka/linear", "stitch/orthogonal"])
+    want = compare_grid([ints.astype(np.float64)] * 2, b, measures=["cka/linear", "stitch/orthogonal"])
+    for k, t in want.tables.items():
+        np.testing.assert_allclose(got.tables[k], t, atol=1e-10, err_msg=k)
