@@ -49,6 +49,7 @@ from similarity.registry import measure as measure
 from similarity.registry import list_measures as list_measures
 from similarity.registry import register as register
 from similarity.registry import register_family as register_family
+from similarity._layer_stats import LayerStats as LayerStats
 
 # --- stitching and usable information ---
 from similarity.stitching import FAMILIES as FAMILIES
