@@ -53,16 +53,11 @@ def _batched(fn, compute_uv):
     def rule(axis_size, in_batched, x):
         del axis_size
         (batched,) = in_batched
-        n_out = 3 if compute_uv else 1
+        spec = (batched,) * 3 if compute_uv else batched
         if not batched:
-            out = fn(x)
-            return out, (False,) * n_out if compute_uv else False
-        out = lax.platform_dependent(
-            x,
-            cpu=lambda x: lax.map(fn, x),
-            default=lambda x: _plain(x, compute_uv),
-        )
-        return out, (True,) * n_out if compute_uv else True
+            return fn(x), spec
+        out = lax.platform_dependent(x, cpu=lambda x: lax.map(fn, x), default=lambda x: _plain(x, compute_uv))
+        return out, spec
 
     return rule
 

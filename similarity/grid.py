@@ -272,7 +272,7 @@ def _check_layers(vals, name, *, eager_values, streaming):
 
     Without ``eager_values`` (moment measures only) the arrays stay where they
     are (host arrays are read chunk by chunk) and the value checks run inside
-    the first pass (see :func:`_raise_bad_layers`).
+    the first pass (see :func:`_raise_non_finite`, :func:`_raise_constant`).
     """
     out = []
     for k, z in enumerate(vals):
@@ -294,20 +294,23 @@ def _check_layers(vals, name, *, eager_values, streaming):
     return out
 
 
-def _raise_bad_layers(side_name, idx, finite, max_abs, norm, n, d, dtype, where):
-    """Raise for non-finite or constant layers found by the jitted passes.
+def _raise_non_finite(side_name, idx, finite) -> None:
+    """Raise for the first layer whose pass-1 flag says it holds NaN or Inf."""
+    if not V.is_concrete(finite):
+        return
+    bad = np.flatnonzero(~np.asarray(finite))
+    if bad.size:
+        raise ValueError(f"{side_name}[{idx[bad[0]]}] contains NaN or Inf values; remove or impute them.")
+
+
+def _raise_constant(side_name, idx, max_abs, norm, n, d, dtype, where) -> None:
+    """Raise for the first constant layer of a width group.
 
     A layer counts as constant when the root-mean-square of its centred values
     is at most ``tol * max|z|``, with ``tol = max(1e-12, 16 * eps(dtype))``: below
     that the centred data is rounding noise and every score would be 0/0.
     """
-    if finite is not None and V.is_concrete(finite):
-        bad = np.flatnonzero(~np.asarray(finite))
-        if bad.size:
-            raise ValueError(
-                f"{side_name}[{idx[bad[0]]}] contains NaN or Inf values; remove or impute them."
-            )
-    if norm is None or not V.is_concrete(norm, max_abs):
+    if not V.is_concrete(norm, max_abs):
         return
     tol = max(1e-12, 16 * float(jnp.finfo(dtype).eps))
     rms = np.asarray(norm, np.float64) / np.sqrt(n * d)
@@ -344,13 +347,6 @@ def _put_pairs(plan: _Plan, *arrs):
             a = jax.device_put(a, NamedSharding(plan.mesh, P("pairs")))
         out.append(a)
     return out
-
-
-def _shard_cols(plan: _Plan, x):
-    """Shard a ``(c, L * d)`` block over the mesh by columns (whole layers per device)."""
-    if plan.mesh is None:
-        return x
-    return jax.device_put(x, NamedSharding(plan.mesh, P(None, "pairs")))
 
 
 def _replicate(plan: _Plan, tree):
@@ -472,8 +468,14 @@ def compare_grid(
         hi = n if hi is None else hi
         return tuple(jnp.asarray(vs[k][lo:hi] if (lo, hi) != (0, n) else vs[k], dtype=dt) for k in idx)
 
-    def stack(vs, idx):
-        return jnp.stack([jnp.asarray(vs[k], dtype=dt) for k in idx])
+    stacks: dict = {}
+
+    def stack(side, d):
+        """Layers of width ``d`` of one side as ``(L, n, d)``, built once for all generic measures."""
+        if (side, d) not in stacks:
+            vs, g = (va, ga) if side == "a" else (vb, gb)
+            stacks[side, d] = _replicate(plan, jnp.stack([jnp.asarray(vs[k], dtype=dt) for k in g[d]]))
+        return stacks[side, d]
 
     if moment:
         w_tr, w_te = S.split_weights(n, split, key, dt)
@@ -502,7 +504,7 @@ def compare_grid(
                     acc = _add(acc, (s_tr, s_all))
                     mx = m_abs if mx is None else jnp.maximum(mx, m_abs)
                     fin_ok = ok if fin_ok is None else fin_ok & ok
-                _raise_bad_layers(side_names[side], idx, fin_ok, None, None, n, d, dt, "")
+                _raise_non_finite(side_names[side], idx, fin_ok)
                 means[side, d] = (acc[0] / n_tr_f, acc[1] / n_all, mx)
         # pass 2: centred moments, per layer and per pair
         lsums, psums, pidx = {}, {}, {}
@@ -522,11 +524,10 @@ def compare_grid(
         for (side, d), (lm, norm_all, _) in fin.items():
             idx = (ga if side == "a" else gb)[d]
             if lm is not None:
-                _raise_bad_layers(side_names[side], idx, None, means[side, d][2], lm.norm,
-                                  float(n_tr_f), d, dt, "the train rows")
+                _raise_constant(side_names[side], idx, means[side, d][2], lm.norm, float(n_tr_f), d, dt,
+                                "the train rows")
             if norm_all is not None:
-                _raise_bad_layers(side_names[side], idx, None, means[side, d][2], norm_all, n, d, dt,
-                                  "samples")
+                _raise_constant(side_names[side], idx, means[side, d][2], norm_all, n, d, dt, "samples")
         for da, db in pair_groups:
             # Pad the source layers to a multiple of the device count (repeating the
             # last one), so the pair axis (source-major) splits evenly over the mesh;
@@ -581,8 +582,8 @@ def compare_grid(
         t = np.full((La, Lb), np.nan, dtype=dt)
         st = meas.stats if _stats_fit(meas.stats, n, [z.shape[1] for z in va + vb], dt, stats_budget) else None
         if st is not None:  # per-layer work once per layer
-            sa = {d: _replicate(plan, _layer_stats(stack(va, idx), fn=st.layer)) for d, idx in ga.items()}
-            sb = {d: _replicate(plan, _layer_stats(stack(vb, idx), fn=st.layer)) for d, idx in gb.items()}
+            sa = {d: _replicate(plan, _layer_stats(stack("a", d), fn=st.layer)) for d in ga}
+            sb = {d: _replicate(plan, _layer_stats(stack("b", d), fn=st.layer)) for d in gb}
         for da, db in pair_groups:
             ia, jb = np.meshgrid(np.arange(len(ga[da])), np.arange(len(gb[db])), indexing="ij")
             ia, jb = ia.ravel(), jb.ravel()
@@ -590,9 +591,7 @@ def compare_grid(
             if st is not None:
                 out = _pairs_from_stats(sa[da], sb[db], ia_s, jb_s, fn=st.pair)
             else:
-                xa = _replicate(plan, stack(va, ga[da]))
-                xb = _replicate(plan, stack(vb, gb[db]))
-                out = _generic(xa, xb, ia_s, jb_s, fn=meas.fn)
+                out = _generic(stack("a", da), stack("b", db), ia_s, jb_s, fn=meas.fn)
             t[np.asarray(ga[da])[ia], np.asarray(gb[db])[jb]] = _to_host(out)[: len(ia)]
         if not np.all(np.isfinite(t)):
             i, j = np.argwhere(~np.isfinite(t))[0]
