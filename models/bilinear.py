@@ -85,7 +85,13 @@ class BilinearMLP(FeatureModel):
     ``down((left z + lb) * (right z + rb)) + db [+ z]`` (biases if ``bias``,
     the ``+ z`` if ``residual``); ``logits = U z [+ u]``.
 
-    Layers: ``("embed", "bilinear0", ..., "logits")``.
+    Layers: ``("embed", "bilinear0", ..., "logits")``. Without the embedding
+    (``embed=False``) the first bilinear layer reads the flattened input;
+    without the head (``head=False``) the last bilinear layer's ``down`` maps
+    to the ``n_classes`` outputs and that layer is the ``"logits"`` stage. So
+    ``embed=False, head=False, n_layers=1, residual=False`` is a single
+    bilinear layer ``d_in -> d_hidden -> n_classes`` (the grokking model:
+    one-hot ``(a, b)`` of width ``2p``, hidden 64, outputs ``p``).
 
     Args:
       input_shape: per-sample shape (int or tuple); inputs are flattened.
@@ -95,6 +101,10 @@ class BilinearMLP(FeatureModel):
       n_layers: number of bilinear layers.
       residual: add each layer's input to its output.
       bias: biases in the embedding, the bilinear layers and the head.
+      embed: start with the linear embedding (False: the first bilinear layer
+        takes the flattened input, of width ``prod(input_shape)``).
+      head: end with the linear head (False: the last bilinear layer outputs
+        the ``n_classes`` logits).
       rngs: ``nnx.Rngs``.
 
     Examples:
@@ -117,33 +127,61 @@ class BilinearMLP(FeatureModel):
         n_layers: int = 1,
         residual: bool = True,
         bias: bool = False,
+        embed: bool = True,
+        head: bool = True,
         rngs: nnx.Rngs,
     ):
         self.input_shape = _shape(input_shape)
         d_in = int(np.prod(self.input_shape))
-        self.embed = LinearParams(d_in, d_model, bias=bias, rngs=rngs)
+        if not head and n_layers < 1:
+            raise ValueError(f"head=False needs n_layers >= 1 (the last bilinear layer gives the logits), got n_layers={n_layers}.")
+        self.embed = LinearParams(d_in, d_model, bias=bias, rngs=rngs) if embed else None
+        widths = [d_model if embed else d_in] + [d_model] * n_layers
+        if not head:
+            widths[-1] = n_classes
+        for i in range(n_layers):
+            if residual and widths[i] != widths[i + 1]:
+                raise ValueError(
+                    f"bilinear{i} maps width {widths[i]} to {widths[i + 1]}, so it cannot be residual "
+                    f"(embed={embed}, head={head}, d_model={d_model}, input width {d_in}, n_classes={n_classes}). "
+                    "Pass residual=False, or make the widths equal."
+                )
         self.layers = nnx.List(
-            [BilinearParams(d_model, d_hidden, d_model, bias=bias, residual=residual, rngs=rngs) for _ in range(n_layers)]
+            [BilinearParams(widths[i], d_hidden, widths[i + 1], bias=bias, residual=residual, rngs=rngs) for i in range(n_layers)]
         )
-        self.head = LinearParams(d_model, n_classes, bias=bias, rngs=rngs)
+        self.head = LinearParams(widths[-1], n_classes, bias=bias, rngs=rngs) if head else None
 
     def _stage_names(self):
-        return ("embed", *(f"bilinear{i}" for i in range(len(self.layers))), "logits")
+        names = [f"bilinear{i}" for i in range(len(self.layers))]
+        if self.head is None:
+            names[-1] = "logits"
+        return (*(("embed",) if self.embed is not None else ()), *names, *(("logits",) if self.head is not None else ()))
 
     def _stage(self, i, z):
-        if i == 0:
-            return self.embed(z.reshape(z.shape[0], -1))
-        if i <= len(self.layers):
-            return self.layers[i - 1](z)
+        if self.embed is not None:
+            if i == 0:
+                return self.embed(z.reshape(z.shape[0], -1))
+            i -= 1
+        elif i == 0:
+            z = z.reshape(z.shape[0], -1)
+        if i < len(self.layers):
+            return self.layers[i](z)
         return self.head(z)
 
     def to_network(self) -> tuple:
         """The pure network ``(LinearLayer, BilinearLayer, ..., LinearLayer)``.
 
+        Without the embedding or the head, their ``LinearLayer`` is left out
+        (``embed=False, head=False, n_layers=1`` gives ``(BilinearLayer,)``).
+
         ``similarity.apply_network(model.to_network(), x.reshape(n, -1))``
         equals ``model(x)``.
         """
-        return (self.embed.to_layer(), *(l.to_layer() for l in self.layers), self.head.to_layer())
+        return (
+            *((self.embed.to_layer(),) if self.embed is not None else ()),
+            *(l.to_layer() for l in self.layers),
+            *((self.head.to_layer(),) if self.head is not None else ()),
+        )
 
 
 def bilinear_attention(

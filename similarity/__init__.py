@@ -100,6 +100,12 @@ from similarity.tensor_similarity import weight_cosine as weight_cosine
 from similarity.validate_numerics import monte_carlo_inner as monte_carlo_inner
 from similarity.validate_numerics import quadrature_inner as quadrature_inner
 
+# --- change-point segmentation of similarity matrices ---
+from similarity.segmentation import SEGMENT_COSTS as SEGMENT_COSTS
+from similarity.segmentation import Segmentation as Segmentation
+from similarity.segmentation import change_points as change_points
+from similarity.segmentation import segment_costs as segment_costs
+
 # --- comparison grid ---
 from similarity.grid import MOMENT_MEASURES as MOMENT_MEASURES
 from similarity.grid import GridResult as GridResult

@@ -121,6 +121,44 @@ def test_bilinear_mlp_against_numpy_reference():
     np.testing.assert_allclose(model(jnp.asarray(x, jnp.float32)), z @ U.T, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("embed,head", [(False, False), (False, True), (True, False)])
+def test_bilinear_mlp_without_embed_or_head(embed, head):
+    """The grokking shape (no embedding, no head): one bilinear layer d_in -> h -> classes."""
+    d_in, n_classes = 6, 4
+    model = models.BilinearMLP(d_in, n_classes, d_model=5, d_hidden=3, n_layers=1, residual=False,
+                               bias=True, embed=embed, head=head, rngs=nnx.Rngs(1))
+    layer = model.layers[0]
+    layer.left_bias[...] = jnp.linspace(-1, 1, 3, dtype=jnp.float32)
+    layer.down_bias[...] = jnp.linspace(1, 2, layer.down.shape[0], dtype=jnp.float32)
+    x = np.random.default_rng(0).normal(size=(4, d_in))
+    # float64 NumPy reference
+    f = lambda a: np.asarray(a[...], np.float64)
+    z = x @ f(model.embed.weight).T + f(model.embed.bias) if embed else x
+    z = ((z @ f(layer.left).T + f(layer.left_bias)) * (z @ f(layer.right).T + f(layer.right_bias))) @ f(layer.down).T + f(layer.down_bias)
+    if head:
+        z = z @ f(model.head.weight).T + f(model.head.bias)
+    assert z.shape == (4, n_classes)
+    np.testing.assert_allclose(model(jnp.asarray(x, jnp.float32)), z, rtol=1e-4, atol=1e-5)
+    net = model.to_network()
+    assert len(net) == 1 + embed + head and isinstance(net[0 if not embed else 1], BilinearLayer)
+    np.testing.assert_allclose(apply_network(net, x), model(x), rtol=1e-10, atol=1e-10)
+    names = model.layer_names()
+    assert names == (*(("embed",) if embed else ()), *(("bilinear0",) if head else ()), "logits")
+    feats = model.features(x)
+    for name in names:
+        np.testing.assert_allclose(model.tail(name, feats[name]), feats["logits"], rtol=1e-10, atol=1e-10)
+
+
+def test_bilinear_mlp_grokking_shape_and_residual_error():
+    m = models.BilinearMLP(226, 113, d_hidden=64, n_layers=1, residual=False, embed=False, head=False, rngs=nnx.Rngs(0))
+    (layer,) = m.to_network()
+    assert layer.left.shape == layer.right.shape == (64, 226) and layer.down.shape == (113, 64)
+    with pytest.raises(ValueError, match=r"bilinear0 maps width 226 to 113.*Pass residual=False"):
+        models.BilinearMLP(226, 113, n_layers=1, embed=False, head=False, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="head=False needs n_layers >= 1"):
+        models.BilinearMLP(4, 3, n_layers=0, head=False, rngs=nnx.Rngs(0))
+
+
 def test_bilinear_attention_against_numpy_loops():
     rng = np.random.default_rng(0)
     n, t, d, a, e = 2, 4, 3, 2, 2
