@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import pathlib
 import time
 
@@ -145,30 +144,12 @@ def _stitch_grid(cfg, feats_a, feats_b):
     }
 
 
-def _tensor_api():
-    """(tensor_similarity, weight_cosine) from similarity, or None where not built yet."""
-    fns = []
-    for name in ("tensor_similarity", "weight_cosine"):
-        fn = getattr(similarity, name, None)
-        if not callable(fn):
-            try:
-                mod = importlib.import_module("similarity.tensor_similarity")
-                fn = getattr(mod, name, None)
-            except ImportError:
-                fn = None
-        fns.append(fn)
-    return fns
-
-
 def _tensor_step(cfg, trained, out):
-    ts, weight_cosine = _tensor_api()
-    if ts is None:
-        return None, "similarity.tensor_similarity is not available in this build; step 4 skipped."
+    ts = similarity.tensor_similarity
     a, b = (trained[f"bilinear_s{s}"] for s in cfg.seeds[:2])
     net_a, net_b = a.to_network(), b.to_network()
     res = {"seeds": {m: float(ts(net_a, net_b, metric=m)) for m in TENSOR_METRICS}}
-    if weight_cosine is not None:
-        res["seeds"]["weight cosine (baseline)"] = float(weight_cosine(net_a, net_b))
+    res["seeds"]["weight cosine (baseline)"] = float(similarity.weight_cosine(net_a, net_b))
     # similarity of each checkpoint of one run to its final network
     wd = out / "models" / f"bilinear_s{cfg.seeds[0]}"
     steps = list_checkpoints(wd)
@@ -178,7 +159,7 @@ def _tensor_step(cfg, trained, out):
         "steps": list(steps),
         **{m: [float(ts(load_checkpoint(template, wd, s).to_network(), net_a, metric=m)) for s in steps] for m in ("symmetric", "gaussian")},
     }
-    return res, None
+    return res
 
 
 def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
@@ -231,26 +212,21 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
         figures.append(plotting.heatmap_grid(
             mats, names[a], names[b], out / f"stitching_{pair}.png", ncols=2,
             suptitle=f"Held-out reconstruction score (1 = perfect), rows: {a} layers, columns: {b} layers",
-            xlabel=b, ylabel=a, ranges={t: (None, 1.0) for t in mats},
+            xlabel=b, ylabel=a,
         ))
 
     log("[4/5] tensor similarity of the two bilinear networks (weights only)")
-    tensor, note = _tensor_step(cfg, trained, out)
-    if note:
-        log(f"      note: {note}")
-        metrics["tensor_similarity"] = {"skipped": note}
-    else:
-        metrics["tensor_similarity"] = tensor
-        figures.append(plotting.bar_chart(
-            tensor["seeds"], out / "tensor_similarity.png", ylabel="similarity",
-            title=f"bilinear_s{s0} vs bilinear_s{s1}: weight-based similarity", ylim=(min(0.0, *tensor["seeds"].values()), 1.05),
-        ))
-        ck = tensor["checkpoints"]
-        figures.append(plotting.lines(
-            ck["steps"], {m: ck[m] for m in ck if m != "steps"}, out / "tensor_checkpoints.png",
-            title=f"bilinear_s{s0}: tensor similarity of each checkpoint to the final network",
-            xlabel="checkpoint step (power-spaced)", ylabel="similarity to final",
-        ))
+    tensor = metrics["tensor_similarity"] = _tensor_step(cfg, trained, out)
+    figures.append(plotting.bar_chart(
+        tensor["seeds"], out / "tensor_similarity.png", ylabel="similarity",
+        title=f"bilinear_s{s0} vs bilinear_s{s1}: weight-based similarity", ylim=(min(0.0, *tensor["seeds"].values()), 1.05),
+    ))
+    ck = tensor["checkpoints"]
+    figures.append(plotting.lines(
+        ck["steps"], {m: ck[m] for m in ck if m != "steps"}, out / "tensor_checkpoints.png",
+        title=f"bilinear_s{s0}: tensor similarity of each checkpoint to the final network",
+        xlabel="checkpoint step (power-spaced)", ylabel="similarity to final",
+    ))
 
     metrics["seconds"] = round(time.time() - t0, 1)
     write_json_atomic(out / "metrics.json", metrics)
@@ -275,10 +251,7 @@ def summary(metrics: dict, out: pathlib.Path, figures) -> str:
         f, b = np.asarray(st[fam]["a->b"])[-1, -1], np.asarray(st[fam]["b->a"])[-1, -1]
         lines.append(f"  stitching logits, {fam:18s} mlp->bilinear {f:.3f}  bilinear->mlp {b:.3f} (held out)")
     ts = metrics["tensor_similarity"]
-    if "seeds" in ts:
-        lines.append("  tensor similarity of the bilinear seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in ts["seeds"].items()))
-    else:
-        lines.append(f"  tensor similarity: {ts['skipped']}")
+    lines.append("  tensor similarity of the bilinear seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in ts["seeds"].items()))
     lines.append(f"  took {metrics['seconds']} s; results in {out}/")
     lines += [f"    {pathlib.Path(f).name}" for f in ["config.json", "metrics.json", *figures]]
     return "\n".join(lines)
