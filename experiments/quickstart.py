@@ -70,6 +70,7 @@ class QuickstartConfig:
     bilinear_d_model: int = 64  # same width as the MLP: fewer shapes to compile
     bilinear_d_hidden: int = 64
     n_checkpoints: int = 5
+    n_evals: int = 8  # evaluations per training run (plus step 0)
     n_compare: int = 300
     measures: tuple[str, ...] = DEFAULT_MEASURES
     stitch_split: float = 0.5
@@ -80,7 +81,7 @@ class QuickstartConfig:
 TINY = QuickstartConfig(
     # every layer 10 wide (= the 10 digit classes): one compiled shape per measure and family
     steps=12, batch_size=32, seeds=(0, 1), mlp_widths=(10,), bilinear_d_model=10, bilinear_d_hidden=8,
-    n_checkpoints=2, n_compare=60, measures=("cka/linear",), n_train=200,
+    n_checkpoints=2, n_evals=2, n_compare=60, measures=("cka/linear",), n_train=200,
 )
 
 
@@ -97,23 +98,34 @@ def _train_models(cfg: QuickstartConfig, ds, out: pathlib.Path, progress: bool):
                                            d_hidden=cfg.bilinear_d_hidden, n_layers=1, rngs=nnx.Rngs(seed))
                 ckpts = power_schedule(cfg.steps, cfg.n_checkpoints, power=2.0)
             tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
-                               seed=seed, eval_every=max(1, cfg.steps // 8), checkpoint_steps=ckpts)
+                               seed=seed, eval_every=max(1, cfg.steps // cfg.n_evals), checkpoint_steps=ckpts)
             r = train(model, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=tcfg,
                       workdir=out / "models" / name, progress=progress)
             trained[name], histories[name] = model, r.history
     return trained, histories
 
 
-def _rep_grid(cfg, feats_a, feats_b, undefined: list):
+def _moment_tables(cfg, feats_a, feats_b) -> dict:
+    """One :func:`similarity.compare_grid` call per model pair: the moment measures among
+    ``cfg.measures`` and the three stitching families (both directions) share its per-layer
+    moments (and its compilation). The affine stitcher has a small ridge: dead ReLU units
+    make its fit singular; the other measures do not depend on it."""
+    names = [m for m in cfg.measures if m in similarity.MOMENT_MEASURES]
+    names += [f"stitch/{fam}" for fam in similarity.FAMILIES]
+    g = similarity.compare_grid(feats_a, feats_b, measures=names, split=cfg.stitch_split,
+                                key=jax.random.key(0), ridge=cfg.stitch_ridge)
+    return dict(g.tables)
+
+
+def _rep_grid(cfg, feats_a, feats_b, undefined: list, tables: dict):
     """{measure: (layers_a, layers_b) matrix} of registry measures.
 
-    Measures with shared per-layer statistics go through one
-    :func:`similarity.compare_grid` call; the others are called per pair with
-    eager validation, and a cell where the measure is undefined (e.g. CCA on
-    rank-deficient ReLU layers) is NaN, with the reason appended to ``undefined``.
+    The moment measures come from ``tables`` (:func:`_moment_tables`); the others
+    are called per pair with eager validation, and a cell where the measure is
+    undefined (e.g. CCA on rank-deficient ReLU layers) is NaN, with the reason
+    appended to ``undefined``.
     """
-    fast = [m for m in cfg.measures if m in similarity.MOMENT_MEASURES]
-    out = dict(similarity.compare_grid(feats_a, feats_b, measures=fast).tables) if fast else {}
+    out = {m: tables[m] for m in cfg.measures if m in tables}
     for name in cfg.measures:
         if name in out:
             continue
@@ -129,17 +141,13 @@ def _rep_grid(cfg, feats_a, feats_b, undefined: list):
     return {name: np.asarray(out[name]) for name in cfg.measures}
 
 
-def _stitch_grid(cfg, feats_a, feats_b):
+def _stitch_grid(tables: dict):
     """{family: {"a->b": matrix, "b->a": matrix}} of held-out reconstruction scores.
 
-    ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a". The
-    affine stitcher has a small ridge: dead ReLU units make its fit singular.
+    ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a" (from :func:`_moment_tables`).
     """
-    names = [f"stitch/{fam}" for fam in similarity.FAMILIES]
-    g = similarity.compare_grid(feats_a, feats_b, measures=names, split=cfg.stitch_split,
-                                key=jax.random.key(0), ridge=cfg.stitch_ridge)
     return {
-        fam: {"a->b": np.asarray(g.tables[f"stitch/{fam}"]), "b->a": np.asarray(g.tables[f"stitch/{fam}/reverse"])}
+        fam: {"a->b": np.asarray(tables[f"stitch/{fam}"]), "b->a": np.asarray(tables[f"stitch/{fam}/reverse"])}
         for fam in similarity.FAMILIES
     }
 
@@ -186,9 +194,11 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
 
     log(f"[2/5] {len(cfg.measures)} representational measures, layer x layer, on {len(x)} held-out inputs")
     metrics["representational"] = {}
+    tables: dict = {}
     for pair, (a, b) in pairs.items():
         undefined: list[str] = []
-        grid = _rep_grid(cfg, feats[a], feats[b], undefined)
+        tables[pair] = _moment_tables(cfg, feats[a], feats[b])
+        grid = _rep_grid(cfg, feats[a], feats[b], undefined, tables[pair])
         metrics["representational"][pair] = {"rows": f"{a}: {names[a]}", "cols": f"{b}: {names[b]}",
                                              **grid, "undefined": undefined}
         if undefined:
@@ -203,7 +213,7 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
     log("[3/5] closed-form stitching: 3 families x both directions, held-out scores")
     metrics["stitching"] = {}
     for pair, (a, b) in pairs.items():
-        st = _stitch_grid(cfg, feats[a], feats[b])
+        st = _stitch_grid(tables[pair])
         metrics["stitching"][pair] = {"rows": f"{a}: {names[a]}", "cols": f"{b}: {names[b]}", **st}
         mats = {}
         for fam, d in st.items():

@@ -459,8 +459,8 @@ def validate_network(net, name: str = "net", *, batch_ndim: int = 0) -> tuple:
     return _cast_network(net, functools.reduce(jnp.promote_types, dtypes), name)
 
 
-def _cast_network(net: tuple, dtype, name: str) -> tuple:
-    """Every leaf as a ``jax.Array`` of ``dtype``, NaN/Inf-checked when concrete."""
+def _cast_network(net: tuple, dtype, name: str, *, check: bool = True) -> tuple:
+    """Every leaf as a ``jax.Array`` of ``dtype``; with ``check``, NaN/Inf-checked when concrete."""
     out = []
     for i, layer in enumerate(net):
         cast = {}
@@ -469,8 +469,9 @@ def _cast_network(net: tuple, dtype, name: str) -> tuple:
             if f.name == "residual" or value is None:
                 continue
             value = jnp.asarray(value)
-            check_finite(value, f"{name}[{i}].{f.name}")
-            cast[f.name] = value.astype(dtype)
+            if check:
+                check_finite(value, f"{name}[{i}].{f.name}")
+            cast[f.name] = value if value.dtype == dtype else value.astype(dtype)
         out.append(dataclasses.replace(layer, **cast))
     return tuple(out)
 
@@ -518,7 +519,7 @@ def validate_network_pair(net_a, net_b, /, *, names: tuple[str, str] = ("net_a",
         )
     dt = jnp.promote_types(jax.tree_util.tree_leaves(net_a)[0].dtype,
                            jax.tree_util.tree_leaves(net_b)[0].dtype)
-    return _cast_network(net_a, dt, na), _cast_network(net_b, dt, nb)
+    return _cast_network(net_a, dt, na, check=False), _cast_network(net_b, dt, nb, check=False)
 
 
 def resolve_outputs(outputs: Any, n_out: int, name: str = "outputs") -> tuple | None:
