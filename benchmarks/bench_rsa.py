@@ -19,19 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import time
 
 import numpy as np
 
-
-def _median_time(f, repeats: int) -> float:
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+from benchmarks.bench_cka import _median_time
 
 
 def scipy_rsa(x, y, metric: str, compare: str) -> float:
@@ -79,9 +71,11 @@ def main(argv: list[str] | None = None) -> str:
             v = float(f())
             first = time.perf_counter() - t0
             t = _median_time(f, args.repeats)
+            scipy_rsa(x, y, metric, compare)  # warm-up (imports, first-call overheads)
             ts = _median_time(lambda: scipy_rsa(x, y, metric, compare), max(1, args.repeats // 2))
             ref = scipy_rsa(x64, y64, metric, compare)
             try:
+                rsatoolbox_rsa(x, y, metric, compare)  # warm-up
                 tr = _median_time(lambda: rsatoolbox_rsa(x, y, metric, compare), max(1, args.repeats // 2))
                 if metric == "euclidean":  # a monotone map of our RDM: the same Spearman value
                     assert abs(rsatoolbox_rsa(x64, y64, metric, compare) - ref) < 1e-9

@@ -7,11 +7,15 @@ cosine; or, with ``compare="cosine_cov"``, by the cosine of the two
 double-centred full RDMs ``H D H``. For squared-Euclidean RDMs that last
 comparison is exactly linear CKA, because ``H D H = -2 H X X^T H``.
 
-Costs: an RDM is ``O(n^2 d)``, computed row by row from direct differences
-(not a matrix product), so that identical samples give exactly tied distances,
-as in ``scipy.spatial.distance.pdist``, and Spearman/Kendall see the ties; Spearman sorts the ``m = n(n-1)/2`` pairs;
-Kendall tau-a compares all pairs of pairs, ``O(m^2) = O(n^4)`` time in
-``O(m)`` memory, so keep n below a few hundred for it.
+Costs: an RDM is one Gram matrix (a GEMM, ``O(n^2 d)``), exactly symmetric,
+with identical samples given exactly equal rows (found by an exact, hash-assisted
+row comparison) and integer-valued data shifted by an integer, so that tied
+distances stay exactly tied, as in ``scipy.spatial.distance.pdist``, and
+Spearman/Kendall see the ties. The ``m = n(n-1)/2`` pairs are taken in
+circulant order (no index table). Spearman ranks each side with one integer
+sort, ``O(m log m)``. Kendall tau-a compares all pairs of pairs,
+``O(m^2) = O(n^4)`` time in ``O(m)`` memory, and is refused above
+``KENDALL_MAX_ENTRIES`` entries (n of about 630).
 
 Validation follows :mod:`similarity._validate`: under a user's ``jit``/``vmap``
 the value checks are skipped and degenerate input gives NaN.
