@@ -103,8 +103,9 @@ def _rdm(x: jax.Array, metric: str) -> jax.Array:
         sq = jnp.sum(z * z, axis=1)
         g = jnp.einsum("id,jd->ij", z, z)
         d = jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * g, 0.0)
-        if metric == "euclidean":
-            d = jnp.sqrt(d)  # the diagonal is set to 0 below; no gradient flows through it
+        if metric == "euclidean":  # sqrt with a zero-safe gradient (the diagonal, duplicates)
+            pos = d > 0
+            d = jnp.where(pos, jnp.sqrt(jnp.where(pos, d, 1.0)), 0.0)
     d = (d + d.T) / 2
     rep = _first_equal_row(x)
     d = d[rep][:, rep]
