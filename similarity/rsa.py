@@ -299,10 +299,26 @@ def _ranks(v: jax.Array) -> jax.Array:
 _ranks_jit = jax.jit(_ranks)
 
 
+def _sum(v: jax.Array) -> jax.Array:
+    """Sum of a long vector in two stages (blocks of 1024, then the block sums).
+
+    Over millions of RDM entries a float32 running sum loses about 1e-4 of
+    relative accuracy; summing blocks first keeps it near 1e-6.
+    """
+    m = v.shape[0]
+    k = 1024 if m > 4096 else max(m, 1)
+    v = jnp.pad(v, (0, (-m) % k))
+    return jnp.sum(jnp.sum(v.reshape(-1, k), axis=1))
+
+
+def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
+    return _sum(a * b)
+
+
 def _pearson(a: jax.Array, b: jax.Array) -> jax.Array:
-    a = a - jnp.mean(a)
-    b = b - jnp.mean(b)
-    return jnp.dot(a, b) / jnp.sqrt(jnp.dot(a, a) * jnp.dot(b, b))
+    a = a - _sum(a) / a.shape[0]
+    b = b - _sum(b) / b.shape[0]
+    return _dot(a, b) / jnp.sqrt(_dot(a, a) * _dot(b, b))
 
 
 # Kendall's tau-a compares every pair of RDM entries: O(m^2) for m = n (n - 1) / 2
@@ -352,7 +368,7 @@ def compare_vectors(a: ArrayLike, b: ArrayLike, /, *, compare: str = "spearman")
     if compare == "kendall":
         return _kendall_tau_a(a, b)
     if compare == "cosine":
-        return jnp.dot(a, b) / jnp.sqrt(jnp.dot(a, a) * jnp.dot(b, b))
+        return _dot(a, b) / jnp.sqrt(_dot(a, a) * _dot(b, b))
     raise ValueError(f"compare_vectors: unknown compare {compare!r}; use rsa(...) for 'cosine_cov'.")
 
 
@@ -373,7 +389,8 @@ def _rsa_side(x: jax.Array, rdm_metric: str, compare: str) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("compare",))
 def _rsa_compare(a: jax.Array, b: jax.Array, compare: str) -> jax.Array:
     if compare == "cosine_cov":
-        return jnp.sum(a * b) / jnp.sqrt(jnp.sum(a * a) * jnp.sum(b * b))
+        a, b = a.reshape(-1), b.reshape(-1)
+        return _dot(a, b) / jnp.sqrt(_dot(a, a) * _dot(b, b))
     return compare_vectors(a, b, compare=compare)
 
 
