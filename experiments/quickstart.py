@@ -2,9 +2,9 @@
 
 Run::
 
-    funsim quickstart                  # digits, about a minute on 2 CPU cores
+    funsim quickstart                  # digits (README.md gives its measured time)
     funsim quickstart --dataset mnist5k --steps 600
-    funsim quickstart --tiny           # a seconds-long smoke run
+    funsim quickstart --tiny           # a smoke run: tiny models, about 30 s of CPU, mostly compilation
 
 Steps:
 
@@ -276,7 +276,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated registry names, or 'all' (default: a representative set)")
     parser.add_argument("--root", default="results", help="results root directory (default: results)")
     parser.add_argument("--run", default=None, help="run name (default: a UTC timestamp)")
-    parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke configuration")
+    parser.add_argument("--tiny", action="store_true",
+                        help="a smoke run: tiny models and data (about 30 s of CPU time, mostly XLA compilation)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
 
 
