@@ -36,7 +36,8 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from experiments.io import read_json, to_jsonable, write_json_atomic
+from models.io import checkpoint_manager as _checkpoint_manager
+from models.io import read_json, to_jsonable, write_json_atomic
 
 __all__ = ["TrainConfig", "TrainResult", "train", "power_schedule", "list_checkpoints", "load_checkpoint"]
 
@@ -188,15 +189,6 @@ def _check_data(model, x, y, name):
         raise ValueError(f"y_{name} must hold integer class labels, got dtype {y.dtype}.")
     if len(y) and (y.min() < 0 or y.max() >= out.shape[-1]):
         raise ValueError(f"y_{name} has labels in [{y.min()}, {y.max()}], outside [0, {out.shape[-1]}) (the model's outputs).")
-
-
-def _checkpoint_manager(workdir: pathlib.Path):
-    import orbax.checkpoint as ocp
-
-    return ocp.CheckpointManager(
-        (workdir / "checkpoints").absolute(),
-        options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True, enable_async_checkpointing=False),
-    )
 
 
 def _to_tree(params, opt_state):

@@ -81,6 +81,7 @@ from similarity.task_stitching import train_stitchers as train_stitchers
 # --- multilinear networks and tensor similarity ---
 from similarity.multilinear import BilinearLayer as BilinearLayer
 from similarity.multilinear import LinearLayer as LinearLayer
+from similarity.multilinear import Node as Node
 from similarity.multilinear import apply_layer as apply_layer
 from similarity.multilinear import apply_network as apply_network
 from similarity.multilinear import difference as difference
@@ -90,6 +91,7 @@ from similarity.multilinear import lift as lift
 from similarity.multilinear import lift_linear as lift_linear
 from similarity.multilinear import network_depth as network_depth
 from similarity.multilinear import validate_network as validate_network
+from similarity.multilinear import validate_network_pair as validate_network_pair
 from similarity.tensor_similarity import METHODS as TENSOR_METHODS
 from similarity.tensor_similarity import METRICS as TENSOR_METRICS
 from similarity.tensor_similarity import behavioral_similarity as behavioral_similarity

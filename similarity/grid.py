@@ -282,8 +282,7 @@ def _check_layers(vals, name, *, eager_values, streaming):
                 z = V.as_float_array(z, nm)
             if not hasattr(z, "shape") or len(z.shape) != 2:
                 raise ValueError(f"{nm} must be a 2-D (n, d) array, got {getattr(z, 'shape', type(z))}.")
-            if not np.issubdtype(np.dtype(z.dtype), np.floating):
-                raise TypeError(f"{nm} has dtype {z.dtype}; pass float arrays.")
+            V.compute_dtype(z.dtype, nm)  # complex or non-numeric: TypeError
             if z.shape[0] < 2 or z.shape[1] < 1:
                 raise ValueError(f"{nm} has shape {tuple(z.shape)}; it needs at least 2 samples and 1 feature.")
             out.append(z)
@@ -385,7 +384,8 @@ def compare_grid(
       reps_a: dict ``{name: (n, d_i)}`` or list of ``(n, d_i)`` arrays.
       reps_b: the same for the other model (default: ``reps_a``). Same ``n``
         samples, in the same order, as ``reps_a``.
-      measures: registry names (``similarity.list_measures()``), including
+      measures: registry names (``similarity.list_measures()``; one name may be
+        passed as a plain string), including
         ``"stitch/affine"``, ``"stitch/scaled_orthogonal"``, ``"stitch/orthogonal"``.
       split: train fraction or ``(train_idx, test_idx)`` for the stitching
         measures (the same split for every pair, as in
@@ -416,7 +416,7 @@ def compare_grid(
     streaming = chunk_size is not None
     rows, va = _as_layers(reps_a, "reps_a")
     cols, vb = _as_layers(reps_a if reps_b is None else reps_b, "reps_b")
-    measures = list(dict.fromkeys(measures))
+    measures = list(dict.fromkeys([measures] if isinstance(measures, str) else measures))
     if not measures:
         raise ValueError("measures is empty; e.g. measures=['cka/linear', 'stitch/affine'].")
     generic = {}
@@ -447,7 +447,7 @@ def compare_grid(
                     f"every layer must hold the same samples: reps_a[0] has n={n} but "
                     f"{nm}[{k}] has shape {tuple(z.shape)}."
                 )
-    dt = functools.reduce(jnp.promote_types, [jnp.dtype(z.dtype) for z in va + vb])
+    dt = functools.reduce(jnp.promote_types, [V.compute_dtype(z.dtype, "reps") for z in va + vb])
     plan = _make_plan(devices)
     moment = [m for m in measures if m in MOMENT_MEASURES]
     tables: dict[str, np.ndarray] = {}
@@ -484,8 +484,9 @@ def compare_grid(
         if need_split:
             n_tr = int(round(float(jnp.sum(w_tr))))
             dmax = max(z.shape[1] for z in va + vb)
-            if "stitch/affine" in moment:
-                S._check_affine_rank(n_tr, dmax, "affine", ridge, "the train split")
+            for m in moment:
+                if m.startswith("stitch/"):
+                    S._check_fit_rows(n_tr, dmax, m.split("/")[1], ridge, "the train split")
         # When the split covers every row once, the all-rows moments follow from the
         # train/test ones (see _shift_full) and need no GEMMs of their own.
         derive_full = need_split and need_full and bool(np.all(np.asarray(w_tr + w_te) == 1))

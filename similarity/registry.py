@@ -112,7 +112,7 @@ def _make(name, fn, kind, symmetric, invariances, description, bounds=(-math.inf
     lo, hi = (float(b) for b in bounds)
     if stats is not None and not isinstance(stats, LayerStats):
         raise TypeError(f"stats for measure {name!r} must be a LayerStats(layer, pair), got {type(stats).__name__}.")
-    return Measure(name, fn, kind, bool(symmetric), inv, description, (lo, hi), stats)
+    return Measure(name, fn, kind, V.check_bool(symmetric, "symmetric"), inv, description, (lo, hi), stats)
 
 
 def register(
@@ -158,7 +158,7 @@ def register(
     """
     if "=" in name:
         raise ValueError(f"measure name {name!r} must not contain '='; use register_family.")
-    if name in _REGISTRY and not overwrite:
+    if name in _REGISTRY and not V.check_bool(overwrite, "overwrite"):
         raise ValueError(f"measure {name!r} is already registered; pass overwrite=True.")
     m = _make(name, fn, kind, symmetric, invariances, description, bounds, stats)
     _REGISTRY[name] = m

@@ -67,7 +67,7 @@ def partial_whiten(x: ArrayLike, /, *, alpha: float = 1.0) -> jax.Array:
       >>> bool(np.allclose(c / c[0, 0], np.eye(3), atol=1e-4))
       True
     """
-    xc = _centre(jnp.asarray(x))
+    xc = _centre(V.as_float_array(x, "x"))
     if alpha == 1.0:
         return xc
     lam, v = jnp.linalg.eigh(jnp.einsum("nd,ne->de", xc, xc))

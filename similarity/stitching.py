@@ -93,7 +93,7 @@ def apply_stitcher(stitcher: Stitcher, z: ArrayLike, /) -> jax.Array:
     Returns:
       ``(n, d_tgt)``.
     """
-    z = jnp.asarray(z)
+    z = V.as_float_array(z, "z")
     return stitcher.scale * jnp.einsum("ns,st->nt", z, stitcher.weight) + stitcher.bias[None, :]
 
 
@@ -324,13 +324,24 @@ def _check_options(family: str, ridge: float) -> None:
         raise ValueError(f"ridge must be a non-negative float, got {ridge!r}.")
 
 
-def _check_affine_rank(n_fit: int, d_src: int, family: str, ridge: float, where: str) -> None:
-    if family == "affine" and ridge == 0 and n_fit - 1 < d_src:
+def _check_fit_rows(n_fit: int, d_src: int, family: str, ridge: float, where: str) -> None:
+    """One minimum-rows rule for every family: more fitting rows than source features.
+
+    With ``n_fit - 1 < d_src`` the centred fitting rows span fewer than ``d_src``
+    source directions, so no family's fit is determined on the rest: the affine
+    normal equations are singular, and an orthogonal ``Q`` is arbitrary there (any
+    completion of the SVD is optimal), so held-out predictions, which do have
+    components in those directions, would depend on that arbitrary choice. Only
+    the affine family has a regulariser that removes the ambiguity (``ridge > 0``).
+    """
+    if n_fit - 1 < d_src and not (family == "affine" and ridge > 0):
+        fix = "pass ridge > 0 (affine only, e.g. ridge=1e-3), " if family == "affine" else ""
         raise ValueError(
-            f"An unregularised affine fit needs more samples than source features: {where} "
-            f"has {n_fit} samples (n - 1 = {n_fit - 1} after centring) but z_src has "
-            f"{d_src} features, so the normal equations are singular. Pass ridge > 0 "
-            "(e.g. ridge=1e-3), use more samples, or reduce the width."
+            f"A stitcher fit needs more fitting rows than source features: {where} has {n_fit} "
+            f"rows (n - 1 = {n_fit - 1} after centring) but z_src has {d_src} features, so the "
+            f"{family} fit is not determined on the source directions those rows do not span "
+            "(singular normal equations; an arbitrary rotation there). Use more samples, "
+            f"{fix}or reduce the width."
         )
 
 
@@ -463,7 +474,9 @@ def fit_stitcher(
 
     Raises:
       ValueError: unknown family, mismatched sample counts, NaN/Inf, a constant
-        side, or fewer samples than source features for an unregularised affine fit.
+        side, or no more samples than source features (any family, except an
+        affine fit with ``ridge > 0``).
+      TypeError: complex input, or a non-bool ``normalize``.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -474,8 +487,9 @@ def fit_stitcher(
       2.0 True
     """
     _check_options(family, ridge)
+    normalize = V.check_bool(normalize, "normalize")
     x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"))
-    _check_affine_rank(x.shape[0], x.shape[1], family, ridge, "z_src")
+    _check_fit_rows(x.shape[0], x.shape[1], family, ridge, "z_src")
     V.check_not_constant(x, "z_src", what="the stitcher fit")
     V.check_not_constant(y, "z_tgt", what="the stitcher fit")
     weight, bias, scale = _fit_core(
@@ -526,8 +540,9 @@ def reconstruction_score(
       :class:`ReconstructionScore` ``(held_out, in_sample)``, each ``()``.
 
     Raises:
-      ValueError: unknown family, bad split, too few train rows for an
-        unregularised affine fit, mismatched samples, NaN/Inf, constant input.
+      ValueError: unknown family, bad split, no more train rows than source
+        features (any family, except an affine fit with ``ridge > 0``),
+        mismatched samples, NaN/Inf, constant input.
 
     Examples:
       >>> import jax
@@ -539,8 +554,8 @@ def reconstruction_score(
     _check_options(family, ridge)
     x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"))
     w_tr, w_te = split_weights(x.shape[0], split, key, x.dtype)
-    _check_affine_rank(int(round(float(jnp.sum(w_tr)))) if V.is_concrete(w_tr) else x.shape[0],
-                       x.shape[1], family, ridge, "the train split")
+    _check_fit_rows(int(round(float(jnp.sum(w_tr)))) if V.is_concrete(w_tr) else x.shape[0],
+                    x.shape[1], family, ridge, "the train split")
     _check_nonconstant_train(x, w_tr, "z_src")
     _check_nonconstant_train(y, w_tr, "z_tgt")
     out = _score_core(x, y, w_tr, w_te, family=family, ridge=float(ridge))
@@ -636,7 +651,8 @@ def fit_stitchers(
       [(3, 2), (5, 2)]
     """
     _check_options(family, ridge)
-    opts = dict(family=family, ridge=float(ridge), normalize=bool(normalize))
+    bucket = V.check_bool(bucket, "bucket")
+    opts = dict(family=family, ridge=float(ridge), normalize=V.check_bool(normalize, "normalize"))
     if hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim"):
         xs, ys = V.as_float_array(zs_src, "zs_src"), V.as_float_array(zs_tgt, "zs_tgt")
         if xs.ndim != 3 or ys.ndim != 3 or xs.shape[:2] != ys.shape[:2]:
@@ -644,7 +660,7 @@ def fit_stitchers(
                 "Stacked zs_src and zs_tgt must be (b, n, d) arrays with the same b and n, got "
                 f"{tuple(xs.shape)} and {tuple(ys.shape)}."
             )
-        _check_affine_rank(xs.shape[1], xs.shape[2], family, ridge, "zs_src")
+        _check_fit_rows(xs.shape[1], xs.shape[2], family, ridge, "zs_src")
         dt = jnp.promote_types(xs.dtype, ys.dtype)
         weight, bias, scale, flags = _fit_stacked(xs.astype(dt), ys.astype(dt), **opts)
         _raise_flags(flags, range(xs.shape[0]))
@@ -661,7 +677,7 @@ def fit_stitchers(
         # shapes and dtypes here; values (NaN/Inf, constant sides) are checked
         # inside the batched call, in one pass, and raised below
         x, y = V.check_pair(a, b, (f"zs_src[{i}]", f"zs_tgt[{i}]"), finite=False)
-        _check_affine_rank(x.shape[0], x.shape[1], family, ridge, f"zs_src[{i}]")
+        _check_fit_rows(x.shape[0], x.shape[1], family, ridge, f"zs_src[{i}]")
         pairs.append((x, y))
     ns = {x.shape[0] for x, _ in pairs}
     if len(ns) != 1:

@@ -21,8 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from similarity.multilinear import apply_network, network_depth
-from similarity.tensor_similarity import _check_pair, _promote, _resolve_outputs
+from similarity.multilinear import apply_network, network_depth, resolve_outputs, validate_network_pair
 
 __all__ = ["monte_carlo_inner", "quadrature_inner", "MAX_QUADRATURE_POINTS"]
 
@@ -91,13 +90,12 @@ def monte_carlo_inner(
       >>> bool(abs(est - 2.0) < 4 * se)
       True
     """
-    net_a, net_b = _check_pair(net_a, net_b)
+    net_a, net_b = validate_network_pair(net_a, net_b)
     if not (isinstance(n_samples, (int, np.integer)) and n_samples >= 2):
         raise ValueError(f"n_samples must be an int >= 2, got {n_samples!r}.")
     if not (isinstance(chunk, (int, np.integer)) and chunk >= 1):
         raise ValueError(f"chunk must be a positive int, got {chunk!r}.")
-    outputs = _resolve_outputs(outputs, net_a[-1].d_out)
-    net_a, net_b = _promote(net_a, net_b)
+    outputs = resolve_outputs(outputs, net_a[-1].d_out)
     n_chunks = -(-int(n_samples) // int(chunk))
     chunk = -(-int(n_samples) // n_chunks)  # balanced chunks: at most n_chunks - 1 wasted draws
     return _mc_core(net_a, net_b, key, int(n_samples), chunk, outputs)
@@ -136,8 +134,8 @@ def quadrature_inner(net_a, net_b, /, *, outputs=None, chunk: int = 65536) -> ja
       >>> round(float(quadrature_inner(sq, sq)), 6)   # E[x^4]
       3.0
     """
-    net_a, net_b = _check_pair(net_a, net_b)
-    outputs = _resolve_outputs(outputs, net_a[-1].d_out)
+    net_a, net_b = validate_network_pair(net_a, net_b)
+    outputs = resolve_outputs(outputs, net_a[-1].d_out)
     depth = max(network_depth(net_a), network_depth(net_b))
     d = net_a[0].d_in
     n = 2**depth + 1
@@ -147,7 +145,6 @@ def quadrature_inner(net_a, net_b, /, *, outputs=None, chunk: int = 65536) -> ja
             f"d={d} inputs, more than MAX_QUADRATURE_POINTS={MAX_QUADRATURE_POINTS}; it is for "
             "small input widths. Use monte_carlo_inner (with a standard error) instead."
         )
-    net_a, net_b = _promote(net_a, net_b)
     dtype = jax.tree_util.tree_leaves(net_a)[0].dtype
     nodes, weights = _gauss_hermite(n)
     total = 0.0
