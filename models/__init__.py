@@ -22,6 +22,9 @@ from models.cnn import MobileNet as MobileNet
 from models.cnn import ResNet as ResNet
 from models.mlp import MLP as MLP
 from models.mlp import Linear as Linear
+from models.tails import TailApply as TailApply
+from models.tails import split_tail as split_tail
+from models.tails import stack_tails as stack_tails
 
 MODELS = {
     "linear": Linear,

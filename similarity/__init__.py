@@ -68,10 +68,11 @@ from similarity.usable_info import conditional_v_information as conditional_v_in
 from similarity.usable_info import pointwise_v_information as pointwise_v_information
 from similarity.usable_info import v_entropy as v_entropy
 from similarity.usable_info import v_information as v_information
-from similarity.task_stitching import DirectionResult as DirectionResult
-from similarity.task_stitching import FunctionalSimilarity as FunctionalSimilarity
+from similarity.task_stitching import INITS as INITS
+from similarity.task_stitching import LOSSES as LOSSES
+from similarity.task_stitching import OPTIMIZERS as OPTIMIZERS
+from similarity.task_stitching import TrainedStitcher as TrainedStitcher
 from similarity.task_stitching import TrainHistory as TrainHistory
-from similarity.task_stitching import functional_similarity as functional_similarity
 from similarity.task_stitching import resize_spatial as resize_spatial
 from similarity.task_stitching import stitch_representation as stitch_representation
 from similarity.task_stitching import stitching_loss as stitching_loss

@@ -613,12 +613,12 @@ def fit_stitchers(
     zs_tgt: Sequence[ArrayLike] | ArrayLike,
     /,
     *,
-    family: str = "affine",
+    family: str | Sequence[str] = "affine",
     ridge: float = 0.0,
     normalize: bool = True,
     bucket: bool = True,
-) -> list[Stitcher] | Stitcher:
-    """Fit many stitchers in one vmapped, jit-compiled call per width bucket.
+) -> list[Stitcher]:
+    """Fit many stitchers in one vmapped, jit-compiled call per family and width bucket.
 
     Problems of different widths are zero-padded to a common width, with
     feature masks (padded source features get a unit diagonal in the normal
@@ -627,20 +627,21 @@ def fit_stitchers(
     :func:`fit_stitcher`. With ``bucket=True`` (default) each width is padded
     only up to the next power of two and each ``(source, target)`` bucket is
     one vmapped call, which bounds the padding waste by 2x per side; with
-    ``bucket=False`` every problem is padded to the largest width and the
-    whole batch is a single call (one compilation).
+    ``bucket=False`` every problem of a family is padded to the largest width
+    and they are a single call (one compilation).
 
     Args:
-      zs_src: a sequence of ``(n, d_src_i)`` arrays (same ``n``), or one stacked
+      zs_src: a sequence of b ``(n, d_src_i)`` arrays (same ``n``), or one stacked
         ``(b, n, d_src)`` array.
       zs_tgt: the matching ``(n, d_tgt_i)`` arrays, or ``(b, n, d_tgt)``.
-      family, ridge, normalize: as in :func:`fit_stitcher`.
+      family: one family for all, or b families (see ``FAMILIES``).
+      ridge, normalize: as in :func:`fit_stitcher`.
       bucket: group problems into power-of-two width buckets (see above).
 
     Returns:
-      For sequences, a list of :class:`Stitcher` (unpadded). For stacked arrays,
-      one batched :class:`Stitcher` with ``weight (b, d_src, d_tgt)``,
-      ``bias (b, d_tgt)``, ``scale (b,)``.
+      b :class:`Stitcher` (unpadded), in order, whatever the input form; stack
+      them with ``jax.tree.map(lambda *a: jnp.stack(a), *stitchers)`` when
+      they share a shape and family.
 
     Examples:
       >>> import jax
@@ -650,22 +651,36 @@ def fit_stitchers(
       >>> [tuple(s.weight.shape) for s in fit_stitchers(xs, ys)]
       [(3, 2), (5, 2)]
     """
-    _check_options(family, ridge)
     bucket = V.check_bool(bucket, "bucket")
-    opts = dict(family=family, ridge=float(ridge), normalize=V.check_bool(normalize, "normalize"))
-    if hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim"):
+    stacked = hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim")
+    b = zs_src.shape[0] if stacked else len(zs_src)
+    fams = (family,) * b if isinstance(family, str) else tuple(family)
+    if len(fams) != b:
+        raise ValueError(f"family has {len(fams)} entries but there are {b} problems.")
+    for fam in fams:
+        _check_options(fam, ridge)
+    opts = dict(ridge=float(ridge), normalize=V.check_bool(normalize, "normalize"))
+    out: list[Stitcher | None] = [None] * b
+    if stacked:
         xs, ys = V.as_float_array(zs_src, "zs_src"), V.as_float_array(zs_tgt, "zs_tgt")
         if xs.ndim != 3 or ys.ndim != 3 or xs.shape[:2] != ys.shape[:2]:
             raise ValueError(
                 "Stacked zs_src and zs_tgt must be (b, n, d) arrays with the same b and n, got "
                 f"{tuple(xs.shape)} and {tuple(ys.shape)}."
             )
-        _check_fit_rows(xs.shape[1], xs.shape[2], family, ridge, "zs_src")
         dt = jnp.promote_types(xs.dtype, ys.dtype)
-        weight, bias, scale, flags = _fit_stacked(xs.astype(dt), ys.astype(dt), **opts)
-        _raise_flags(flags, range(xs.shape[0]))
-        _check_finite_result(weight, "A fitted stitcher weight")
-        return Stitcher(weight, bias, scale, family=family)
+        for fam in dict.fromkeys(fams):
+            idx = [i for i, f in enumerate(fams) if f == fam]
+            _check_fit_rows(xs.shape[1], xs.shape[2], fam, ridge, "zs_src")
+            sel = jnp.asarray(idx)
+            weight, bias, scale, flags = _fit_stacked(
+                xs[sel].astype(dt), ys[sel].astype(dt), family=fam, **opts
+            )
+            _raise_flags(flags, idx)
+            _check_finite_result(weight, "A fitted stitcher weight")
+            for k, i in enumerate(idx):
+                out[i] = Stitcher(weight[k], bias[k], scale[k], family=fam)
+        return out
     zs_src, zs_tgt = list(zs_src), list(zs_tgt)
     if len(zs_src) != len(zs_tgt) or not zs_src:
         raise ValueError(
@@ -673,30 +688,29 @@ def fit_stitchers(
             f"{len(zs_tgt)}."
         )
     pairs = []
-    for i, (a, b) in enumerate(zip(zs_src, zs_tgt)):
+    for i, (a, b_) in enumerate(zip(zs_src, zs_tgt)):
         # shapes and dtypes here; values (NaN/Inf, constant sides) are checked
         # inside the batched call, in one pass, and raised below
-        x, y = V.check_pair(a, b, (f"zs_src[{i}]", f"zs_tgt[{i}]"), finite=False)
-        _check_fit_rows(x.shape[0], x.shape[1], family, ridge, f"zs_src[{i}]")
+        x, y = V.check_pair(a, b_, (f"zs_src[{i}]", f"zs_tgt[{i}]"), finite=False)
+        _check_fit_rows(x.shape[0], x.shape[1], fams[i], ridge, f"zs_src[{i}]")
         pairs.append((x, y))
     ns = {x.shape[0] for x, _ in pairs}
     if len(ns) != 1:
         raise ValueError(f"All problems must share the sample count n; got n in {sorted(ns)}.")
     dt = functools.reduce(jnp.promote_types, [x.dtype for x, _ in pairs])
-    groups: dict[tuple[int, int], list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for i, (x, y) in enumerate(pairs):
         k = (_bucket(x.shape[1]), _bucket(y.shape[1])) if bucket else (0, 0)
-        groups.setdefault(k, []).append(i)
-    out: list[Stitcher | None] = [None] * len(pairs)
-    for idx in groups.values():
+        groups.setdefault((fams[i], *k), []).append(i)
+    for (fam, *_), idx in groups.items():
         xs = tuple(pairs[i][0].astype(dt) for i in idx)
         ys = tuple(pairs[i][1].astype(dt) for i in idx)
-        weights, biases, scale, flags = _fit_group(xs, ys, **opts)
+        weights, biases, scale, flags = _fit_group(xs, ys, family=fam, **opts)
         _raise_flags(flags, idx)
         for w in weights:
             _check_finite_result(w, "A fitted stitcher weight")
         for k, i in enumerate(idx):
-            out[i] = Stitcher(weights[k], biases[k], scale[k], family=family)
+            out[i] = Stitcher(weights[k], biases[k], scale[k], family=fam)
     return out
 
 
