@@ -85,7 +85,9 @@ class BilinearMLP(FeatureModel):
     ``down((left z + lb) * (right z + rb)) + db [+ z]`` (biases if ``bias``,
     the ``+ z`` if ``residual``); ``logits = U z [+ u]``.
 
-    Layers: ``("embed", "bilinear0", ..., "logits")``.
+    Layers: ``("embed", "bilinear0", ..., "logits")``; without the embedding
+    (``embed=False``) the first bilinear layer reads ``flatten(x)`` directly
+    (``left, right: (d_hidden, d_in)``) and the layers are ``("bilinear0", ..., "logits")``.
 
     Args:
       input_shape: per-sample shape (int or tuple); inputs are flattened.
@@ -95,6 +97,9 @@ class BilinearMLP(FeatureModel):
       n_layers: number of bilinear layers.
       residual: add each layer's input to its output.
       bias: biases in the embedding, the bilinear layers and the head.
+      embed: start with the linear embedding; ``False`` feeds the flattened input
+        straight into the first bilinear layer (which then cannot be residual
+        unless ``d_model`` equals the input size).
       rngs: ``nnx.Rngs``.
 
     Examples:
@@ -105,6 +110,8 @@ class BilinearMLP(FeatureModel):
       >>> x = jnp.ones((2, 4))
       >>> bool(jnp.allclose(apply_network(m.to_network(), x), m(x), atol=1e-5))
       True
+      >>> BilinearMLP(4, 3, d_model=8, n_layers=1, residual=False, embed=False, rngs=nnx.Rngs(0)).layer_names()
+      ('bilinear0', 'logits')
     """
 
     def __init__(
@@ -117,20 +124,33 @@ class BilinearMLP(FeatureModel):
         n_layers: int = 1,
         residual: bool = True,
         bias: bool = False,
+        embed: bool = True,
         rngs: nnx.Rngs,
     ):
         self.input_shape = _shape(input_shape)
         d_in = int(np.prod(self.input_shape))
-        self.embed = LinearParams(d_in, d_model, bias=bias, rngs=rngs)
+        if not embed and residual and d_in != d_model:
+            raise ValueError(
+                f"BilinearMLP(embed=False, residual=True) adds the input (d_in={d_in}) to the first "
+                f"layer's output (d_model={d_model}); they must be equal. Pass residual=False, or "
+                "keep the embedding."
+            )
+        self.embed = LinearParams(d_in, d_model, bias=bias, rngs=rngs) if embed else None
+        widths = [d_model if embed or i else d_in for i in range(n_layers)]
         self.layers = nnx.List(
-            [BilinearParams(d_model, d_hidden, d_model, bias=bias, residual=residual, rngs=rngs) for _ in range(n_layers)]
+            [BilinearParams(w, d_hidden, d_model, bias=bias, residual=residual, rngs=rngs) for w in widths]
         )
         self.head = LinearParams(d_model, n_classes, bias=bias, rngs=rngs)
 
     def _stage_names(self):
-        return ("embed", *(f"bilinear{i}" for i in range(len(self.layers))), "logits")
+        first = ("embed",) if self.embed is not None else ()
+        return (*first, *(f"bilinear{i}" for i in range(len(self.layers))), "logits")
 
     def _stage(self, i, z):
+        if self.embed is None:
+            i += 1  # no embedding stage
+            if i == 1:
+                z = z.reshape(z.shape[0], -1)
         if i == 0:
             return self.embed(z.reshape(z.shape[0], -1))
         if i <= len(self.layers):
@@ -143,7 +163,8 @@ class BilinearMLP(FeatureModel):
         ``similarity.apply_network(model.to_network(), x.reshape(n, -1))``
         equals ``model(x)``.
         """
-        return (self.embed.to_layer(), *(l.to_layer() for l in self.layers), self.head.to_layer())
+        first = (self.embed.to_layer(),) if self.embed is not None else ()
+        return (*first, *(l.to_layer() for l in self.layers), self.head.to_layer())
 
 
 def bilinear_attention(
