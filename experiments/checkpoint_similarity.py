@@ -568,6 +568,6 @@ def curves_over_steps(
     if ylim is not None:
         ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncols=2 if len(series) > 5 else 1, loc="lower left")
+    ax.legend(fontsize=7, ncols=2 if len(series) > 5 else 1, loc="best")
     fig.tight_layout()
     return save(fig, path)

@@ -128,7 +128,9 @@ CONFIGS = {
 }
 
 
-def _train_config(cfg: ForgettingConfig):
+def _train_config(cfg: ForgettingConfig, n_smallest: int = 2048):
+    """The AdamW config of every stage; the fixed train subset evaluated has the size of the
+    smallest stage's training set (at most 2048), so one compiled evaluation serves every stage."""
     from models.train import TrainConfig
 
     if cfg.lr_schedule not in ("cosine", "constant"):
@@ -139,6 +141,7 @@ def _train_config(cfg: ForgettingConfig):
         # optax's warmup-cosine schedule needs one warm-up step (at rate 0); then cosine decay to 0
         warmup_steps=1 if cfg.lr_schedule == "cosine" else 0,
         seed=cfg.seed, eval_every=cfg.checkpoint_every, checkpoint_every=cfg.checkpoint_every,
+        eval_train_size=min(2048, n_smallest),
     )
 
 
@@ -189,9 +192,9 @@ def _difference_network(cfg, ds_b, out, progress, log):
 
     digits = tuple(range(10))
     base = tuple(d for d in digits if d != cfg.target)
-    tcfg = _train_config(cfg)
     model = _make_model(cfg, ds_b.input_shape, 10, cfg.seed + 1)
     stages = _stages(cfg, ds_b.x_train, ds_b.y_train, (("base without target", base), ("fine-tune all", digits)))
+    tcfg = _train_config(cfg, min(len(s.y_train) for s in stages))
     res = cur.train_stages(model, stages, ds_b.x_test, ds_b.y_test, config=tcfg, workdir=out / "model_b",
                            carry_optimizer=cfg.carry_optimizer, progress=progress, log=log)
     nets = cur.load_stage_networks(lambda: _make_model(cfg, ds_b.input_shape, 10, cfg.seed + 1), res)
@@ -226,9 +229,10 @@ def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name
 
     stamp(f"[1/5] training through {len(names)} stages on {ds.name} ({len(ds_a.y_train)} training images"
           + (", the other half for the second model)" if half < len(ds.y_train) else ")"))
-    tcfg = _train_config(cfg)
+    stages = _stages(cfg, ds_a.x_train, ds_a.y_train, cfg.curriculum)
+    tcfg = _train_config(cfg, min(len(s.y_train) for s in stages))
     model = _make_model(cfg, ds.input_shape, n_classes, cfg.seed)
-    res = cur.train_stages(model, _stages(cfg, ds_a.x_train, ds_a.y_train, cfg.curriculum), ds.x_test, ds.y_test,
+    res = cur.train_stages(model, stages, ds.x_test, ds.y_test,
                            config=tcfg, workdir=out / "model_a", carry_optimizer=cfg.carry_optimizer,
                            progress=progress, log=log)
     steps = res.steps
