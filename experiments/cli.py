@@ -17,6 +17,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("experiments.compare", "compare two saved representation matrices (.npy/.npz)"),
     "quickstart": ("experiments.quickstart", "train small models offline and compare them end to end"),
     "grokking": ("experiments.grokking", "modular addition with one bilinear layer: phases from checkpoint similarity"),
+    "forgetting": ("experiments.forgetting", "catastrophic forgetting through a curriculum, localised by tensor similarity"),
+    "backdoor": ("experiments.backdoor", "detect a backdoor from the weights and clean data only"),
 }
 
 

@@ -88,11 +88,15 @@ class TrainResult:
       model: the trained model (the input model, updated in place).
       history: one dict per evaluation: step, test_loss, test_accuracy, train_loss, train_accuracy.
       resumed_from: the checkpoint step the run resumed from (0 for a fresh run).
+      opt_state: the optimiser state after the last step (pass it as
+        ``init_opt_state`` to continue with the same optimiser, e.g. in the next
+        stage of a curriculum).
     """
 
     model: nnx.Module
     history: list[dict[str, float]]
     resumed_from: int = 0
+    opt_state: Any = None
 
     @property
     def final(self) -> dict[str, float]:
@@ -136,11 +140,20 @@ def _make_optimizer(name, learning_rate, weight_decay, warmup_steps, steps) -> o
     raise ValueError(f"Unknown optimizer {name!r}. Valid options: 'adam', 'adamw', 'sgd'.")
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "batch_size"))
-def _train_step(graphdef, tx, batch_size, params, rest, opt_state, key, xs, ys, step):
-    """One optimiser step on the minibatch drawn with ``fold_in(key, step)``."""
-    idx = jax.random.choice(jax.random.fold_in(key, step), xs.shape[0], (batch_size,), replace=False)
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "batch_size", "transform"))
+def _train_step(graphdef, tx, batch_size, params, rest, opt_state, key, xs, ys, step, transform=None):
+    """One optimiser step on the minibatch drawn with ``fold_in(key, step)``.
+
+    With a ``transform``, that key is split in two: one half draws the
+    minibatch, the other is handed to ``transform(key, xb, yb) -> (xb, yb)``.
+    """
+    key = jax.random.fold_in(key, step)
+    if transform is not None:
+        key, tkey = jax.random.split(key)
+    idx = jax.random.choice(key, xs.shape[0], (batch_size,), replace=False)
     xb, yb = xs[idx], ys[idx]
+    if transform is not None:
+        xb, yb = transform(tkey, xb, yb)
 
     def loss_fn(p):
         return _loss_and_accuracy(nnx.merge(graphdef, p, rest)(xb), yb)[0]
@@ -191,6 +204,20 @@ def _check_data(model, x, y, name):
         raise ValueError(f"y_{name} has labels in [{y.min()}, {y.max()}], outside [0, {out.shape[-1]}) (the model's outputs).")
 
 
+def _check_opt_state(given, fresh):
+    """``given`` cast to the dtypes of ``fresh`` (the config's optimiser state), or a clear error."""
+    sg, sf = jax.tree.structure(given), jax.tree.structure(fresh)
+    lg, lf = jax.tree.leaves(given), jax.tree.leaves(fresh)
+    if sg != sf or [np.shape(a) for a in lg] != [np.shape(b) for b in lf]:
+        raise ValueError(
+            "init_opt_state does not match the optimiser state of this config and model "
+            f"(structure {sg} with leaf shapes {[np.shape(a) for a in lg]}, expected {sf} with "
+            f"{[np.shape(b) for b in lf]}). Pass the opt_state of a run with the same optimizer "
+            "and model, or None for a fresh optimiser."
+        )
+    return jax.tree.unflatten(sf, [jnp.asarray(a, b.dtype) for a, b in zip(lg, lf)])
+
+
 def _to_tree(params, opt_state):
     return {"params": jax.tree.leaves(params), "opt_state": jax.tree.leaves(opt_state)}
 
@@ -218,6 +245,8 @@ def train(
     workdir: str | pathlib.Path | None = None,
     progress: bool = True,
     callback: Callable[[int, dict | None], None] | None = None,
+    batch_transform: Callable | None = None,
+    init_opt_state: Any = None,
 ) -> TrainResult:
     """Train ``model`` with cross-entropy on integer labels; resumable.
 
@@ -234,6 +263,16 @@ def train(
       progress: show a tqdm progress bar.
       callback: called as ``callback(step, metrics_or_None)`` after every step
         (``step`` counts completed steps).
+      batch_transform: ``transform(key, xb, yb) -> (xb, yb)``, applied to every
+        training minibatch inside the jitted step (data poisoning, input noise);
+        evaluation always uses the untransformed data. It is a static argument
+        of the step, so it must be hashable and compare equal across calls to
+        reuse the compilation: use a frozen dataclass holding its options,
+        not a fresh closure. Its ``repr`` is part of the run's identity.
+      init_opt_state: start from this optimiser state instead of
+        ``tx.init(params)`` (e.g. the ``opt_state`` of the previous stage's
+        :class:`TrainResult`); it must have the structure of the config's
+        optimiser state. Its fingerprint is part of the run's identity.
 
     Returns:
       :class:`TrainResult`; ``model`` itself is updated in place.
@@ -255,6 +294,8 @@ def train(
 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt_state = tx.init(params)
+    if init_opt_state is not None:
+        opt_state = _check_opt_state(init_opt_state, opt_state)
     identity = {
         "config": to_jsonable(cfg),
         "model": {"class": type(model).__name__, "init_params_sha1": _fingerprint(*jax.tree.leaves(params))},
@@ -264,6 +305,11 @@ def train(
             "x_train_shape": list(x_train.shape),
         },
     }
+    # recorded only when used, so that runs saved before these options existed still resume
+    if batch_transform is not None:
+        identity["batch_transform"] = repr(batch_transform)
+    if init_opt_state is not None:
+        identity["init_opt_state_sha1"] = _fingerprint(*jax.tree.leaves(opt_state))
 
     history: list[dict] = []
     start = 0
@@ -316,7 +362,8 @@ def train(
     bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc=type(model).__name__, leave=False)
     for step in range(start, cfg.steps):
         params, opt_state, loss = _train_step(
-            graphdef, tx, cfg.batch_size, params, rest, opt_state, key, xs_tr, ys_tr, jnp.asarray(step, jnp.uint32)
+            graphdef, tx, cfg.batch_size, params, rest, opt_state, key, xs_tr, ys_tr, jnp.asarray(step, jnp.uint32),
+            transform=batch_transform,
         )
         done = step + 1
         m = None
@@ -335,7 +382,7 @@ def train(
     if manager is not None:
         manager.close()
     nnx.update(model, params)
-    return TrainResult(model, history, start)
+    return TrainResult(model, history, start, opt_state)
 
 
 def list_checkpoints(workdir: str | pathlib.Path) -> tuple[int, ...]:
