@@ -441,8 +441,12 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
     figures = []
     for name in loaded:
         entries = [e for e in manifest["models"].values() if e["dataset"] == name]
-        histories = {e["id"].split("/", 1)[1]: read_json(out / e["workdir"] / "metrics.json")["history"] for e in entries}
-        figures.append(plotting.training_curves(histories, out / f"training_{name}.png", title=f"Zoo on {name}: every model"))
+        panels: dict[str, dict] = {}
+        for e in entries:
+            history = read_json(out / e["workdir"] / "metrics.json")["history"]
+            panels.setdefault(f"{e['name']} ({e['arch']})", {})[f"seed {e['seed']}"] = history
+        figures.append(plotting.curve_panels(panels, out / f"training_{name}.png",
+                                             title=f"Zoo on {name}: accuracy while training (solid: test, dashed: train)"))
         figures.append(plotting.bar_chart({e["id"].split("/", 1)[1]: e["test_accuracy"] for e in entries},
                                           out / f"accuracy_{name}.png", title=f"Zoo on {name}: test accuracy",
                                           ylabel="test accuracy", ylim=(0, 1.08)))
@@ -467,9 +471,10 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
 def summary(cfg: ZooConfig, manifest: dict, metrics: dict) -> str:
     """The run's summary.md: what ran, accuracies per model and seed, published references."""
     lines = [f"# Model zoo `{cfg.name}`", ""]
-    lines.append(f"{metrics['n_models']} models, {len(metrics['architectures'])} architectures "
-                 f"({', '.join(metrics['architectures'])}), seeds {list(cfg.seeds)}; "
-                 f"training time {metrics['seconds_training']:.0f} s in total.")
+    lines.append(f"{metrics['n_models']} models: {len(cfg.models)} model types ({', '.join(m.name for m in cfg.models)}) "
+                 f"of {len(metrics['architectures'])} architecture families ({', '.join(metrics['architectures'])}), "
+                 f"seeds {list(cfg.seeds)}; training time {metrics['seconds_training']:.0f} s in total (the sum "
+                 "over models of each one's wall time, compilation included).")
     lines.append("")
     lines.append("| data set | status | train / test rows | coarse groupings (for the granularity claim) |")
     lines.append("|---|---|---|---|")

@@ -17,14 +17,18 @@ from experiments.io import read_json, to_jsonable
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+class Crash(Exception):
+    """A simulated interruption (a killed process) in the middle of a zoo."""
+
+
 def _counting_train(monkeypatch, fail_at=None):
-    """Patch models.train.train to record the workdirs it trains in (and to fail at call ``fail_at``)."""
+    """Patch models.train.train to record the workdirs it trains in (and to crash at call ``fail_at``)."""
     calls, real = [], models.train.train
 
     def wrapped(model, *args, workdir=None, **kw):
         calls.append(workdir.name)
         if fail_at is not None and len(calls) == fail_at:
-            raise KeyboardInterrupt("simulated interruption")
+            raise Crash("simulated interruption")
         return real(model, *args, workdir=workdir, **kw)
 
     monkeypatch.setattr(models.train, "train", wrapped)
@@ -37,7 +41,7 @@ def test_smoke_zoo_end_to_end_interrupted_and_resumed(tmp_path, monkeypatch):
     out = tmp_path / "zoo" / "smoke"  # the run name defaults to the config's name
 
     calls = _counting_train(monkeypatch, fail_at=3)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Crash):
         cli.main(args)
     partial = read_json(out / "zoo.json")
     assert not partial["complete"] and list(partial["models"]) == ["digits/linear_s0", "digits/linear_s1"]
