@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "grokking": ("experiments.grokking", "modular addition with one bilinear layer: phases from checkpoint similarity"),
     "forgetting": ("experiments.forgetting", "catastrophic forgetting through a curriculum, localised by tensor similarity"),
     "backdoor": ("experiments.backdoor", "detect a backdoor from the weights and clean data only"),
+    "zoo": ("experiments.zoo", "train a model zoo (data sets x architectures x seeds) for the similarity study"),
 }
 
 

@@ -18,8 +18,11 @@ from models.bilinear import BilinearMLP as BilinearMLP
 from models.bilinear import BilinearTransformer as BilinearTransformer
 from models.bilinear import bilinear_attention as bilinear_attention
 from models.cnn import CNN as CNN
+from models.cnn import DenseNet as DenseNet
 from models.cnn import MobileNet as MobileNet
 from models.cnn import ResNet as ResNet
+from models.cnn import ShuffleNet as ShuffleNet
+from models.cnn import channel_shuffle as channel_shuffle
 from models.mlp import MLP as MLP
 from models.mlp import Linear as Linear
 from models.tails import TailApply as TailApply
@@ -32,6 +35,8 @@ MODELS = {
     "cnn": CNN,
     "resnet": ResNet,
     "mobilenet": MobileNet,
+    "densenet": DenseNet,
+    "shufflenet": ShuffleNet,
     "bilinear_mlp": BilinearMLP,
     "bilinear_transformer": BilinearTransformer,
 }
