@@ -14,6 +14,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("experiments.compare", "compare two saved representation matrices (.npy/.npz)"),
     "quickstart": ("experiments.quickstart", "train small models offline and compare them end to end"),
+    "language": ("experiments.language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
 }
 
 

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.typing import ArrayLike
 
 from models.base import FeatureModel
 from models.mlp import _shape

@@ -26,12 +26,13 @@ similarity is ``<A|B> / sqrt(<A|A><B|B>)``. It depends only on the two functions
 on ``R^{context x V}``: any reparametrisation (heads permuted, ``(q1, k1)`` swapped
 with ``(q2, k2)``, a basis change inside a head, a basis change of the residual
 stream) leaves it unchanged. ``scale=1`` is the authors' choice; it makes
-``|g_t|^2 ~ V`` where a one-hot token has norm 1, which weighs the degree-5
-attention term ``~V^2`` times more, relative to the degree-1 direct path, than
-text does. ``scale = 1/sqrt(V)`` matches the second moment of a uniformly random
-one-hot token (``E[e e^T] = I/V``). We did not implement the alternative, the exact
-average over the ``V^context`` token sequences: it does not compose layer by
-layer, and it is not what the paper computed.
+``|g_t|^2 ~ V`` where a one-hot token has norm 1, which multiplies the amplitude
+of the degree-5 attention term by about ``V^2`` relative to the degree-1 direct
+path, compared with text. ``scale = 1/sqrt(V)`` matches the second moment of a
+uniformly random one-hot token (``E[e e^T] = I/V``). We did not implement the
+alternative, the exact average over the ``V^context`` token sequences: the
+closure's moment propagation does not apply to it, and it is not what the paper
+computed.
 
 **Methods** (all for a stated ``context``):
 
@@ -68,7 +69,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from similarity._validate import check_choice, check_finite, check_positive_result
-from similarity.tensor_similarity import _resolve_outputs
+from similarity.tensor_similarity import _resolve_outputs, _set_partitions
 
 __all__ = [
     "AttentionLayer",
@@ -374,18 +375,6 @@ def _swap_halves(x, axis):
     )
 
 
-def _set_partitions(items):
-    """All set partitions of a list (52 for five items)."""
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for part in _set_partitions(rest):
-        yield [[first]] + part
-        for i in range(len(part)):
-            yield part[:i] + [[first] + part[i]] + part[i + 1:]
-
-
 @dataclasses.dataclass(frozen=True)
 class _Level:
     """One level of the subset dynamic programme (all states with the same number of forms)."""
@@ -487,7 +476,7 @@ def _product_moment(cores, etas, kappa1):
 # of every form is a row of a projection table P_m (R_m, d_m) applied to x^m_t:
 # rows [Q1 | K1/e | Q2 | K2/e | V] (a e rows each, head-major) and the identity
 # (d rows), optionally mixed. pg[(m, m')] = P_m C P_m'^T holds all their
-# covariances, (T, R, T, R').
+# covariances, flattened to (T R, T R'); flat index = position * R + row.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,21 +533,15 @@ def _forms_moment(tables, forms):
     blocks = {}
     for m in models:
         for m2 in models:
-            if (m, m2) in tables["pg"]:
-                g = tables["pg"][(m, m2)][flat[m][:, :, None], flat[m2][:, None, :]]
-            else:
-                g = jnp.swapaxes(blocks[(m2, m)], 1, 2)
-                blocks[(m, m2)] = g
-                continue
-            blocks[(m, m2)] = g
-    mixed = {
-        key: jnp.swapaxes(_mix_rows(jnp.swapaxes(_mix_rows(g, [fams[i] for i in by_model[key[0]]], r), 1, 2),
-                                    [fams[i] for i in by_model[key[1]]], r), 1, 2)
-        for key, g in blocks.items()
-    }
-    big = jnp.concatenate(
-        [jnp.concatenate([mixed[(m, m2)] for m2 in models], 2) for m in models], 1
-    )
+            key = (m, m2)
+            blocks[key] = (tables["pg"][key][flat[m][:, :, None], flat[m2][:, None, :]] if key in tables["pg"]
+                           else jnp.swapaxes(blocks[(m2, m)], 1, 2))
+
+    def mixed(key):  # each family's mix applied to its rows, then to its columns
+        g = _mix_rows(blocks[key], [fams[i] for i in by_model[key[0]]], r)
+        return jnp.swapaxes(_mix_rows(jnp.swapaxes(g, 1, 2), [fams[i] for i in by_model[key[1]]], r), 1, 2)
+
+    big = jnp.concatenate([jnp.concatenate([mixed((m, m2)) for m2 in models], 2) for m in models], 1)
     big = jnp.pad(big, ((0, 0), (0, r), (0, r)))  # a zero block for the beta of linear forms
     slot, start = {}, 0
     for m in models:
@@ -667,6 +650,9 @@ def _sum_over(fn, index, chunk):
     valid = (np.arange(n_chunks * chunk) < n).reshape(n_chunks, chunk)
     dtype = jax.eval_shape(fn, jnp.asarray(index[0])).dtype
 
+    # Rematerialised: under grad (the closure's second moments) each chunk is
+    # recomputed in the backward pass, so memory stays that of one chunk.
+    @jax.checkpoint
     def body(total, args):
         ix, ok = args
         return total + jnp.sum(jnp.where(ok, fn(ix), 0)), None
@@ -1074,7 +1060,7 @@ def attention_similarity_matrix(
     Examples:
       >>> import jax.numpy as jnp
       >>> nets = [AttentionNetwork(jnp.eye(2), (), w) for w in (jnp.eye(2), jnp.ones((2, 2)))]
-      >>> attention_similarity_matrix(nets, context=1).round(4).tolist()
+      >>> np.asarray(attention_similarity_matrix(nets, context=1), float).round(4).tolist()
       [[1.0, 0.7071], [0.7071, 1.0]]
     """
     if isinstance(nets, (list, tuple)):

@@ -180,18 +180,28 @@ def quadrature_inner(net_a, net_b, /, *, outputs=None, chunk: int = 65536) -> ja
         )
     net_a, net_b = _promote(net_a, net_b)
     dtype = jax.tree_util.tree_leaves(net_a)[0].dtype
+
+    def products(x):
+        return jnp.einsum("no,no->n", _restrict(apply_network(net_a, x), outputs),
+                          _restrict(apply_network(net_b, x), outputs))
+
+    return _grid_sum(products, n, d, chunk, dtype)
+
+
+def _grid_sum(products, n, dims, chunk, dtype):
+    """``sum_grid w(x) products(x)`` over the tensor Gauss–Hermite grid of ``n`` nodes in ``dims`` dimensions.
+
+    ``products`` maps ``(m, dims)`` grid points to ``(m,)``; the grid is walked in chunks.
+    """
     nodes, weights = _gauss_hermite(n)
     total = 0.0
-    grid = itertools.product(range(n), repeat=d)
+    grid = itertools.product(range(n), repeat=dims)
     while True:
         block = np.array(list(itertools.islice(grid, chunk)), dtype=np.int64)
         if block.size == 0:
             break
-        x = jnp.asarray(nodes[block], dtype)
         w = jnp.asarray(np.prod(weights[block], axis=1), dtype)
-        ya = _restrict(apply_network(net_a, x), outputs)
-        yb = _restrict(apply_network(net_b, x), outputs)
-        total = total + jnp.einsum("n,no,no->", w, ya, yb)
+        total = total + jnp.dot(w, products(jnp.asarray(nodes[block], dtype)))
     return jnp.asarray(total, dtype)
 
 
@@ -321,15 +331,9 @@ def attention_quadrature_inner(
         )
     net_a, net_b = _promote_attention(net_a, net_b)
     dtype = net_a.embed.dtype
-    nodes, weights = _gauss_hermite(n)
-    total = 0.0
-    grid = itertools.product(range(n), repeat=dims)
-    while True:
-        block = np.array(list(itertools.islice(grid, chunk)), dtype=np.int64)
-        if block.size == 0:
-            break
-        g = jnp.asarray(scale * nodes[block].reshape(-1, int(context), net_a.vocab_size), dtype)
-        w = jnp.asarray(np.prod(weights[block], axis=1), dtype)
-        ya, yb = _attention_products(net_a, net_b, g, outputs)
-        total = total + jnp.einsum("n,ntv,ntv->", w, ya, yb)
-    return jnp.asarray(total, dtype)
+
+    def products(x):
+        ya, yb = _attention_products(net_a, net_b, scale * x.reshape(-1, int(context), net_a.vocab_size), outputs)
+        return jnp.einsum("ntv,ntv->n", ya, yb)
+
+    return _grid_sum(products, n, dims, chunk, dtype)

@@ -274,7 +274,7 @@ def test_symmetric_bounded_and_cauchy_schwarz(seed):
     assert float(ab) ** 2 <= float(aa) * float(bb) * (1 + 1e-10)
 
 
-def test_matrix_equals_pairwise_and_jit():
+def test_matrix_equals_pairwise_jit_and_vmap():
     nets = [NET_A, NET_B, REPARAM["head_permutation"]]
     mat = attention_similarity_matrix(nets, context=T)
     ref = np.array([[float(attention_similarity(x, y, context=T)) for y in nets] for x in nets])
@@ -284,6 +284,9 @@ def test_matrix_equals_pairwise_and_jit():
     np.testing.assert_allclose(attention_similarity_matrix(stacked, context=T), mat, rtol=1e-12)
     jitted = jax.jit(lambda a, b: attention_inner(a, b, context=T))(NET_A, NET_B)
     assert rel(jitted, attention_inner(NET_A, NET_B, context=T)) < 1e-12
+    vmapped = jax.vmap(lambda net: attention_inner(net, NET_B, context=T))(stacked)
+    looped = [float(attention_inner(net, NET_B, context=T)) for net in nets]
+    np.testing.assert_allclose(vmapped, looped, rtol=1e-10)
 
 
 def test_float32_agrees_with_float64():
