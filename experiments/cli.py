@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "forgetting": ("experiments.forgetting", "catastrophic forgetting through a curriculum, localised by tensor similarity"),
     "backdoor": ("experiments.backdoor", "detect a backdoor from the weights and clean data only"),
     "zoo": ("experiments.zoo", "train a model zoo (data sets x architectures x seeds) for the similarity study"),
+    "language": ("experiments.language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
 }
 
 

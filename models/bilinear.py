@@ -2,8 +2,10 @@
 
 Both are polynomials in their input: no elementwise nonlinearity, no softmax,
 no normalisation. Each bilinear layer is a :class:`similarity.BilinearLayer`
-evaluated by :func:`similarity.apply_layer`; the modules only own the
-``nnx.Param``s (STYLE.md 5).
+evaluated by :func:`similarity.apply_layer`, each attention layer a
+:class:`similarity.AttentionLayer` evaluated by
+:func:`similarity.bilinear_attention`; the modules only own the ``nnx.Param``s
+(STYLE.md 5).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.typing import ArrayLike
 
 from models.base import FeatureModel
 from models.mlp import _shape
+from similarity.attention import AttentionLayer, AttentionNetwork, apply_attention_layer
+from similarity.attention import bilinear_attention as bilinear_attention  # re-exported by models
 from similarity.multilinear import BilinearLayer, LinearLayer, apply_layer
 
 
@@ -184,48 +187,6 @@ class BilinearMLP(FeatureModel):
         )
 
 
-def bilinear_attention(
-    x: ArrayLike,
-    q1: ArrayLike,
-    k1: ArrayLike,
-    q2: ArrayLike,
-    k2: ArrayLike,
-    v: ArrayLike,
-    o: ArrayLike,
-    /,
-) -> jax.Array:
-    """Causal bilinear attention without softmax, added to the residual stream.
-
-    ``pattern[h, t, s] = (q1_t . k1_s)(q2_t . k2_s) / e^2`` for ``s <= t``
-    (0 otherwise), ``out_t = x_t + sum_h O_h sum_s pattern[h, t, s] v_s``,
-    where ``q1_t = Q1_h x_t`` etc.
-
-    Args:
-      x: ``(n, t, d)`` residual stream.
-      q1, k1, q2, k2, v: ``(a, e, d)`` per-head projections (a heads of size e).
-      o: ``(d, a, e)`` output projection.
-
-    Returns:
-      ``(n, t, d)``.
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> w = jnp.ones((1, 2, 3))
-      >>> bilinear_attention(jnp.zeros((1, 4, 3)), w, w, w, w, w, jnp.ones((3, 1, 2))).shape
-      (1, 4, 3)
-    """
-    x = jnp.asarray(x)
-    e = jnp.shape(q1)[1]
-    proj = lambda w: jnp.einsum("aed,ntd->nate", w, x)
-    s1 = jnp.einsum("nate,nase->nats", proj(q1), proj(k1))
-    s2 = jnp.einsum("nate,nase->nats", proj(q2), proj(k2))
-    t = x.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    pattern = jnp.where(causal, s1 * s2 / e**2, 0.0)
-    z = jnp.einsum("nats,nase->nate", pattern, proj(v))
-    return x + jnp.einsum("dae,nate->ntd", o, z)
-
-
 class BilinearAttention(nnx.Module):
     """Parameters of one :func:`bilinear_attention` block."""
 
@@ -236,9 +197,11 @@ class BilinearAttention(nnx.Module):
         )
         self.o = _normal(rngs, (d_model, n_heads, d_head), 0.5 / np.sqrt(n_heads * d_head))
 
+    def to_layer(self) -> AttentionLayer:
+        return AttentionLayer(*(p[...] for p in (self.q1, self.k1, self.q2, self.k2, self.v, self.o)))
+
     def __call__(self, x):
-        w = [p[...] for p in (self.q1, self.k1, self.q2, self.k2, self.v, self.o)]
-        return bilinear_attention(x, *w)
+        return apply_attention_layer(self.to_layer(), x)
 
 
 class BilinearTransformer(FeatureModel):
@@ -335,15 +298,23 @@ class BilinearTransformer(FeatureModel):
             raise ValueError("This BilinearTransformer was built with mlp=False; it has no MLP blocks.")
         return (self.mlps[i].to_layer(),)
 
-    def to_network(self) -> tuple:
-        """Not available: a bilinear-attention layer is a degree-5 map of the context.
+    def to_network(self) -> AttentionNetwork:
+        """The pure :class:`similarity.AttentionNetwork` of an attention-only transformer.
 
-        It is not a chain of :class:`similarity.BilinearLayer` nodes; use
-        :meth:`mlp_network` for the per-token MLP blocks and the attention
-        parameters (``model.attn[i]``) for the attention blocks.
+        ``similarity.apply_attention_network(model.to_network(), tokens)`` equals
+        ``model(tokens)``.
+
+        Raises:
+          NotImplementedError: for a transformer built with ``mlp=True``; the
+            attention similarity covers attention-only transformers (use
+            :meth:`mlp_network` for the bilinear MLP blocks on their own).
         """
-        raise NotImplementedError(
-            "BilinearTransformer.to_network(): bilinear attention (q1.k1)(q2.k2) v is a degree-5 map "
-            "of the context, not a chain of BilinearLayer/LinearLayer nodes. Use mlp_network(i) for "
-            "the bilinear MLP blocks, or BilinearMLP for a network with to_network()."
+        if len(self.mlps):
+            raise NotImplementedError(
+                "BilinearTransformer.to_network() covers attention-only transformers (mlp=False); this one "
+                "has bilinear MLP blocks, which similarity.AttentionNetwork does not model. Build it with "
+                "mlp=False, or compare the MLP blocks with mlp_network(i) and tensor_similarity."
+            )
+        return AttentionNetwork(
+            self.token_embed[...], tuple(a.to_layer() for a in self.attn), self.unembed[...], self.pos_embed[...]
         )

@@ -4,7 +4,8 @@ Three families under one roof:
 
 1. Representational similarity: CKA, RSA, CCA/SVCCA/PWCCA, shape metrics, regression.
 2. Functional similarity through usable (V-)information: stitching, V-information.
-3. Weight-based tensor similarity of multilinear (bilinear) networks.
+3. Weight-based tensor similarity of multilinear (bilinear) networks, including
+   bilinear-attention transformers.
 
 Representations are 2-D arrays ``(n_samples, n_features)``; arrays are
 positional, options keyword-only. Each measure's name says whether it is a
@@ -108,6 +109,21 @@ from similarity.segmentation import SEGMENT_COSTS as SEGMENT_COSTS
 from similarity.segmentation import Segmentation as Segmentation
 from similarity.segmentation import change_points as change_points
 from similarity.segmentation import segment_costs as segment_costs
+
+# --- bilinear-attention transformers ---
+from similarity.attention import ATTENTION_METHODS as ATTENTION_METHODS
+from similarity.attention import AttentionLayer as AttentionLayer
+from similarity.attention import AttentionNetwork as AttentionNetwork
+from similarity.attention import apply_attention_layer as apply_attention_layer
+from similarity.attention import apply_attention_network as apply_attention_network
+from similarity.attention import attention_inner as attention_inner
+from similarity.attention import attention_moments as attention_moments
+from similarity.attention import attention_similarity as attention_similarity
+from similarity.attention import attention_similarity_matrix as attention_similarity_matrix
+from similarity.attention import bilinear_attention as bilinear_attention
+from similarity.attention import validate_attention_network as validate_attention_network
+from similarity.validate_numerics import attention_monte_carlo_inner as attention_monte_carlo_inner
+from similarity.validate_numerics import attention_quadrature_inner as attention_quadrature_inner
 
 # --- comparison grid ---
 from similarity.grid import MOMENT_MEASURES as MOMENT_MEASURES

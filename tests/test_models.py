@@ -191,12 +191,24 @@ def test_transformer_is_causal():
     assert not np.allclose(model(x)[:, -1], model(y)[:, -1])
 
 
-def test_transformer_mlp_network_and_no_to_network():
+def test_transformer_mlp_network_and_no_to_network_with_mlp():
     model, _ = ZOO["bilinear_transformer"]
     (layer,) = model.mlp_network(0)
     assert isinstance(layer, BilinearLayer) and layer.residual
-    with pytest.raises(NotImplementedError, match="degree-5"):
+    with pytest.raises(NotImplementedError, match="attention-only"):
         model.to_network()
+
+
+def test_attention_only_transformer_to_network_equals_model():
+    from similarity import AttentionNetwork, apply_attention_network
+
+    model = models.BilinearTransformer(7, 5, d_model=8, n_layers=2, n_heads=2, d_head=4, mlp=False,
+                                       rngs=nnx.Rngs(7))
+    net = model.to_network()
+    assert isinstance(net, AttentionNetwork) and net.depth == 2
+    x = _input("bilinear_transformer", None)
+    np.testing.assert_allclose(apply_attention_network(net, x), model(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(apply_attention_network(net, jax.nn.one_hot(x, 7)), model(x), rtol=1e-5, atol=1e-6)
 
 
 def test_resnet_depths_and_mobilenet_depthwise():
