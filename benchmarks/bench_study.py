@@ -6,7 +6,7 @@ Run::
     python -m benchmarks.bench_study             # 6 models of results/zoo/default (mnist5k)
     python -m benchmarks.bench_study --quick     # 3 models, the smoke zoo's sizes
 
-The subset: the first ``--models`` models of one data set of a trained zoo,
+The subset: ``--models`` models spread evenly over one data set of a trained zoo (zoo order),
 their layers reduced as the default study does (``spatial_mean`` for conv
 maps) on ``--rows`` rows. Both sides compute the default study's measures
 (:data:`experiments.similarity_study.CONFIGS` ``["default"]``: linear and
@@ -39,7 +39,8 @@ def _reps(zoo_dir, dataset, n_models, rows):
     from experiments import zoo as zoo_lib
 
     zoo = zoo_lib.load_zoo(zoo_dir, datasets=(dataset,))
-    ms = zoo.by_dataset(dataset)[:n_models]
+    every = zoo.by_dataset(dataset)
+    ms = [every[int(k)] for k in np.unique(np.linspace(0, len(every) - 1, n_models).round())]  # spread over architectures
     x = S._rows(zoo.data(dataset).dataset, rows)
     reps, owner = {}, {}
     for m in ms:
