@@ -81,6 +81,12 @@ def _loop(reps, owner, measures):
     return jax.block_until_ready(out)
 
 
+def _timed(f, *args):
+    t0 = time.perf_counter()
+    out = f(*args)
+    return out, time.perf_counter() - t0
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--zoo", default="results/zoo/default")
@@ -95,18 +101,8 @@ def main(argv=None) -> None:
     measures, cfg = _measures()
     sizes = [sum(1 for v in owner.values() if v == m.id) for m in ms]
     pairs = (sum(sizes) ** 2 - sum(s * s for s in sizes)) // 2
-    t0 = time.perf_counter()
-    tables = _batched(reps, measures, cfg)
-    b_first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    _batched(reps, measures, cfg)
-    b_warm = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    vals = _loop(reps, owner, measures)
-    l_first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    _loop(reps, owner, measures)
-    l_warm = time.perf_counter() - t0
+    (tables, b_first), (_, b_warm) = _timed(_batched, reps, measures, cfg), _timed(_batched, reps, measures, cfg)
+    (vals, l_first), (_, l_warm) = _timed(_loop, reps, owner, measures), _timed(_loop, reps, owner, measures)
     import similarity
 
     # the loop's values agree with the grid's (same measure, same pair)

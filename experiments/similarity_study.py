@@ -55,7 +55,6 @@ import argparse
 import csv
 import dataclasses
 import io
-import json
 import pathlib
 import time
 from collections.abc import Callable, Mapping
@@ -63,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.io import read_json, results_dir, to_jsonable, write_atomic, write_json_atomic
+from experiments.io import config_type, read_json, results_dir, to_jsonable, write_atomic, write_json_atomic
 
 __all__ = [
     "StudyConfig", "CONFIGS", "COLUMNS", "CoarseTail", "config_from_dict", "run", "read_table",
@@ -405,9 +404,7 @@ def _stitched_logits(tail, tail_params, stitchers, z_test: list, target_shape) -
 
 def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, feats: dict, ys: dict, tasks: dict,
                    family: str, cfg: StudyConfig, key) -> dict[str, list[dict]]:
-    """Train every source into layer ``lt`` of every seed of architecture ``name``; rows per task."""
-    import jax
-
+    """Train every source into layer ``lt`` of every target model (the seeds of one architecture); rows per task."""
     import models as models_lib
     import similarity
 
@@ -634,20 +631,8 @@ def summary(cfg: StudyConfig, metrics: dict) -> str:
 # ----------------------------------------------------------------------------- CLI
 
 
-def _config_arg(value: str) -> StudyConfig:
-    if value in CONFIGS:
-        return CONFIGS[value]
-    path = pathlib.Path(value)
-    if path.suffix == ".json" and path.is_file():
-        d = json.loads(path.read_text())
-        d.setdefault("name", path.stem)
-        return config_from_dict(d)
-    raise argparse.ArgumentTypeError(f"--config must be one of {', '.join(CONFIGS)} or an existing .json file, "
-                                     f"got {value!r}.")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=_config_arg, default=CONFIGS["default"],
+    parser.add_argument("--config", type=config_type(CONFIGS, config_from_dict), default=CONFIGS["default"],
                         help="smoke | default | paper | path.json (default: default)")
     parser.add_argument("--zoo", default=None, help="the zoo run (a name under ROOT/zoo/ or a directory; "
                         "default: the config's)")
