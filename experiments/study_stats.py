@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 # For a normal distribution: P(|z| > 3) and (q99 - q01) / (q75 - q25), the references of tail_statistics.
-NORMAL_TAIL = {"beyond_3sd": 0.0026997960632601866, "quantile_ratio": 3.4490651648357764}
+NORMAL_TAIL = {"beyond_3sd": 0.0026997960632601866, "quantile_ratio": 3.449048519068741}
 
 
 def _vec(x: ArrayLike, name: str) -> jax.Array:
