@@ -17,8 +17,8 @@ REPORTS = {"usable-information": "the five usable-information claims from a simi
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=list(REPORTS), help="; ".join(f"{k}: {v}" for k, v in REPORTS.items()))
     parser.add_argument("--run", required=True, help="the run directory, e.g. results/similarity_study/default")
-    parser.add_argument("--threshold", type=float, default=0.9,
-                        help="relative accuracy counted as high functional similarity (default 0.9)")
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.9, 0.95, 0.99],
+                        help="relative accuracies counted as high functional similarity (default 0.9 0.95 0.99)")
     parser.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     parser.add_argument("--n-permutations", type=int, default=2000, help="permutations of the null (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the resamples (default 0)")
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from experiments import usable_information as ui
 
-    opts = ui.ReportOptions(threshold=args.threshold, n_resamples=args.n_resamples,
+    opts = ui.ReportOptions(thresholds=tuple(args.thresholds), n_resamples=args.n_resamples,
                             n_permutations=args.n_permutations, seed=args.seed)
     try:
         ui.report(pathlib.Path(args.run), options=opts)
