@@ -136,13 +136,11 @@ def _stitch_grid(cfg, feats_a, feats_b):
     ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a". The
     affine stitcher has a small ridge: dead ReLU units make its fit singular.
     """
-    names = [f"stitch/{fam}" for fam in similarity.FAMILIES]
-    g = similarity.compare_grid(feats_a, feats_b, measures=names, split=cfg.stitch_split,
-                                key=jax.random.key(0), ridge=cfg.stitch_ridge)
-    return {
-        fam: {"a->b": np.asarray(g.tables[f"stitch/{fam}"]), "b->a": np.asarray(g.tables[f"stitch/{fam}/reverse"])}
-        for fam in similarity.FAMILIES
-    }
+    names = {fam: f"stitch/{fam}" + (f"/ridge={cfg.stitch_ridge:g}" if fam == "affine" and cfg.stitch_ridge else "")
+             for fam in similarity.FAMILIES}
+    g = similarity.compare_grid(feats_a, feats_b, measures=list(names.values()), reverse=True,
+                                split=cfg.stitch_split, key=jax.random.key(0))
+    return {fam: {"a->b": np.asarray(g.tables[m]), "b->a": np.asarray(g.reverse[m])} for fam, m in names.items()}
 
 
 def _tensor_api():

@@ -27,8 +27,9 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from similarity import _validate as V
+from similarity._layer_stats import LayerStats
 
-__all__ = ["RDM_METRICS", "COMPARISONS", "rdm", "rsa", "rank_average", "compare_vectors"]
+__all__ = ["RDM_METRICS", "COMPARISONS", "rdm", "rsa", "rank_average", "compare_vectors", "rsa_layer_stats"]
 
 RDM_METRICS = ("correlation", "euclidean", "sqeuclidean", "cosine")
 COMPARISONS = ("spearman", "pearson", "kendall", "cosine", "cosine_cov")
@@ -260,3 +261,36 @@ def rsa(
             "e.g. all samples are equidistant or identical. Use other samples or metrics."
         )
     return out
+
+
+def _unit(v: jax.Array) -> jax.Array:
+    return v / jnp.sqrt(jnp.sum(v * v))
+
+
+def rsa_layer_stats(*, rdm_metric: str, compare: str) -> LayerStats:
+    """Per-layer statistics of :func:`rsa`: the RDM, ranked or standardised as ``compare`` needs.
+
+    ``pair(layer(x), layer(y)) == rsa(x, y, rdm_metric=rdm_metric, compare=compare)``.
+    Memory: ``n (n - 1) / 2`` numbers per layer (``n^2`` for ``cosine_cov``).
+    """
+
+    def layer(x):
+        d = _rdm(x, rdm_metric)
+        if compare == "cosine_cov":
+            return _unit(_centre2(d))
+        iu, ju = np.triu_indices(x.shape[0], k=1)
+        v = d[iu, ju]
+        if compare == "kendall":
+            return v
+        if compare == "spearman":
+            v = rank_average(v)
+        if compare in ("spearman", "pearson"):
+            v = v - jnp.mean(v)
+        return _unit(v)
+
+    def pair(sx, sy):
+        if compare == "kendall":
+            return compare_vectors(sx, sy, compare="kendall")
+        return jnp.sum(sx * sy)
+
+    return LayerStats(layer, pair)
