@@ -171,13 +171,19 @@ def test_float32_and_numpy_input(name):
     assert isinstance(ref, jax.Array) and ref.shape == () and ref.dtype == np.float64
     out = m(x.astype(np.float32), y.astype(np.float32))
     assert isinstance(out, jax.Array) and out.shape == () and out.dtype == np.float32
+    assert float(out) == pytest.approx(float(ref), abs=_float32_tol(name, float(ref)))
+
+
+def _float32_tol(name: str, ref: float) -> float:
+    """How far a float32 computation may sit from the float64 value ``ref`` on invariance_data."""
     # whitening (shape alpha < 1) works with the squared condition number (~2e4 here) in float32
     whitened = name.startswith("shape/") and not name.endswith("alpha=1")
-    # so does the affine stitcher's normal-equation solve, and its score is then extrapolated to
-    # held-out rows from only 8 training rows (5 parameters per output): float32 moves it by ~1e-2
-    affine_held_out = name.startswith("stitch/affine") and "/in_sample" not in name
-    tol = 2e-2 if affine_held_out else 2e-3 if whitened else 2e-5
-    assert float(out) == pytest.approx(float(ref), abs=tol)
+    # so does the affine stitcher's normal-equation solve (in sample: ~5e-4 here), and its held-out
+    # score is extrapolated from only 8 training rows (5 parameters per output): float32 moves it by ~1e-2
+    affine = name.startswith("stitch/affine")
+    tol = 2e-2 if affine and "/in_sample" not in name else 2e-3 if whitened or affine else 2e-5
+    # a euclidean shape distance is unbounded (about the data's scale, ~12 here): its rounding is relative
+    return tol * max(1.0, abs(ref)) if name.startswith("shape/euclidean") else tol
 
 
 @settings(max_examples=6)
