@@ -2,6 +2,7 @@
 #   make demo   build .venv if missing, install, run the quickstart offline, print where the report is
 #   make test   same setup, then the fast test suite (what CI runs)
 #   make bench  run the side-by-side benchmarks (installs the peer libraries first)
+#   make data   install the optional offline Fashion-MNIST (Debian package dataset-fashion-mnist)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -11,7 +12,7 @@ PYTEST_ARGS ?=
 # pytest-xdist: one worker per core (JAX compiles dominate the suite's time).
 PYTEST_WORKERS ?= auto
 
-.PHONY: demo test test-slow bench clean venv
+.PHONY: demo test test-slow bench clean venv data
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,22 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -e ".[bench]"
 	$(PY) -m benchmarks.run_all
+
+# Optional offline data: Fashion-MNIST's IDX files from Debian (30 MB) for `funsim zoo`.
+# Everything runs without it; where apt is missing this says so and stops.
+FASHION_DIR := /usr/share/datasets/fashion-mnist
+data:
+	@if [ -d $(FASHION_DIR) ]; then \
+	  echo "make data: Fashion-MNIST is already installed in $(FASHION_DIR)."; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update && $$SUDO apt-get install -y dataset-fashion-mnist \
+	  && echo "make data: installed Fashion-MNIST in $(FASHION_DIR); funsim zoo --config default now trains on it too."; \
+	else \
+	  echo "make data: apt-get is not available here, so the Debian package dataset-fashion-mnist was NOT installed."; \
+	  echo "  Fashion-MNIST is optional: funsim zoo trains on mnist5k and digits without it and says so in its summary."; \
+	  echo "  To add it by hand: put the four IDX files in a directory and load it with idx_dir=..., or use tfds with internet."; \
+	fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

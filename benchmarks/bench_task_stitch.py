@@ -1,46 +1,70 @@
-"""Benchmark: K task-loss stitchers into one target layer, vmapped vs one by one.
+"""Benchmark: task-loss stitchers, batched vs one by one, and a layer-pair sweep's compilations.
 
-Run: ``python -m benchmarks.bench_task_stitch [--quick]``.
+Run: ``python -m benchmarks.bench_task_stitch [--quick] [--before REV]``.
 
-Setup: a frozen target "tail" (d_tgt -> 64 tanh -> 10 logits) and K = 16
-different sources (each a random linear view of a shared latent plus noise),
-trained with the task cross-entropy, Adam, minibatches. ``train_stitchers``
-trains all K in one vmapped, jitted ``lax.scan`` loop; the baseline calls
-``train_stitcher`` K times (same shapes, so it compiles once and reuses the
-compiled loop). Compile time (first call minus a warm call) is reported
-separately from steady-state time (median of warm calls, results blocked).
+1. K = 16 stitchers into one target layer (a frozen ``d -> 64 tanh -> 10``
+   tail, a module-level function of its weights), each source a random
+   linear view of a shared latent plus noise, trained with the task
+   cross-entropy, Adam, minibatches: one ``train_stitchers`` call (one
+   vmapped, jitted loop) against ``train_stitcher`` K times (same shapes, one
+   compilation). Compile time (first call minus a warm call) is reported
+   apart from steady-state time (median of warm calls, results blocked).
+
+2. A sweep over layer pairs of one model pair: two Flax NNX MLPs of one
+   architecture (4 hidden layers), every source layer of one stitched into
+   every layer of the other, both ways: 32 stitchers, each the first time it
+   runs in a fresh process (wall time includes compilation; the number of XLA
+   compilations is counted). "one by one" is 32 ``train_stitcher`` calls
+   with ``models.split_tail`` tails; "batched" is 8 ``train_stitchers`` calls
+   (the 4 sources into each target layer). With ``--before REV`` the same
+   sweep also runs against the old API at git revision ``REV`` (a fresh
+   ``lambda`` tail per pair, which compiled every call).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from similarity import train_stitcher, train_stitchers
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = dict(full=dict(n=1000, width=32, steps=200, batch=128),
+             quick=dict(n=256, width=16, steps=20, batch=64))
+
+
+# ---------------------------------------------------------------------------
+# 1. K stitchers into one layer: vmapped vs sequential
+# ---------------------------------------------------------------------------
+
+
+def _tail(w, h):
+    """The frozen tail ``tanh(h @ w1) @ w2``; ``w = (w1, w2)``."""
+    return jnp.tanh(h @ w[0]) @ w[1]
 
 
 def _problem(k, n, d, seed=0):
     rng = np.random.default_rng(seed)
     latent = rng.normal(size=(n, d))
     w1, w2 = rng.normal(size=(d, 64)) / np.sqrt(d), rng.normal(size=(64, 10)) / 8.0
-    tail_w1, tail_w2 = jnp.asarray(w1, jnp.float32), jnp.asarray(w2, jnp.float32)
-
-    def tail(h):
-        return jnp.tanh(h @ tail_w1) @ tail_w2
-
-    y = np.asarray(jnp.argmax(tail(jnp.asarray(latent, jnp.float32)), axis=1)).astype(np.int32)
+    params = (jnp.asarray(w1, jnp.float32), jnp.asarray(w2, jnp.float32))
+    y = np.asarray(jnp.argmax(_tail(params, jnp.asarray(latent, jnp.float32)), axis=1)).astype(np.int32)
     srcs = [
         jnp.asarray(latent @ rng.normal(size=(d, d)) / np.sqrt(d) + 0.1 * rng.normal(size=(n, d)),
                     jnp.float32)
         for _ in range(k)
     ]
-    return srcs, jnp.asarray(y), tail
+    return srcs, jnp.asarray(y), params
 
 
 def _timed(fn, repeats):
@@ -52,37 +76,33 @@ def _timed(fn, repeats):
         t0 = time.perf_counter()
         jax.block_until_ready(fn())
         warm.append(time.perf_counter() - t0)
-    med = statistics.median(warm)
-    return first, med
+    return first, statistics.median(warm)
 
 
-def main(argv=None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
-    args = parser.parse_args(argv)
+def _batched_vs_sequential(quick: bool) -> str:
+    from similarity import train_stitcher, train_stitchers
+
     k = 16
-    if args.quick:
+    if quick:
         configs, steps, repeats = [(256, 8, 32), (256, 16, 64)], 40, 1
     else:
         configs, steps, repeats = [(512, 8, 32), (2048, 32, 128)], 300, 2
     rows = []
     for (n, d, batch), family in itertools.product(configs, ("affine", "orthogonal")):
-        srcs, y, tail = _problem(k, n, d)
-        kw = dict(init="random", target_shape=(d,), steps=steps, batch_size=batch,
-                  eval_every=100, progress=False)
+        srcs, y, params = _problem(k, n, d)
+        kw = dict(init="random", target_shape=(d,), steps=steps, batch_size=batch, eval_every=100)
         keys = jax.random.split(jax.random.key(0), k)
 
         def batched():
-            sts, _ = train_stitchers(srcs, y, tail, families=family, keys=keys, **kw)
-            return [s.weight for s in sts]
+            return [s.weight for s, _ in train_stitchers(srcs, y, _tail, params, family=family,
+                                                         key=keys, **kw)]
 
         def sequential():
-            return [train_stitcher(s, y, tail, family=family, key=kk, **kw)[0].weight
+            return [train_stitcher(s, y, _tail, params, family=family, key=kk, **kw).stitcher.weight
                     for s, kk in zip(srcs, keys)]
 
         b_first, b_warm = _timed(batched, repeats)
         s_first, s_warm = _timed(sequential, repeats)
-        # sanity: the two agree (float32 rounding only)
         err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(batched(), sequential()))
         rows.append((f"{n} / {d} / {batch}", family, b_warm, s_warm, s_warm / b_warm,
                      b_first - b_warm, s_first - s_warm, err))
@@ -93,11 +113,116 @@ def main(argv=None) -> str:
         "| compile vmapped (s) | compile sequential (s) | max abs diff |\n"
         "|---|---|---|---|---|---|---|---|\n"
     )
-    body = "".join(
+    return head + "".join(
         f"| {c} | {f} | {b:.3f} | {s:.3f} | {r:.1f}x | {cb:.2f} | {cs:.2f} | {e:.1e} |\n"
         for c, f, b, s, r, cb, cs, e in rows
     )
-    table = head + body
+
+
+# ---------------------------------------------------------------------------
+# 2. A sweep over layer pairs (each variant in a fresh process)
+# ---------------------------------------------------------------------------
+
+
+def _sweep(variant: str, size: dict) -> dict:
+    """Run the 32-stitcher sweep once; returns wall time, compilations and a checksum."""
+    from flax import nnx
+
+    from models import MLP
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, d, **kw: compiles.append(1) if event.endswith("backend_compile_duration") else None
+    )
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(size["n"], 64)), jnp.float32)
+    a, b = (MLP(64, 10, widths=(size["width"],) * 4, rngs=nnx.Rngs(s)) for s in (0, 1))
+    y = jnp.argmax(a(x), axis=1)
+    layers = [f"fc{i}" for i in range(4)]
+    feats = {"A": a.features(x), "B": b.features(x)}
+    models = {"A": a, "B": b}
+    kw = dict(family="affine", steps=size["steps"], batch_size=size["batch"])
+    keys = [jax.random.key(i) for i in range(len(layers))]  # source i's key, in every variant
+    weights = []
+    t0 = time.perf_counter()
+    for src, tgt in (("A", "B"), ("B", "A")):
+        for lj in layers:
+            z_tgt, model = feats[tgt][lj], models[tgt]
+            srcs = [feats[src][li] for li in layers]
+            if variant == "old":
+                from similarity import train_stitcher
+
+                for i, z in enumerate(srcs):  # a fresh closure per pair, as a sweep writes it
+                    s, _ = train_stitcher(z, y, lambda h, m=model, j=lj: m.tail(j, h), z_tgt=z_tgt,
+                                          key=keys[i], progress=False, **kw)
+                    weights.append(s.weight)
+                continue
+            from models import split_tail
+            from similarity import train_stitcher, train_stitchers
+
+            tail_apply, tail_params = split_tail(model, lj)
+            if variant == "one_by_one":
+                weights += [train_stitcher(z, y, tail_apply, tail_params, z_tgt=z_tgt, key=k,
+                                           **kw).stitcher.weight for z, k in zip(srcs, keys)]
+            else:
+                weights += [s.weight for s, _ in train_stitchers(srcs, y, tail_apply, tail_params,
+                                                                 z_tgt=z_tgt, key=jnp.stack(keys),
+                                                                 **kw)]
+    jax.block_until_ready(weights)
+    wall = time.perf_counter() - t0
+    return dict(wall=wall, compiles=len(compiles), stitchers=len(weights),
+                checksum=float(sum(jnp.sum(jnp.abs(w)) for w in weights)))
+
+
+def _run_variant(variant: str, quick: bool, pythonpath: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(pythonpath))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--variant", variant]
+    out = subprocess.run(cmd + (["--quick"] if quick else []), env=env, cwd=pythonpath,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _sweep_table(quick: bool, before: str | None) -> str:
+    size = SWEEP["quick" if quick else "full"]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if before:
+            old = Path(tmp) / "old"
+            old.mkdir()
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", before], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+            rows.append((f"before ({before}): 32 `train_stitcher`, fresh `lambda` tails",
+                         _run_variant("old", quick, old)))
+        rows.append(("after: 32 `train_stitcher`, `split_tail` tails",
+                     _run_variant("one_by_one", quick, ROOT)))
+        rows.append(("after: 8 `train_stitchers` (4 sources per target layer)",
+                     _run_variant("batched", quick, ROOT)))
+    base = rows[0][1]["wall"]
+    head = (
+        f"Sweep: two NNX MLPs (64 -> {size['width']} x 4 hidden -> 10), every layer of one "
+        f"stitched into every layer of the other, both ways: 32 affine stitchers, closed-form "
+        f"init, {size['steps']} Adam steps, batch {size['batch']}, n = {size['n']}, float32. "
+        "Each row is one fresh process; wall time includes every compilation; equal checksums (sum of |weights|) mean equal stitchers.\n\n"
+        "| variant | wall (s) | XLA compilations | vs first row | checksum |\n|---|---|---|---|---|\n"
+    )
+    return head + "".join(
+        f"| {name} | {r['wall']:.1f} | {r['compiles']} | {base / r['wall']:.1f}x | {r['checksum']:.4f} |\n"
+        for name, r in rows
+    )
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
+    parser.add_argument("--before", default=None, metavar="REV",
+                        help="also run the sweep against the old API at this git revision")
+    parser.add_argument("--variant", choices=("old", "one_by_one", "batched"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.variant:  # one sweep variant, in this (fresh) process
+        print(json.dumps(_sweep(args.variant, SWEEP["quick" if args.quick else "full"])))
+        return ""
+    table = _batched_vs_sequential(args.quick) + "\n" + _sweep_table(args.quick, args.before)
     print(table)
     return table
 

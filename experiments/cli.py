@@ -1,7 +1,9 @@
 """The ``funsim`` console script.
 
-Subcommands register themselves here; each lives in its own module and
-exposes ``add_arguments(parser)`` and ``main(args) -> int``.
+``SUBCOMMANDS`` is the one place to add a subcommand: ``"name": ("module", "one-line
+help")``. The module defines ``add_arguments(parser)`` and ``main(args) -> int``. It is
+imported only when its subcommand runs (or shows its own ``--help``), so ``funsim
+--help`` answers without importing jax or flax.
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("experiments.compare", "compare two saved representation matrices (.npy/.npz)"),
     "quickstart": ("experiments.quickstart", "train small models offline and compare them end to end"),
+    "grokking": ("experiments.grokking", "modular addition with one bilinear layer: phases from checkpoint similarity"),
+    "forgetting": ("experiments.forgetting", "catastrophic forgetting through a curriculum, localised by tensor similarity"),
+    "backdoor": ("experiments.backdoor", "detect a backdoor from the weights and clean data only"),
+    "zoo": ("experiments.zoo", "train a model zoo (data sets x architectures x seeds) for the similarity study"),
+    "language": ("experiments.language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s module is imported (to add its arguments)."""
     parser = argparse.ArgumentParser(
         prog="funsim",
         description="Are these two networks, or these two representations, the same?",
@@ -25,26 +33,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        try:
+        if name == command:
             mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:  # subcommand not built yet
-            if e.name != module:
-                raise
-            p.set_defaults(_missing=module)
-            continue
-        mod.add_arguments(p)
-        p.set_defaults(_main=mod.main)
+            mod.add_arguments(p)
+            p.set_defaults(_main=mod.main)
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv``: its first argument that is not an option."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
-    if getattr(args, "_missing", None):
-        print(f"funsim {args.command}: not available ({args._missing} is missing).", file=sys.stderr)
         return 2
     return int(args._main(args) or 0)
 

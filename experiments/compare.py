@@ -9,23 +9,26 @@ Run::
 
 Rows of A and B are the same inputs in the same order; columns are features.
 Measures that cannot be computed for this data (e.g. CCA when d >= n) are
-listed with the reason instead of a value. Kendall-tau RSA costs O(n^4), so
-it is skipped for n > 300 unless named with ``--measures``.
+listed with the reason instead of a value; when no measure can be computed
+(or ``--measures ""`` names none) the exit status is 1, with the reason.
+Kendall-tau RSA costs O(n^4): above the library's limit
+(``similarity.rsa.KENDALL_MAX_ENTRIES`` RDM entries, n of about 630) it is
+skipped unless named with ``--measures`` (which then reports the library's error).
+
+Exit status: 0 when at least one measure was computed, 1 when none was,
+2 for bad arguments or unreadable input.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-KENDALL_MAX_N = 300
 EXAMPLE_DIR = Path("results") / "compare" / "example"
 
 
@@ -84,22 +87,39 @@ def load_representation(spec: str, key: str | None = None) -> np.ndarray:
             f"{spec}: expected a 2-D (n_samples, n_features) array, got shape {arr.shape}. "
             "Flatten trailing axes first, e.g. a.reshape(a.shape[0], -1)."
         )
-    if not np.issubdtype(arr.dtype, np.number):
+    if np.issubdtype(arr.dtype, np.complexfloating):
+        raise CompareError(
+            f"{spec}: complex dtype {arr.dtype}; the measures are defined on real arrays. Save the "
+            "real part, the magnitude or both (as separate features) explicitly."
+        )
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         raise CompareError(f"{spec}: expected a numeric array, got dtype {arr.dtype}.")
     return arr
+
+
+def kendall_max_n() -> int:
+    """The largest n whose RDM (``n (n - 1) / 2`` entries) Kendall's tau-a accepts."""
+    from similarity.rsa import KENDALL_MAX_ENTRIES
+
+    n = 2
+    while (n + 1) * n // 2 <= KENDALL_MAX_ENTRIES:
+        n += 1
+    return n
 
 
 def _select(names_arg: list[str] | None, n: int) -> tuple[list[str], list[str]]:
     from similarity import list_measures, measure
 
-    if names_arg:
-        names = [s for item in names_arg for s in item.split(",") if s]
+    if names_arg is not None:
+        names = [s.strip() for item in names_arg for s in item.split(",") if s.strip()]
+        if not names:
+            raise CompareError("--measures names no measure; give at least one (see --list), or drop it for all.")
         for name in names:
             measure(name)  # raises with close-name suggestions
         return names, []
     names = list_measures()
     skipped = []
-    if n > KENDALL_MAX_N:
+    if n > kendall_max_n():
         skipped = [m for m in names if m.endswith("/kendall")]
         names = [m for m in names if m not in skipped]
     return names, skipped
@@ -136,23 +156,6 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([fmt(head), rule, *(fmt(r) for r in body)])
 
 
-def _atomic_save(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _save_npy(path: str, arr: np.ndarray) -> None:
-    with open(path, "wb") as f:  # a file object: np.save would append ".npy" to a name
-        np.save(f, arr)
-
-
 def make_example(out: Path, *, seed: int = 0) -> tuple[Path, Path]:
     """Two views of the same 1797 digits: pixels, and random tanh features of a 16-D PCA.
 
@@ -168,9 +171,11 @@ def make_example(out: Path, *, seed: int = 0) -> tuple[Path, Path]:
     pcs = PCA(n_components=16, random_state=seed).fit_transform(pixels)
     pcs /= pcs.std(axis=0)
     feats = np.tanh(pcs @ rng.normal(size=(16, 48)) / 4.0)
+    from experiments.io import write_atomic
+
     paths = out / "pixels.npy", out / "random_features.npy"
     for p, arr in zip(paths, (pixels, feats)):
-        _atomic_save(p, lambda tmp, arr=arr: _save_npy(tmp, arr))
+        write_atomic(p, lambda f, arr=arr: np.save(f, arr))  # a file object: no ".npy" appended
     return paths
 
 
@@ -214,23 +219,31 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
     rows = compare(x, y, names)
+    kmax = kendall_max_n()
     result = {
         "a": {"path": args.a, "shape": list(x.shape)},
         "b": {"path": args.b, "shape": list(y.shape)},
         "dtype": np.dtype(dtype).name,
-        "skipped": {name: f"O(n^4) for n={x.shape[0]} > {KENDALL_MAX_N}; name it with --measures" for name in skipped},
+        "skipped": {name: f"O(n^4) for n={x.shape[0]} > {kmax}; name it with --measures" for name in skipped},
         "measures": rows,
     }
     if args.example:
-        text = json.dumps(result, indent=2)
-        _atomic_save(args.out / "metrics.json", lambda tmp: Path(tmp).write_text(text))
+        from experiments.io import write_json_atomic
+
+        write_json_atomic(args.out / "metrics.json", result)
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0
-    print(f"A: {args.a} {x.shape}   B: {args.b} {y.shape}   ({np.dtype(dtype).name})")
-    print(format_table(rows))
-    if skipped:
-        print(f"skipped {len(skipped)} Kendall-tau RSA measures: O(n^4) for n={x.shape[0]} > {KENDALL_MAX_N}; name them with --measures.")
-    if args.example:
-        print(f"wrote {args.out / 'metrics.json'}")
+    else:
+        print(f"A: {args.a} {x.shape}   B: {args.b} {y.shape}   ({np.dtype(dtype).name})")
+        print(format_table(rows))
+        if skipped:
+            print(f"skipped {len(skipped)} Kendall-tau RSA measures: O(n^4) for n={x.shape[0]} > {kmax}; "
+                  "name them with --measures.")
+        if args.example:
+            print(f"wrote {args.out / 'metrics.json'}")
+    if not any(r["value"] is not None for r in rows):
+        reasons = "; ".join(f"{r['measure']}: {r['error'].split('. ')[0]}" for r in rows[:3])
+        print(f"funsim compare: no measure could be computed for these inputs ({reasons}"
+              f"{'; ...' if len(rows) > 3 else ''}).", file=sys.stderr)
+        return 1
     return 0

@@ -29,6 +29,14 @@ Sources:
 Fashion-MNIST's coarse grouping (``label="coarse"``): tops {T-shirt/top,
 pullover, coat, shirt}, footwear {sandal, sneaker, ankle boot}, trouser, dress,
 bag; see :data:`FASHION_COARSE`.
+
+Coarse groupings for the granularity experiment (:data:`COARSE_GROUPINGS`,
+:func:`coarse_labels`, :func:`load_coarse`): the digit sets (``digits``,
+``mnist5k``, ``mnist``, ``svhn_cropped``) by ``parity`` (even 0,2,4,6,8 /
+odd) and by ``magnitude`` (0-4 / 5-9); ``fashion_mnist`` by the grouping
+above (``coarse``); ``cifar10`` by ``vehicle_animal`` (airplane, automobile,
+ship, truck / the six animals); ``cifar100`` by its 20 superclasses
+(``coarse``: tfds's ``coarse_label`` feature, not a fixed map here).
 """
 
 from __future__ import annotations
@@ -57,6 +65,9 @@ __all__ = [
     "gaussian_task",
     "FASHION_CLASSES",
     "FASHION_COARSE",
+    "COARSE_GROUPINGS",
+    "coarse_labels",
+    "load_coarse",
     "DataNotFoundError",
 ]
 
@@ -450,6 +461,107 @@ def gaussian_task(
     return Dataset(
         "gaussian", x_tr, y_tr, x_te, y_te, tuple(f"class{i}" for i in range(n_classes)),
         f"Gaussian mixture, dim {dim}, {n_classes} classes, separation {separation}, seed {seed}",
+    )
+
+
+# --------------------------------------------------------------------------- coarse groupings
+
+_PARITY = ((0, 1, 0, 1, 0, 1, 0, 1, 0, 1), ("even", "odd"))
+_MAGNITUDE = ((0, 0, 0, 0, 0, 1, 1, 1, 1, 1), ("0-4", "5-9"))
+_DIGIT_GROUPINGS = {"parity": _PARITY, "magnitude": _MAGNITUDE}
+
+#: data set -> {grouping: (fine label -> coarse label, coarse class names)}; ``None``
+#: where the coarse label is a feature of the data set itself (CIFAR-100's superclasses).
+COARSE_GROUPINGS: dict[str, dict[str, tuple[tuple[int, ...], tuple[str, ...]] | None]] = {
+    "digits": _DIGIT_GROUPINGS,
+    "mnist5k": _DIGIT_GROUPINGS,
+    "mnist": _DIGIT_GROUPINGS,
+    "svhn_cropped": _DIGIT_GROUPINGS,  # tfds labels 0-9 are the digits
+    "fashion_mnist": {"coarse": (FASHION_COARSE, FASHION_COARSE_NAMES)},
+    "cifar10": {"vehicle_animal": ((0, 0, 1, 1, 1, 1, 1, 1, 0, 0), ("vehicle", "animal"))},
+    "cifar100": {"coarse": None},
+}
+
+
+def _grouping(dataset: str, grouping: str):
+    if dataset not in COARSE_GROUPINGS:
+        raise ValueError(
+            f"No coarse grouping is defined for data set {dataset!r}; data sets with one: "
+            f"{', '.join(COARSE_GROUPINGS)}."
+        )
+    options = COARSE_GROUPINGS[dataset]
+    if grouping not in options:
+        raise ValueError(
+            f"Unknown grouping {grouping!r} for {dataset!r}; valid groupings: {', '.join(repr(g) for g in options)}."
+        )
+    return options[grouping]
+
+
+def coarse_labels(y, /, *, dataset: str, grouping: str) -> np.ndarray:
+    """Map fine labels to a documented coarse grouping (pure; see :data:`COARSE_GROUPINGS`).
+
+    Args:
+      y: int labels ``(n,)`` (any shape) in ``[0, n_fine)``.
+      dataset: the data set the labels come from, e.g. ``"mnist5k"``.
+      grouping: e.g. ``"parity"`` or ``"magnitude"`` for the digit sets.
+
+    Returns:
+      int32 coarse labels, the shape of ``y``.
+
+    Raises:
+      ValueError: unknown data set or grouping, labels out of range, or a
+        grouping that is a feature of the data (CIFAR-100: use :func:`load_coarse`).
+
+    Examples:
+      >>> coarse_labels(np.arange(10), dataset="digits", grouping="parity").tolist()
+      [0, 1, 0, 1, 0, 1, 0, 1, 0, 1]
+      >>> coarse_labels(np.array([3, 7]), dataset="mnist5k", grouping="magnitude").tolist()
+      [0, 1]
+    """
+    g = _grouping(dataset, grouping)
+    if g is None:
+        raise ValueError(
+            f"{dataset!r} {grouping!r} labels are a feature of the data set, not a map of the fine labels: "
+            f"use load_coarse({dataset!r}, {grouping!r})."
+        )
+    table = np.asarray(g[0], np.int32)
+    y = np.asarray(y)
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"y must hold integer labels, got dtype {y.dtype}.")
+    if y.size and (y.min() < 0 or y.max() >= len(table)):
+        raise ValueError(
+            f"y has labels in [{y.min()}, {y.max()}], outside [0, {len(table)}) ({dataset!r} has {len(table)} classes)."
+        )
+    return table[y]
+
+
+def load_coarse(name: str, grouping: str, **kwargs) -> Dataset:
+    """Load a data set with coarse labels: the same images, in the same order, as ``load(name, **kwargs)``.
+
+    Args:
+      name: a data set in :data:`COARSE_GROUPINGS`.
+      grouping: one of its groupings.
+      **kwargs: the loader's options, as for :func:`load`.
+
+    Returns:
+      a :class:`Dataset` named ``f"{name}:{grouping}"`` with coarse ``y_train``,
+      ``y_test`` and ``class_names``.
+
+    Examples:
+      >>> load_coarse("digits", "parity").class_names
+      ('even', 'odd')
+    """
+    g = _grouping(name, grouping)
+    if g is None:  # cifar100 superclasses
+        ds = load_tfds(name, label="coarse_label", **kwargs)
+        return dataclasses.replace(ds, name=f"{name}:{grouping}")
+    ds = load(name, **kwargs)
+    return dataclasses.replace(
+        ds, name=f"{name}:{grouping}",
+        y_train=coarse_labels(ds.y_train, dataset=name, grouping=grouping),
+        y_test=coarse_labels(ds.y_test, dataset=name, grouping=grouping),
+        class_names=tuple(g[1]),
+        description=f"{ds.description}; {grouping} labels",
     )
 
 

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["heatmap", "heatmap_grid", "training_curves", "bar_chart", "lines", "save"]
+__all__ = ["heatmap", "heatmap_grid", "training_curves", "curve_panels", "bar_chart", "lines", "save"]
 
 
 def save(fig, path: str | os.PathLike) -> pathlib.Path:
@@ -100,6 +100,45 @@ def training_curves(histories: Mapping[str, Sequence[Mapping[str, float]]], path
     a1.set(xlabel="step", ylabel="train cross-entropy", title="training loss", yscale="log")
     a2.set(xlabel="step", ylabel="test accuracy", title="held-out accuracy", ylim=(0, 1.02))
     a2.legend(fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def curve_panels(
+    panels: Mapping[str, Mapping[str, Sequence[Mapping[str, float]]]],
+    path: str | os.PathLike,
+    *,
+    title: str,
+    metrics: Sequence[tuple[str, str]] = (("test_accuracy", "-"), ("train_accuracy", "--")),
+    ylabel: str = "accuracy",
+    ylim: tuple[float, float] | None = (0, 1.02),
+    ncols: int = 4,
+) -> pathlib.Path:
+    """Small multiples: one panel per group (e.g. architecture), one colour per run in it (e.g. seed).
+
+    ``panels`` maps a panel title to ``{run label: history}``, a history being
+    the list of logged dicts (``step`` plus the ``metrics`` keys); each metric
+    is drawn with its line style (default: test accuracy solid, train dashed).
+    """
+    n = len(panels)
+    ncols = min(ncols, n)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.3 * ncols, 2.7 * nrows), squeeze=False, sharex=True, sharey=True)
+    for ax, (name, runs) in zip(axes.ravel(), panels.items()):
+        for i, (label, h) in enumerate(runs.items()):
+            steps = [r["step"] for r in h]
+            for key, style in metrics:
+                ax.plot(steps, [r[key] for r in h], style, color=f"C{i}", marker=".",
+                        label=f"{label}: {key.replace('_', ' ')}")
+        ax.set(title=name, xlabel="step", ylabel=ylabel)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in axes.ravel()[n:]:
+        ax.axis("off")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return save(fig, path)

@@ -2,9 +2,9 @@
 
 Run::
 
-    funsim quickstart                  # digits, about a minute on 2 CPU cores
+    funsim quickstart                  # digits (README.md gives its measured time)
     funsim quickstart --dataset mnist5k --steps 600
-    funsim quickstart --tiny           # a seconds-long smoke run
+    funsim quickstart --tiny           # a smoke run: tiny models, about 30 s of CPU, mostly compilation
 
 Steps:
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import pathlib
 import time
 
@@ -71,6 +70,7 @@ class QuickstartConfig:
     bilinear_d_model: int = 64  # same width as the MLP: fewer shapes to compile
     bilinear_d_hidden: int = 64
     n_checkpoints: int = 5
+    n_evals: int = 8  # evaluations per training run (plus step 0)
     n_compare: int = 300
     measures: tuple[str, ...] = DEFAULT_MEASURES
     stitch_split: float = 0.5
@@ -81,7 +81,7 @@ class QuickstartConfig:
 TINY = QuickstartConfig(
     # every layer 10 wide (= the 10 digit classes): one compiled shape per measure and family
     steps=12, batch_size=32, seeds=(0, 1), mlp_widths=(10,), bilinear_d_model=10, bilinear_d_hidden=8,
-    n_checkpoints=2, n_compare=60, measures=("cka/linear",), n_train=200,
+    n_checkpoints=2, n_evals=2, n_compare=60, measures=("cka/linear",), n_train=200,
 )
 
 
@@ -98,23 +98,39 @@ def _train_models(cfg: QuickstartConfig, ds, out: pathlib.Path, progress: bool):
                                            d_hidden=cfg.bilinear_d_hidden, n_layers=1, rngs=nnx.Rngs(seed))
                 ckpts = power_schedule(cfg.steps, cfg.n_checkpoints, power=2.0)
             tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
-                               seed=seed, eval_every=max(1, cfg.steps // 8), checkpoint_steps=ckpts)
+                               seed=seed, eval_every=max(1, cfg.steps // cfg.n_evals), checkpoint_steps=ckpts)
             r = train(model, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=tcfg,
                       workdir=out / "models" / name, progress=progress)
             trained[name], histories[name] = model, r.history
     return trained, histories
 
 
-def _rep_grid(cfg, feats_a, feats_b, undefined: list):
+def _stitch_names(cfg) -> dict:
+    """{family: registry name} of the held-out stitching scores. The affine stitcher has a small
+    ridge: dead ReLU units make its fit singular."""
+    ridge = f"/ridge={cfg.stitch_ridge:g}" if cfg.stitch_ridge else ""
+    return {fam: f"stitch/{fam}" + (ridge if fam == "affine" else "") for fam in similarity.FAMILIES}
+
+
+def _moment_tables(cfg, feats_a, feats_b) -> similarity.GridResult:
+    """One :func:`similarity.compare_grid` call per model pair: the moment measures among
+    ``cfg.measures`` and the three stitching families (both directions, ``reverse=True``)
+    share its per-layer moments (and its compilation)."""
+    names = [m for m in cfg.measures if m in similarity.MOMENT_MEASURES]
+    names += list(_stitch_names(cfg).values())
+    return similarity.compare_grid(feats_a, feats_b, measures=names, reverse=True, split=cfg.stitch_split,
+                                   key=jax.random.key(0))
+
+
+def _rep_grid(cfg, feats_a, feats_b, undefined: list, tables: dict):
     """{measure: (layers_a, layers_b) matrix} of registry measures.
 
-    Measures with shared per-layer statistics go through one
-    :func:`similarity.compare_grid` call; the others are called per pair with
-    eager validation, and a cell where the measure is undefined (e.g. CCA on
-    rank-deficient ReLU layers) is NaN, with the reason appended to ``undefined``.
+    The moment measures come from ``tables`` (:func:`_moment_tables`); the others
+    are called per pair with eager validation, and a cell where the measure is
+    undefined (e.g. CCA on rank-deficient ReLU layers) is NaN, with the reason
+    appended to ``undefined``.
     """
-    fast = [m for m in cfg.measures if m in similarity.MOMENT_MEASURES]
-    out = dict(similarity.compare_grid(feats_a, feats_b, measures=fast).tables) if fast else {}
+    out = {m: tables[m] for m in cfg.measures if m in tables}
     for name in cfg.measures:
         if name in out:
             continue
@@ -130,43 +146,21 @@ def _rep_grid(cfg, feats_a, feats_b, undefined: list):
     return {name: np.asarray(out[name]) for name in cfg.measures}
 
 
-def _stitch_grid(cfg, feats_a, feats_b):
+def _stitch_grid(cfg, g: similarity.GridResult):
     """{family: {"a->b": matrix, "b->a": matrix}} of held-out reconstruction scores.
 
-    ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a". The
-    affine stitcher has a small ridge: dead ReLU units make its fit singular.
+    ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a" (from :func:`_moment_tables`).
     """
-    names = {fam: f"stitch/{fam}" + (f"/ridge={cfg.stitch_ridge:g}" if fam == "affine" and cfg.stitch_ridge else "")
-             for fam in similarity.FAMILIES}
-    g = similarity.compare_grid(feats_a, feats_b, measures=list(names.values()), reverse=True,
-                                split=cfg.stitch_split, key=jax.random.key(0))
-    return {fam: {"a->b": np.asarray(g.tables[m]), "b->a": np.asarray(g.reverse[m])} for fam, m in names.items()}
-
-
-def _tensor_api():
-    """(tensor_similarity, weight_cosine) from similarity, or None where not built yet."""
-    fns = []
-    for name in ("tensor_similarity", "weight_cosine"):
-        fn = getattr(similarity, name, None)
-        if not callable(fn):
-            try:
-                mod = importlib.import_module("similarity.tensor_similarity")
-                fn = getattr(mod, name, None)
-            except ImportError:
-                fn = None
-        fns.append(fn)
-    return fns
+    return {fam: {"a->b": np.asarray(g.tables[m]), "b->a": np.asarray(g.reverse[m])}
+            for fam, m in _stitch_names(cfg).items()}
 
 
 def _tensor_step(cfg, trained, out):
-    ts, weight_cosine = _tensor_api()
-    if ts is None:
-        return None, "similarity.tensor_similarity is not available in this build; step 4 skipped."
+    ts = similarity.tensor_similarity
     a, b = (trained[f"bilinear_s{s}"] for s in cfg.seeds[:2])
     net_a, net_b = a.to_network(), b.to_network()
     res = {"seeds": {m: float(ts(net_a, net_b, metric=m)) for m in TENSOR_METRICS}}
-    if weight_cosine is not None:
-        res["seeds"]["weight cosine (baseline)"] = float(weight_cosine(net_a, net_b))
+    res["seeds"]["weight cosine (baseline)"] = float(similarity.weight_cosine(net_a, net_b))
     # similarity of each checkpoint of one run to its final network
     wd = out / "models" / f"bilinear_s{cfg.seeds[0]}"
     steps = list_checkpoints(wd)
@@ -176,7 +170,7 @@ def _tensor_step(cfg, trained, out):
         "steps": list(steps),
         **{m: [float(ts(load_checkpoint(template, wd, s).to_network(), net_a, metric=m)) for s in steps] for m in ("symmetric", "gaussian")},
     }
-    return res, None
+    return res
 
 
 def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
@@ -203,9 +197,11 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
 
     log(f"[2/5] {len(cfg.measures)} representational measures, layer x layer, on {len(x)} held-out inputs")
     metrics["representational"] = {}
+    tables: dict = {}
     for pair, (a, b) in pairs.items():
         undefined: list[str] = []
-        grid = _rep_grid(cfg, feats[a], feats[b], undefined)
+        tables[pair] = _moment_tables(cfg, feats[a], feats[b])
+        grid = _rep_grid(cfg, feats[a], feats[b], undefined, tables[pair].tables)
         metrics["representational"][pair] = {"rows": f"{a}: {names[a]}", "cols": f"{b}: {names[b]}",
                                              **grid, "undefined": undefined}
         if undefined:
@@ -220,7 +216,7 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
     log("[3/5] closed-form stitching: 3 families x both directions, held-out scores")
     metrics["stitching"] = {}
     for pair, (a, b) in pairs.items():
-        st = _stitch_grid(cfg, feats[a], feats[b])
+        st = _stitch_grid(cfg, tables[pair])
         metrics["stitching"][pair] = {"rows": f"{a}: {names[a]}", "cols": f"{b}: {names[b]}", **st}
         mats = {}
         for fam, d in st.items():
@@ -229,26 +225,21 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
         figures.append(plotting.heatmap_grid(
             mats, names[a], names[b], out / f"stitching_{pair}.png", ncols=2,
             suptitle=f"Held-out reconstruction score (1 = perfect), rows: {a} layers, columns: {b} layers",
-            xlabel=b, ylabel=a, ranges={t: (None, 1.0) for t in mats},
+            xlabel=b, ylabel=a,
         ))
 
     log("[4/5] tensor similarity of the two bilinear networks (weights only)")
-    tensor, note = _tensor_step(cfg, trained, out)
-    if note:
-        log(f"      note: {note}")
-        metrics["tensor_similarity"] = {"skipped": note}
-    else:
-        metrics["tensor_similarity"] = tensor
-        figures.append(plotting.bar_chart(
-            tensor["seeds"], out / "tensor_similarity.png", ylabel="similarity",
-            title=f"bilinear_s{s0} vs bilinear_s{s1}: weight-based similarity", ylim=(min(0.0, *tensor["seeds"].values()), 1.05),
-        ))
-        ck = tensor["checkpoints"]
-        figures.append(plotting.lines(
-            ck["steps"], {m: ck[m] for m in ck if m != "steps"}, out / "tensor_checkpoints.png",
-            title=f"bilinear_s{s0}: tensor similarity of each checkpoint to the final network",
-            xlabel="checkpoint step (power-spaced)", ylabel="similarity to final",
-        ))
+    tensor = metrics["tensor_similarity"] = _tensor_step(cfg, trained, out)
+    figures.append(plotting.bar_chart(
+        tensor["seeds"], out / "tensor_similarity.png", ylabel="similarity",
+        title=f"bilinear_s{s0} vs bilinear_s{s1}: weight-based similarity", ylim=(min(0.0, *tensor["seeds"].values()), 1.05),
+    ))
+    ck = tensor["checkpoints"]
+    figures.append(plotting.lines(
+        ck["steps"], {m: ck[m] for m in ck if m != "steps"}, out / "tensor_checkpoints.png",
+        title=f"bilinear_s{s0}: tensor similarity of each checkpoint to the final network",
+        xlabel="checkpoint step (power-spaced)", ylabel="similarity to final",
+    ))
 
     metrics["seconds"] = round(time.time() - t0, 1)
     write_json_atomic(out / "metrics.json", metrics)
@@ -273,10 +264,7 @@ def summary(metrics: dict, out: pathlib.Path, figures) -> str:
         f, b = np.asarray(st[fam]["a->b"])[-1, -1], np.asarray(st[fam]["b->a"])[-1, -1]
         lines.append(f"  stitching logits, {fam:18s} mlp->bilinear {f:.3f}  bilinear->mlp {b:.3f} (held out)")
     ts = metrics["tensor_similarity"]
-    if "seeds" in ts:
-        lines.append("  tensor similarity of the bilinear seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in ts["seeds"].items()))
-    else:
-        lines.append(f"  tensor similarity: {ts['skipped']}")
+    lines.append("  tensor similarity of the bilinear seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in ts["seeds"].items()))
     lines.append(f"  took {metrics['seconds']} s; results in {out}/")
     lines += [f"    {pathlib.Path(f).name}" for f in ["config.json", "metrics.json", *figures]]
     return "\n".join(lines)
@@ -291,7 +279,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated registry names, or 'all' (default: a representative set)")
     parser.add_argument("--root", default="results", help="results root directory (default: results)")
     parser.add_argument("--run", default=None, help="run name (default: a UTC timestamp)")
-    parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke configuration")
+    parser.add_argument("--tiny", action="store_true",
+                        help="a smoke run: tiny models and data (about 30 s of CPU time, mostly XLA compilation)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
 
 

@@ -18,10 +18,16 @@ from models.bilinear import BilinearMLP as BilinearMLP
 from models.bilinear import BilinearTransformer as BilinearTransformer
 from models.bilinear import bilinear_attention as bilinear_attention
 from models.cnn import CNN as CNN
+from models.cnn import DenseNet as DenseNet
 from models.cnn import MobileNet as MobileNet
 from models.cnn import ResNet as ResNet
+from models.cnn import ShuffleNet as ShuffleNet
+from models.cnn import channel_shuffle as channel_shuffle
 from models.mlp import MLP as MLP
 from models.mlp import Linear as Linear
+from models.tails import TailApply as TailApply
+from models.tails import split_tail as split_tail
+from models.tails import stack_tails as stack_tails
 
 MODELS = {
     "linear": Linear,
@@ -29,6 +35,8 @@ MODELS = {
     "cnn": CNN,
     "resnet": ResNet,
     "mobilenet": MobileNet,
+    "densenet": DenseNet,
+    "shufflenet": ShuffleNet,
     "bilinear_mlp": BilinearMLP,
     "bilinear_transformer": BilinearTransformer,
 }

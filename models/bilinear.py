@@ -2,8 +2,10 @@
 
 Both are polynomials in their input: no elementwise nonlinearity, no softmax,
 no normalisation. Each bilinear layer is a :class:`similarity.BilinearLayer`
-evaluated by :func:`similarity.apply_layer`; the modules only own the
-``nnx.Param``s (STYLE.md 5).
+evaluated by :func:`similarity.apply_layer`, each attention layer a
+:class:`similarity.AttentionLayer` evaluated by
+:func:`similarity.bilinear_attention`; the modules only own the ``nnx.Param``s
+(STYLE.md 5).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.typing import ArrayLike
 
 from models.base import FeatureModel
 from models.mlp import _shape
+from similarity.attention import AttentionLayer, AttentionNetwork, apply_attention_layer
+from similarity.attention import bilinear_attention as bilinear_attention  # re-exported by models
 from similarity.multilinear import BilinearLayer, LinearLayer, apply_layer
 
 
@@ -85,7 +88,13 @@ class BilinearMLP(FeatureModel):
     ``down((left z + lb) * (right z + rb)) + db [+ z]`` (biases if ``bias``,
     the ``+ z`` if ``residual``); ``logits = U z [+ u]``.
 
-    Layers: ``("embed", "bilinear0", ..., "logits")``.
+    Layers: ``("embed", "bilinear0", ..., "logits")``. Without the embedding
+    (``embed=False``) the first bilinear layer reads the flattened input;
+    without the head (``head=False``) the last bilinear layer's ``down`` maps
+    to the ``n_classes`` outputs and that layer is the ``"logits"`` stage. So
+    ``embed=False, head=False, n_layers=1, residual=False`` is a single
+    bilinear layer ``d_in -> d_hidden -> n_classes`` (the grokking model:
+    one-hot ``(a, b)`` of width ``2p``, hidden 64, outputs ``p``).
 
     Args:
       input_shape: per-sample shape (int or tuple); inputs are flattened.
@@ -95,6 +104,10 @@ class BilinearMLP(FeatureModel):
       n_layers: number of bilinear layers.
       residual: add each layer's input to its output.
       bias: biases in the embedding, the bilinear layers and the head.
+      embed: start with the linear embedding (False: the first bilinear layer
+        takes the flattened input, of width ``prod(input_shape)``).
+      head: end with the linear head (False: the last bilinear layer outputs
+        the ``n_classes`` logits).
       rngs: ``nnx.Rngs``.
 
     Examples:
@@ -117,75 +130,61 @@ class BilinearMLP(FeatureModel):
         n_layers: int = 1,
         residual: bool = True,
         bias: bool = False,
+        embed: bool = True,
+        head: bool = True,
         rngs: nnx.Rngs,
     ):
         self.input_shape = _shape(input_shape)
         d_in = int(np.prod(self.input_shape))
-        self.embed = LinearParams(d_in, d_model, bias=bias, rngs=rngs)
+        if not head and n_layers < 1:
+            raise ValueError(f"head=False needs n_layers >= 1 (the last bilinear layer gives the logits), got n_layers={n_layers}.")
+        self.embed = LinearParams(d_in, d_model, bias=bias, rngs=rngs) if embed else None
+        widths = [d_model if embed else d_in] + [d_model] * n_layers
+        if not head:
+            widths[-1] = n_classes
+        for i in range(n_layers):
+            if residual and widths[i] != widths[i + 1]:
+                raise ValueError(
+                    f"bilinear{i} maps width {widths[i]} to {widths[i + 1]}, so it cannot be residual "
+                    f"(embed={embed}, head={head}, d_model={d_model}, input width {d_in}, n_classes={n_classes}). "
+                    "Pass residual=False, or make the widths equal."
+                )
         self.layers = nnx.List(
-            [BilinearParams(d_model, d_hidden, d_model, bias=bias, residual=residual, rngs=rngs) for _ in range(n_layers)]
+            [BilinearParams(widths[i], d_hidden, widths[i + 1], bias=bias, residual=residual, rngs=rngs) for i in range(n_layers)]
         )
-        self.head = LinearParams(d_model, n_classes, bias=bias, rngs=rngs)
+        self.head = LinearParams(widths[-1], n_classes, bias=bias, rngs=rngs) if head else None
 
     def _stage_names(self):
-        return ("embed", *(f"bilinear{i}" for i in range(len(self.layers))), "logits")
+        names = [f"bilinear{i}" for i in range(len(self.layers))]
+        if self.head is None:
+            names[-1] = "logits"
+        return (*(("embed",) if self.embed is not None else ()), *names, *(("logits",) if self.head is not None else ()))
 
     def _stage(self, i, z):
-        if i == 0:
-            return self.embed(z.reshape(z.shape[0], -1))
-        if i <= len(self.layers):
-            return self.layers[i - 1](z)
+        if self.embed is not None:
+            if i == 0:
+                return self.embed(z.reshape(z.shape[0], -1))
+            i -= 1
+        elif i == 0:
+            z = z.reshape(z.shape[0], -1)
+        if i < len(self.layers):
+            return self.layers[i](z)
         return self.head(z)
 
     def to_network(self) -> tuple:
         """The pure network ``(LinearLayer, BilinearLayer, ..., LinearLayer)``.
 
+        Without the embedding or the head, their ``LinearLayer`` is left out
+        (``embed=False, head=False, n_layers=1`` gives ``(BilinearLayer,)``).
+
         ``similarity.apply_network(model.to_network(), x.reshape(n, -1))``
         equals ``model(x)``.
         """
-        return (self.embed.to_layer(), *(l.to_layer() for l in self.layers), self.head.to_layer())
-
-
-def bilinear_attention(
-    x: ArrayLike,
-    q1: ArrayLike,
-    k1: ArrayLike,
-    q2: ArrayLike,
-    k2: ArrayLike,
-    v: ArrayLike,
-    o: ArrayLike,
-    /,
-) -> jax.Array:
-    """Causal bilinear attention without softmax, added to the residual stream.
-
-    ``pattern[h, t, s] = (q1_t . k1_s)(q2_t . k2_s) / e^2`` for ``s <= t``
-    (0 otherwise), ``out_t = x_t + sum_h O_h sum_s pattern[h, t, s] v_s``,
-    where ``q1_t = Q1_h x_t`` etc.
-
-    Args:
-      x: ``(n, t, d)`` residual stream.
-      q1, k1, q2, k2, v: ``(a, e, d)`` per-head projections (a heads of size e).
-      o: ``(d, a, e)`` output projection.
-
-    Returns:
-      ``(n, t, d)``.
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> w = jnp.ones((1, 2, 3))
-      >>> bilinear_attention(jnp.zeros((1, 4, 3)), w, w, w, w, w, jnp.ones((3, 1, 2))).shape
-      (1, 4, 3)
-    """
-    x = jnp.asarray(x)
-    e = jnp.shape(q1)[1]
-    proj = lambda w: jnp.einsum("aed,ntd->nate", w, x)
-    s1 = jnp.einsum("nate,nase->nats", proj(q1), proj(k1))
-    s2 = jnp.einsum("nate,nase->nats", proj(q2), proj(k2))
-    t = x.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    pattern = jnp.where(causal, s1 * s2 / e**2, 0.0)
-    z = jnp.einsum("nats,nase->nate", pattern, proj(v))
-    return x + jnp.einsum("dae,nate->ntd", o, z)
+        return (
+            *((self.embed.to_layer(),) if self.embed is not None else ()),
+            *(l.to_layer() for l in self.layers),
+            *((self.head.to_layer(),) if self.head is not None else ()),
+        )
 
 
 class BilinearAttention(nnx.Module):
@@ -198,9 +197,11 @@ class BilinearAttention(nnx.Module):
         )
         self.o = _normal(rngs, (d_model, n_heads, d_head), 0.5 / np.sqrt(n_heads * d_head))
 
+    def to_layer(self) -> AttentionLayer:
+        return AttentionLayer(*(p[...] for p in (self.q1, self.k1, self.q2, self.k2, self.v, self.o)))
+
     def __call__(self, x):
-        w = [p[...] for p in (self.q1, self.k1, self.q2, self.k2, self.v, self.o)]
-        return bilinear_attention(x, *w)
+        return apply_attention_layer(self.to_layer(), x)
 
 
 class BilinearTransformer(FeatureModel):
@@ -297,15 +298,23 @@ class BilinearTransformer(FeatureModel):
             raise ValueError("This BilinearTransformer was built with mlp=False; it has no MLP blocks.")
         return (self.mlps[i].to_layer(),)
 
-    def to_network(self) -> tuple:
-        """Not available: a bilinear-attention layer is a degree-5 map of the context.
+    def to_network(self) -> AttentionNetwork:
+        """The pure :class:`similarity.AttentionNetwork` of an attention-only transformer.
 
-        It is not a chain of :class:`similarity.BilinearLayer` nodes; use
-        :meth:`mlp_network` for the per-token MLP blocks and the attention
-        parameters (``model.attn[i]``) for the attention blocks.
+        ``similarity.apply_attention_network(model.to_network(), tokens)`` equals
+        ``model(tokens)``.
+
+        Raises:
+          NotImplementedError: for a transformer built with ``mlp=True``; the
+            attention similarity covers attention-only transformers (use
+            :meth:`mlp_network` for the bilinear MLP blocks on their own).
         """
-        raise NotImplementedError(
-            "BilinearTransformer.to_network(): bilinear attention (q1.k1)(q2.k2) v is a degree-5 map "
-            "of the context, not a chain of BilinearLayer/LinearLayer nodes. Use mlp_network(i) for "
-            "the bilinear MLP blocks, or BilinearMLP for a network with to_network()."
+        if len(self.mlps):
+            raise NotImplementedError(
+                "BilinearTransformer.to_network() covers attention-only transformers (mlp=False); this one "
+                "has bilinear MLP blocks, which similarity.AttentionNetwork does not model. Build it with "
+                "mlp=False, or compare the MLP blocks with mlp_network(i) and tensor_similarity."
+            )
+        return AttentionNetwork(
+            self.token_embed[...], tuple(a.to_layer() for a in self.attn), self.unembed[...], self.pos_embed[...]
         )

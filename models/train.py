@@ -36,9 +36,13 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from experiments.io import read_json, to_jsonable, write_json_atomic
+from models.io import checkpoint_manager as _checkpoint_manager
+from models.io import read_json, to_jsonable, write_json_atomic
 
-__all__ = ["TrainConfig", "TrainResult", "train", "power_schedule", "list_checkpoints", "load_checkpoint"]
+__all__ = [
+    "TrainConfig", "TrainResult", "train", "power_schedule", "list_checkpoints", "load_checkpoint", "random_crop_flip",
+]
+AUGMENTATIONS = ("none", "crop", "crop_flip")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +61,11 @@ class TrainConfig:
       eval_train_size: size of the fixed train subset evaluated.
       checkpoint_every: checkpoint every this many steps (None: only explicit steps and the end).
       checkpoint_steps: explicit checkpoint steps, e.g. ``power_schedule(steps, 10)``.
+      augment: minibatch augmentation of NHWC images (:func:`random_crop_flip`):
+        ``"none"``, ``"crop"`` (4-pixel zero-padded random crop) or
+        ``"crop_flip"`` (also a random horizontal flip: the CIFAR recipe).
+      eval_batch_size: evaluate in chunks of this many examples (None: in one
+        call), to bound the memory of large test sets on an accelerator.
     """
 
     steps: int = 1000
@@ -70,6 +79,8 @@ class TrainConfig:
     eval_train_size: int = 2048
     checkpoint_every: int | None = None
     checkpoint_steps: tuple[int, ...] = ()
+    augment: str = "none"
+    eval_batch_size: int | None = None
 
     def checkpoint_set(self) -> tuple[int, ...]:
         """Every step at which a checkpoint is written (sorted)."""
@@ -87,11 +98,15 @@ class TrainResult:
       model: the trained model (the input model, updated in place).
       history: one dict per evaluation: step, test_loss, test_accuracy, train_loss, train_accuracy.
       resumed_from: the checkpoint step the run resumed from (0 for a fresh run).
+      opt_state: the optimiser state after the last step (pass it as
+        ``init_opt_state`` to continue with the same optimiser, e.g. in the next
+        stage of a curriculum).
     """
 
     model: nnx.Module
     history: list[dict[str, float]]
     resumed_from: int = 0
+    opt_state: Any = None
 
     @property
     def final(self) -> dict[str, float]:
@@ -135,11 +150,58 @@ def _make_optimizer(name, learning_rate, weight_decay, warmup_steps, steps) -> o
     raise ValueError(f"Unknown optimizer {name!r}. Valid options: 'adam', 'adamw', 'sgd'.")
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "batch_size"))
-def _train_step(graphdef, tx, batch_size, params, rest, opt_state, key, xs, ys, step):
-    """One optimiser step on the minibatch drawn with ``fold_in(key, step)``."""
-    idx = jax.random.choice(jax.random.fold_in(key, step), xs.shape[0], (batch_size,), replace=False)
+def random_crop_flip(key: jax.Array, x: jax.Array, /, *, pad: int = 4, flip: bool = True) -> jax.Array:
+    """Random crops (of the zero-padded images) and random horizontal flips, per image.
+
+    Each image is padded with ``pad`` zeros on every side and cropped back to
+    its size at a uniform offset in ``[0, 2 pad]`` per axis; with ``flip``,
+    it is mirrored left-right with probability 1/2 (He et al. 2016, §4.2).
+
+    Args:
+      key: a PRNG key.
+      x: ``(n, H, W, C)`` images.
+      pad: the padding in pixels.
+      flip: also flip at random.
+
+    Returns:
+      ``(n, H, W, C)``.
+
+    Examples:
+      >>> x = jnp.arange(2 * 4 * 4 * 1.0).reshape(2, 4, 4, 1)
+      >>> random_crop_flip(jax.random.key(0), x, pad=0, flip=False).tolist() == x.tolist()
+      True
+    """
+    if x.ndim != 4:
+        raise ValueError(f"random_crop_flip expects NHWC images (n, H, W, C), got shape {tuple(x.shape)}.")
+    n, h, w, c = x.shape
+    k_off, k_flip = jax.random.split(key)
+    off = jax.random.randint(k_off, (n, 2), 0, 2 * pad + 1)
+    padded = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    out = jax.vmap(lambda img, o: jax.lax.dynamic_slice(img, (o[0], o[1], 0), (h, w, c)))(padded, off)
+    if flip:
+        mirror = jax.random.bernoulli(k_flip, 0.5, (n, 1, 1, 1))
+        out = jnp.where(mirror, out[:, :, ::-1], out)
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "batch_size", "augment", "transform"))
+def _train_step(graphdef, tx, batch_size, augment, params, rest, opt_state, key, xs, ys, step, transform=None):
+    """One optimiser step on the minibatch drawn with ``fold_in(key, step)``.
+
+    With a ``transform``, that key is split in two: one half draws the
+    minibatch, the other is handed to ``transform(key, xb, yb) -> (xb, yb)``
+    (applied after the augmentation).
+    """
+    k_step = jax.random.fold_in(key, step)
+    k_idx = k_step
+    if transform is not None:
+        k_idx, tkey = jax.random.split(k_step)
+    idx = jax.random.choice(k_idx, xs.shape[0], (batch_size,), replace=False)
     xb, yb = xs[idx], ys[idx]
+    if augment != "none":
+        xb = random_crop_flip(jax.random.fold_in(k_step, 1), xb, flip=augment == "crop_flip")
+    if transform is not None:
+        xb, yb = transform(tkey, xb, yb)
 
     def loss_fn(p):
         return _loss_and_accuracy(nnx.merge(graphdef, p, rest)(xb), yb)[0]
@@ -155,6 +217,25 @@ def _evaluate(graphdef, params, rest, x_test, y_test, x_train, y_train):
     te = _loss_and_accuracy(m(x_test), y_test)
     tr = _loss_and_accuracy(m(x_train), y_train)
     return {"test_loss": te[0], "test_accuracy": te[1], "train_loss": tr[0], "train_accuracy": tr[1]}
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _eval_sums(graphdef, params, rest, x, y):
+    logits = nnx.merge(graphdef, params, rest)(x)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+    return loss.sum(), (jnp.argmax(logits, axis=-1) == y).sum()
+
+
+def _evaluate_chunked(graphdef, params, rest, chunk, x_test, y_test, x_train, y_train):
+    """:func:`_evaluate` in chunks of ``chunk`` examples (same numbers up to float rounding)."""
+    out = {}
+    for split, x, y in (("test", x_test, y_test), ("train", x_train, y_train)):
+        loss = correct = 0.0
+        for i in range(0, len(x), chunk):
+            l, c = _eval_sums(graphdef, params, rest, x[i : i + chunk], y[i : i + chunk])
+            loss, correct = loss + float(l), correct + float(c)
+        out[f"{split}_loss"], out[f"{split}_accuracy"] = loss / y.size, correct / y.size
+    return out
 
 
 def _fingerprint(*arrays) -> str:
@@ -190,17 +271,29 @@ def _check_data(model, x, y, name):
         raise ValueError(f"y_{name} has labels in [{y.min()}, {y.max()}], outside [0, {out.shape[-1]}) (the model's outputs).")
 
 
-def _checkpoint_manager(workdir: pathlib.Path):
-    import orbax.checkpoint as ocp
-
-    return ocp.CheckpointManager(
-        (workdir / "checkpoints").absolute(),
-        options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True, enable_async_checkpointing=False),
-    )
+def _check_opt_state(given, fresh):
+    """``given`` cast to the dtypes of ``fresh`` (the config's optimiser state), or a clear error."""
+    sg, sf = jax.tree.structure(given), jax.tree.structure(fresh)
+    lg, lf = jax.tree.leaves(given), jax.tree.leaves(fresh)
+    if sg != sf or [np.shape(a) for a in lg] != [np.shape(b) for b in lf]:
+        raise ValueError(
+            "init_opt_state does not match the optimiser state of this config and model "
+            f"(structure {sg} with leaf shapes {[np.shape(a) for a in lg]}, expected {sf} with "
+            f"{[np.shape(b) for b in lf]}). Pass the opt_state of a run with the same optimizer "
+            "and model, or None for a fresh optimiser."
+        )
+    return jax.tree.unflatten(sf, [jnp.asarray(a, b.dtype) for a, b in zip(lg, lf)])
 
 
 def _to_tree(params, opt_state):
     return {"params": jax.tree.leaves(params), "opt_state": jax.tree.leaves(opt_state)}
+
+
+def _with_new_defaults(saved: dict) -> dict:
+    """A saved identity with config fields added since it was written set to their defaults."""
+    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    config = {**to_jsonable(fields), **saved.get("config", {})}
+    return {**saved, "config": config}
 
 
 def _diff(saved: dict, now: dict, prefix: str = "") -> list[str]:
@@ -226,6 +319,8 @@ def train(
     workdir: str | pathlib.Path | None = None,
     progress: bool = True,
     callback: Callable[[int, dict | None], None] | None = None,
+    batch_transform: Callable | None = None,
+    init_opt_state: Any = None,
 ) -> TrainResult:
     """Train ``model`` with cross-entropy on integer labels; resumable.
 
@@ -242,6 +337,16 @@ def train(
       progress: show a tqdm progress bar.
       callback: called as ``callback(step, metrics_or_None)`` after every step
         (``step`` counts completed steps).
+      batch_transform: ``transform(key, xb, yb) -> (xb, yb)``, applied to every
+        training minibatch inside the jitted step (data poisoning, input noise);
+        evaluation always uses the untransformed data. It is a static argument
+        of the step, so it must be hashable and compare equal across calls to
+        reuse the compilation: use a frozen dataclass holding its options,
+        not a fresh closure. Its ``repr`` is part of the run's identity.
+      init_opt_state: start from this optimiser state instead of
+        ``tx.init(params)`` (e.g. the ``opt_state`` of the previous stage's
+        :class:`TrainResult`); it must have the structure of the config's
+        optimiser state. Its fingerprint is part of the run's identity.
 
     Returns:
       :class:`TrainResult`; ``model`` itself is updated in place.
@@ -259,10 +364,18 @@ def train(
         raise ValueError(f"batch_size={cfg.batch_size} must be in [1, {n}] (the number of training examples).")
     if cfg.steps < 1 or cfg.eval_every < 1:
         raise ValueError(f"steps and eval_every must be >= 1, got {cfg.steps} and {cfg.eval_every}.")
+    if cfg.augment not in AUGMENTATIONS:
+        raise ValueError(f"Unknown augment {cfg.augment!r}. Valid options: {', '.join(repr(a) for a in AUGMENTATIONS)}.")
+    if cfg.augment != "none" and x_train.ndim != 4:
+        raise ValueError(f"augment={cfg.augment!r} needs NHWC images (n, H, W, C), got x_train of shape {x_train.shape}.")
+    if cfg.eval_batch_size is not None and cfg.eval_batch_size < 1:
+        raise ValueError(f"eval_batch_size must be >= 1 or None, got {cfg.eval_batch_size}.")
     tx = _optimizer(cfg)
 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt_state = tx.init(params)
+    if init_opt_state is not None:
+        opt_state = _check_opt_state(init_opt_state, opt_state)
     identity = {
         "config": to_jsonable(cfg),
         "model": {"class": type(model).__name__, "init_params_sha1": _fingerprint(*jax.tree.leaves(params))},
@@ -272,6 +385,11 @@ def train(
             "x_train_shape": list(x_train.shape),
         },
     }
+    # recorded only when used, so that runs saved before these options existed still resume
+    if batch_transform is not None:
+        identity["batch_transform"] = repr(batch_transform)
+    if init_opt_state is not None:
+        identity["init_opt_state_sha1"] = _fingerprint(*jax.tree.leaves(opt_state))
 
     history: list[dict] = []
     start = 0
@@ -282,7 +400,7 @@ def train(
         id_path = workdir / "train_config.json"
         manager = _checkpoint_manager(workdir)
         if id_path.exists():
-            diffs = _diff(read_json(id_path), identity)
+            diffs = _diff(_with_new_defaults(read_json(id_path)), identity)
             if diffs:
                 raise ValueError(
                     f"Refusing to resume the run in {workdir}: it was started with a different setup:\n  "
@@ -310,6 +428,8 @@ def train(
     key = jax.random.PRNGKey(cfg.seed)
 
     def evaluate(params):
+        if cfg.eval_batch_size is not None:
+            return _evaluate_chunked(graphdef, params, rest, cfg.eval_batch_size, xs_te, ys_te, xs_ev, ys_ev)
         return _evaluate(graphdef, params, rest, xs_te, ys_te, xs_ev, ys_ev)
     def log_eval(step):
         m = {"step": step, **{k: float(v) for k, v in evaluate(params).items()}}
@@ -324,7 +444,8 @@ def train(
     bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc=type(model).__name__, leave=False)
     for step in range(start, cfg.steps):
         params, opt_state, loss = _train_step(
-            graphdef, tx, cfg.batch_size, params, rest, opt_state, key, xs_tr, ys_tr, jnp.asarray(step, jnp.uint32)
+            graphdef, tx, cfg.batch_size, cfg.augment, params, rest, opt_state, key, xs_tr, ys_tr,
+            jnp.asarray(step, jnp.uint32), transform=batch_transform,
         )
         done = step + 1
         m = None
@@ -343,7 +464,7 @@ def train(
     if manager is not None:
         manager.close()
     nnx.update(model, params)
-    return TrainResult(model, history, start)
+    return TrainResult(model, history, start, opt_state)
 
 
 def list_checkpoints(workdir: str | pathlib.Path) -> tuple[int, ...]:
@@ -357,9 +478,11 @@ def list_checkpoints(workdir: str | pathlib.Path) -> tuple[int, ...]:
 def load_checkpoint(model: nnx.Module, workdir: str | pathlib.Path, step: int | None = None, *, config: TrainConfig | None = None) -> nnx.Module:
     """Load the parameters saved at ``step`` (default: the last) into ``model`` (in place).
 
-    ``model`` must have the same structure as the trained one. ``config``
-    (default :class:`TrainConfig`'s optimizer) only shapes the optimiser state
-    that is stored alongside; pass the run's config when it used another optimiser.
+    ``model`` must have the same structure as the trained one; it may be
+    abstract (``nnx.eval_shape(lambda: Model(...))``), which skips the cost of
+    initialising parameters that are about to be overwritten. ``config``
+    (default: the run's saved config, else :class:`TrainConfig`'s optimizer)
+    only shapes the optimiser state that is stored alongside.
     """
     import orbax.checkpoint as ocp
 
@@ -368,7 +491,7 @@ def load_checkpoint(model: nnx.Module, workdir: str | pathlib.Path, step: int | 
         config = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in read_json(workdir / "train_config.json")["config"].items()})
     tx = _optimizer(config or TrainConfig())
     _, params, _ = nnx.split(model, nnx.Param, ...)
-    opt_state = tx.init(params)
+    opt_state = jax.eval_shape(tx.init, params)  # a template: shapes and dtypes only
     mgr = _checkpoint_manager(workdir)
     steps = tuple(mgr.all_steps())
     if not steps:

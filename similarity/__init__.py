@@ -4,7 +4,8 @@ Three families under one roof:
 
 1. Representational similarity: CKA, RSA, CCA/SVCCA/PWCCA, shape metrics, regression.
 2. Functional similarity through usable (V-)information: stitching, V-information.
-3. Weight-based tensor similarity of multilinear (bilinear) networks.
+3. Weight-based tensor similarity of multilinear (bilinear) networks, including
+   bilinear-attention transformers.
 
 Representations are 2-D arrays ``(n_samples, n_features)``; arrays are
 positional, options keyword-only. Each measure's name says whether it is a
@@ -71,10 +72,11 @@ from similarity.usable_info import conditional_v_information as conditional_v_in
 from similarity.usable_info import pointwise_v_information as pointwise_v_information
 from similarity.usable_info import v_entropy as v_entropy
 from similarity.usable_info import v_information as v_information
-from similarity.task_stitching import DirectionResult as DirectionResult
-from similarity.task_stitching import FunctionalSimilarity as FunctionalSimilarity
+from similarity.task_stitching import INITS as INITS
+from similarity.task_stitching import LOSSES as LOSSES
+from similarity.task_stitching import OPTIMIZERS as OPTIMIZERS
+from similarity.task_stitching import TrainedStitcher as TrainedStitcher
 from similarity.task_stitching import TrainHistory as TrainHistory
-from similarity.task_stitching import functional_similarity as functional_similarity
 from similarity.task_stitching import resize_spatial as resize_spatial
 from similarity.task_stitching import stitch_representation as stitch_representation
 from similarity.task_stitching import stitching_loss as stitching_loss
@@ -84,6 +86,7 @@ from similarity.task_stitching import train_stitchers as train_stitchers
 # --- multilinear networks and tensor similarity ---
 from similarity.multilinear import BilinearLayer as BilinearLayer
 from similarity.multilinear import LinearLayer as LinearLayer
+from similarity.multilinear import Node as Node
 from similarity.multilinear import apply_layer as apply_layer
 from similarity.multilinear import apply_network as apply_network
 from similarity.multilinear import difference as difference
@@ -93,6 +96,7 @@ from similarity.multilinear import lift as lift
 from similarity.multilinear import lift_linear as lift_linear
 from similarity.multilinear import network_depth as network_depth
 from similarity.multilinear import validate_network as validate_network
+from similarity.multilinear import validate_network_pair as validate_network_pair
 from similarity.tensor_similarity import METHODS as TENSOR_METHODS
 from similarity.tensor_similarity import METRICS as TENSOR_METRICS
 from similarity.tensor_similarity import behavioral_similarity as behavioral_similarity
@@ -102,6 +106,27 @@ from similarity.tensor_similarity import tensor_similarity as tensor_similarity
 from similarity.tensor_similarity import weight_cosine as weight_cosine
 from similarity.validate_numerics import monte_carlo_inner as monte_carlo_inner
 from similarity.validate_numerics import quadrature_inner as quadrature_inner
+
+# --- change-point segmentation of similarity matrices ---
+from similarity.segmentation import SEGMENT_COSTS as SEGMENT_COSTS
+from similarity.segmentation import Segmentation as Segmentation
+from similarity.segmentation import change_points as change_points
+from similarity.segmentation import segment_costs as segment_costs
+
+# --- bilinear-attention transformers ---
+from similarity.attention import ATTENTION_METHODS as ATTENTION_METHODS
+from similarity.attention import AttentionLayer as AttentionLayer
+from similarity.attention import AttentionNetwork as AttentionNetwork
+from similarity.attention import apply_attention_layer as apply_attention_layer
+from similarity.attention import apply_attention_network as apply_attention_network
+from similarity.attention import attention_inner as attention_inner
+from similarity.attention import attention_moments as attention_moments
+from similarity.attention import attention_similarity as attention_similarity
+from similarity.attention import attention_similarity_matrix as attention_similarity_matrix
+from similarity.attention import bilinear_attention as bilinear_attention
+from similarity.attention import validate_attention_network as validate_attention_network
+from similarity.validate_numerics import attention_monte_carlo_inner as attention_monte_carlo_inner
+from similarity.validate_numerics import attention_quadrature_inner as attention_quadrature_inner
 
 # --- comparison grid ---
 from similarity.grid import MOMENT_MEASURES as MOMENT_MEASURES

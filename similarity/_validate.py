@@ -11,6 +11,16 @@ concrete arrays, and are skipped when the inputs are tracers (inside a user's
 ``jit``/``vmap``/``grad``). Under tracing, degenerate input propagates as NaN
 in the result, exactly as ``jnp`` arithmetic does; validate eagerly first, or
 wrap the call with ``jax.experimental.checkify``, if that matters to you.
+
+**Input dtypes (one policy for every public function).** float32 and float64
+are computed as given. Half precision (float16, bfloat16) is promoted to
+float32 for the computation, and the result is float32: the sums of squares
+behind every measure overflow float16 beyond about 6e4 and lose all but two or
+three digits in bfloat16. Integers and booleans are promoted to the default
+float dtype (float64 with x64 enabled, else float32). Complex input is refused
+with a ``TypeError``: every measure here is defined on real arrays, and a
+silent cast would drop the imaginary part. Boolean options accept ``True`` and
+``False`` (Python or NumPy bools) only.
 """
 
 from __future__ import annotations
@@ -33,7 +43,13 @@ __all__ = [
     "check_not_constant",
     "check_choice",
     "check_positive_result",
+    "check_bool",
+    "compute_dtype",
+    "HALF_DTYPES",
 ]
+
+# Promoted to float32 for the computation (see the module docstring).
+HALF_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def is_concrete(*xs: Any) -> bool:
@@ -41,11 +57,41 @@ def is_concrete(*xs: Any) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in xs)
 
 
-def as_float_array(x: ArrayLike, name: str) -> jax.Array:
-    """Convert to a floating JAX array, keeping float32/float64 as given.
+def compute_dtype(dtype: Any, name: str) -> jnp.dtype:
+    """The floating dtype an input of ``dtype`` is computed in, or a ``TypeError``.
 
-    Integers and booleans are promoted to the default float dtype. Complex
-    input is rejected.
+    float32/float64 stay; float16/bfloat16 become float32; integers and bools
+    become the default float dtype; complex and anything else are refused.
+
+    Examples:
+      >>> compute_dtype(jnp.bfloat16, "x").name
+      'float32'
+      >>> compute_dtype(np.complex64, "x")
+      Traceback (most recent call last):
+      ...
+      TypeError: x has complex dtype complex64; funsim measures are defined on real arrays. Pass the real part (x.real), the magnitude (abs(x)) or both as separate features, explicitly.
+    """
+    dt = jnp.dtype(dtype)
+    if jnp.issubdtype(dt, jnp.complexfloating):
+        raise TypeError(
+            f"{name} has complex dtype {dt}; funsim measures are defined on real arrays. Pass "
+            f"the real part ({name}.real), the magnitude (abs({name})) or both as separate "
+            "features, explicitly."
+        )
+    if dt in HALF_DTYPES:
+        return jnp.dtype(jnp.float32)
+    if jnp.issubdtype(dt, jnp.floating):
+        return dt
+    if jnp.issubdtype(dt, jnp.integer) or dt == jnp.bool_:
+        return jnp.dtype(jnp.result_type(float))
+    raise TypeError(f"{name} has unsupported dtype {dt}; pass a real float array.")
+
+
+def as_float_array(x: ArrayLike, name: str) -> jax.Array:
+    """Convert to a floating JAX array in its compute dtype (:func:`compute_dtype`).
+
+    float32/float64 are kept; float16/bfloat16 are promoted to float32;
+    integers and booleans to the default float dtype. Complex input is refused.
     """
     if isinstance(x, (list, tuple)):
         x = np.asarray(x)
@@ -53,14 +99,29 @@ def as_float_array(x: ArrayLike, name: str) -> jax.Array:
         raise TypeError(
             f"{name} must be an array (numpy or jax), got {type(x).__name__}."
         )
-    dt = jnp.dtype(x.dtype)
-    if jnp.issubdtype(dt, jnp.complexfloating):
-        raise TypeError(f"{name} has complex dtype {dt}; funsim works on real arrays.")
-    if not jnp.issubdtype(dt, jnp.floating):
-        if not (jnp.issubdtype(dt, jnp.integer) or dt == jnp.bool_):
-            raise TypeError(f"{name} has unsupported dtype {dt}; pass a float array.")
-        x = jnp.asarray(x, dtype=jnp.result_type(float))
+    dt = compute_dtype(x.dtype, name)
+    if jnp.dtype(x.dtype) != dt:
+        x = jnp.asarray(x).astype(dt)
     return jnp.asarray(x)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Return ``value`` as a Python bool, or raise ``TypeError`` unless it is one.
+
+    ``True``/``False`` and NumPy bools are accepted; strings, numbers and
+    ``None`` are not (``"no"`` would otherwise count as true).
+
+    Examples:
+      >>> check_bool(np.True_, "debiased")
+      True
+      >>> check_bool("yes", "debiased")
+      Traceback (most recent call last):
+      ...
+      TypeError: debiased must be True or False, got 'yes' (str).
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__}).")
 
 
 def check_finite(x: jax.Array, name: str) -> None:

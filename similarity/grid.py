@@ -120,8 +120,7 @@ def _check_layer_lazily(z, name, streaming):
         z = V.as_float_array(z, name)
     if not hasattr(z, "shape") or len(z.shape) != 2:
         raise ValueError(f"{name} must be a 2-D (n, d) array, got {getattr(z, 'shape', type(z))}.")
-    if not np.issubdtype(np.dtype(z.dtype), np.floating):
-        raise TypeError(f"{name} has dtype {z.dtype}; pass float arrays.")
+    V.compute_dtype(z.dtype, name)  # complex or non-numeric: TypeError
     if z.shape[0] < 2 or z.shape[1] < 1:
         raise ValueError(f"{name} has shape {tuple(z.shape)}; it needs at least 2 samples and 1 feature.")
     return z
@@ -161,14 +160,12 @@ def _prepare(reps_a, reps_b, *, eager_values, streaming) -> _Layers:
                     f"every layer must hold the same samples: reps_a[0] has n={n} but "
                     f"{nm}[{k}] has shape {tuple(z.shape)}."
                 )
-    dt = functools.reduce(jnp.promote_types, [jnp.dtype(z.dtype) for z in va + vb])
+    dt = functools.reduce(jnp.promote_types, [V.compute_dtype(z.dtype, "reps") for z in va + vb])
     return _Layers(rows, cols, va, vb, _width_groups(va), _width_groups(vb), n, dt)
 
 
 def _resolve(measures, *, streaming) -> tuple[list[tuple[str, Measure]], list[tuple[str, Measure]]]:
     """``(moment measures, other measures)`` as ``(name, Measure)``, in request order."""
-    if isinstance(measures, str):
-        raise TypeError(f"measures must be a list of names, got the string {measures!r}; wrap it in a list.")
     names = list(dict.fromkeys(measures))
     if not names:
         raise ValueError("measures is empty; e.g. measures=['cka/linear', 'stitch/affine'].")
@@ -549,14 +546,18 @@ def _moment_plan(lay: _Layers, entries, *, weights, chunk_size) -> _Moments:
     return _Moments(w_tr, w_te, chunks, need_split, need_full, derive)
 
 
-def _run_checks(lay: _Layers, entries, mo: _Moments) -> None:
-    """Each measure's ``MomentStats.check`` on every source width it will see."""
+def _run_checks(lay: _Layers, entries, mo: _Moments, *, reverse: bool) -> None:
+    """Each measure's ``MomentStats.check`` on every source width it will see.
+
+    With ``reverse`` the ``reps_b`` layers are sources too, also for a symmetric
+    measure (its reverse table is its own, but ``measure(name)(B_j, A_i)`` must be defined).
+    """
     n_tr = int(round(float(jnp.sum(mo.w_tr)))) if mo.split else lay.n
     for e in entries:
         if e.spec.check is None:
             continue
         n_fit = n_tr if e.spec.moments == "split" else lay.n
-        sides = ("a", "b") if e.reverse else ("a",)
+        sides = ("a", "b") if reverse else ("a",)
         for side in sides:
             vs, _ = lay.side(side)
             k = int(np.argmax([z.shape[1] for z in vs]))
@@ -570,7 +571,7 @@ def _moment_tables(lay: _Layers, moment, *, reverse, weights, chunk_size, plan):
     """
     entries = tuple(_Entry(name, m.moments, reverse and not m.symmetric) for name, m in moment)
     mo = _moment_plan(lay, entries, weights=weights, chunk_size=chunk_size)
-    _run_checks(lay, entries, mo)
+    _run_checks(lay, entries, mo, reverse=reverse)
     means = _means(lay, mo)
     lms = _layer_moments(lay, mo, means)
     hooks = _hooks(entries)
@@ -688,7 +689,7 @@ def compare_grid(
     reps_b: Mapping[Any, ArrayLike] | Sequence[ArrayLike] | None = None,
     /,
     *,
-    measures: Sequence[str] = ("cka/linear", "stitch/affine"),
+    measures: str | Sequence[str] = ("cka/linear", "stitch/affine"),
     reverse: bool = False,
     split: float | tuple[ArrayLike, ArrayLike] = 0.5,
     key: jax.Array | None = None,
@@ -715,7 +716,8 @@ def compare_grid(
       reps_b: the same for the other model (default: ``reps_a``). Same ``n``
         samples, in the same order, as ``reps_a``.
       measures: registry names (``similarity.list_measures()``; parametrised
-        names like ``"shape/angular/alpha=0.5"`` too).
+        names like ``"shape/angular/alpha=0.5"`` too); one name may be passed
+        as a plain string.
       reverse: also return ``GridResult.reverse`` (see above).
       split: the train/test split of the held-out reconstruction scores, shared
         by every pair: a train fraction or ``(train_idx, test_idx)``. The
@@ -752,6 +754,7 @@ def compare_grid(
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
     if not isinstance(reverse, bool):
         raise TypeError(f"reverse must be True or False, got {reverse!r}.")
+    measures = [measures] if isinstance(measures, str) else list(measures)
     moment, generic = _resolve(measures, streaming=streaming)
     # Generic measures need the eager value checks; the moment measures check
     # values inside their first pass (cheaper, and possible while streaming).

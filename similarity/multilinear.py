@@ -7,14 +7,15 @@ applied in order (DESIGN.md §4).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+import functools
+from typing import Any, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from similarity._validate import check_finite
+from similarity._validate import check_bool, check_finite, compute_dtype
 
 
 @jax.tree_util.register_dataclass
@@ -77,6 +78,20 @@ class LinearLayer:
 
 Layer = Union[BilinearLayer, LinearLayer]
 Network = tuple  # tuple[Layer, ...]
+
+
+class Node(NamedTuple):
+    """A lifted pure bilinear node ``y~_o = x~^T (sum_u down[o, u] left[u] right[u]^T) x~``.
+
+    Attributes:
+      left: ``(H, d+1)``, the lifted left factors ``L~``.
+      right: ``(H, d+1)``, the lifted right factors ``R~``.
+      down: ``(o+1, H)``, the lifted output map ``D~`` (row 0: the constant output).
+    """
+
+    left: jax.Array
+    right: jax.Array
+    down: jax.Array
 
 
 def apply_layer(layer: Layer, x: ArrayLike) -> jax.Array:
@@ -144,7 +159,7 @@ def _lift_input(x: jax.Array, dtype) -> jax.Array:
     return jnp.concatenate([jnp.zeros(x.shape[:-1] + (1,), dtype), x.astype(dtype)], axis=-1)
 
 
-def lift(layer: BilinearLayer) -> tuple[jax.Array, jax.Array, jax.Array]:
+def lift(layer: BilinearLayer) -> Node:
     """Lift a bilinear layer to a pure bilinear node on ``x~ = (1, x)``.
 
     Every lifted output coordinate is a quadratic form of the lifted input,
@@ -161,8 +176,8 @@ def lift(layer: BilinearLayer) -> tuple[jax.Array, jax.Array, jax.Array]:
       layer: a :class:`BilinearLayer` with ``left, right: (h, d)``, ``down: (o, h)``.
 
     Returns:
-      ``(L~, R~, D~)`` with shapes ``(H, d+1)``, ``(H, d+1)``, ``(o+1, H)``, where
-      ``H = h + 1 + (d if residual else 0)``.
+      :class:`Node` ``(left=L~, right=R~, down=D~)`` with shapes ``(H, d+1)``,
+      ``(H, d+1)``, ``(o+1, H)``, where ``H = h + 1 + (d if residual else 0)``.
 
     Raises:
       TypeError: if ``layer`` is not a :class:`BilinearLayer` (use :func:`lift_linear`).
@@ -197,7 +212,7 @@ def lift(layer: BilinearLayer) -> tuple[jax.Array, jax.Array, jax.Array]:
         ls.append(_lift_input(eye, dtype))
         rs.append(jnp.tile(e0, (d, 1)))
         ds.append(jnp.concatenate([jnp.zeros((1, d), dtype), eye], axis=0))
-    return jnp.concatenate(ls, 0), jnp.concatenate(rs, 0), jnp.concatenate(ds, 1)
+    return Node(jnp.concatenate(ls, 0), jnp.concatenate(rs, 0), jnp.concatenate(ds, 1))
 
 
 def lift_linear(layer: LinearLayer) -> jax.Array:
@@ -246,6 +261,7 @@ def interaction_tensor(layer: BilinearLayer, *, symmetric: bool = True) -> jax.A
       >>> interaction_tensor(layer)[1].tolist()   # x1 * x2
       [[0.0, 0.0, 0.0], [0.0, 0.0, 0.5], [0.0, 0.5, 0.0]]
     """
+    symmetric = check_bool(symmetric, "symmetric")
     left, right, down = lift(layer)
     b = jnp.einsum("ou,ui,uj->oij", down, left, right)
     if symmetric:
@@ -336,8 +352,14 @@ def validate_network(net, name: str = "net", *, batch_ndim: int = 0) -> tuple:
 
     Checks: the network is a non-empty tuple of :class:`BilinearLayer` /
     :class:`LinearLayer`; every weight has the documented rank and shape;
-    consecutive widths match; a residual layer has ``o == d``; concrete weights
-    hold no NaN/Inf (skipped under tracing, see :mod:`similarity._validate`).
+    consecutive widths match; a residual layer has ``o == d`` and a bool
+    ``residual``; concrete weights hold no NaN/Inf (skipped under tracing, see
+    :mod:`similarity._validate`).
+
+    Dtypes follow the package's policy (:mod:`similarity._validate`): every leaf
+    is cast to the network's common compute dtype, so integer and boolean
+    weights become the default float dtype, float16/bfloat16 become float32, and
+    complex weights raise a ``TypeError``.
 
     Args:
       net: a layer or a tuple of layers.
@@ -346,10 +368,11 @@ def validate_network(net, name: str = "net", *, batch_ndim: int = 0) -> tuple:
         1 for a stack of checkpoints).
 
     Returns:
-      The network as a tuple of layers.
+      The network as a tuple of layers, every leaf a ``jax.Array`` of one float dtype.
 
     Raises:
-      TypeError: for something that is not a layer or a tuple of layers.
+      TypeError: for something that is not a layer or a tuple of layers, or
+        complex / non-numeric weights.
       ValueError: for an empty network, inconsistent shapes or non-finite weights.
     """
     if isinstance(net, (BilinearLayer, LinearLayer)):
@@ -368,6 +391,7 @@ def validate_network(net, name: str = "net", *, batch_ndim: int = 0) -> tuple:
     bd = batch_ndim
     batch = None
     prev_out = None
+    dtypes: list = []
     for i, layer in enumerate(net):
         where = f"{name}[{i}]"
         if isinstance(layer, BilinearLayer):
@@ -398,10 +422,10 @@ def validate_network(net, name: str = "net", *, batch_ndim: int = 0) -> tuple:
                     f"{batch}; stack every checkpoint the same way."
                 )
             dt = jnp.dtype(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
-            if not jnp.issubdtype(dt, jnp.floating):
-                raise TypeError(f"{where}.{field} must be a float array, got dtype {dt}.")
+            dtypes.append(compute_dtype(dt, f"{where}.{field}"))
             shapes[field] = shp[bd:]
         if isinstance(layer, BilinearLayer):
+            check_bool(layer.residual, f"{where}.residual")
             h, d = shapes["left"]
             o = shapes["down"][0]
             expect = dict(right=(h, d), down=(o, h), left_bias=(h,), right_bias=(h,),
@@ -432,11 +456,114 @@ def validate_network(net, name: str = "net", *, batch_ndim: int = 0) -> tuple:
                 "inputs; consecutive layer widths must match."
             )
         prev_out = o
-        for field in fields:
-            value = getattr(layer, field)
-            if value is not None:
-                check_finite(jnp.asarray(value), f"{where}.{field}")
-    return net
+    return _cast_network(net, functools.reduce(jnp.promote_types, dtypes), name)
+
+
+def _cast_network(net: tuple, dtype, name: str, *, check: bool = True) -> tuple:
+    """Every leaf as a ``jax.Array`` of ``dtype``; with ``check``, NaN/Inf-checked when concrete."""
+    out = []
+    for i, layer in enumerate(net):
+        cast = {}
+        for f in dataclasses.fields(layer):
+            value = getattr(layer, f.name)
+            if f.name == "residual" or value is None:
+                continue
+            value = jnp.asarray(value)
+            if check:
+                check_finite(value, f"{name}[{i}].{f.name}")
+            cast[f.name] = value if value.dtype == dtype else value.astype(dtype)
+        out.append(dataclasses.replace(layer, **cast))
+    return tuple(out)
+
+
+def validate_network_pair(net_a, net_b, /, *, names: tuple[str, str] = ("net_a", "net_b")) -> tuple:
+    """Validate two networks that are to be compared; cast both to one dtype.
+
+    Each is checked by :func:`validate_network`; then both must read the same
+    input width ``d`` and have the same number of outputs ``o``. Every leaf of
+    both is cast to their common compute dtype.
+
+    Args:
+      net_a: a layer or a tuple of layers.
+      net_b: a layer or a tuple of layers.
+      names: the argument names used in error messages.
+
+    Returns:
+      ``(net_a, net_b)`` as tuples of layers.
+
+    Raises:
+      TypeError, ValueError: as :func:`validate_network`, or different input or
+        output widths.
+
+    Examples:
+      >>> import numpy as np
+      >>> a = LinearLayer(np.ones((2, 3), np.float32))
+      >>> b = LinearLayer(np.ones((2, 3), np.float16))  # half precision computes in float32
+      >>> [x.dtype.name for x in jax.tree_util.tree_leaves(validate_network_pair(a, b))]
+      ['float32', 'float32']
+    """
+    na, nb = names
+    net_a = validate_network(net_a, na)
+    net_b = validate_network(net_b, nb)
+    da, db = net_a[0].d_in, net_b[0].d_in
+    oa, ob = net_a[-1].d_out, net_b[-1].d_out
+    if da != db:
+        raise ValueError(
+            f"{na} takes d={da} inputs but {nb} takes d={db}; the networks must read the same "
+            "input space to be compared."
+        )
+    if oa != ob:
+        raise ValueError(
+            f"{na} has {oa} outputs but {nb} has {ob}; compare networks with the same outputs, "
+            "or restrict both with a head (LinearLayer) first."
+        )
+    dt = jnp.promote_types(jax.tree_util.tree_leaves(net_a)[0].dtype,
+                           jax.tree_util.tree_leaves(net_b)[0].dtype)
+    return _cast_network(net_a, dt, na, check=False), _cast_network(net_b, dt, nb, check=False)
+
+
+def resolve_outputs(outputs: Any, n_out: int, name: str = "outputs") -> tuple | None:
+    """Output indices to sum over, as a tuple of non-negative ints, or None for all.
+
+    Args:
+      outputs: None, a slice, an int or a sequence of ints (negative ints count
+        from the end).
+      n_out: the networks' number of outputs.
+      name: the argument name used in error messages.
+
+    Returns:
+      A tuple of indices in ``[0, n_out)``, or None.
+
+    Raises:
+      ValueError: non-integer, empty or out-of-range indices.
+
+    Examples:
+      >>> resolve_outputs([0, -1], 10)
+      (0, 9)
+    """
+    if outputs is None:
+        return None
+    if isinstance(outputs, slice):
+        idx = tuple(range(n_out))[outputs]
+    else:
+        arr = np.asarray(outputs)
+        if arr.ndim == 0:
+            arr = arr[None]
+        if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+            raise TypeError(
+                f"{name} must be None, a slice or a 1-D sequence of int output indices, got "
+                f"{outputs!r}."
+            )
+        idx = tuple(int(i) for i in arr)
+    if len(idx) == 0:
+        raise ValueError(f"{name}={outputs!r} selects no output; pass at least one index.")
+    bad = [i for i in idx if not -n_out <= i < n_out]
+    if bad:
+        raise ValueError(
+            f"{name} has indices {bad} outside [0, {n_out}): the networks have {n_out} outputs."
+        )
+    return tuple(i % n_out for i in idx)
+
 
 
 def fold_network(net: Network) -> list:
@@ -450,8 +577,9 @@ def fold_network(net: Network) -> list:
       net: a validated network (tuple of layers), unbatched.
 
     Returns:
-      A list of ``(L~, R~, D~)`` triples, one per bilinear layer; for a network
-      with no bilinear layer, a one-element list ``[W~]`` with ``W~: (o+1, d+1)``.
+      A list of :class:`Node` ``(left=L~, right=R~, down=D~)``, one per bilinear
+      layer; for a network with no bilinear layer, a one-element list ``[W~]``
+      with ``W~: (o+1, d+1)``.
     """
     nodes: list = []
     pending = None
@@ -464,10 +592,9 @@ def fold_network(net: Network) -> list:
             if pending is not None:
                 left, right = left @ pending, right @ pending
                 pending = None
-            nodes.append((left, right, down))
+            nodes.append(Node(left, right, down))
     if pending is not None:
         if not nodes:
             return [pending]
-        left, right, down = nodes[-1]
-        nodes[-1] = (left, right, pending @ down)
+        nodes[-1] = nodes[-1]._replace(down=pending @ nodes[-1].down)
     return nodes

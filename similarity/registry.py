@@ -171,7 +171,8 @@ def make_measure(
                 f"{type(moments).__name__}."
             )
         V.check_choice(moments.moments, "MomentStats.moments", MOMENT_KINDS)
-    return Measure(name, fn, kind, bool(symmetric), inv, description, (lo, hi), stats, moments)
+    return Measure(name, fn, kind, V.check_bool(symmetric, "symmetric"), inv, description, (lo, hi), stats,
+                   moments)
 
 
 def register(name: str, fn: Callable[..., jax.Array], *, overwrite: bool = False, **spec) -> Measure:
@@ -201,7 +202,7 @@ def register(name: str, fn: Callable[..., jax.Array], *, overwrite: bool = False
     """
     if "=" in name:
         raise ValueError(f"measure name {name!r} must not contain '='; use register_family.")
-    if name in _REGISTRY and not overwrite:
+    if name in _REGISTRY and not V.check_bool(overwrite, "overwrite"):
         raise ValueError(f"measure {name!r} is already registered; pass overwrite=True.")
     m = make_measure(name, fn, **spec)
     _REGISTRY[name] = m

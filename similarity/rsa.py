@@ -7,11 +7,15 @@ cosine; or, with ``compare="cosine_cov"``, by the cosine of the two
 double-centred full RDMs ``H D H``. For squared-Euclidean RDMs that last
 comparison is exactly linear CKA, because ``H D H = -2 H X X^T H``.
 
-Costs: an RDM is ``O(n^2 d)``, computed row by row from direct differences
-(not a matrix product), so that identical samples give exactly tied distances,
-as in ``scipy.spatial.distance.pdist``, and Spearman/Kendall see the ties; Spearman sorts the ``m = n(n-1)/2`` pairs;
-Kendall tau-a compares all pairs of pairs, ``O(m^2) = O(n^4)`` time in
-``O(m)`` memory, so keep n below a few hundred for it.
+Costs: an RDM is one Gram matrix (a GEMM, ``O(n^2 d)``), exactly symmetric,
+with identical samples given exactly equal rows (found by an exact, hash-assisted
+row comparison) and integer-valued data shifted by an integer, so that tied
+distances stay exactly tied, as in ``scipy.spatial.distance.pdist``, and
+Spearman/Kendall see the ties. The ``m = n(n-1)/2`` pairs are taken in
+circulant order (no index table). Spearman ranks each side with one integer
+sort, ``O(m log m)``. Kendall tau-a compares all pairs of pairs,
+``O(m^2) = O(n^4)`` time in ``O(m)`` memory, and is refused above
+``KENDALL_MAX_ENTRIES`` entries (n of about 630).
 
 Validation follows :mod:`similarity._validate`: under a user's ``jit``/``vmap``
 the value checks are skipped and degenerate input gives NaN.
@@ -35,32 +39,95 @@ RDM_METRICS = ("correlation", "euclidean", "sqeuclidean", "cosine")
 COMPARISONS = ("spearman", "pearson", "kendall", "cosine", "cosine_cov")
 
 
-def _rows(f, x: jax.Array) -> jax.Array:
-    """``out[i, j] = f(x[i], x)[j]``, a block of rows at a time.
+_MIX = (0x85EBCA6B, 0xC2B2AE35)  # murmur3's finaliser constants
 
-    Each entry is reduced over features in the same order whatever its position,
-    so identical samples get bit-identical distances (exact ties, as in
-    ``scipy.spatial.distance.pdist``); a matrix product does not promise that.
+
+def _fmix32(h: jax.Array) -> jax.Array:
+    """murmur3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(_MIX[0])
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(_MIX[1])
+    return h ^ (h >> 16)
+
+
+def _row_hash(bits: jax.Array, seed: int) -> jax.Array:
+    """A hash ``(n,)`` of each row of ``bits (n, k) uint32`` that is independent of reduction order."""
+    col = _fmix32(jnp.arange(bits.shape[1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9) + jnp.uint32(seed))
+    return _fmix32(jnp.sum(_fmix32(bits ^ col[None, :]), axis=1, dtype=jnp.uint32))
+
+
+def _first_equal_row(x: jax.Array) -> jax.Array:
+    """``rep[i]``: the first row equal to row ``i`` (all features exactly equal; ``-0.0 == 0.0``).
+
+    Two independent order-free row hashes find candidates in ``O(n d + n^2)``;
+    each candidate is verified exactly, so a hash collision can only leave a
+    duplicate unmerged (its ties then rest on rounding), never merge distinct rows.
     """
-    return jax.lax.map(lambda xi: f(xi[None, :], x), x, batch_size=min(x.shape[0], 64))
+    n = x.shape[0]
+    z = jnp.where(x == 0, jnp.zeros((), x.dtype), x)  # one bit pattern for +-0
+    bits = jax.lax.bitcast_convert_type(z, jnp.uint32)  # (n, d) or (n, d, 2) for float64
+    bits = bits.reshape(n, -1)
+    h1, h2 = _row_hash(bits, 0x3C6EF372), _row_hash(bits, 0xA54FF53A)
+    same = (h1[:, None] == h1[None, :]) & (h2[:, None] == h2[None, :])
+    rep = jnp.argmax(same, axis=1)  # the first True; the diagonal is always True
+    ok = jnp.all(x[rep] == x, axis=1)
+    return jnp.where(ok, rep, jnp.arange(n))
+
+
+def _centre_exact(x: jax.Array) -> jax.Array:
+    """Column-centred ``x`` (for accuracy); integer-valued data is shifted by the rounded mean.
+
+    Shifting integers by integers is exact, so every Gram entry and squared
+    distance of integer data (pixels, counts, binary codes) is an exact integer
+    whenever ``4 d max|x - round(mean)|^2`` fits in the mantissa, and tied
+    distances stay exactly tied, as with ``scipy.spatial.distance.pdist``.
+    """
+    mean = jnp.mean(x, axis=0, keepdims=True)
+    integral = jnp.all(x == jnp.round(x))
+    return x - jnp.where(integral, jnp.round(mean), mean)
 
 
 def _rdm(x: jax.Array, metric: str) -> jax.Array:
-    n = x.shape[0]
-    eye = jnp.eye(n, dtype=bool)
+    """``(n, n)`` RDM from one Gram matrix (a GEMM), exactly symmetric with a zero diagonal.
+
+    Identical samples get exactly equal rows and columns and distance 0 between
+    them (see :func:`_first_equal_row`), so rank comparisons see their ties.
+    """
     if metric in ("correlation", "cosine"):
         z = x - jnp.mean(x, axis=1, keepdims=True) if metric == "correlation" else x
-        g = _rows(lambda zi, z: jnp.sum(zi * z, axis=1), z)
-        sq = jnp.diagonal(g)
-        # identical samples are at distance exactly 0 (rounding would break their ties)
-        same = _rows(lambda xi, x: jnp.all(xi == x, axis=1), x)
-        return jnp.where(same, 0.0, 1.0 - g / jnp.sqrt(sq[:, None] * sq[None, :]))
-    d2 = _rows(lambda xi, x: jnp.sum((xi - x) ** 2, axis=1), x)
-    if metric == "sqeuclidean":
-        return d2
-    # sqrt with a zero-safe gradient on the diagonal
-    safe = jnp.where(eye, 1.0, d2)
-    return jnp.where(eye, 0.0, jnp.sqrt(safe))
+        g = jnp.einsum("id,jd->ij", z, z)
+        inv = 1.0 / jnp.sqrt(jnp.sum(z * z, axis=1))
+        d = 1.0 - g * inv[:, None] * inv[None, :]
+    else:
+        z = _centre_exact(x)
+        sq = jnp.sum(z * z, axis=1)
+        g = jnp.einsum("id,jd->ij", z, z)
+        d = jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * g, 0.0)
+        if metric == "euclidean":  # sqrt with a zero-safe gradient (the diagonal, duplicates)
+            pos = d > 0
+            d = jnp.where(pos, jnp.sqrt(jnp.where(pos, d, 1.0)), 0.0)
+    d = (d + d.T) / 2
+    rep = _first_equal_row(x)
+    d = d[rep][:, rep]
+    return jnp.where(rep[:, None] == rep[None, :], jnp.zeros((), d.dtype), d)
+
+
+def _upper(d: jax.Array) -> jax.Array:
+    """The ``m = n (n - 1) / 2`` entries ``d[i, j]``, ``i != j``, each unordered pair once.
+
+    The pairs are taken in circulant order, ``(i, i + s mod n)`` for
+    ``s = 1 .. n/2``, so that no ``m``-sized index table is built; every
+    comparison in :func:`compare_vectors` is invariant to the order of the
+    entries, as long as both RDMs use the same one.
+    """
+    n = d.shape[0]
+    h = n // 2
+    cols = (jnp.arange(n)[:, None] + 1 + jnp.arange(h)[None, :]) % n
+    e = jnp.take_along_axis(d, cols, axis=1)  # (n, h)
+    if n % 2:
+        return e.reshape(-1)
+    return jnp.concatenate([e[:, : h - 1].reshape(-1), e[:h, h - 1]])
 
 
 def _check_rdm_input(x: jax.Array, name: str, metric: str) -> None:
@@ -116,33 +183,143 @@ def rdm(x: ArrayLike, /, *, metric: str = "correlation") -> jax.Array:
 _rdm_jit = jax.jit(_rdm, static_argnames=("metric",))
 
 
+def _order_key(v: jax.Array) -> jax.Array:
+    """Integers whose order is the order of the float values (``-0.0`` and ``0.0`` equal).
+
+    Integer sorts are several times faster than float sorts on XLA's CPU backend.
+    """
+    v = jnp.where(v == 0, jnp.zeros((), v.dtype), v)
+    it = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}[v.dtype.itemsize]
+    k = jax.lax.bitcast_convert_type(v, it)
+    return jnp.where(k < 0, k ^ jnp.iinfo(it).max, k)  # negative floats: reverse their order
+
+
+def _run_bounds(same_as_prev: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """For a sequence cut into runs (``same_as_prev[p]``: p continues p - 1's run), each
+    position's run start ``a`` and end ``b`` (exclusive)."""
+    m = same_as_prev.shape[0]
+    pos = jnp.arange(m)
+    a = jax.lax.cummax(jnp.where(same_as_prev, 0, pos))
+    last = jnp.concatenate([~same_as_prev[1:], jnp.ones((1,), bool)])
+    b = jax.lax.cummin(jnp.where(last, pos + 1, m), reverse=True)
+    return a, b
+
+
+def _ranks_by_search(k: jax.Array) -> jax.Array:
+    """Average ranks from one sort of the keys and one binary search: any dtype, any size."""
+    s = jnp.sort(k)
+    _, b = _run_bounds(jnp.concatenate([jnp.zeros((1,), bool), s[1:] == s[:-1]]))
+    lo = jnp.searchsorted(s, k, side="left")
+    return (lo + b[lo] + 1) / 2
+
+
+_WINDOW = 4  # longest run of distinct keys that share a coarse key, resolved without a second search
+
+
+def _ranks_by_packed_sort(k: jax.Array) -> jax.Array:
+    """Average ranks from one single-operand int64 sort of ``(coarse key | index)``.
+
+    The low ``b`` bits of each key (``m <= 2^b``) are replaced by its index, so one
+    fast integer sort gives the order by the coarse key. Runs of equal coarse key
+    whose full keys are all equal (exact ties) take their ranks from the run's
+    bounds; runs with distinct full keys (near-ties) of length <= ``_WINDOW`` are
+    counted exactly in a small window; longer ones (rare) fall back to
+    :func:`_ranks_by_search` through ``lax.cond``. For 32-bit values the coarse key
+    is the full key and there are no near-ties.
+    """
+    m = k.shape[0]
+    bits = max(1, (m - 1).bit_length())
+    exact = 8 * k.dtype.itemsize + bits <= 64  # the whole key fits beside the index
+    k = k.astype(jnp.int64)
+    idx = jnp.arange(m, dtype=jnp.int64)
+    low = jnp.int64((1 << bits) - 1)
+    packed = ((k << bits) if exact else (k & ~low)) | idx
+    order = jnp.sort(packed) & low
+    ks = k[order]
+    coarse = ks if exact else ks >> bits
+    same_run = jnp.concatenate([jnp.zeros((1,), bool), coarse[1:] == coarse[:-1]])
+    a, b = _run_bounds(same_run)
+    if exact:
+        lo, hi = a, b
+    else:
+        mixed = same_run & jnp.concatenate([jnp.zeros((1,), bool), ks[1:] != ks[:-1]])
+        n_mixed = jnp.cumsum(mixed)
+        impure = (n_mixed[b - 1] - n_mixed[a]) > 0  # some run member differs from its predecessor
+        pos = jnp.arange(m)
+        less = jnp.zeros((m,), jnp.int32)
+        leq = jnp.ones((m,), jnp.int32)
+        for o in range(1, min(_WINDOW, m)):
+            big = jnp.full((o,), jnp.iinfo(jnp.int64).max, jnp.int64)
+            after = jnp.concatenate([ks[o:], big])  # ks[p + o]
+            before = jnp.concatenate([big, ks[:-o]])  # ks[p - o]
+            for kq, inside in ((after, pos + o < b), (before, pos - o >= a)):
+                less = less + (inside & (kq < ks))
+                leq = leq + (inside & (kq <= ks))
+        lo = jnp.where(impure, a + less, a)
+        hi = jnp.where(impure, a + leq, b)
+    r = jnp.zeros((m,), jnp.float64).at[order].set((lo + hi + 1) / 2, unique_indices=True)
+    if exact:
+        return r
+    too_long = jnp.max(jnp.where(impure, b - a, 0)) > _WINDOW
+    return jax.lax.cond(too_long, lambda: _ranks_by_search(k), lambda: r)
+
+
 def rank_average(v: ArrayLike, /) -> jax.Array:
     """Ranks 1..m of a vector, ties sharing their average rank (jit-able).
 
-    For each value, ``rank = (#smaller + (#smaller or equal) + 1) / 2``,
-    found by binary search in the sorted vector: ``O(m log m)``.
+    ``rank = (#smaller + #(smaller or equal) + 1) / 2``, as
+    ``scipy.stats.rankdata(v, method="average")``. The values are mapped to
+    order-preserving integers and sorted once, ``O(m log m)``: with x64 enabled,
+    by one integer sort of the keys packed with their indices; otherwise by a
+    sort plus a binary search.
 
     Args:
-      v: ``(m,)``.
+      v: ``(m,)``; half precision is ranked as float32, integers as floats.
 
     Returns:
-      ``(m,)`` ranks as floats.
+      ``(m,)`` ranks, in the compute dtype of ``v`` (see :mod:`similarity._validate`).
 
     Examples:
       >>> rank_average(jnp.array([10.0, 20.0, 10.0, 5.0])).tolist()
       [2.5, 4.0, 2.5, 1.0]
     """
-    v = jnp.asarray(v)
-    s = jnp.sort(v)
-    lo = jnp.searchsorted(s, v, side="left")
-    hi = jnp.searchsorted(s, v, side="right")
-    return (lo + hi + 1).astype(v.dtype if jnp.issubdtype(v.dtype, jnp.floating) else float) / 2
+    v = V.as_float_array(v, "v")
+    if v.ndim != 1:
+        raise ValueError(f"v must be a 1-D vector (m,), got shape {tuple(v.shape)}.")
+    if v.shape[0] == 0:
+        return v
+    return _ranks_jit(v)
+
+
+def _ranks(v: jax.Array) -> jax.Array:
+    k = _order_key(v)
+    r = _ranks_by_packed_sort(k) if jax.config.jax_enable_x64 else _ranks_by_search(k)
+    return r.astype(v.dtype)
+
+
+_ranks_jit = jax.jit(_ranks)
+
+
+def _sum(v: jax.Array) -> jax.Array:
+    """Sum of a long vector in two stages (blocks of 1024, then the block sums).
+
+    Over millions of RDM entries a float32 running sum loses about 1e-4 of
+    relative accuracy; summing blocks first keeps it near 1e-6.
+    """
+    m = v.shape[0]
+    k = 1024 if m > 4096 else max(m, 1)
+    v = jnp.pad(v, (0, (-m) % k))
+    return jnp.sum(jnp.sum(v.reshape(-1, k), axis=1))
+
+
+def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
+    return _sum(a * b)
 
 
 def _pearson(a: jax.Array, b: jax.Array) -> jax.Array:
-    a = a - jnp.mean(a)
-    b = b - jnp.mean(b)
-    return jnp.dot(a, b) / jnp.sqrt(jnp.dot(a, a) * jnp.dot(b, b))
+    a = a - _sum(a) / a.shape[0]
+    b = b - _sum(b) / b.shape[0]
+    return _dot(a, b) / jnp.sqrt(_dot(a, a) * _dot(b, b))
 
 
 # Kendall's tau-a compares every pair of RDM entries: O(m^2) for m = n (n - 1) / 2
@@ -184,7 +361,7 @@ def compare_vectors(a: ArrayLike, b: ArrayLike, /, *, compare: str = "spearman")
       >>> float(compare_vectors(jnp.array([1.0, 2.0, 3.0]), jnp.array([1.0, 4.0, 9.0])))
       1.0
     """
-    a, b = jnp.asarray(a), jnp.asarray(b)
+    a, b = V.as_float_array(a, "a"), V.as_float_array(b, "b")
     if compare == "spearman":
         return _pearson(rank_average(a), rank_average(b))
     if compare == "pearson":
@@ -192,7 +369,7 @@ def compare_vectors(a: ArrayLike, b: ArrayLike, /, *, compare: str = "spearman")
     if compare == "kendall":
         return _kendall_tau_a(a, b)
     if compare == "cosine":
-        return jnp.dot(a, b) / jnp.sqrt(jnp.dot(a, a) * jnp.dot(b, b))
+        return _dot(a, b) / jnp.sqrt(_dot(a, a) * _dot(b, b))
     raise ValueError(f"compare_vectors: unknown compare {compare!r}; use rsa(...) for 'cosine_cov'.")
 
 
@@ -202,14 +379,25 @@ def _centre2(d: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("rdm_metric", "compare"))
-def _rsa(x, y, rdm_metric: str, compare: str):
-    dx = _rdm(x, rdm_metric)
-    dy = _rdm(y, rdm_metric)
+def _rsa_side(x: jax.Array, rdm_metric: str, compare: str) -> jax.Array:
+    """What :func:`rsa` compares of one side: the RDM's ``m`` entries (:func:`_upper`),
+    or for "cosine_cov" the double-centred full RDM. One program per metric, and
+    per compare only where the compare needs the full matrix."""
+    d = _rdm(x, rdm_metric)
+    return _centre2(d) if compare == "cosine_cov" else _upper(d)
+
+
+@functools.partial(jax.jit, static_argnames=("compare",))
+def _rsa_compare(a: jax.Array, b: jax.Array, compare: str) -> jax.Array:
     if compare == "cosine_cov":
-        cx, cy = _centre2(dx), _centre2(dy)
-        return jnp.sum(cx * cy) / jnp.sqrt(jnp.sum(cx * cx) * jnp.sum(cy * cy))
-    iu, ju = np.triu_indices(x.shape[0], k=1)
-    return compare_vectors(dx[iu, ju], dy[iu, ju], compare=compare)
+        a, b = a.reshape(-1), b.reshape(-1)
+        return _dot(a, b) / jnp.sqrt(_dot(a, a) * _dot(b, b))
+    return compare_vectors(a, b, compare=compare)
+
+
+def _rsa(x, y, rdm_metric: str, compare: str):
+    side = "cosine_cov" if compare == "cosine_cov" else "upper"
+    return _rsa_compare(_rsa_side(x, rdm_metric, side), _rsa_side(y, rdm_metric, side), compare)
 
 
 def rsa(

@@ -119,7 +119,7 @@ def partial_whiten(x: ArrayLike, /, *, alpha: float = 1.0, width: int | None = N
       >>> bool(np.allclose(c / c[0, 0], np.eye(3), atol=1e-4))
       True
     """
-    x = jnp.asarray(x)
+    x = V.as_float_array(x, "x")
     width = x.shape[1] if width is None else int(width)
     if width < x.shape[1]:
         raise ValueError(f"width={width} is smaller than x's {x.shape[1]} columns; pass width >= d.")

@@ -94,7 +94,7 @@ def apply_stitcher(stitcher: Stitcher, z: ArrayLike, /) -> jax.Array:
     Returns:
       ``(n, d_tgt)``.
     """
-    z = jnp.asarray(z)
+    z = V.as_float_array(z, "z")
     return stitcher.scale * jnp.einsum("ns,st->nt", z, stitcher.weight) + stitcher.bias[None, :]
 
 
@@ -350,13 +350,24 @@ def _check_options(family: str, ridge: float) -> None:
     check_ridge(ridge)
 
 
-def _check_affine_rank(n_fit: int, d_src: int, family: str, ridge: float, where: str) -> None:
-    if family == "affine" and ridge == 0 and n_fit - 1 < d_src:
+def _check_fit_rows(n_fit: int, d_src: int, family: str, ridge: float, where: str) -> None:
+    """One minimum-rows rule for every family: more fitting rows than source features.
+
+    With ``n_fit - 1 < d_src`` the centred fitting rows span fewer than ``d_src``
+    source directions, so no family's fit is determined on the rest: the affine
+    normal equations are singular, and an orthogonal ``Q`` is arbitrary there (any
+    completion of the SVD is optimal), so held-out predictions, which do have
+    components in those directions, would depend on that arbitrary choice. Only
+    the affine family has a regulariser that removes the ambiguity (``ridge > 0``).
+    """
+    if n_fit - 1 < d_src and not (family == "affine" and ridge > 0):
+        fix = "pass ridge > 0 (affine only, e.g. ridge=1e-3), " if family == "affine" else ""
         raise ValueError(
-            f"An unregularised affine fit needs more samples than source features: {where} "
-            f"has {n_fit} samples (n - 1 = {n_fit - 1} after centring) but z_src has "
-            f"{d_src} features, so the normal equations are singular. Pass ridge > 0 "
-            "(e.g. ridge=1e-3), use more samples, or reduce the width."
+            f"A stitcher fit needs more fitting rows than source features: {where} has {n_fit} "
+            f"rows (n - 1 = {n_fit - 1} after centring) but z_src has {d_src} features, so the "
+            f"{family} fit is not determined on the source directions those rows do not span "
+            "(singular normal equations; an arbitrary rotation there). Use more samples, "
+            f"{fix}or reduce the width."
         )
 
 
@@ -489,7 +500,9 @@ def fit_stitcher(
 
     Raises:
       ValueError: unknown family, mismatched sample counts, NaN/Inf, a constant
-        side, or fewer samples than source features for an unregularised affine fit.
+        side, or no more samples than source features (any family, except an
+        affine fit with ``ridge > 0``).
+      TypeError: complex input, or a non-bool ``normalize``.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -500,8 +513,9 @@ def fit_stitcher(
       2.0 True
     """
     _check_options(family, ridge)
+    normalize = V.check_bool(normalize, "normalize")
     x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"))
-    _check_affine_rank(x.shape[0], x.shape[1], family, ridge, "z_src")
+    _check_fit_rows(x.shape[0], x.shape[1], family, ridge, "z_src")
     V.check_not_constant(x, "z_src", what="the stitcher fit")
     V.check_not_constant(y, "z_tgt", what="the stitcher fit")
     weight, bias, scale = _fit_core(
@@ -552,8 +566,9 @@ def reconstruction_score(
       :class:`ReconstructionScore` ``(held_out, in_sample)``, each ``()``.
 
     Raises:
-      ValueError: unknown family, bad split, too few train rows for an
-        unregularised affine fit, mismatched samples, NaN/Inf, constant input.
+      ValueError: unknown family, bad split, no more train rows than source
+        features (any family, except an affine fit with ``ridge > 0``),
+        mismatched samples, NaN/Inf, constant input.
 
     Examples:
       >>> import jax
@@ -565,8 +580,8 @@ def reconstruction_score(
     _check_options(family, ridge)
     x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"))
     w_tr, w_te = split_weights(x.shape[0], split, key, x.dtype)
-    _check_affine_rank(int(round(float(jnp.sum(w_tr)))) if V.is_concrete(w_tr) else x.shape[0],
-                       x.shape[1], family, ridge, "the train split")
+    _check_fit_rows(int(round(float(jnp.sum(w_tr)))) if V.is_concrete(w_tr) else x.shape[0],
+                    x.shape[1], family, ridge, "the train split")
     _check_nonconstant_train(x, w_tr, "z_src")
     _check_nonconstant_train(y, w_tr, "z_tgt")
     out = _score_core(x, y, w_tr, w_te, family=family, ridge=float(ridge))
@@ -624,12 +639,12 @@ def fit_stitchers(
     zs_tgt: Sequence[ArrayLike] | ArrayLike,
     /,
     *,
-    family: str = "affine",
+    family: str | Sequence[str] = "affine",
     ridge: float = 0.0,
     normalize: bool = True,
     bucket: bool = True,
-) -> list[Stitcher] | Stitcher:
-    """Fit many stitchers in one vmapped, jit-compiled call per width bucket.
+) -> list[Stitcher]:
+    """Fit many stitchers in one vmapped, jit-compiled call per family and width bucket.
 
     Problems of different widths are zero-padded to a common width, with
     feature masks (padded source features get a unit diagonal in the normal
@@ -638,20 +653,21 @@ def fit_stitchers(
     :func:`fit_stitcher`. With ``bucket=True`` (default) each width is padded
     only up to the next power of two and each ``(source, target)`` bucket is
     one vmapped call, which bounds the padding waste by 2x per side; with
-    ``bucket=False`` every problem is padded to the largest width and the
-    whole batch is a single call (one compilation).
+    ``bucket=False`` every problem of a family is padded to the largest width
+    and they are a single call (one compilation).
 
     Args:
-      zs_src: a sequence of ``(n, d_src_i)`` arrays (same ``n``), or one stacked
+      zs_src: a sequence of b ``(n, d_src_i)`` arrays (same ``n``), or one stacked
         ``(b, n, d_src)`` array.
       zs_tgt: the matching ``(n, d_tgt_i)`` arrays, or ``(b, n, d_tgt)``.
-      family, ridge, normalize: as in :func:`fit_stitcher`.
+      family: one family for all, or b families (see ``FAMILIES``).
+      ridge, normalize: as in :func:`fit_stitcher`.
       bucket: group problems into power-of-two width buckets (see above).
 
     Returns:
-      For sequences, a list of :class:`Stitcher` (unpadded). For stacked arrays,
-      one batched :class:`Stitcher` with ``weight (b, d_src, d_tgt)``,
-      ``bias (b, d_tgt)``, ``scale (b,)``.
+      b :class:`Stitcher` (unpadded), in order, whatever the input form; stack
+      them with ``jax.tree.map(lambda *a: jnp.stack(a), *stitchers)`` when
+      they share a shape and family.
 
     Examples:
       >>> import jax
@@ -661,21 +677,36 @@ def fit_stitchers(
       >>> [tuple(s.weight.shape) for s in fit_stitchers(xs, ys)]
       [(3, 2), (5, 2)]
     """
-    _check_options(family, ridge)
-    opts = dict(family=family, ridge=float(ridge), normalize=bool(normalize))
-    if hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim"):
+    bucket = V.check_bool(bucket, "bucket")
+    stacked = hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim")
+    b = zs_src.shape[0] if stacked else len(zs_src)
+    fams = (family,) * b if isinstance(family, str) else tuple(family)
+    if len(fams) != b:
+        raise ValueError(f"family has {len(fams)} entries but there are {b} problems.")
+    for fam in fams:
+        _check_options(fam, ridge)
+    opts = dict(ridge=float(ridge), normalize=V.check_bool(normalize, "normalize"))
+    out: list[Stitcher | None] = [None] * b
+    if stacked:
         xs, ys = V.as_float_array(zs_src, "zs_src"), V.as_float_array(zs_tgt, "zs_tgt")
         if xs.ndim != 3 or ys.ndim != 3 or xs.shape[:2] != ys.shape[:2]:
             raise ValueError(
                 "Stacked zs_src and zs_tgt must be (b, n, d) arrays with the same b and n, got "
                 f"{tuple(xs.shape)} and {tuple(ys.shape)}."
             )
-        _check_affine_rank(xs.shape[1], xs.shape[2], family, ridge, "zs_src")
         dt = jnp.promote_types(xs.dtype, ys.dtype)
-        weight, bias, scale, flags = _fit_stacked(xs.astype(dt), ys.astype(dt), **opts)
-        _raise_flags(flags, range(xs.shape[0]))
-        _check_finite_result(weight, "A fitted stitcher weight")
-        return Stitcher(weight, bias, scale, family=family)
+        for fam in dict.fromkeys(fams):
+            idx = [i for i, f in enumerate(fams) if f == fam]
+            _check_fit_rows(xs.shape[1], xs.shape[2], fam, ridge, "zs_src")
+            sel = jnp.asarray(idx)
+            weight, bias, scale, flags = _fit_stacked(
+                xs[sel].astype(dt), ys[sel].astype(dt), family=fam, **opts
+            )
+            _raise_flags(flags, idx)
+            _check_finite_result(weight, "A fitted stitcher weight")
+            for k, i in enumerate(idx):
+                out[i] = Stitcher(weight[k], bias[k], scale[k], family=fam)
+        return out
     zs_src, zs_tgt = list(zs_src), list(zs_tgt)
     if len(zs_src) != len(zs_tgt) or not zs_src:
         raise ValueError(
@@ -683,30 +714,29 @@ def fit_stitchers(
             f"{len(zs_tgt)}."
         )
     pairs = []
-    for i, (a, b) in enumerate(zip(zs_src, zs_tgt)):
+    for i, (a, b_) in enumerate(zip(zs_src, zs_tgt)):
         # shapes and dtypes here; values (NaN/Inf, constant sides) are checked
         # inside the batched call, in one pass, and raised below
-        x, y = V.check_pair(a, b, (f"zs_src[{i}]", f"zs_tgt[{i}]"), finite=False)
-        _check_affine_rank(x.shape[0], x.shape[1], family, ridge, f"zs_src[{i}]")
+        x, y = V.check_pair(a, b_, (f"zs_src[{i}]", f"zs_tgt[{i}]"), finite=False)
+        _check_fit_rows(x.shape[0], x.shape[1], fams[i], ridge, f"zs_src[{i}]")
         pairs.append((x, y))
     ns = {x.shape[0] for x, _ in pairs}
     if len(ns) != 1:
         raise ValueError(f"All problems must share the sample count n; got n in {sorted(ns)}.")
     dt = functools.reduce(jnp.promote_types, [x.dtype for x, _ in pairs])
-    groups: dict[tuple[int, int], list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for i, (x, y) in enumerate(pairs):
         k = (_bucket(x.shape[1]), _bucket(y.shape[1])) if bucket else (0, 0)
-        groups.setdefault(k, []).append(i)
-    out: list[Stitcher | None] = [None] * len(pairs)
-    for idx in groups.values():
+        groups.setdefault((fams[i], *k), []).append(i)
+    for (fam, *_), idx in groups.items():
         xs = tuple(pairs[i][0].astype(dt) for i in idx)
         ys = tuple(pairs[i][1].astype(dt) for i in idx)
-        weights, biases, scale, flags = _fit_group(xs, ys, **opts)
+        weights, biases, scale, flags = _fit_group(xs, ys, family=fam, **opts)
         _raise_flags(flags, idx)
         for w in weights:
             _check_finite_result(w, "A fitted stitcher weight")
         for k, i in enumerate(idx):
-            out[i] = Stitcher(weights[k], biases[k], scale[k], family=family)
+            out[i] = Stitcher(weights[k], biases[k], scale[k], family=fam)
     return out
 
 
@@ -764,14 +794,13 @@ def _fit_stacked(xs, ys, *, family, ridge, normalize):
 # ----------------------------------------------------------------------------- registry
 
 
-def _affine_rank_check(n_fit: int, d_src: int, where: str) -> None:
-    if n_fit - 1 < d_src:
-        raise ValueError(
-            f"{where}: an unregularised affine stitcher needs more train rows than source features, "
-            f"but there are {n_fit} train rows (n - 1 = {n_fit - 1} after centring) for {d_src} "
-            "features, so the normal equations are singular. Use a ridge > 0 (e.g. the measure "
-            "'stitch/affine/ridge=0.001'), more samples, or narrower layers."
-        )
+def _fit_rows_check(n_fit: int, d_src: int, where: str, *, family: str, ridge: float) -> None:
+    """:func:`_check_fit_rows` for the grid (``MomentStats.check``), with the pair named by ``where``."""
+    try:
+        _check_fit_rows(n_fit, d_src, family, ridge, "the train split")
+    except ValueError as e:
+        hint = " In compare_grid the ridge is part of the name: 'stitch/affine/ridge=0.001'." if family == "affine" else ""
+        raise ValueError(f"{where}: {e}{hint}") from None
 
 
 def _affine_factor(m: LayerMoments, *, ridge: float) -> jax.Array:
@@ -809,7 +838,7 @@ def stitch_moment_stats(family: str, *, ridge: float = 0.0, which: str = "held_o
         "split",
         functools.partial(_stitch_finish, family=family, ridge=ridge, which=which),
         layer=_affine_hook(ridge) if affine else None,
-        check=_affine_rank_check if affine and ridge == 0 else None,
+        check=None if affine and ridge > 0 else functools.partial(_fit_rows_check, family=family, ridge=ridge),
     )
 
 

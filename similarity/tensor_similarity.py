@@ -49,12 +49,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from similarity._validate import check_choice, check_positive_result, check_rep, is_concrete
+from similarity._validate import check_bool, check_choice, check_positive_result, check_rep, is_concrete
 from similarity.multilinear import (
     apply_network,
     fold_network,
     network_depth,
+    resolve_outputs,
     validate_network,
+    validate_network_pair,
 )
 
 METRICS = ("gaussian", "symmetric", "frobenius")
@@ -108,51 +110,6 @@ def _resolve_method(metric: str, method: str, depth: int) -> str:
     return "exact" if method == "auto" else method
 
 
-def _resolve_outputs(outputs: Any, n_out: int, name: str = "outputs") -> tuple | None:
-    """Return the output indices as a sorted-as-given tuple of ints, or None for all."""
-    if outputs is None:
-        return None
-    if isinstance(outputs, slice):
-        idx = tuple(range(n_out))[outputs]
-    else:
-        arr = np.asarray(outputs)
-        if arr.ndim == 0:
-            arr = arr[None]
-        if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-            raise TypeError(
-                f"{name} must be None, a slice or a 1-D sequence of int output indices, got "
-                f"{outputs!r}."
-            )
-        idx = tuple(int(i) for i in arr)
-    if len(idx) == 0:
-        raise ValueError(f"{name}={outputs!r} selects no output; pass at least one index.")
-    bad = [i for i in idx if not -n_out <= i < n_out]
-    if bad:
-        raise ValueError(
-            f"{name} has indices {bad} outside [0, {n_out}): the networks have {n_out} outputs."
-        )
-    return tuple(i % n_out for i in idx)
-
-
-def _check_pair(net_a, net_b, names=("net_a", "net_b")):
-    na, nb = names
-    net_a = validate_network(net_a, na)
-    net_b = validate_network(net_b, nb)
-    da, db = net_a[0].d_in, net_b[0].d_in
-    oa, ob = net_a[-1].d_out, net_b[-1].d_out
-    if da != db:
-        raise ValueError(
-            f"{na} takes d={da} inputs but {nb} takes d={db}; the networks must read the same "
-            "input space to be compared."
-        )
-    if oa != ob:
-        raise ValueError(
-            f"{na} has {oa} outputs but {nb} has {ob}; compare networks with the same outputs, "
-            "or restrict both with a head (LinearLayer) first."
-        )
-    return net_a, net_b
-
-
 def _select(down: jax.Array, outputs: tuple | None) -> jax.Array:
     """Rows of a lifted ``D~ (o+1, H)`` for the real outputs (or the slice)."""
     if outputs is None:
@@ -182,7 +139,7 @@ def _pairs(la, ra, lb, rb, g):
 
 def _node_kernel(node_a, node_b, g, metric):
     """Hidden-unit kernel ``(H_a, H_b)`` of one node under the Gram metric."""
-    ll, rr, lr, rl = _pairs(node_a[0], node_a[1], node_b[0], node_b[1], g)
+    ll, rr, lr, rl = _pairs(node_a.left, node_a.right, node_b.left, node_b.right, g)
     if metric == "frobenius":
         return ll * rr
     return (ll * rr + lr * rl) / 2
@@ -194,8 +151,8 @@ def _gram_inner(nodes_a, nodes_b, metric, outputs):
     for i, (na, nb) in enumerate(zip(nodes_a, nodes_b)):
         k = _node_kernel(na, nb, g, metric)
         if i == last:
-            return jnp.einsum("pu,uv,pv->", _select(na[2], outputs), k, _select(nb[2], outputs))
-        g = jnp.einsum("pu,uv,qv->pq", na[2], k, nb[2])
+            return jnp.einsum("pu,uv,pv->", _select(na.down, outputs), k, _select(nb.down, outputs))
+        g = jnp.einsum("pu,uv,qv->pq", na.down, k, nb.down)
 
 
 def _closure_kernel(node_a, node_b, m_ab, m_aa, m_bb):
@@ -207,8 +164,7 @@ def _closure_kernel(node_a, node_b, m_ab, m_aa, m_bb):
     ``E[q_u q_v] = tr(S_u M_aa) tr(T_v M_bb) + 2 tr(S_u M_ab T_v M_ba) - 2 (mu_a S_u mu_a)(mu_b T_v mu_b)``,
     which is Isserlis' theorem with the non-Gaussian constant corrected.
     """
-    la, ra, _ = node_a
-    lb, rb, _ = node_b
+    la, ra, lb, rb = node_a.left, node_a.right, node_b.left, node_b.right
     ll, rr, lr, rl = _pairs(la, ra, lb, rb, m_ab)
     k = ll * rr + lr * rl
 
@@ -229,12 +185,12 @@ def _closure_inner(nodes_a, nodes_b, outputs):
     for i, (na, nb) in enumerate(zip(nodes_a, nodes_b)):
         k = _closure_kernel(na, nb, m_ab, m_aa, m_bb)
         if i == last:
-            return jnp.einsum("pu,uv,pv->", _select(na[2], outputs), k, _select(nb[2], outputs))
+            return jnp.einsum("pu,uv,pv->", _select(na.down, outputs), k, _select(nb.down, outputs))
         kaa = _closure_kernel(na, na, m_aa, m_aa, m_aa)
         kbb = _closure_kernel(nb, nb, m_bb, m_bb, m_bb)
-        m_ab = jnp.einsum("pu,uv,qv->pq", na[2], k, nb[2])
-        m_aa = jnp.einsum("pu,uv,qv->pq", na[2], kaa, na[2])
-        m_bb = jnp.einsum("pu,uv,qv->pq", nb[2], kbb, nb[2])
+        m_ab = jnp.einsum("pu,uv,qv->pq", na.down, k, nb.down)
+        m_aa = jnp.einsum("pu,uv,qv->pq", na.down, kaa, na.down)
+        m_bb = jnp.einsum("pu,uv,qv->pq", nb.down, kbb, nb.down)
 
 
 # ---------------------------------------------------------------------------
@@ -339,8 +295,8 @@ def _cumulant(parts, block):
 
 def _quadratic_forms(node1, node2):
     """Layer-2 hidden factors as symmetric quadratic forms of ``x~``: ``P, Q: (H2, d+1, d+1)``."""
-    l1, r1, d1 = node1
-    l2, r2, _ = node2
+    l1, r1, d1 = node1.left, node1.right, node1.down
+    l2, r2 = node2.left, node2.right
     s = jnp.einsum("au,ui,uj->aij", d1, l1, r1)
     s = (s + jnp.swapaxes(s, -1, -2)) / 2
     p = jnp.einsum("ka,aij->kij", l2, s)
@@ -377,7 +333,7 @@ def _gaussian_exact2(nodes_a, nodes_b, outputs):
     pb, qb = _quadratic_forms(nodes_b[0], nodes_b[1])
     e4 = _fourth_moments(pa, qa, pb, qb)
     return jnp.einsum(
-        "pu,uv,pv->", _select(nodes_a[1][2], outputs), e4, _select(nodes_b[1][2], outputs)
+        "pu,uv,pv->", _select(nodes_a[1].down, outputs), e4, _select(nodes_b[1].down, outputs)
     )
 
 
@@ -400,15 +356,8 @@ def _inner_core(net_a, net_b, metric, method, outputs):
     return _gaussian_exact2(nodes_a, nodes_b, outputs)
 
 
-def _promote(net_a, net_b):
-    leaves = [x for x in jax.tree_util.tree_leaves((net_a, net_b))]
-    dt = jnp.result_type(*leaves)
-    cast = functools.partial(jax.tree_util.tree_map, lambda x: jnp.asarray(x, dt))
-    return cast(net_a), cast(net_b)
-
-
 def _prepare(net_a, net_b, metric, method, outputs):
-    net_a, net_b = _check_pair(net_a, net_b)
+    net_a, net_b = validate_network_pair(net_a, net_b)
     depth_a, depth_b = network_depth(net_a), network_depth(net_b)
     if depth_a != depth_b:
         raise ValueError(
@@ -418,8 +367,7 @@ def _prepare(net_a, net_b, metric, method, outputs):
             "right_bias=1, down=I computes y * 1 = y), or use monte_carlo_inner."
         )
     method = _resolve_method(metric, method, depth_a)
-    outputs = _resolve_outputs(outputs, net_a[-1].d_out)
-    net_a, net_b = _promote(net_a, net_b)
+    outputs = resolve_outputs(outputs, net_a[-1].d_out)
     return net_a, net_b, method, outputs
 
 
@@ -600,14 +548,14 @@ def similarity_matrix(
       >>> np.asarray(similarity_matrix([a, b]), float).round(4).tolist()   # x1^2 vs x2^2
       [[1.0, 0.3333], [0.3333, 1.0]]
     """
+    return_inner = check_bool(return_inner, "return_inner")
     if isinstance(nets, list):
         stacked = _stack(nets)
     else:
         stacked = validate_network(nets, "nets", batch_ndim=1)
     one = jax.tree_util.tree_map(lambda x: x[0], stacked)
     method = _resolve_method(metric, method, network_depth(one))
-    outputs = _resolve_outputs(outputs, one[-1].d_out)
-    stacked, _ = _promote(stacked, stacked)
+    outputs = resolve_outputs(outputs, one[-1].d_out)
     gram = _matrix_jit(stacked, metric, method, outputs)
     if return_inner:
         return gram
@@ -690,7 +638,7 @@ def behavioral_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
       >>> round(float(behavioral_similarity(a, a, jnp.array([[1.0, 2.0], [3.0, -1.0]]))), 6)
       1.0
     """
-    net_a, net_b = _check_pair(net_a, net_b)
+    net_a, net_b = validate_network_pair(net_a, net_b)
     x = check_rep(x, "x", min_samples=1)
     if x.shape[1] != net_a[0].d_in:
         raise ValueError(

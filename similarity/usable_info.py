@@ -232,7 +232,7 @@ def _prepare(zs, y, *, family, split, key, n_classes, l2, hidden, max_iter, tol)
     n = y.shape[0]
     out = []
     for i, z in enumerate(zs):
-        nm = "z" if len(zs) == 1 else f"z{i + 1}"
+        nm = "z" if sum(v is not None for v in zs) == 1 else f"z{i + 1}"
         if z is None:
             out.append(None)
             continue

@@ -282,3 +282,15 @@ def test_gradients():
     x, y = jnp.asarray(rng.normal(size=(16, 4))), jnp.asarray(rng.normal(size=(16, 4)))
     check_grads(lambda a: cka(a, y), (x,), order=1, modes=["rev"])
     check_grads(lambda a: cka(a, y, debiased=True), (x,), order=1, modes=["rev"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rbf_median_by_integer_sort_equals_numpy(dtype):
+    """The RBF bandwidth's median (sorted as integer bit patterns, for speed) is np.median exactly."""
+    from similarity.cka import _median_nonneg
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 100, 101):
+        a = np.abs(rng.normal(size=(n, 3))).astype(dtype)
+        a[0, 0] = 0.0
+        assert float(_median_nonneg(a)) == float(np.median(a)), n

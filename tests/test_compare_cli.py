@@ -105,3 +105,61 @@ def test_example_on_digits(tmp_path, capsys):
     v = metrics["measures"][0]["value"]
     assert v == pytest.approx(float(similarity.cka(x, y)), rel=1e-10)
     assert 0.3 < v < 0.95  # related but different views
+
+
+def test_complex_file_is_refused(pair, capsys):
+    d, x, _ = pair
+    np.save(d / "c.npy", x + 1j)
+    rc, _, err = run([str(d / "c.npy"), str(d / "b.npy")], capsys)
+    assert rc == 2 and "complex dtype complex128" in err
+
+
+def test_nothing_computed_exits_non_zero(pair, tmp_path, capsys):
+    """A script must be able to tell that no measure was computed (issue #13)."""
+    d, _, _ = pair
+    rc, _, err = run([str(d / "a.npy"), str(d / "b.npy"), "--measures", ""], capsys)
+    assert rc == 2 and "--measures names no measure" in err
+    rng = np.random.default_rng(1)
+    np.save(tmp_path / "w.npy", rng.normal(size=(6, 10)))  # d > n: every CCA measure is n/a
+    np.save(tmp_path / "v.npy", rng.normal(size=(6, 3)))
+    rc, out, err = run([str(tmp_path / "w.npy"), str(tmp_path / "v.npy"), "--measures", "cca/r2,pwcca"], capsys)
+    assert rc == 1
+    assert "n/a" in out and "no measure could be computed" in err and "cca/r2" in err
+
+
+def test_kendall_skip_follows_the_library_limit():
+    """The CLI skips Kendall exactly where the library would refuse it (one limit, not two)."""
+    from experiments.compare import _select, kendall_max_n
+    from similarity.rsa import KENDALL_MAX_ENTRIES
+
+    n = kendall_max_n()
+    assert n * (n - 1) // 2 <= KENDALL_MAX_ENTRIES < (n + 1) * n // 2
+    assert not _select(None, n)[1]
+    assert _select(None, n + 1)[1] and all(m.endswith("/kendall") for m in _select(None, n + 1)[1])
+
+
+def test_written_files_have_the_usual_mode(tmp_path, capsys):
+    """metrics.json and the saved views respect the umask (0644 here), like the figures."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        rc, _, _ = run(["--example", "--out", str(tmp_path / "ex"), "--measures", "cka/linear"], capsys)
+    finally:
+        os.umask(old)
+    assert rc == 0
+    for name in ("metrics.json", "pixels.npy", "random_features.npy"):
+        assert stat.S_IMODE((tmp_path / "ex" / name).stat().st_mode) == 0o644, name
+
+
+def test_help_does_not_import_jax():
+    """`funsim --help` builds its parser without importing jax or flax (it answers in well under 1 s)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom experiments import cli\ntry:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('jax', 'flax', 'similarity', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "COMMAND" in out and "compare" in out and "quickstart" in out
+    assert out.strip().splitlines()[-1] == "[]"

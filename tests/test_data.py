@@ -188,3 +188,49 @@ def test_fashion_mnist_tfds_fallback_with_coarse_labels(tmp_path):
     np.testing.assert_array_equal(ds.y_train, np.asarray(data.FASHION_COARSE)[fine.y_train])
     with pytest.raises(ValueError, match="source must be 'auto', 'idx' or 'tfds'"):
         data.load("fashion_mnist", source="web")
+
+
+def test_digit_groupings_against_arithmetic():
+    y = np.random.default_rng(0).integers(0, 10, size=200)
+    for name in ("digits", "mnist5k", "mnist", "svhn_cropped"):
+        np.testing.assert_array_equal(data.coarse_labels(y, dataset=name, grouping="parity"), y % 2)
+        np.testing.assert_array_equal(data.coarse_labels(y, dataset=name, grouping="magnitude"), (y >= 5).astype(int))
+    assert data.coarse_labels(y, dataset="digits", grouping="parity").dtype == np.int32
+    ds, coarse = data.load("digits"), data.load_coarse("digits", "magnitude")
+    np.testing.assert_array_equal(coarse.x_train, ds.x_train)  # same images, same order
+    np.testing.assert_array_equal(coarse.y_test, ds.y_test >= 5)
+    assert coarse.name == "digits:magnitude" and coarse.class_names == ("0-4", "5-9") and coarse.n_classes == 2
+
+
+def test_fashion_and_cifar10_groupings_follow_the_class_names(tmp_path):
+    _fake_fashion(tmp_path, False)
+    via_label = data.load("fashion_mnist", idx_dir=tmp_path, label="coarse")
+    via_grouping = data.load_coarse("fashion_mnist", "coarse", idx_dir=tmp_path)
+    np.testing.assert_array_equal(via_grouping.y_train, via_label.y_train)
+    assert via_grouping.class_names == via_label.class_names
+    # CIFAR-10's label order, as published in the data set's batches.meta (Krizhevsky 2009)
+    names = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+    table, coarse_names = data.COARSE_GROUPINGS["cifar10"]["vehicle_animal"]
+    vehicles = {n for n, c in zip(names, table) if coarse_names[c] == "vehicle"}
+    assert vehicles == {"airplane", "automobile", "ship", "truck"}
+
+
+def test_cifar100_superclasses_come_from_tfds(tmp_path):
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=4, policy=tfds.testing.MockPolicy.USE_CODE):
+        ds = data.load_coarse("cifar100", "coarse")
+    assert ds.name == "cifar100:coarse" and ds.n_classes == 20 and ds.y_train.max() < 20
+    with pytest.raises(ValueError, match="feature of the data set.*load_coarse\\('cifar100', 'coarse'\\)"):
+        data.coarse_labels(np.arange(3), dataset="cifar100", grouping="coarse")
+
+
+def test_coarse_grouping_errors():
+    with pytest.raises(ValueError, match="No coarse grouping is defined for data set 'gaussian'"):
+        data.coarse_labels(np.arange(3), dataset="gaussian", grouping="parity")
+    with pytest.raises(ValueError, match="Unknown grouping 'size' for 'digits'; valid groupings: 'parity', 'magnitude'"):
+        data.load_coarse("digits", "size")
+    with pytest.raises(ValueError, match=r"labels in \[0, 10\], outside \[0, 10\)"):
+        data.coarse_labels(np.arange(11), dataset="digits", grouping="parity")
+    with pytest.raises(ValueError, match="integer labels"):
+        data.coarse_labels(np.ones(3), dataset="digits", grouping="parity")

@@ -21,6 +21,12 @@ def _zoo():
         "cnn": (models.CNN(IMG, 10, channels=(4, 6), rngs=r(2)), IMG),
         "resnet": (models.ResNet((8, 8, 3), 10, depth=8, width=4, rngs=r(3)), (8, 8, 3)),
         "mobilenet": (models.MobileNet(IMG, 10, channels=(4, 8), stem_channels=4, rngs=r(4)), IMG),
+        "densenet": (models.DenseNet(IMG, 10, depth=7, growth=4, rngs=r(7)), IMG),
+        "shufflenet": (
+            models.ShuffleNet((8, 8, 3), 10, channels=(8, 12, 16), repeats=(2, 1, 2), stem_channels=6,
+                              final_channels=20, rngs=r(8)),
+            (8, 8, 3),
+        ),
         "bilinear_mlp": (
             models.BilinearMLP(IMG, 10, d_model=12, d_hidden=10, n_layers=2, bias=True, rngs=r(5)),
             IMG,
@@ -121,6 +127,44 @@ def test_bilinear_mlp_against_numpy_reference():
     np.testing.assert_allclose(model(jnp.asarray(x, jnp.float32)), z @ U.T, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("embed,head", [(False, False), (False, True), (True, False)])
+def test_bilinear_mlp_without_embed_or_head(embed, head):
+    """The grokking shape (no embedding, no head): one bilinear layer d_in -> h -> classes."""
+    d_in, n_classes = 6, 4
+    model = models.BilinearMLP(d_in, n_classes, d_model=5, d_hidden=3, n_layers=1, residual=False,
+                               bias=True, embed=embed, head=head, rngs=nnx.Rngs(1))
+    layer = model.layers[0]
+    layer.left_bias[...] = jnp.linspace(-1, 1, 3, dtype=jnp.float32)
+    layer.down_bias[...] = jnp.linspace(1, 2, layer.down.shape[0], dtype=jnp.float32)
+    x = np.random.default_rng(0).normal(size=(4, d_in))
+    # float64 NumPy reference
+    f = lambda a: np.asarray(a[...], np.float64)
+    z = x @ f(model.embed.weight).T + f(model.embed.bias) if embed else x
+    z = ((z @ f(layer.left).T + f(layer.left_bias)) * (z @ f(layer.right).T + f(layer.right_bias))) @ f(layer.down).T + f(layer.down_bias)
+    if head:
+        z = z @ f(model.head.weight).T + f(model.head.bias)
+    assert z.shape == (4, n_classes)
+    np.testing.assert_allclose(model(jnp.asarray(x, jnp.float32)), z, rtol=1e-4, atol=1e-5)
+    net = model.to_network()
+    assert len(net) == 1 + embed + head and isinstance(net[0 if not embed else 1], BilinearLayer)
+    np.testing.assert_allclose(apply_network(net, x), model(x), rtol=1e-10, atol=1e-10)
+    names = model.layer_names()
+    assert names == (*(("embed",) if embed else ()), *(("bilinear0",) if head else ()), "logits")
+    feats = model.features(x)
+    for name in names:
+        np.testing.assert_allclose(model.tail(name, feats[name]), feats["logits"], rtol=1e-10, atol=1e-10)
+
+
+def test_bilinear_mlp_grokking_shape_and_residual_error():
+    m = models.BilinearMLP(226, 113, d_hidden=64, n_layers=1, residual=False, embed=False, head=False, rngs=nnx.Rngs(0))
+    (layer,) = m.to_network()
+    assert layer.left.shape == layer.right.shape == (64, 226) and layer.down.shape == (113, 64)
+    with pytest.raises(ValueError, match=r"bilinear0 maps width 226 to 113.*Pass residual=False"):
+        models.BilinearMLP(226, 113, n_layers=1, embed=False, head=False, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="head=False needs n_layers >= 1"):
+        models.BilinearMLP(4, 3, n_layers=0, head=False, rngs=nnx.Rngs(0))
+
+
 def test_bilinear_attention_against_numpy_loops():
     rng = np.random.default_rng(0)
     n, t, d, a, e = 2, 4, 3, 2, 2
@@ -147,12 +191,24 @@ def test_transformer_is_causal():
     assert not np.allclose(model(x)[:, -1], model(y)[:, -1])
 
 
-def test_transformer_mlp_network_and_no_to_network():
+def test_transformer_mlp_network_and_no_to_network_with_mlp():
     model, _ = ZOO["bilinear_transformer"]
     (layer,) = model.mlp_network(0)
     assert isinstance(layer, BilinearLayer) and layer.residual
-    with pytest.raises(NotImplementedError, match="degree-5"):
+    with pytest.raises(NotImplementedError, match="attention-only"):
         model.to_network()
+
+
+def test_attention_only_transformer_to_network_equals_model():
+    from similarity import AttentionNetwork, apply_attention_network
+
+    model = models.BilinearTransformer(7, 5, d_model=8, n_layers=2, n_heads=2, d_head=4, mlp=False,
+                                       rngs=nnx.Rngs(7))
+    net = model.to_network()
+    assert isinstance(net, AttentionNetwork) and net.depth == 2
+    x = _input("bilinear_transformer", None)
+    np.testing.assert_allclose(apply_attention_network(net, x), model(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(apply_attention_network(net, jax.nn.one_hot(x, 7)), model(x), rtol=1e-5, atol=1e-6)
 
 
 def test_resnet_depths_and_mobilenet_depthwise():
@@ -191,3 +247,87 @@ def test_wrong_input_shapes_are_rejected():
     tr, _ = ZOO["bilinear_transformer"]
     with pytest.raises(ValueError, match=r"integer tokens of shape \(n, 5\)"):
         tr(jnp.ones((2, 5)))
+
+
+def _n_params(model) -> int:
+    return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+@pytest.mark.parametrize(
+    "channels,published",
+    # torchvision's ShuffleNet_V2_X1_0_Weights / X0_5 "num_params" (ImageNet head, 3-channel input);
+    # GroupNorm has the same two affine parameters per channel as BatchNorm.
+    [((116, 232, 464), 2_278_604), ((48, 96, 192), 1_366_792)],
+)
+def test_shufflenet_matches_the_published_parameter_count(channels, published):
+    m = nnx.eval_shape(lambda: models.ShuffleNet((32, 32, 3), 1000, channels=channels, repeats=(4, 8, 4),
+                                                 stem_channels=24, final_channels=1024, rngs=nnx.Rngs(0)))
+    assert _n_params(m) == published
+
+
+def _densenet_reference(depth, growth, compression, stem, c_in=3, n_classes=10, hw=32):
+    """Parameter count and stage shapes of a CIFAR DenseNet from Huang et al.'s recipe, by hand."""
+    n = (depth - 4) // 3
+    c, params, shapes = stem, 9 * c_in * stem, {"stem": (hw, hw, stem)}
+    for b in range(3):
+        for _ in range(n):
+            params += 2 * c + 9 * c * growth  # norm (scale, bias) + 3x3 conv, no bias
+            c += growth
+        shapes[f"dense{b}"] = (hw, hw, c)
+        if b < 2:
+            out = int(c * compression)
+            params += 2 * c + c * out
+            c, hw = out, hw // 2
+            shapes[f"trans{b}"] = (hw, hw, c)
+    params += 2 * c + c * n_classes + n_classes
+    shapes.update(pool=(c,), logits=(n_classes,))
+    return params, shapes
+
+
+@pytest.mark.parametrize("compression,stem", [(1.0, 16), (0.5, 24)])
+def test_densenet40_structure_against_the_recipe(compression, stem):
+    build = lambda: models.DenseNet((32, 32, 3), 10, depth=40, growth=12, compression=compression,
+                                    stem_channels=stem, rngs=nnx.Rngs(0))
+    params, shapes = _densenet_reference(40, 12, compression, stem)
+    assert _n_params(nnx.eval_shape(build)) == params
+    # abstractly (building DenseNet-40 eagerly takes a minute on the CPU)
+    feats = jax.eval_shape(lambda x: build().features(x), jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32))
+    assert {k: v.shape[1:] for k, v in feats.items()} == shapes
+    if compression == 1.0:  # Huang et al. 2017, Table 2: DenseNet (L=40, k=12) has 1.0M parameters
+        assert round(params / 1e6, 1) == 1.0
+
+
+def test_densenet_blocks_concatenate_and_shufflenet_passes_half_through():
+    model, shape = ZOO["densenet"]
+    feats = model.features(_input("densenet", shape))
+    # a dense block keeps its input as the first channels of its output
+    np.testing.assert_array_equal(feats["dense0"][..., : feats["stem"].shape[-1]], feats["stem"])
+    np.testing.assert_array_equal(feats["dense1"][..., : feats["trans0"].shape[-1]], feats["trans0"])
+    model, shape = ZOO["shufflenet"]
+    feats = model.features(_input("shufflenet", shape))
+    # a stride-1 unit leaves the first half of its channels alone; the shuffle puts them at even positions
+    z_in, z_out = feats["unit0_0"], feats["unit0_1"]
+    np.testing.assert_array_equal(z_out[..., 0::2], z_in[..., : z_in.shape[-1] // 2])
+
+
+def test_channel_shuffle_against_numpy():
+    z = np.random.default_rng(0).normal(size=(2, 3, 3, 12))
+    for g in (2, 3, 4):
+        # torch semantics on NCHW: view(n, g, C/g, h, w).transpose(1, 2).reshape(n, C, h, w)
+        ref = np.moveaxis(np.moveaxis(z, -1, 1).reshape(2, g, 12 // g, 3, 3).swapaxes(1, 2).reshape(2, 12, 3, 3), 1, -1)
+        np.testing.assert_array_equal(models.channel_shuffle(jnp.asarray(z), groups=g), ref)
+    with pytest.raises(ValueError, match="12 channels are not divisible by groups=5"):
+        models.channel_shuffle(jnp.asarray(z), groups=5)
+
+
+def test_new_architectures_reject_bad_sizes():
+    with pytest.raises(ValueError, match="DenseNet depth must be 3n \\+ 4"):
+        models.DenseNet(IMG, 10, depth=41, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="compression must be in \\(0, 1\\]"):
+        models.DenseNet(IMG, 10, compression=0.0, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="one even channel count.*channels=\\(8, 15\\)"):
+        models.ShuffleNet(IMG, 10, channels=(8, 15), repeats=(1, 1), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="strides must give 1 or 2 for each of the 2 blocks"):
+        models.MobileNet(IMG, 10, channels=(4, 8), strides=(1,), rngs=nnx.Rngs(0))
+    m = models.MobileNet(IMG, 10, channels=(4, 8, 8), stem_channels=4, strides=(1, 1, 2), rngs=nnx.Rngs(0))
+    assert m.feature_shapes()["sep1"] == (8, 8, 8) and m.feature_shapes()["sep2"] == (4, 4, 8)

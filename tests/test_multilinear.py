@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -118,7 +119,7 @@ def test_pytrees_are_jit_and_vmap_friendly():
 def test_validate_network_errors():
     rng = np.random.default_rng(6)
     good = bilinear(rng, 3, 2, 3)
-    assert validate_network(good) == (good,)
+    _assert_same_network(validate_network(good), (good,))
     with pytest.raises(ValueError, match="empty network"):
         validate_network((), "net")
     with pytest.raises(TypeError, match=r"net\[1\] must be a BilinearLayer or LinearLayer"):
@@ -139,12 +140,36 @@ def test_validate_network_errors():
         validate_network((dataclasses.replace(good, right=bad),), "net")
     with pytest.raises(ValueError, match=r"bias has shape \(3,\), expected \(2,\)"):
         validate_network((LinearLayer(np.ones((2, 3)), np.ones(3)),), "net")
-    with pytest.raises(TypeError, match="must be a float array"):
-        validate_network((LinearLayer(np.ones((2, 3), dtype=int)),), "net")
+    with pytest.raises(TypeError, match=r"net\[0\].weight has complex dtype complex128"):
+        validate_network((LinearLayer(np.ones((2, 3), dtype=complex)),), "net")
+    with pytest.raises(TypeError, match=r"net\[0\].residual must be True or False, got 'yes'"):
+        validate_network((dataclasses.replace(good, residual="yes"),), "net")
     stacked = jax.tree_util.tree_map(lambda *xs: np.stack(xs), good, good)
-    assert validate_network(stacked, batch_ndim=1) == (stacked,)
+    _assert_same_network(validate_network(stacked, batch_ndim=1), (stacked,))
     with pytest.raises(ValueError, match="must have rank 3"):
         validate_network(good, "nets", batch_ndim=1)
+
+
+def _assert_same_network(got, want):
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert isinstance(g, jax.Array)
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+@pytest.mark.parametrize(
+    "dtype, want",
+    [(np.int32, np.float64), (np.bool_, np.float64), (np.float16, np.float32),
+     (jnp.bfloat16, np.float32), (np.float32, np.float32)],
+)
+def test_validate_network_casts_to_the_compute_dtype(dtype, want):
+    """One dtype policy (similarity._validate): ints/bools -> default float, half -> float32."""
+    layer = BilinearLayer(np.ones((2, 3), dtype), np.ones((2, 3), dtype), np.ones((1, 2), dtype),
+                          left_bias=np.ones(2, np.float32))
+    (out,) = validate_network(layer)
+    leaves = jax.tree_util.tree_leaves(out)
+    assert {x.dtype for x in leaves} == {np.dtype(np.promote_types(want, np.float32))}
+    np.testing.assert_array_equal(np.asarray(out.left), np.ones((2, 3)))
 
 
 def test_depth_counts_bilinear_layers_only():

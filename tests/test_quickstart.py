@@ -33,14 +33,9 @@ def test_quickstart_tiny_end_to_end(tmp_path, capsys):
             assert np.array(st[fam]["a->b"]).shape == np.array(st[fam]["b->a"]).shape == ((2, 2) if pair == "mlp_seeds" else (2, 3))
             assert np.all(np.array(st[fam]["a->b"], dtype=float) <= 1 + 1e-6)
     ts = m["tensor_similarity"]
-    from experiments.quickstart import _tensor_api
-
-    if _tensor_api()[0] is not None:
-        assert set(ts["seeds"]) >= {"frobenius", "symmetric", "gaussian"}
-        assert ts["checkpoints"]["symmetric"][-1] == pytest.approx(1.0, abs=1e-5)  # final vs itself
-        assert (out / "tensor_checkpoints.png").exists()
-    else:
-        assert "skipped" in ts
+    assert set(ts["seeds"]) >= {"frobenius", "symmetric", "gaussian", "weight cosine (baseline)"}
+    assert ts["checkpoints"]["symmetric"][-1] == pytest.approx(1.0, abs=1e-5)  # final vs itself
+    assert (out / "tensor_checkpoints.png").exists()
     for png in ("training.png", "representational_mlp_seeds.png", "stitching_mlp_vs_bilinear.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000

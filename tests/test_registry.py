@@ -252,3 +252,35 @@ def test_register_checks_stats_type():
     with pytest.raises(TypeError, match="LayerStats"):
         register("demo/badstats", lambda x, y: jnp.zeros(()), kind="score", symmetric=True,
                  invariances=(), description="d", stats=(lambda x: x, lambda a, b: 0.0))
+
+
+# ------------------------------------------------------------ input dtypes (similarity._validate)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_half_precision_input_computes_in_float32(name):
+    """float16 and bfloat16 are promoted to float32 for the computation (one policy for all).
+
+    The value equals the measure on the same (rounded) data passed as float32, and it is
+    the float64 value of that data to float32 accuracy; before the policy, half input gave
+    0.0, inf, LAPACK's NotImplementedError or a wrong "constant representation" error.
+    """
+    m = measure(name)
+    x, y = invariance_data(np.random.default_rng(6))
+    for half in (np.float16, jnp.bfloat16):
+        xh, yh = x.astype(half), y.astype(half)
+        x32, y32 = (np.asarray(a, np.float32) for a in (xh, yh))
+        out = m(xh, yh)
+        assert isinstance(out, jax.Array) and out.dtype == np.float32, (name, half, out.dtype)
+        assert float(out) == pytest.approx(float(m(x32, y32)), rel=1e-6, abs=1e-6), (name, half)
+        ref = float(m(x32.astype(np.float64), y32.astype(np.float64)))
+        assert float(out) == pytest.approx(ref, abs=_float32_tol(name, ref)), (name, half, float(out), ref)
+
+
+@pytest.mark.parametrize("name", ["cka/linear", "rsa/euclidean/spearman", "cca/r2", "stitch/orthogonal"])
+def test_complex_input_is_refused(name):
+    x, y = invariance_data(np.random.default_rng(7))
+    with pytest.raises(TypeError, match=r"(x|z_src) has complex dtype complex128; .* real arrays"):
+        measure(name)(x + 1j * y, y)
+    with pytest.raises(TypeError, match=r"(y|z_tgt) has complex dtype complex64"):
+        measure(name)(x, (y + 0j).astype(np.complex64))

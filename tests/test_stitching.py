@@ -289,11 +289,33 @@ def test_fit_stitchers_equals_individual_unpadded_fits(rng, family):
 def test_fit_stitchers_stacked(rng):
     xs = rng.normal(size=(3, 20, 4))
     ys = xs @ rng.normal(size=(4, 2)) + 0.1 * rng.normal(size=(3, 20, 2))
-    s = fit_stitchers(xs, ys, family="scaled_orthogonal")
-    assert s.weight.shape == (3, 4, 2) and s.scale.shape == (3,)
-    np.testing.assert_allclose(
-        s.weight[1], fit_stitcher(xs[1], ys[1], family="scaled_orthogonal").weight, atol=1e-10
-    )
+    out = fit_stitchers(xs, ys, family="scaled_orthogonal")
+    # one return type whatever the input: a list of unpadded Stitchers, as for a sequence
+    assert isinstance(out, list) and len(out) == 3
+    listed = fit_stitchers(list(xs), list(ys), family="scaled_orthogonal")
+    for i, (s, s1) in enumerate(zip(out, listed)):
+        assert s.weight.shape == (4, 2) and s.scale.shape == () and s.family == "scaled_orthogonal"
+        ref = fit_stitcher(xs[i], ys[i], family="scaled_orthogonal")
+        np.testing.assert_allclose(s.weight, ref.weight, atol=1e-10)
+        np.testing.assert_allclose(s.scale, ref.scale, atol=1e-10)
+        np.testing.assert_allclose(s1.bias, s.bias, atol=1e-10)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_fit_stitchers_one_family_per_problem(rng, stacked):
+    xs = rng.normal(size=(3, 25, 4))
+    ys = xs @ rng.normal(size=(4, 3)) + 0.2 * rng.normal(size=(3, 25, 3))
+    fams = ["affine", "orthogonal", "scaled_orthogonal"]
+    out = fit_stitchers(xs if stacked else list(xs), ys if stacked else list(ys), family=fams,
+                        ridge=0.1)
+    for x, y, fam, s in zip(xs, ys, fams, out):
+        ref = fit_stitcher(x, y, family=fam, ridge=0.1)
+        assert s.family == fam
+        np.testing.assert_allclose(s.weight, ref.weight, atol=1e-10)
+        np.testing.assert_allclose(s.bias, ref.bias, atol=1e-10)
+        np.testing.assert_allclose(s.scale, ref.scale, atol=1e-10)
+    with pytest.raises(ValueError, match="family has 2 entries but there are 3 problems"):
+        fit_stitchers(list(xs), list(ys), family=fams[:2])
 
 
 def test_public_reexports():

@@ -147,3 +147,72 @@ def test_killed_run_resumes_identically(tmp_path):
     ha, hb = read_json(full / "metrics.json")["history"], read_json(cut / "metrics.json")["history"]
     assert [h["step"] for h in ha] == list(range(0, 41, 5))
     assert ha == hb
+
+
+def test_random_crop_flip_against_numpy():
+    import jax
+    import jax.numpy as jnp
+
+    from models.train import random_crop_flip
+
+    x = np.random.default_rng(0).normal(size=(16, 5, 6, 2)).astype(np.float32)
+    out = np.asarray(random_crop_flip(jax.random.key(3), jnp.asarray(x), pad=2))
+    padded = np.pad(x, ((0, 0), (2, 2), (2, 2), (0, 0)))
+    flips = 0
+    for i in range(len(x)):
+        # every output is one of the (2 pad + 1)^2 crops of the padded image, or its mirror image
+        crops = [padded[i, dy : dy + 5, dx : dx + 6] for dy in range(5) for dx in range(5)]
+        plain = any(np.array_equal(out[i], c) for c in crops)
+        mirrored = any(np.array_equal(out[i], c[:, ::-1]) for c in crops)
+        assert plain or mirrored
+        flips += mirrored and not plain
+    assert 0 < flips < len(x)  # both outcomes occur (16 draws at p = 1/2)
+    same = np.asarray(random_crop_flip(jax.random.key(3), jnp.asarray(x), pad=0, flip=False))
+    np.testing.assert_array_equal(same, x)
+    with pytest.raises(ValueError, match=r"NHWC images \(n, H, W, C\), got shape \(16, 30\)"):
+        random_crop_flip(jax.random.key(0), jnp.zeros((16, 30)))
+
+
+def test_augmented_chunked_training_and_old_runs_resume(tmp_path):
+    ds = data.load("digits").subset(200, 90)
+    make = lambda: models.CNN(ds.input_shape, 10, channels=(4,), rngs=nnx.Rngs(0))
+    base = dict(steps=4, batch_size=16, eval_every=2)
+    plain = train(make(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=TrainConfig(**base), progress=False)
+    chunked = train(make(), ds.x_train, ds.y_train, ds.x_test, ds.y_test,
+                    config=TrainConfig(**base, eval_batch_size=32), progress=False)
+    for a, b in zip(plain.history, chunked.history):  # chunked evaluation: same numbers
+        assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-5 for k in a)
+    aug = train(make(), ds.x_train, ds.y_train, ds.x_test, ds.y_test,
+                config=TrainConfig(**base, augment="crop_flip"), progress=False)
+    assert aug.final["train_loss"] != plain.final["train_loss"]
+    with pytest.raises(ValueError, match="Unknown augment 'flip'"):
+        train(make(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=TrainConfig(**base, augment="flip"))
+    with pytest.raises(ValueError, match=r"augment='crop' needs NHWC images"):
+        flat = ds.x_train.reshape(200, -1)
+        train(models.Linear(64, 10, rngs=nnx.Rngs(0)), flat, ds.y_train, flat[:5], ds.y_train[:5],
+              config=TrainConfig(**base, augment="crop"))
+    # a run saved before augment/eval_batch_size existed resumes when they are at their defaults
+    train(make(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=TrainConfig(**base), workdir=tmp_path,
+          progress=False)
+    ident = read_json(tmp_path / "train_config.json")
+    for k in ("augment", "eval_batch_size"):
+        del ident["config"][k]
+    from experiments.io import write_json_atomic
+
+    write_json_atomic(tmp_path / "train_config.json", ident)
+    again = train(make(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=TrainConfig(**base), workdir=tmp_path,
+                  progress=False)
+    assert again.resumed_from == 4
+    with pytest.raises(ValueError, match="config.augment: saved 'none', now 'crop'"):
+        train(make(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=TrainConfig(**base, augment="crop"),
+              workdir=tmp_path, progress=False)
+
+
+def test_load_checkpoint_into_an_abstract_model(tmp_path):
+    ds = _gauss()
+    m = models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(0))
+    train(m, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=TrainConfig(steps=5, batch_size=16, eval_every=5),
+          workdir=tmp_path, progress=False)
+    abstract = nnx.eval_shape(lambda: models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(1)))
+    loaded = load_checkpoint(abstract, tmp_path)
+    np.testing.assert_array_equal(loaded(ds.x_test), m(ds.x_test))

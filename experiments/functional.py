@@ -1,0 +1,364 @@
+"""Functional similarity of two models' layers by task-loss stitching, both directions.
+
+A driver over the pure library (``similarity.train_stitcher``): it takes two
+models and data, splits the data, extracts the activations, trains a stitcher
+in each direction through the target model's frozen tail (obtained with
+``models.split_tail``, so models of one architecture share the compiled loop),
+and scores it on held-out data against the target model's own layer.
+
+Models are duck-typed: each needs ``.features(x) -> {layer: activations}``,
+``.tail(layer, z) -> logits`` and ``.layer_names()`` (every ``models.*``
+network has them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.tails import split_tail
+from similarity import FAMILIES, Stitcher, TrainHistory, stitch_representation, train_stitcher
+from similarity._validate import check_choice, check_int_labels
+
+
+class DirectionResult(NamedTuple):
+    """One stitching direction, source layer -> target model, scored on held-out data.
+
+    Attributes:
+      source, target: ``"A:layer"`` and ``"B:layer"`` labels.
+      family: the stitcher family.
+      n_train, n_eval: samples used to fit the stitcher and to score it.
+      own_accuracy, stitched_accuracy: held-out accuracy of the target model
+        with its own layer, and with the stitched source layer.
+      relative_accuracy: ``stitched_accuracy / own_accuracy``.
+      own_ce, stitched_ce: held-out mean cross-entropies in nats.
+      ce_gap: ``stitched_ce - own_ce`` (nats): the usable information about the
+        labels that the target layer has and the source layer, through this
+        family, lacks. Near 0 means the source layer is functionally as good.
+      relative_ce: ``stitched_ce / own_ce``.
+      train_stitched_accuracy, train_stitched_ce: the same on the training
+        split (in-sample, optimistic; shown for diagnosis, not the score).
+      stitcher: the trained :class:`~similarity.Stitcher`.
+      history: its :class:`~similarity.TrainHistory`.
+    """
+
+    source: str
+    target: str
+    family: str
+    n_train: int
+    n_eval: int
+    own_accuracy: float
+    stitched_accuracy: float
+    relative_accuracy: float
+    own_ce: float
+    stitched_ce: float
+    ce_gap: float
+    relative_ce: float
+    train_stitched_accuracy: float
+    train_stitched_ce: float
+    stitcher: Stitcher
+    history: TrainHistory
+
+
+class FunctionalSimilarity(NamedTuple):
+    """Task-loss stitching in both directions between two layers (``print`` it for a table).
+
+    Attributes:
+      a_to_b: A's layer stitched into B (scored with B's tail and B's own accuracy).
+      b_to_a: B's layer stitched into A, or ``None`` when one direction was asked.
+    """
+
+    a_to_b: DirectionResult
+    b_to_a: DirectionResult | None
+
+    @property
+    def accuracy_asymmetry(self) -> float:
+        """``relative_accuracy(A->B) - relative_accuracy(B->A)``; > 0: A's layer serves B better."""
+        self._need_reverse()
+        return self.a_to_b.relative_accuracy - self.b_to_a.relative_accuracy
+
+    @property
+    def ce_asymmetry(self) -> float:
+        """``ce_gap(B->A) - ce_gap(A->B)`` in nats; > 0: B's layer lacks more of what A needs."""
+        self._need_reverse()
+        return self.b_to_a.ce_gap - self.a_to_b.ce_gap
+
+    def _need_reverse(self):
+        if self.b_to_a is None:
+            raise ValueError("Only one direction was computed; call with both_directions=True.")
+
+    def summary(self) -> str:
+        """A small fixed-width table of both directions and the asymmetry."""
+        d = self.a_to_b
+        lines = [
+            f"Functional similarity by task-loss stitching ({d.family}; fit on {d.n_train}, "
+            f"scored on {d.n_eval} held-out samples)",
+            f"{'direction':<24} {'own acc':>8} {'stitch acc':>10} {'rel acc':>8} "
+            f"{'own CE':>8} {'stitch CE':>9} {'CE gap':>8}",
+        ]
+        for r in (self.a_to_b, self.b_to_a):
+            if r is None:
+                continue
+            lines.append(
+                f"{r.source + ' -> ' + r.target:<24} {r.own_accuracy:>8.3f} "
+                f"{r.stitched_accuracy:>10.3f} {r.relative_accuracy:>8.3f} {r.own_ce:>8.3f} "
+                f"{r.stitched_ce:>9.3f} {r.ce_gap:>8.3f}"
+            )
+        if self.b_to_a is not None:
+            lines.append(
+                f"asymmetry: rel acc (A->B) - (B->A) = {self.accuracy_asymmetry:+.3f}; "
+                f"CE gap (B->A) - (A->B) = {self.ce_asymmetry:+.3f} nats"
+            )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _check_layer(model, layer, arg: str, model_arg: str) -> None:
+    for attr in ("features", "tail", "layer_names"):
+        if not callable(getattr(model, attr, None)):
+            raise TypeError(
+                f"{model_arg} must have .features(x) -> {{layer: activations}}, .tail(layer, z) "
+                f"-> logits and .layer_names(); {type(model).__name__} has no callable .{attr}."
+            )
+    names = list(model.layer_names())
+    if layer not in names:
+        raise ValueError(
+            f"{arg}={layer!r} is not a layer of {model_arg}; its layers are: "
+            f"{', '.join(repr(x) for x in names)}."
+        )
+
+
+def _check_xy(x, y, tag: str) -> None:
+    if y.ndim != 1:
+        raise ValueError(f"data labels{tag} must be 1-D (n,), got shape {tuple(y.shape)}.")
+    if x.ndim < 2 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"data inputs{tag} must be (n, ...) with the same n as the labels "
+                         f"{tuple(y.shape)}, got shape {tuple(x.shape)}.")
+    check_int_labels(y, f"data labels{tag}")
+
+
+def split_data(data, *, test_fraction: float, min_eval: int, key: jax.Array):
+    """``(x_train, y_train, x_test, y_test)`` from ``(x, y)`` (split at random) or an explicit split.
+
+    Args:
+      data: ``(x, y)`` or ``((x_train, y_train), (x_test, y_test))``; ``x (n, ...)``, ``y (n,)`` int.
+      test_fraction: held-out fraction for ``(x, y)``.
+      min_eval: fewest held-out samples accepted.
+      key: randomness of the split.
+
+    Returns:
+      NumPy arrays ``x_train, y_train, x_test, y_test``.
+    """
+    pair = isinstance(data, (tuple, list)) and len(data) == 2
+    if pair and all(isinstance(p, (tuple, list)) for p in data):
+        (x_tr, y_tr), (x_te, y_te) = ((np.asarray(a), np.asarray(b)) for a, b in data)
+        _check_xy(x_tr, y_tr, " (train split)")
+        _check_xy(x_te, y_te, " (test split)")
+        if x_tr.shape[1:] != x_te.shape[1:]:
+            raise ValueError(f"train and test inputs differ in per-sample shape: "
+                             f"{x_tr.shape[1:]} vs {x_te.shape[1:]}.")
+    elif pair:
+        x, y = np.asarray(data[0]), np.asarray(data[1])
+        _check_xy(x, y, "")
+        if not 0 < test_fraction < 1:
+            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}.")
+        perm = np.asarray(jax.random.permutation(key, y.shape[0]))
+        n_te = int(round(test_fraction * y.shape[0]))
+        x_tr, y_tr, x_te, y_te = x[perm[n_te:]], y[perm[n_te:]], x[perm[:n_te]], y[perm[:n_te]]
+    else:
+        raise TypeError("data must be (x, y) or ((x_train, y_train), (x_test, y_test)).")
+    if y_te.shape[0] < min_eval:
+        raise ValueError(
+            f"Only {y_te.shape[0]} held-out samples, fewer than min_eval_samples={min_eval}: "
+            "the held-out accuracy and cross-entropy would be too noisy. Pass more data, a larger "
+            "test_fraction, or lower min_eval_samples."
+        )
+    if y_tr.shape[0] < 2:
+        raise ValueError(f"Only {y_tr.shape[0]} training samples; pass more data.")
+    return x_tr, y_tr, x_te, y_te
+
+
+def _scores(logits, y):
+    """Accuracy and mean cross-entropy (nats) in float64 NumPy."""
+    logits = np.asarray(logits, np.float64)
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    return float(np.mean(np.argmax(logits, axis=-1) == y)), float(-np.mean(logp[np.arange(len(y)), y]))
+
+
+def _features(model, layer, x, arg):
+    feats = model.features(x)
+    if layer not in feats:
+        raise ValueError(f"{arg}.features(x) has no entry {layer!r}; it returned {sorted(feats)}.")
+    z = jnp.asarray(feats[layer])
+    if z.shape[0] != x.shape[0]:
+        raise ValueError(f"{arg}.features(x)[{layer!r}] has shape {tuple(z.shape)}; expected "
+                         f"{x.shape[0]} rows, one per input.")
+    return z
+
+
+def _direction(names, z_src, z_tgt, tgt_model, tgt_layer, y_tr, y_te, own_tr, own_te, *, n_tr,
+               family, early_stopping, val_fraction, key, train_kw):
+    """Train ``z_src -> tgt_model@tgt_layer`` on the train rows, score on the test rows."""
+    tail_apply, tail_params = split_tail(tgt_model, tgt_layer)
+    src_tr, src_te, tgt_tr = z_src[:n_tr], z_src[n_tr:], z_tgt[:n_tr]
+    fit_idx = np.arange(n_tr)
+    kl = train_kw["loss"] == "kl"
+    eval_data = None
+    if early_stopping is not None:  # a validation split carved from train: test is never seen
+        n_val = max(1, int(round(val_fraction * n_tr)))
+        perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, 7), n_tr))
+        val_idx, fit_idx = perm[:n_val], perm[n_val:]
+        eval_data = (src_tr[val_idx], y_tr[val_idx]) + ((own_tr[val_idx],) if kl else ())
+    stitcher, history = train_stitcher(
+        src_tr[fit_idx], y_tr[fit_idx], tail_apply, tail_params, family=family,
+        z_tgt=tgt_tr[fit_idx], teacher_logits=own_tr[fit_idx] if kl else None,
+        eval_data=eval_data, early_stopping=early_stopping, key=key, **train_kw,
+    )
+    spatial = tuple(tgt_tr.shape[1:3]) if tgt_tr.ndim == 4 else None
+
+    def stitched(z):
+        z = z if spatial is not None else z.reshape(z.shape[0], -1)
+        return tgt_model.tail(tgt_layer, stitch_representation(stitcher, z, spatial=spatial))
+
+    own_acc, own_ce = _scores(own_te, y_te)
+    st_acc, st_ce = _scores(stitched(src_te), y_te)
+    tr_acc, tr_ce = _scores(stitched(src_tr), y_tr)
+    if own_acc == 0:
+        raise ValueError(f"{names[1]} has held-out accuracy 0, so relative accuracy is undefined; "
+                         "check that the model is trained and the labels match its outputs.")
+    return DirectionResult(
+        source=names[0], target=names[1], family=family, n_train=int(fit_idx.shape[0]),
+        n_eval=int(y_te.shape[0]), own_accuracy=own_acc, stitched_accuracy=st_acc,
+        relative_accuracy=st_acc / own_acc, own_ce=own_ce, stitched_ce=st_ce,
+        ce_gap=st_ce - own_ce, relative_ce=st_ce / own_ce if own_ce > 0 else math.inf,
+        train_stitched_accuracy=tr_acc, train_stitched_ce=tr_ce, stitcher=stitcher,
+        history=history,
+    )
+
+
+def functional_similarity(
+    model_a: Any,
+    layer_a: str,
+    model_b: Any,
+    layer_b: str,
+    data: tuple,
+    /,
+    *,
+    family: str = "affine",
+    both_directions: bool = True,
+    init: str = "closed_form",
+    loss: str = "ce",
+    steps: int = 500,
+    optimizer: str = "adam",
+    learning_rate: float = 1e-2,
+    optimizer_options: Mapping[str, Any] | None = None,
+    batch_size: int | None = None,
+    test_fraction: float = 0.25,
+    min_eval_samples: int = 20,
+    early_stopping: int | None = None,
+    val_fraction: float = 0.15,
+    eval_every: int = 50,
+    ridge: float = 1e-6,
+    key: jax.Array | None = None,
+    progress: bool = True,
+) -> FunctionalSimilarity:
+    """Stitch A's ``layer_a`` into B at ``layer_b`` (and back), fit on train, score held out.
+
+    Both models must output logits over the same label set. The stitcher is
+    trained with ``similarity.train_stitcher`` on the training split only
+    (minus a validation split when ``early_stopping`` is set); every reported
+    number is measured on the held-out test split.
+
+    Args:
+      model_a, model_b: the two models.
+      layer_a, layer_b: layer names (see ``.layer_names()``).
+      data: ``(x, y)``, split at random into train and test with
+        ``test_fraction``, or an explicit ``((x_train, y_train), (x_test, y_test))``.
+        ``x`` is whatever the models take, ``(n, ...)``; ``y`` is ``(n,)`` int.
+      family: stitcher family, one of ``similarity.FAMILIES``.
+      both_directions: also stitch B's layer into A (needed for the asymmetry).
+      init, loss, steps, optimizer, learning_rate, optimizer_options, batch_size,
+        eval_every, ridge: as in ``similarity.train_stitcher``. With
+        ``loss="kl"`` the teacher is the target model's own logits.
+      test_fraction: held-out fraction when ``data`` is ``(x, y)``.
+      min_eval_samples: fewest held-out samples accepted.
+      early_stopping: patience (in evaluations every ``eval_every`` steps) on a
+        validation split of ``val_fraction`` of the training data.
+      key: randomness for the split, inits and minibatches (default ``jax.random.key(0)``).
+      progress: a progress bar over the directions.
+
+    Returns:
+      A :class:`FunctionalSimilarity` (``print`` it for a table).
+
+    Raises:
+      ValueError: unknown layer (the valid names are listed), wrongly shaped data,
+        too few held-out samples, models with different label sets.
+      TypeError: a model without ``features``/``tail``/``layer_names``.
+
+    Examples:
+      >>> import numpy as np
+      >>> class Linear:  # a toy "model": layer "h" = x, logits = 4 * h
+      ...     def layer_names(self): return ("h",)
+      ...     def features(self, x): return {"h": x}
+      ...     def tail(self, layer, z): return 4.0 * z
+      >>> x = np.random.default_rng(0).normal(size=(200, 3))
+      >>> y = np.argmax(x, axis=1)
+      >>> res = functional_similarity(Linear(), "h", Linear(), "h", (x, y), family="orthogonal",
+      ...                             init="identity", steps=20, progress=False)
+      >>> bool(res.a_to_b.relative_accuracy > 0.95), bool(abs(res.b_to_a.ce_gap) < 0.05)
+      (True, True)
+    """
+    _check_layer(model_a, layer_a, "layer_a", "model_a")
+    _check_layer(model_b, layer_b, "layer_b", "model_b")
+    check_choice(family, "family", FAMILIES)
+    key = jax.random.key(0) if key is None else key
+    k_split, k_ab, k_ba = jax.random.split(key, 3)
+    x_tr, y_tr, x_te, y_te = split_data(data, test_fraction=test_fraction,
+                                        min_eval=min_eval_samples, key=k_split)
+    x_all = np.concatenate([x_tr, x_te])
+    n_tr = y_tr.shape[0]
+    za = _features(model_a, layer_a, x_all, "model_a")
+    zb = _features(model_b, layer_b, x_all, "model_b")
+    own_a = np.asarray(model_a.tail(layer_a, za))
+    own_b = np.asarray(model_b.tail(layer_b, zb))
+    if own_a.ndim != 2 or own_b.ndim != 2 or own_a.shape[1] != own_b.shape[1]:
+        raise ValueError(
+            f"model_a and model_b must predict the same label set: their logits have shapes "
+            f"{own_a.shape} and {own_b.shape}. Stitching compares models trained on the same task."
+        )
+    y_all = np.concatenate([y_tr, y_te])
+    if int(y_all.max()) >= own_b.shape[1] or int(y_all.min()) < 0:
+        raise ValueError(f"data labels range up to {int(y_all.max())} but the models predict "
+                         f"{own_b.shape[1]} classes; labels must be in [0, {own_b.shape[1]}).")
+    train_kw = dict(init=init, loss=loss, steps=steps, optimizer=optimizer,
+                    learning_rate=learning_rate, optimizer_options=optimizer_options,
+                    batch_size=batch_size, eval_every=eval_every, ridge=ridge)
+    common = dict(n_tr=n_tr, family=family, early_stopping=early_stopping,
+                  val_fraction=val_fraction, train_kw=train_kw)
+    name_a, name_b = f"A:{layer_a}", f"B:{layer_b}"
+    jobs = [((name_a, name_b), za, zb, model_b, layer_b, own_b, k_ab)]
+    if both_directions:
+        jobs.append(((name_b, name_a), zb, za, model_a, layer_a, own_a, k_ba))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc="stitching directions", leave=False)
+    out = []
+    try:
+        for names, z_src, z_tgt, model, layer, own, k in jobs:
+            out.append(_direction(names, z_src, z_tgt, model, layer, y_tr, y_te, own[:n_tr],
+                                  own[n_tr:], key=k, **common))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return FunctionalSimilarity(a_to_b=out[0], b_to_a=out[1] if both_directions else None)

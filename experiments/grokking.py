@@ -1,0 +1,815 @@
+"""``funsim grokking``: modular addition with one bilinear layer, and the phases of training it.
+
+Run::
+
+    funsim grokking --config default      # 50k full-batch steps: 18 min on 2 heavily shared CPU cores
+    funsim grokking --config smoke        # seconds (the test suite runs it)
+    funsim grokking --config paper        # the authors' 100k steps at batch 512, for a GPU
+    funsim grokking --config my.json      # any GrokkingConfig fields
+
+Rerunning the same command resumes: the run directory defaults to the config's
+name, training continues from its last checkpoint and the analysis is redone.
+
+Steps (issue #11):
+
+1. train :class:`models.BilinearMLP` with ``embed=False, head=False``: one-hot
+   ``(a, b)`` of width ``2p`` -> one bilinear layer with ``d_hidden`` hidden
+   units whose ``down`` projection is the head to the ``p`` classes; AdamW,
+   full batch by default, power-spaced checkpoints (``models.train``);
+2. evaluate every checkpoint (and the initial network) on the train pairs and
+   the held-out pairs;
+3. checkpoint x checkpoint similarity matrices (:func:`checkpoint_matrices`):
+   tensor similarity under the symmetric and the Gaussian metric, from the
+   weights alone, beside weight cosine, behavioural similarity and linear CKA
+   of the logits on held-out pairs;
+4. split each matrix into ``n_segments`` contiguous phases
+   (:func:`similarity.change_points`) and set the boundaries beside the
+   accuracy events (:func:`accuracy_events`);
+5. Fourier power of the bilinear layer's input weights for token a and for
+   token b, and of its output weights, along the token axis, per checkpoint;
+6. write ``results/grokking/<run>/``: ``config.json``, ``metrics.json``
+   (atomic), ``matrices.npz``, ``model/`` (checkpoints), ``accuracy.png``,
+   ``similarity_matrices.png``, ``similarity_to_final.png``, ``fourier.png``
+   and ``summary.md`` (our numbers beside the paper's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from experiments.io import results_dir, write_json_atomic
+
+__all__ = [
+    "GrokkingConfig",
+    "CONFIGS",
+    "TokenPairs",
+    "PAPER",
+    "MEASURES",
+    "run",
+    "checkpoint_matrices",
+    "evaluate_checkpoints",
+    "fourier_power",
+    "operand_spectra",
+    "spectrum_summary",
+    "accuracy_events",
+    "compare_boundaries",
+    "add_arguments",
+    "main",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class GrokkingConfig:
+    """Everything the grokking experiment does; saved as config.json.
+
+    Attributes:
+      p: the modulus; inputs are one-hot ``(a, b)`` of width ``2p``.
+      train_fraction: fraction of the ``p^2`` pairs used for training.
+      data_seed: seed of the train/held-out split.
+      d_hidden: hidden units of the bilinear layer.
+      seed: model initialisation and minibatch order.
+      steps: optimiser steps.
+      batch_size: minibatch size (None: full batch, every training pair each step).
+      learning_rate, weight_decay: AdamW.
+      n_checkpoints, checkpoint_power: ``models.train.power_schedule(steps, n, power=)``.
+      eval_every: the training history's evaluation period (the checkpoints are evaluated too).
+      n_eval: held-out pairs (a seeded subset) for behavioural similarity and CKA.
+      n_segments: phases to split each similarity matrix into.
+      segment_cost: ``"pairwise"`` (the authors' choice) or ``"kernel"``; both are reported.
+      n_top_frequencies: k of the "power in the top-k frequencies" statistic.
+      reorganisation_threshold: after val accuracy reaches 1, reorganisation counts as
+        continuing when the tensor similarity to the final checkpoint is below this.
+    """
+
+    p: int = 113
+    train_fraction: float = 0.3
+    data_seed: int = 0
+    d_hidden: int = 64
+    seed: int = 0
+    steps: int = 50_000
+    batch_size: int | None = None
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.3
+    n_checkpoints: int = 100
+    checkpoint_power: float = 2.0
+    eval_every: int = 250
+    n_eval: int = 1000
+    n_segments: int = 5
+    segment_cost: str = "pairwise"
+    n_top_frequencies: int = 5
+    reorganisation_threshold: float = 0.9
+
+
+CONFIGS: dict[str, GrokkingConfig] = {
+    "smoke": GrokkingConfig(
+        p=11, train_fraction=0.5, d_hidden=8, steps=120, learning_rate=1e-2, n_checkpoints=8,
+        eval_every=40, n_eval=40, n_segments=3, n_top_frequencies=2,
+    ),
+    "default": GrokkingConfig(),
+    # The authors' run (tdooms/tensor-similarity, grokking summary bundle): batch 512, 100k steps,
+    # 100 checkpoints spaced by the 5th power (90 distinct steps).
+    "paper": GrokkingConfig(steps=100_000, batch_size=512, checkpoint_power=5.0, eval_every=500, n_eval=2000),
+}
+
+#: The tensor-similarity authors' released grokking run, for comparison (tdooms/tensor-similarity,
+#: ``workspaces/logan/grokking_summary_bundle``: p = 113, hidden 64, AdamW lr 1e-3, weight decay
+#: 0.3, 30% train, batch 512, 100k steps, seed 1337, 90 power-spaced checkpoints). Event steps:
+#: the first checkpoint meeting each condition in its ``training_history.json``. Phase starts:
+#: K = 5 segments of its symmetric tensor-similarity matrix with the pairwise cost, as the DP
+#: optimum gives them (``similarity.change_points`` on their ``tn_similarity.npy``; their figure
+#: then moves the 4th start by hand one checkpoint earlier, to 7517). ``to_final``: similarity of
+#: the first checkpoint with val accuracy 1 (step 23333) to the last (100k), from their
+#: ``tn_similarity.npy`` and ``act_similarity.npy`` (mean per-sample cosine of the logits on all
+#: p^2 pairs, i.e. behavioural similarity). Not numbers printed in the paper: read off its data.
+PAPER = {
+    "steps": 100_000,
+    "events": {
+        "train accuracy >= 0.5": 301,
+        "train accuracy >= 0.99": 1076,
+        "val loss peak": 1545,
+        "val accuracy >= 0.5": 8176,
+        "val accuracy >= 0.99": 13168,
+        "val accuracy = 1": 23333,
+    },
+    "phase_starts": [0, 124, 1545, 8176, 24953],
+    "to_final": {"tensor (symmetric)": 0.718, "behavioural": 0.741},
+}
+
+MEASURES = ("tensor (symmetric)", "tensor (gaussian)", "weight cosine", "behavioural", "CKA (logits)")
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def checkpoint_matrices(nets, x_eval, /) -> dict[str, np.ndarray]:
+    """Checkpoint x checkpoint similarity: tensor similarity beside three baselines.
+
+    Args:
+      nets: a stacked network: a tuple of layers whose every leaf has a leading
+        checkpoint axis of length ``n``.
+      x_eval: ``(m, d)`` held-out inputs for the data-based baselines.
+
+    Returns:
+      ``{measure: (n, n)}`` float64, keyed by :data:`MEASURES`:
+      ``similarity_matrix`` under the symmetric and the Gaussian metric (one
+      vmapped call each); ``weight_cosine`` of every pair; behavioural similarity
+      (``behavioral_similarity``: the mean per-sample cosine of the logits on
+      ``x_eval``) and linear CKA of the logits on ``x_eval`` (``similarity.cka``),
+      both from the logits computed once per checkpoint. The CKA step holds the
+      ``n`` Gram matrices ``(m, m)``: ``4 n m^2`` bytes (400 MB for 101 checkpoints
+      and 1,000 inputs).
+    """
+    import similarity
+
+    pairwise = jax.vmap(jax.vmap(similarity.weight_cosine, (None, 0)), (0, None))
+    logits = jax.vmap(similarity.apply_network, (0, None))(nets, jnp.asarray(x_eval))  # (n, m, o)
+    out = {
+        "tensor (symmetric)": similarity.similarity_matrix(nets, metric="symmetric"),
+        "tensor (gaussian)": similarity.similarity_matrix(nets, metric="gaussian"),
+        "weight cosine": pairwise(nets, nets),
+        "behavioural": _mean_cosine_matrix(logits),
+        "CKA (logits)": _linear_cka_matrix(logits),
+    }
+    out = {k: np.asarray(v, np.float64) for k, v in out.items()}
+    for k, v in out.items():
+        if not np.all(np.isfinite(v)):
+            raise ValueError(f"The {k} matrix has non-finite entries: a checkpoint's logits are zero "
+                             "or constant on x_eval, where the measure is undefined.")
+    return out
+
+
+@jax.jit
+def _mean_cosine_matrix(logits):
+    """``(n, m, o)`` -> ``(n, n)``: mean over samples of the cosine between output vectors."""
+    unit = logits / jnp.linalg.norm(logits, axis=-1, keepdims=True)
+    return jnp.einsum("imo,jmo->ij", unit, unit) / logits.shape[1]
+
+
+@jax.jit
+def _linear_cka_matrix(logits):
+    """``(n, m, o)`` -> ``(n, n)`` linear CKA, Gram form: ``<K_i, K_j> / (|K_i| |K_j|)``, ``K = Xc Xc^T``."""
+    xc = logits - jnp.mean(logits, axis=1, keepdims=True)
+    k = jnp.einsum("imo,ino->imn", xc, xc)
+    g = jnp.einsum("imn,jmn->ij", k, k)
+    d = jnp.sqrt(jnp.diagonal(g))
+    return g / (d[:, None] * d[None, :])
+
+
+@jax.jit
+def _evaluate(nets, x, y):
+    import optax
+
+    from similarity.multilinear import apply_network
+
+    def one(net):
+        logits = apply_network(net, x)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        return loss, jnp.sum(jnp.argmax(logits, axis=-1) == y)  # a count: a float32 mean of 1s can fall short of 1
+
+    return jax.lax.map(one, nets)
+
+
+def evaluate_checkpoints(nets, x, y, /) -> dict[str, np.ndarray]:
+    """Cross-entropy and accuracy of every checkpoint of a stacked network.
+
+    Args:
+      nets: stacked network (leading checkpoint axis ``n``).
+      x: ``(m, d)`` inputs.
+      y: ``(m,)`` integer labels.
+
+    Returns:
+      ``{"loss": (n,), "accuracy": (n,)}``.
+    """
+    loss, correct = _evaluate(nets, jnp.asarray(x), jnp.asarray(y))
+    return {"loss": np.asarray(loss, np.float64), "accuracy": np.asarray(correct, np.float64) / len(y)}
+
+
+def fourier_power(w, /) -> np.ndarray:
+    """Power of ``w`` per frequency along its last (token) axis.
+
+    The discrete Fourier transform over ``Z_p``, ``F_k = sum_t w_t exp(-2 pi i k t / p)``;
+    frequencies ``k`` and ``p - k`` describe the same real wave and are pooled
+    into bin ``k``, so bin ``k`` in ``0..p//2`` holds ``|F_k|^2 + |F_{p-k}|^2``
+    (``|F_0|^2`` for ``k = 0``, and ``|F_{p/2}|^2`` alone for even ``p``). By
+    Parseval the bins sum to ``p * sum_t w_t^2``.
+
+    Args:
+      w: ``(..., p)`` real.
+
+    Returns:
+      ``(..., p // 2 + 1)`` float64.
+
+    Examples:
+      >>> t = np.arange(7)
+      >>> fourier_power(np.cos(2 * np.pi * 2 * t / 7)).round(6).tolist()   # all power at k = 2
+      [0.0, 0.0, 24.5, 0.0]
+    """
+    w = np.asarray(w, np.float64)
+    p = w.shape[-1]
+    pooled = np.full(p // 2 + 1, 2.0)
+    pooled[0] = 1.0
+    if p % 2 == 0:
+        pooled[-1] = 1.0
+    return np.abs(np.fft.rfft(w, axis=-1)) ** 2 * pooled
+
+
+def operand_spectra(net, p: int, /) -> dict[str, np.ndarray]:
+    """Fourier power of a one-bilinear-layer modular-addition network, per operand and per unit.
+
+    ``"a"``: the rows of ``left`` and of ``right`` restricted to the one-hot of
+    token a (input columns ``0..p-1``), each a function of a; ``"b"``: the same
+    for token b (columns ``p..2p-1``); ``"out"``: each hidden unit's column of
+    ``down``, a function of the output class.
+
+    Args:
+      net: ``(BilinearLayer,)`` with ``left, right: (..., h, 2p)`` and
+        ``down: (..., p, h)`` (leading checkpoint axes allowed).
+      p: the modulus.
+
+    Returns:
+      ``{"a": (..., 2h, K), "b": (..., 2h, K), "out": (..., h, K)}``, ``K = p // 2 + 1``
+      (:func:`fourier_power` of every row; sum over the row axis for the layer's spectrum).
+    """
+    (layer,) = net
+    left, right, down = (np.asarray(x) for x in (layer.left, layer.right, layer.down))
+    if left.shape[-1] != 2 * p or down.shape[-2] != p:
+        raise ValueError(f"operand_spectra expects left/right (..., h, {2 * p}) and down (..., {p}, h) "
+                         f"for p={p}, got {left.shape} and {down.shape}.")
+    rows = lambda cols: np.concatenate([left[..., cols], right[..., cols]], axis=-2)
+    return {
+        "a": fourier_power(rows(slice(0, p))),
+        "b": fourier_power(rows(slice(p, 2 * p))),
+        "out": fourier_power(np.swapaxes(down, -1, -2)),
+    }
+
+
+def spectrum_summary(power, /, *, n_top: int) -> dict[str, np.ndarray]:
+    """Summary statistics of per-unit power spectra over the non-constant frequencies ``k >= 1``.
+
+    Args:
+      power: ``(..., r, K)``: the power per frequency bin (:func:`fourier_power`)
+        of ``r`` units (rows); bin 0 is the constant.
+      n_top: how many of the strongest frequencies ``top_fraction`` counts.
+
+    Returns:
+      ``{"top_fraction", "effective_frequencies", "unit_purity", "constant_fraction": (...),
+      "distribution": (..., K - 1)}``. With ``q`` the layer's normalised non-constant power
+      (summed over the units; ``distribution``): the share of it in the ``n_top`` strongest
+      frequencies; its participation ratio ``1 / sum_k q_k^2`` (1 for a single frequency,
+      ``K - 1`` for a flat spectrum); ``unit_purity``, the share of each unit's non-constant
+      power in its own strongest frequency, averaged over the units weighted by their power
+      (1 when every unit is a single wave, whatever the frequencies); the share of all power
+      in bin 0.
+    """
+    power = np.asarray(power, np.float64)
+    per_unit = power[..., 1:].sum(axis=-1)  # (..., r)
+    total = power[..., 1:].sum(axis=(-2, -1))
+    layer = power.sum(axis=-2)
+    q = layer[..., 1:] / total[..., None]
+    return {
+        "top_fraction": np.sort(q, axis=-1)[..., ::-1][..., :n_top].sum(axis=-1),
+        "effective_frequencies": 1.0 / np.sum(q * q, axis=-1),
+        "unit_purity": power[..., 1:].max(axis=-1).sum(axis=-1) / total,
+        "constant_fraction": layer[..., 0] / layer.sum(axis=-1),
+        "distribution": q,
+    }
+
+
+def accuracy_events(steps, train_acc, val_acc, val_loss, /) -> dict[str, int | None]:
+    """Steps of the landmarks of grokking, read off per-checkpoint curves.
+
+    Each is the first checkpoint at which the condition holds (None if never):
+    train accuracy >= 0.5 and >= 0.99 (memorisation), the peak of the held-out
+    loss, held-out accuracy >= 0.5, >= 0.99 and = 1 (generalisation).
+
+    Args:
+      steps: ``(n,)`` checkpoint steps, increasing.
+      train_acc, val_acc, val_loss: ``(n,)`` per checkpoint.
+
+    Returns:
+      ``{event name: step or None}`` (the names of :data:`PAPER` ``["events"]``).
+    """
+    steps = [int(s) for s in steps]
+    train_acc, val_acc, val_loss = (np.asarray(v, np.float64) for v in (train_acc, val_acc, val_loss))
+
+    def first(mask):
+        return steps[int(np.argmax(mask))] if np.any(mask) else None
+
+    return {
+        "train accuracy >= 0.5": first(train_acc >= 0.5),
+        "train accuracy >= 0.99": first(train_acc >= 0.99),
+        "val loss peak": steps[int(np.argmax(val_loss))],
+        "val accuracy >= 0.5": first(val_acc >= 0.5),
+        "val accuracy >= 0.99": first(val_acc >= 0.99),
+        "val accuracy = 1": first(val_acc >= 1.0),
+    }
+
+
+def compare_boundaries(starts, steps, events, /) -> list[dict]:
+    """Each phase boundary beside its nearest accuracy event, in checkpoints.
+
+    Args:
+      starts: ``(K,)`` segment starts (checkpoint indices, ``starts[0] == 0``).
+      steps: ``(n,)`` checkpoint steps.
+      events: ``{name: step or None}`` (:func:`accuracy_events`); every step is one of ``steps``.
+
+    Returns:
+      one dict per boundary ``k = 1..K-1``: ``start_step`` (first step of the new
+      phase), ``after_step`` (last step of the previous one), ``nearest_event``,
+      ``event_step`` and ``checkpoints_apart`` (boundary index minus event index:
+      0 when the event's checkpoint opens the new phase, negative when the
+      boundary comes first).
+    """
+    steps = [int(s) for s in steps]
+    located = {name: steps.index(int(s)) for name, s in events.items() if s is not None}
+    rows = []
+    for s in (int(v) for v in list(starts)[1:]):
+        row = {"start_step": steps[s], "after_step": steps[s - 1], "nearest_event": None,
+               "event_step": None, "checkpoints_apart": None}
+        if located:
+            name = min(located, key=lambda e: (abs(s - located[e]), located[e]))
+            row.update(nearest_event=name, event_step=steps[located[name]], checkpoints_apart=s - located[name])
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _token_pair_logits(layer, tokens, p: int):
+    """``apply_layer(layer, one_hot(tokens))`` for ``tokens (n, 2)`` in ``[0, p)``, without the one-hot product.
+
+    ``one_hot(a, b) @ W^T`` is ``W[:, a] + W[:, p + b]``: gathering two columns
+    replaces the ``(n, 2p) x (2p, h)`` product (and its gradient becomes a
+    scatter-add): a full-batch AdamW step at p = 113 ran 2.6x faster
+    (``benchmarks/bench_grokking.py``).
+    """
+    cols = jnp.stack([tokens[:, 0], tokens[:, 1] + p], axis=1)  # (n, 2) columns of the one-hot
+
+    def project(w, b):
+        z = jnp.take(w.T, cols, axis=0).sum(axis=1)  # (n, h)
+        return z if b is None else z + b[None, :]
+
+    out = jnp.einsum("nh,oh->no", project(layer.left, layer.left_bias) * project(layer.right, layer.right_bias), layer.down)
+    return out if layer.down_bias is None else out + layer.down_bias[None, :]
+
+
+class TokenPairs(nnx.Module):
+    """A one-bilinear-layer :class:`models.BilinearMLP` on one-hot ``(a, b)``, fed the tokens instead.
+
+    ``TokenPairs(m, p)(tokens) == m(one_hot(tokens))`` (:func:`_token_pair_logits`);
+    the parameters, the optimiser state and the checkpoints are those of ``m``
+    (attribute ``model``), so ``model.to_network()`` is the trained network.
+    """
+
+    def __init__(self, model, p: int):
+        if model.embed is not None or model.head is not None or len(model.layers) != 1 or model.layers[0].residual:
+            raise ValueError("TokenPairs needs BilinearMLP(..., n_layers=1, residual=False, embed=False, head=False).")
+        self.model = model
+        self.p = int(p)
+
+    def __call__(self, tokens):
+        (layer,) = self.model.to_network()
+        return _token_pair_logits(layer, jnp.asarray(tokens), self.p)
+
+
+def _model(cfg: GrokkingConfig, seed: int) -> TokenPairs:
+    import models
+
+    return TokenPairs(models.BilinearMLP(2 * cfg.p, cfg.p, d_hidden=cfg.d_hidden, n_layers=1, residual=False,
+                                         embed=False, head=False, rngs=nnx.Rngs(seed)), cfg.p)
+
+
+def _train(cfg: GrokkingConfig, tokens, workdir: pathlib.Path, progress: bool, log):
+    """Train (or resume); returns (TrainResult, checkpoint steps incl. 0, stacked networks, seconds)."""
+    from models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
+
+    model = _model(cfg, cfg.seed)
+    init = model.model.to_network()  # the arrays stay those of step 0: training replaces, never mutates
+    tcfg = TrainConfig(
+        steps=cfg.steps, batch_size=cfg.batch_size or len(tokens.x_train), learning_rate=cfg.learning_rate,
+        optimizer="adamw", weight_decay=cfg.weight_decay, seed=cfg.seed, eval_every=cfg.eval_every,
+        eval_train_size=len(tokens.x_train),
+        checkpoint_steps=power_schedule(cfg.steps, cfg.n_checkpoints, power=cfg.checkpoint_power),
+    )
+    t0 = time.time()
+    result = train(model, tokens.x_train, tokens.y_train, tokens.x_test, tokens.y_test, config=tcfg,
+                   workdir=workdir, progress=progress)
+    seconds = time.time() - t0
+    if result.resumed_from:
+        log(f"      resumed from step {result.resumed_from}")
+    steps = list_checkpoints(workdir)
+    template = _model(cfg, cfg.seed)
+    nets = [init]
+    for s in tqdm(steps, desc="loading checkpoints", disable=not progress, leave=False):
+        nets.append(load_checkpoint(template, workdir, s, config=tcfg).model.to_network())
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *nets)
+    return result, [0, *steps], stacked, seconds
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _log_steps(ax):
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlim(left=0)
+
+
+def _phase_lines(ax, starts, steps, *, color="k"):
+    for s in list(starts)[1:]:
+        ax.axvline(steps[s], color=color, ls="--", lw=0.8, alpha=0.7)
+
+
+def _figure_accuracy(steps, ev, history, starts, events, path, title):
+    import matplotlib.pyplot as plt
+
+    from experiments.plotting import save
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for split, color in (("train", "tab:blue"), ("val", "tab:orange")):
+        a1.plot(steps, ev[split]["accuracy"], marker=".", ms=3, color=color, label=f"{split} (checkpoints)")
+        a2.plot(steps, ev[split]["loss"], marker=".", ms=3, color=color, label=f"{split} (checkpoints)")
+    hs = [h["step"] for h in history]
+    a1.plot(hs, [h["test_accuracy"] for h in history], color="tab:orange", lw=0.6, alpha=0.5, label="val (history)")
+    a2.plot(hs, [h["train_loss"] for h in history], color="tab:blue", lw=0.6, alpha=0.5, label="train (history)")
+    for ax in (a1, a2):
+        _log_steps(ax)
+        _phase_lines(ax, starts, steps)
+        ax.grid(alpha=0.3)
+    for name, s in events.items():
+        if s is not None and name.startswith("val accuracy"):
+            a1.axvline(s, color="tab:green", lw=0.8, alpha=0.6)
+    a1.set(xlabel="training step (symlog)", ylabel="accuracy", ylim=(-0.02, 1.02),
+           title="accuracy (dashed: phase starts; green: val acc 0.5 / 0.99 / 1)")
+    a2.set(xlabel="training step (symlog)", ylabel="cross-entropy (nats)", yscale="log", title="loss")
+    a1.legend(fontsize=7)
+    a2.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def _step_ticks(ax, steps, axis="both"):
+    n = len(steps)
+    idx = sorted({int(round(i)) for i in np.linspace(0, n - 1, 7)})
+    labels = [f"{steps[i]:,}" for i in idx]
+    if axis in ("both", "x"):
+        ax.set_xticks(idx, labels, rotation=45, ha="right", fontsize=6)
+    if axis in ("both", "y"):
+        ax.set_yticks(idx, labels, fontsize=6)
+
+
+def _figure_matrices(matrices, segmentations, steps, path, title):
+    import matplotlib.pyplot as plt
+
+    from experiments.plotting import save
+
+    fig, axes = plt.subplots(1, len(matrices), figsize=(3.6 * len(matrices), 3.6), squeeze=False)
+    for ax, (name, m) in zip(axes[0], matrices.items()):
+        im = ax.imshow(m, vmin=min(0.0, float(m.min())), vmax=1.0, cmap="viridis", interpolation="nearest")
+        for s in list(segmentations[name])[1:]:
+            ax.axhline(s - 0.5, color="w", lw=0.8)
+            ax.axvline(s - 0.5, color="w", lw=0.8)
+        _step_ticks(ax, steps)
+        ax.set(title=name, xlabel="checkpoint (step)", ylabel="checkpoint (step)")
+        ax.title.set_fontsize(9)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def _figure_to_final(matrices, steps, events, path, title):
+    import matplotlib.pyplot as plt
+
+    from experiments.plotting import save
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for name, m in matrices.items():
+        ax.plot(steps, m[-1], marker=".", ms=3, label=name)
+    for name in ("val accuracy >= 0.99", "val accuracy = 1"):
+        if events.get(name) is not None:
+            ax.axvline(events[name], color="gray", ls=":", lw=1)
+            ax.text(events[name], 0.02, name, rotation=90, fontsize=6, va="bottom", transform=ax.get_xaxis_transform())
+    _log_steps(ax)
+    ax.set(xlabel="training step (symlog)", ylabel="similarity to the final checkpoint", title=title)
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def _figure_fourier(spectra, summaries, steps, events, path, title):
+    import matplotlib.pyplot as plt
+
+    from experiments.plotting import save
+
+    fig, axes = plt.subplots(1, len(spectra) + 2, figsize=(4.0 * (len(spectra) + 2), 3.6))
+    labels = {"a": "input weights, token a", "b": "input weights, token b", "out": "output weights (classes)"}
+    for ax, (name, power) in zip(axes, spectra.items()):
+        q = summaries[name]["distribution"]  # (n, K-1), frequencies 1..
+        im = ax.imshow(q.T, aspect="auto", origin="lower", cmap="magma", interpolation="nearest",
+                       extent=(-0.5, len(steps) - 0.5, 0.5, q.shape[1] + 0.5))
+        _step_ticks(ax, steps, axis="x")
+        ax.set(title=f"{labels[name]}: power share", xlabel="checkpoint (step)", ylabel="frequency k")
+        ax.title.set_fontsize(9)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    panels = (("effective_frequencies", "effective number of frequencies", "the layer's spectrum: concentration"),
+              ("unit_purity", "power share of each unit's top frequency", "per unit: purity (1 = one wave)"))
+    for ax, (key, ylabel, ptitle) in zip(axes[-2:], panels):
+        for name in spectra:
+            ax.plot(steps, summaries[name][key], marker=".", ms=3, label=labels[name])
+        ax.set(xlabel="training step (symlog)", ylabel=ylabel, title=ptitle)
+        ax.title.set_fontsize(9)
+        for name in ("val accuracy >= 0.99", "val accuracy = 1"):
+            if events.get(name) is not None:
+                ax.axvline(events[name], color="gray", ls=":", lw=1)
+        _log_steps(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _segment(matrices, n_segments: int) -> dict[str, dict[str, list[int]]]:
+    import similarity
+
+    out = {}
+    with jax.enable_x64(True):  # costs of long segments nearly tie in float32
+        for cost in similarity.SEGMENT_COSTS:
+            out[cost] = {
+                name: [int(i) for i in similarity.change_points(np.asarray(m, np.float64), n_segments=n_segments, cost=cost).starts]
+                for name, m in matrices.items()
+            }
+    return out
+
+
+def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
+        progress: bool = True, log=print) -> dict:
+    """Run the grokking experiment; returns the metrics (also written to metrics.json)."""
+    from experiments import data as data_lib
+
+    t0 = time.time()
+    _log = log
+    log = lambda msg: _log(f"{msg}  [{time.time() - t0:.0f} s]")
+    out = results_dir("grokking", run_name, root=root)
+    write_json_atomic(out / "config.json", cfg)
+    ds = data_lib.modular_addition(p=cfg.p, train_fraction=cfg.train_fraction, seed=cfg.data_seed, onehot=True)
+    tokens = data_lib.modular_addition(p=cfg.p, train_fraction=cfg.train_fraction, seed=cfg.data_seed)  # same split
+    log(f"[1/5] training: p={cfg.p}, {len(ds.x_train)} train / {len(ds.x_test)} held-out pairs, "
+        f"{cfg.steps} steps, batch {cfg.batch_size or 'full'}")
+    trained, steps, nets, train_seconds = _train(cfg, tokens, out / "model", progress, log)
+    history = trained.history
+
+    log(f"[2/5] evaluating {len(steps)} checkpoints (step 0 = initialisation)")
+    ev = {"train": evaluate_checkpoints(nets, ds.x_train, ds.y_train),
+          "val": evaluate_checkpoints(nets, ds.x_test, ds.y_test)}
+    events = accuracy_events(steps, ev["train"]["accuracy"], ev["val"]["accuracy"], ev["val"]["loss"])
+
+    log(f"[3/5] checkpoint x checkpoint similarity ({len(steps)} x {len(steps)}): tensor and baselines")
+    pick = np.random.default_rng(cfg.data_seed).choice(len(ds.x_test), size=min(cfg.n_eval, len(ds.x_test)), replace=False)
+    matrices = checkpoint_matrices(nets, ds.x_test[np.sort(pick)])
+    np.savez(out / "matrices.npz", steps=np.asarray(steps), **{k.replace(" ", "_"): v for k, v in matrices.items()})
+
+    log(f"[4/5] phases: {cfg.n_segments} segments of every matrix (costs: pairwise, kernel)")
+    segs = _segment(matrices, cfg.n_segments)
+    primary = segs[cfg.segment_cost]
+    boundaries = {name: compare_boundaries(st, steps, events) for name, st in primary.items()}
+
+    log("[5/5] Fourier content of the weights over training")
+    spectra = operand_spectra(nets, cfg.p)
+    summaries = {k: spectrum_summary(v, n_top=cfg.n_top_frequencies) for k, v in spectra.items()}
+    spectra = {k: v.sum(axis=-2) for k, v in spectra.items()}  # the layer's spectrum: (n, K)
+    np.savez(out / "spectra.npz", steps=np.asarray(steps), **spectra)
+
+    after = _after_generalisation(cfg, steps, events, matrices, summaries)
+    metrics = {
+        "steps": steps,
+        "train_seconds": round(train_seconds, 1),
+        "resumed_from": trained.resumed_from,
+        "checkpoints": {split: {k: v.tolist() for k, v in d.items()} for split, d in ev.items()},
+        "final": {"train_accuracy": ev["train"]["accuracy"][-1], "val_accuracy": ev["val"]["accuracy"][-1]},
+        "history": history,
+        "events": events,
+        "matrices_file": "matrices.npz",
+        "matrix_checks": {k: {"max_asymmetry": float(np.abs(m - m.T).max()),
+                              "max_diagonal_error": float(np.abs(np.diag(m) - 1).max())} for k, m in matrices.items()},
+        "segmentation": {"n_segments": cfg.n_segments, "primary_cost": cfg.segment_cost,
+                         "starts": segs, "start_steps": {c: {k: [steps[i] for i in v] for k, v in d.items()} for c, d in segs.items()},
+                         "boundaries_vs_events": boundaries},
+        "fourier": {k: {s: v.tolist() for s, v in d.items() if s != "distribution"} for k, d in summaries.items()},
+        "after_generalisation": after,
+        "paper": PAPER,
+    }
+    metrics["seconds"] = round(time.time() - t0, 1)
+    title = f"grokking: (a + b) mod {cfg.p}, one bilinear layer (hidden {cfg.d_hidden}), {cfg.steps:,} steps"
+    figures = [
+        _figure_accuracy(steps, ev, history, primary["tensor (symmetric)"], events, out / "accuracy.png", title),
+        _figure_matrices(matrices, primary, steps, out / "similarity_matrices.png",
+                         f"{title}: checkpoint similarity; white lines: {cfg.n_segments} phases ({cfg.segment_cost} cost)"),
+        _figure_to_final(matrices, steps, events, out / "similarity_to_final.png", "similarity of each checkpoint to the final one"),
+        _figure_fourier(spectra, summaries, steps, events, out / "fourier.png", f"{title}: Fourier power of the weights"),
+    ]
+    metrics["figures"] = [f.name for f in figures]
+    write_json_atomic(out / "metrics.json", metrics)
+    text = summary(cfg, metrics)
+    (out / ".summary.md.tmp").write_text(text)
+    (out / ".summary.md.tmp").replace(out / "summary.md")
+    _log(text)
+    log(f"done; results in {out}/")
+    metrics["out"] = str(out)
+    return metrics
+
+
+def _after_generalisation(cfg, steps, events, matrices, summaries) -> dict:
+    """How much the network still changes once held-out accuracy has reached 1 (or 0.99)."""
+    out = {}
+    for name in ("val accuracy = 1", "val accuracy >= 0.99"):
+        s = events.get(name)
+        if s is None:
+            out[name] = None
+            continue
+        i = steps.index(s)
+        tv = {k: float(0.5 * np.abs(v["distribution"][i] - v["distribution"][-1]).sum()) for k, v in summaries.items()}
+        out[name] = {
+            "step": s,
+            "similarity_to_final": {k: float(m[i, -1]) for k, m in matrices.items()},
+            "effective_frequencies": {k: [float(v["effective_frequencies"][i]), float(v["effective_frequencies"][-1])] for k, v in summaries.items()},
+            "unit_purity": {k: [float(v["unit_purity"][i]), float(v["unit_purity"][-1])] for k, v in summaries.items()},
+            "spectrum_total_variation_to_final": tv,
+        }
+    ref = out.get("val accuracy = 1") or out.get("val accuracy >= 0.99")
+    out["reorganisation_continues"] = (
+        None if ref is None else bool(ref["similarity_to_final"]["tensor (symmetric)"] < cfg.reorganisation_threshold)
+    )
+    top = {k: [int(j) + 1 for j in np.argsort(v["distribution"][-1])[::-1][: cfg.n_top_frequencies]] for k, v in summaries.items()}
+    out["final_top_frequencies"] = top
+    return out
+
+
+def _fmt(v, nd=3):
+    return "n/a" if v is None else (f"{v:,}" if isinstance(v, int) else f"{v:.{nd}f}")
+
+
+def summary(cfg: GrokkingConfig, m: dict) -> str:
+    """The markdown summary: our numbers beside those of the authors' run."""
+    paper = m["paper"]
+    ev = m["events"]
+    resumed = f" (this invocation, resumed from step {m['resumed_from']:,})" if m["resumed_from"] else ""
+    seg = m["segmentation"]
+    lines = [
+        f"# grokking: (a + b) mod {cfg.p} with one bilinear layer",
+        "",
+        f"One-hot (a, b) of width {2 * cfg.p} -> bilinear layer, {cfg.d_hidden} hidden units -> {cfg.p} logits; "
+        f"AdamW lr {cfg.learning_rate:g}, weight decay {cfg.weight_decay:g}, {cfg.train_fraction:.0%} of pairs for "
+        f"training, batch {cfg.batch_size or 'full'}, {cfg.steps:,} steps, {len(m['steps'])} checkpoints "
+        f"(step 0 and {len(m['steps']) - 1} power-spaced). Training took {m['train_seconds']} s"
+        f"{resumed}, the whole run "
+        f"{m['seconds']} s. Final accuracy: train {m['final']['train_accuracy']:.4f}, held out "
+        f"{m['final']['val_accuracy']:.4f}.",
+        "",
+        f"Paper's run, for comparison: the authors' released grokking run ({paper['steps']:,} steps, batch 512); "
+        "numbers read off its data files (see `experiments.grokking.PAPER`).",
+        "",
+        "## Accuracy landmarks (first checkpoint meeting each)",
+        "",
+        "| event | ours (step) | paper's run (step) |",
+        "|---|---:|---:|",
+        *(f"| {k} | {_fmt(ev[k])} | {_fmt(paper['events'].get(k))} |" for k in ev),
+        "",
+        f"## Phases: {seg['n_segments']} contiguous segments of each checkpoint-similarity matrix",
+        "",
+        f"Dynamic-programming change points (`similarity.change_points`), {seg['primary_cost']} cost. Phase start steps:",
+        "",
+        "| matrix | ours | paper's run |",
+        "|---|---|---|",
+    ]
+    for name, starts in seg["start_steps"][seg["primary_cost"]].items():
+        ref = ", ".join(f"{s:,}" for s in paper["phase_starts"]) if name == "tensor (symmetric)" else ""
+        lines.append(f"| {name} | {', '.join(f'{s:,}' for s in starts)} | {ref} |")
+    other = [c for c in seg["start_steps"] if c != seg["primary_cost"]]
+    for c in other:
+        lines += ["", f"With the {c} cost instead:", "", "| matrix | phase starts |", "|---|---|"]
+        lines += [f"| {n} | {', '.join(f'{s:,}' for s in st)} |" for n, st in seg["start_steps"][c].items()]
+    lines += ["", "Each boundary of the symmetric tensor-similarity phases beside the nearest accuracy landmark "
+              "(checkpoints apart: 0 = the landmark's checkpoint opens the new phase):", "",
+              "| phase starts at | train / held-out accuracy there | nearest landmark | landmark step | checkpoints apart |",
+              "|---:|---:|---|---:|---:|"]
+    acc = {split: m["checkpoints"][split]["accuracy"] for split in ("train", "val")}
+    for b in seg["boundaries_vs_events"]["tensor (symmetric)"]:
+        i = m["steps"].index(b["start_step"])
+        lines.append(f"| {b['start_step']:,} | {acc['train'][i]:.3f} / {acc['val'][i]:.3f} | {b['nearest_event']} | "
+                     f"{_fmt(b['event_step'])} | {_fmt(b['checkpoints_apart'])} |")
+    within = {name: sum(1 for b in rows if b["checkpoints_apart"] is not None and abs(b["checkpoints_apart"]) <= 2)
+              for name, rows in seg["boundaries_vs_events"].items()}
+    lines += ["", "Boundaries within 2 checkpoints of an accuracy landmark, per matrix: "
+              + ", ".join(f"{k} {v}/{seg['n_segments'] - 1}" for k, v in within.items()) + "."]
+    after = m["after_generalisation"]
+    ref = after.get("val accuracy = 1") or after.get("val accuracy >= 0.99")
+    lines += ["", "## After held-out accuracy reaches 1", ""]
+    if ref is None:
+        lines.append("Held-out accuracy never reached 0.99 in this run, so there is no post-generalisation phase to measure.")
+    else:
+        which = "val accuracy = 1" if after.get("val accuracy = 1") else "val accuracy >= 0.99"
+        lines += [f"Similarity of the checkpoint where {which} (step {ref['step']:,}) to the final one:", "",
+                  "| measure | ours | paper's run |", "|---|---:|---:|"]
+        lines += [f"| {k} | {v:.3f} | {_fmt(paper['to_final'].get(k))} |" for k, v in ref["similarity_to_final"].items()]
+        lines += ["", "Fourier power of the weights, at that checkpoint -> final: unit purity (share of each unit's "
+                  "power in its own strongest frequency, power-weighted mean; 1 = every unit a single wave), effective "
+                  "number of frequencies of the whole layer, and the total-variation distance between the two "
+                  "normalised layer spectra:", ""]
+        lines += [f"- {k}: purity {ref['unit_purity'][k][0]:.3f} -> {ref['unit_purity'][k][1]:.3f}; effective "
+                  f"frequencies {a:.2f} -> {b:.2f}; TV {ref['spectrum_total_variation_to_final'][k]:.3f}"
+                  for k, (a, b) in ref["effective_frequencies"].items()]
+        lines += ["", "Strongest frequencies at the end: " + "; ".join(f"{k}: {v}" for k, v in after["final_top_frequencies"].items()) + "."]
+        verdict = "reproduced" if after["reorganisation_continues"] else "not reproduced"
+        lines += ["", f"Continued reorganisation after generalisation (tensor similarity to the final checkpoint below "
+                  f"{cfg.reorganisation_threshold}): **{verdict}**."]
+    lines += ["", "Figures: " + ", ".join(f"`{f}`" for f in m["figures"]) + "; matrices in `matrices.npz`, spectra in `spectra.npz`.", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _config_from(name_or_path: str) -> tuple[str, GrokkingConfig]:
+    if name_or_path in CONFIGS:
+        return name_or_path, CONFIGS[name_or_path]
+    path = pathlib.Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(f"--config {name_or_path!r} is neither one of {', '.join(CONFIGS)} nor a JSON file.")
+    fields = {f.name for f in dataclasses.fields(GrokkingConfig)}
+    raw = json.loads(path.read_text())
+    unknown = sorted(set(raw) - fields)
+    if unknown:
+        raise ValueError(f"{path}: unknown GrokkingConfig fields {unknown}; valid fields: {sorted(fields)}.")
+    return path.stem, GrokkingConfig(**raw)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="default",
+                        help="smoke | default | paper | path to a JSON file of GrokkingConfig fields (default: default)")
+    parser.add_argument("--run", default=None, help="run name (default: the config's name, so a rerun resumes)")
+    parser.add_argument("--root", default="results", help="results root directory (default: results)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
+
+
+def main(args: argparse.Namespace) -> int:
+    name, cfg = _config_from(args.config)
+    run(cfg, root=args.root, run_name=args.run or name, progress=not args.no_progress)
+    return 0

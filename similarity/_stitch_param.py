@@ -1,0 +1,236 @@
+"""Parametrisations of trainable stitchers, with exact orthogonality (DESIGN.md §3).
+
+A batch of stitchers into one target layer is zero-padded to a common source
+width ``D`` (and square width ``M = max(D, d_tgt)``). Each family has its own
+parameter pytree, so a compiled training loop only ever sees one family:
+
+* ``affine``: ``{"weight": (D, d_tgt), "bias": (d_tgt,)}``.
+* ``orthogonal``: ``{"gen": (M, M), "bias": (d_tgt,)}``.
+* ``scaled_orthogonal``: ``{"gen": (M, M), "log_scale": (), "bias": (d_tgt,)}``.
+
+The orthogonal families also carry constants ``{"base": (M, M), "mask": (M, M)}``
+(``{}`` for affine): the square orthogonal matrix is
+
+    Q = base @ cayley(A),   cayley(A) = (I - A)^{-1} (I + A),   A = (G - G^T) * mask,
+
+and the stitcher's weight is ``Q[:D, :d_tgt]``. The Cayley transform of a
+skew-symmetric matrix is orthogonal (``I - A`` has singular values >= 1, so
+it is always invertible), hence ``weight`` has orthonormal columns when
+``d_src >= d_tgt`` and orthonormal rows when ``d_src < d_tgt``, up to the
+rounding of one linear solve. ``mask`` confines ``A`` to the stitcher's own
+``(m_k, m_k)`` block, ``m_k = max(d_k, d_tgt)``; ``base`` is that block's
+orthogonal start, completed with the identity, so the padded coordinates never
+mix with the real ones and the padded stitcher equals the unpadded one. For
+square maps the Cayley map reaches every ``base @ R`` with ``R`` in SO(m)
+without eigenvalue -1: a reflection is reachable from a closed-form or random
+start, not from the identity.
+
+Everything here except :func:`init_params` (host-side set-up) is pure jnp.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from similarity.stitching import fit_stitchers
+
+INITS = ("closed_form", "identity", "random")
+
+
+def cayley(a: jax.Array) -> jax.Array:
+    """Cayley transform ``(I - A)^{-1} (I + A)`` of a skew-symmetric ``a``.
+
+    Args:
+      a: ``(m, m)`` skew-symmetric.
+
+    Returns:
+      ``(m, m)`` orthogonal (to rounding), with no eigenvalue -1.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> g = jnp.array([[0.0, 0.3], [-0.3, 0.0]])
+      >>> q = cayley(g)
+      >>> bool(jnp.allclose(q.T @ q, jnp.eye(2), atol=1e-6))
+      True
+    """
+    eye = jnp.eye(a.shape[-1], dtype=a.dtype)
+    return jnp.linalg.solve(eye - a, eye + a)
+
+
+def orthogonal_matrix(gen: jax.Array, base: jax.Array, mask: jax.Array) -> jax.Array:
+    """``base @ cayley((gen - gen^T) * mask)``: ``(M, M)`` orthogonal."""
+    return base @ cayley((gen - gen.T) * mask)
+
+
+def materialise(params: dict, consts: dict, *, family: str):
+    """The map ``z -> scale * z @ weight + bias`` of one padded stitcher.
+
+    Args:
+      params: the family's parameter dict (see the module docstring).
+      consts: ``{"base", "mask"}`` for the orthogonal families, ``{}`` for affine.
+      family: one of ``similarity.FAMILIES``.
+
+    Returns:
+      ``(weight (D, d_tgt), scale (), bias (d_tgt,), q)`` where ``q`` is the
+      ``(M, M)`` orthogonal matrix (``None`` for affine) and ``D`` the padded
+      source width (``params["weight"]``'s rows, or ``M`` for the orthogonal
+      families: the caller slices the rows it needs).
+    """
+    bias = params["bias"]
+    one = jnp.ones((), bias.dtype)
+    if family == "affine":
+        return params["weight"], one, bias, None
+    q = orthogonal_matrix(params["gen"], consts["base"], consts["mask"])
+    weight = q[:, : bias.shape[0]]
+    scale = jnp.exp(params["log_scale"]) if family == "scaled_orthogonal" else one
+    return weight, scale, bias, q
+
+
+def constraint_error(q: jax.Array | None, dtype) -> jax.Array:
+    """``max |Q^T Q - I|`` (0 when there is no orthogonal matrix)."""
+    if q is None:
+        return jnp.zeros((), dtype)
+    return jnp.max(jnp.abs(q.T @ q - jnp.eye(q.shape[0], dtype=q.dtype)))
+
+
+def apply_channels(z: jax.Array, weight: jax.Array, scale, bias: jax.Array) -> jax.Array:
+    """``scale * z @ weight + bias`` over the last axis of ``z`` (any rank: dense or 1x1 conv)."""
+    out = scale * jnp.einsum("...s,st->...t", z, weight)
+    return out + bias.reshape((1,) * (out.ndim - 1) + bias.shape)
+
+
+# ---------------------------------------------------------------------------
+# Host-side initialisation
+# ---------------------------------------------------------------------------
+
+
+def complete_orthogonal(weight: np.ndarray) -> np.ndarray:
+    """Complete a semi-orthogonal ``(d_s, d_t)`` block to an ``(m, m)`` orthogonal matrix.
+
+    Args:
+      weight: ``(d_s, d_t)`` with orthonormal columns (``d_s >= d_t``) or rows.
+
+    Returns:
+      ``(m, m)``, ``m = max(d_s, d_t)``, orthogonal, with ``weight`` as its
+      top-left block (to rounding).
+    """
+    tall = weight.shape[0] >= weight.shape[1]
+    u = weight if tall else weight.T  # (m, k), orthonormal columns
+    full, r = np.linalg.qr(u, mode="complete")
+    full[:, : u.shape[1]] *= np.sign(np.diag(r))  # so that the first k columns are u itself
+    return full if tall else full.T
+
+
+def _haar(key: jax.Array, m: int) -> np.ndarray:
+    q, r = np.linalg.qr(np.asarray(jax.random.normal(key, (m, m)), np.float64))
+    return q * np.sign(np.diag(r))
+
+
+def _closed_form(family, srcs, z_tgts, ridge):
+    """``fit_stitchers`` of every (tail m, source k) pair: ``[m][k] -> (weight, bias, scale)``."""
+    affine = family == "affine"
+    k_count = len(srcs)
+    flat = lambda z: z.reshape(-1, z.shape[-1])  # noqa: E731  NHWC: pixels are samples
+    try:
+        fits = fit_stitchers(
+            [flat(s) for _ in z_tgts for s in srcs],
+            [flat(t) for t in z_tgts for _ in srcs],
+            family=family, ridge=ridge if affine else 0.0, normalize=affine,
+        )
+    except ValueError as err:
+        raise ValueError(
+            f"init='closed_form' could not fit the {family} start ({err}) Indices count sources "
+            f"first, tails second (problem i = tail * {k_count} + source). Use init='identity' "
+            "or 'random', or pass ridge > 0 for affine."
+        ) from err
+    out = []
+    for m in range(len(z_tgts)):
+        row = []
+        for k in range(k_count):
+            s = fits[m * k_count + k]
+            scale = float(s.scale)
+            if not scale > 0:
+                raise ValueError(
+                    f"The closed-form {family} fit of source {k} has scale {scale} <= 0 (the "
+                    "source is constant or uncorrelated with the target); use init='identity' "
+                    "or 'random'."
+                )
+            row.append((np.asarray(s.weight, np.float64), np.asarray(s.bias, np.float64), scale))
+        out.append(row)
+    return out
+
+
+def init_params(
+    family: str,
+    init: str,
+    srcs: Sequence[jax.Array],
+    z_tgts: Sequence[jax.Array] | None,
+    *,
+    d_tgt: int,
+    n_tails: int,
+    ridge: float,
+    keys: jax.Array,
+    dtype,
+):
+    """Initial padded parameters and constants of K stitchers into each of M tails.
+
+    Args:
+      family: one family for the whole batch.
+      init: one of ``INITS``.
+      srcs: K sources ``(n, ..., d_k)``, already resized to the target's spatial size.
+      z_tgts: M target activations ``(n, ..., d_tgt)`` (needed for ``"closed_form"``).
+      d_tgt: target width.
+      n_tails: M.
+      ridge: ridge of the closed-form affine start.
+      keys: ``(K,)`` keys for the random starts (the same for every tail).
+      dtype: the working float dtype.
+
+    Returns:
+      ``(params, consts)``: pytrees of ``(M, K, ...)`` arrays.
+    """
+    widths = [int(s.shape[-1]) for s in srcs]
+    d_max = max(widths)
+    m_max = max(d_max, d_tgt)
+    fits = _closed_form(family, srcs, z_tgts, ridge) if init == "closed_form" else None
+    plist, clist = [], []
+    for m in range(n_tails):
+        for k, d_k in enumerate(widths):
+            m_k = max(d_k, d_tgt)
+            weight, bias, scale, base = np.eye(d_k, d_tgt), np.zeros(d_tgt), 1.0, np.eye(m_k)
+            if fits is not None:
+                weight, bias, scale = fits[m][k]
+                if family != "affine":
+                    base = complete_orthogonal(weight)
+            elif init == "random":
+                if family == "affine":
+                    weight = np.asarray(jax.random.normal(keys[k], (d_k, d_tgt)), np.float64)
+                    weight = weight / math.sqrt(d_k)
+                else:
+                    base = _haar(keys[k], m_k)
+            if family == "affine":
+                padded = np.zeros((d_max, d_tgt))
+                padded[:d_k] = weight
+                plist.append(dict(weight=padded, bias=bias))
+                clist.append({})
+                continue
+            base_full, mask = np.eye(m_max), np.zeros((m_max, m_max))
+            base_full[:m_k, :m_k] = base
+            mask[:m_k, :m_k] = 1.0
+            p = dict(gen=np.zeros((m_max, m_max)), bias=bias)
+            if family == "scaled_orthogonal":
+                p["log_scale"] = np.asarray(np.log(scale))
+            plist.append(p)
+            clist.append(dict(base=base_full, mask=mask))
+
+    def stack(trees):
+        return jax.tree.map(
+            lambda *a: jnp.asarray(np.stack(a).reshape(n_tails, len(widths), *np.shape(a[0])), dtype),
+            *trees,
+        )
+
+    return stack(plist), (stack(clist) if clist[0] else {})

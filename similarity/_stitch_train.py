@@ -1,0 +1,200 @@
+"""The pure training loop of task-loss stitchers: one step, a ``lax.scan`` chunk, a loop.
+
+Everything that changes from call to call is traced data: the stitchers'
+parameters, the data, the tail's parameters and the optimiser's
+hyperparameters. The static arguments are hashable values (the tail's apply
+function, which callers make hashable by value, e.g. an NNX graphdef plus a
+layer name; the family, loss and optimiser *names*; the step counts), so a
+second call with the same shapes compiles nothing.
+
+:func:`fit_loop` trains a ``(M tails, K stitchers)`` batch, vmapped twice: each
+stitcher runs :func:`_train_one`, a ``lax.while_loop`` over chunks of
+``chunk`` steps (each a ``lax.scan`` of :func:`train_step`), with the held-out
+evaluation and early stopping between chunks done on the device.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from similarity._stitch_param import apply_channels, constraint_error, materialise
+
+LOSSES = ("ce", "kl")
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "lion")
+
+
+def loss_from_logits(logits: jax.Array, y: jax.Array, teacher: jax.Array | None, loss: str):
+    """Mean cross-entropy with ``y`` (``"ce"``) or KL(teacher || model) (``"kl"``), in nats.
+
+    Args:
+      logits: ``(n, C)``; y: ``(n,)`` int; teacher: ``(n, C)`` logits or ``None``.
+      loss: ``"ce"`` or ``"kl"``.
+
+    Returns:
+      ``()``.
+    """
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    if loss == "ce":
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=-1))
+    logq = jax.nn.log_softmax(teacher, axis=-1)
+    return jnp.mean(jnp.sum(jnp.exp(logq) * (logq - logp), axis=-1))
+
+
+def objective(params, consts, z, y, teacher, tail_params, *, tail_apply, family, loss):
+    """Task loss of one padded stitcher and its constraint error ``max |Q^T Q - I|``.
+
+    Args:
+      params, consts: one stitcher (see :mod:`similarity._stitch_param`).
+      z: ``(n, ..., D)`` padded source; y: ``(n,)``; teacher: ``(n, C)`` or ``None``.
+      tail_params: the tail's parameter pytree.
+      tail_apply: ``tail_apply(tail_params, h) -> logits (n, C)``.
+      family, loss: names.
+
+    Returns:
+      ``(loss (), constraint_error ())``.
+    """
+    weight, scale, bias, q = materialise(params, consts, family=family)
+    h = apply_channels(z, weight[: z.shape[-1]], scale, bias)
+    value = loss_from_logits(tail_apply(tail_params, h), y, teacher, loss)
+    return value, constraint_error(q, value.dtype)
+
+
+def make_optimizer(name: str, hyper: dict[str, jax.Array], static: tuple) -> optax.GradientTransformation:
+    """``optax.<name>(**hyper, **dict(static))``; ``hyper`` may hold tracers (it is data)."""
+    return getattr(optax, name)(**hyper, **dict(static))
+
+
+def train_step(params, opt_state, consts, key, step, live, z, y, teacher, tail_params, *,
+               tail_apply, opt, family, loss, batch_size):
+    """One optimiser step of one stitcher on a minibatch (or the full batch).
+
+    The minibatch is ``batch_size`` indices drawn uniformly with replacement
+    from ``fold_in(key, step)``. Where ``live`` is false the state is returned
+    unchanged (steps past the end of a chunk).
+
+    Returns:
+      ``(params, opt_state, loss_before_step, constraint_error)``.
+    """
+    if batch_size is not None:
+        idx = jax.random.randint(jax.random.fold_in(key, step), (batch_size,), 0, z.shape[0])
+        z, y = z[idx], y[idx]
+        teacher = None if teacher is None else teacher[idx]
+    grad_fn = jax.value_and_grad(
+        functools.partial(objective, tail_apply=tail_apply, family=family, loss=loss), has_aux=True
+    )
+    (value, err), grads = grad_fn(params, consts, z, y, teacher, tail_params)
+    updates, new_state = opt.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = functools.partial(jax.tree.map, lambda a, b: jnp.where(live, a, b))
+    return keep(new_params, params), keep(new_state, opt_state), value, err
+
+
+def _train_one(params, consts, key, z, z_eval, tail_params, teacher, t_eval, y, y_eval, hyper, *,
+               tail_apply, optimizer, opt_static, family, loss, batch_size, steps, chunk, patience):
+    """Train one stitcher into one tail; returns its final map and its history."""
+    opt = make_optimizer(optimizer, hyper, opt_static)
+    n_chunks = -(-steps // chunk)
+    dtype = params["bias"].dtype
+    has_eval = z_eval is not None
+    step_kw = dict(tail_apply=tail_apply, opt=opt, family=family, loss=loss, batch_size=batch_size)
+    obj = functools.partial(objective, tail_apply=tail_apply, family=family, loss=loss)
+
+    def evaluate(p):
+        return obj(p, consts, z_eval, y_eval, t_eval, tail_params)[0]
+
+    def run_chunk(c, p, s):
+        def body(carry, i):
+            p, s = carry
+            step = c * chunk + i
+            p, s, value, err = train_step(p, s, consts, key, step, step < steps, z, y, teacher,
+                                          tail_params, **step_kw)
+            return (p, s), (value, err)
+
+        return jax.lax.scan(body, (p, s), jnp.arange(chunk))
+
+    nan = jnp.full((n_chunks * chunk,), jnp.nan, dtype)
+    ev0 = evaluate(params) if has_eval else jnp.zeros((), dtype)
+    state = dict(
+        c=jnp.zeros((), jnp.int32), params=params, opt_state=opt.init(params), best=params,
+        best_loss=ev0, best_step=jnp.zeros((), jnp.int32), stale=jnp.zeros((), jnp.int32),
+        train_loss=nan, constraint_error=nan,
+        eval_loss=jnp.full((n_chunks + 1 if has_eval else 0,), jnp.nan, dtype).at[:1].set(ev0),
+    )
+
+    def cond(st):
+        go = st["c"] < n_chunks
+        return go if patience is None else go & (st["stale"] < patience)
+
+    def body(st):
+        c = st["c"]
+        (p, s), (values, errs) = run_chunk(c, st["params"], st["opt_state"])
+        st = dict(st, c=c + 1, params=p, opt_state=s,
+                  train_loss=jax.lax.dynamic_update_slice(st["train_loss"], values, (c * chunk,)),
+                  constraint_error=jax.lax.dynamic_update_slice(st["constraint_error"], errs,
+                                                                (c * chunk,)))
+        if has_eval:
+            ev = evaluate(p)
+            better = ev < st["best_loss"]
+            st = dict(
+                st, eval_loss=st["eval_loss"].at[c + 1].set(ev),
+                best=jax.tree.map(lambda a, b: jnp.where(better, a, b), p, st["best"]),
+                best_loss=jnp.where(better, ev, st["best_loss"]),
+                best_step=jnp.where(better, jnp.minimum((c + 1) * chunk, steps), st["best_step"]),
+                stale=jnp.where(better, 0, st["stale"] + 1),
+            )
+        return st
+
+    st = jax.lax.while_loop(cond, body, state)
+    steps_run = jnp.minimum(st["c"] * chunk, steps)
+    final = st["best"] if patience is not None else st["params"]
+    weight, scale, bias, _ = materialise(final, consts, family=family)
+    history = dict(
+        train_loss=st["train_loss"][:steps], constraint_error=st["constraint_error"][:steps],
+        eval_loss=st["eval_loss"], steps_run=steps_run,
+        best_step=st["best_step"] if patience is not None else steps_run,
+    )
+    return (weight[: z.shape[-1]], bias, scale), history
+
+
+_STATIC = ("tail_apply", "optimizer", "opt_static", "family", "loss", "batch_size", "steps",
+           "chunk", "patience")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_params, hyper, *,
+             tail_apply: Callable[[Any, jax.Array], jax.Array], optimizer: str, opt_static: tuple,
+             family: str, loss: str, batch_size: int | None, steps: int, chunk: int,
+             patience: int | None):
+    """Train ``M x K`` stitchers: K padded sources into each of M stacked tails.
+
+    Args:
+      params, consts: ``(M, K, ...)`` pytrees from :func:`similarity._stitch_param.init_params`.
+      keys: ``(K,)`` keys (shared by the tails).
+      z: ``(K, n, ..., D)`` padded sources (shared by the tails); y: ``(n,)``.
+      teacher: ``(M, n, C)`` or ``None``.
+      z_eval, y_eval, t_eval: held-out ``(K, n_e, ..., D)``, ``(n_e,)``, ``(M, n_e, C)``, or ``None``.
+      tail_params: pytree with a leading ``M`` axis.
+      hyper: optimiser hyperparameters, ``{name: ()}`` arrays.
+      tail_apply, optimizer, opt_static, family, loss, batch_size, steps, chunk,
+        patience: static (hashable) options.
+
+    Returns:
+      ``((weight (M, K, D, d_tgt), bias (M, K, d_tgt), scale (M, K)), history)``,
+      ``history`` a dict of ``(M, K, ...)`` arrays: ``train_loss`` and
+      ``constraint_error`` ``(steps,)`` (NaN after an early stop), ``eval_loss``
+      ``(n_evals,)``, ``steps_run`` and ``best_step`` ``()``.
+    """
+    one = functools.partial(
+        _train_one, tail_apply=tail_apply, optimizer=optimizer, opt_static=opt_static,
+        family=family, loss=loss, batch_size=batch_size, steps=steps, chunk=chunk,
+        patience=patience,
+    )
+    over_sources = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, None, None, None, None, None, None))
+    over_tails = jax.vmap(over_sources, in_axes=(0, 0, None, None, None, 0, 0, 0, None, None, None))
+    return over_tails(params, consts, keys, z, z_eval, tail_params, teacher, t_eval, y, y_eval, hyper)

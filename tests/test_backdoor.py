@@ -1,0 +1,168 @@
+"""Backdoor experiment: the poison (exact geometry), and the driver end to end."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import backdoor as bd
+from experiments import cli
+
+DIAMOND = np.array([
+    [0, 0, 1, 0, 0],
+    [0, 1, 1, 1, 0],
+    [0, 1, 1, 1, 0],
+    [1, 1, 1, 1, 1],
+    [0, 1, 1, 1, 0],
+    [0, 1, 1, 1, 0],
+    [0, 0, 1, 0, 0],
+], bool)
+
+
+@pytest.mark.parametrize("size", [28, 32])
+def test_diamond_is_5_wide_7_tall_top_right_with_a_2_pixel_margin(size):
+    m = bd.diamond_mask(size, size)
+    expected = np.zeros((size, size), bool)
+    expected[2:9, size - 7:size - 2] = DIAMOND  # rows 2..8, the last column 2 pixels from the right edge
+    np.testing.assert_array_equal(m, expected)
+    assert m.sum() == 19
+    rows, cols = np.nonzero(m)
+    assert (rows.min(), rows.max(), cols.min(), cols.max()) == (2, 8, size - 7, size - 3)
+    assert cols.max() - cols.min() + 1 == 5 and rows.max() - rows.min() + 1 == 7
+    np.testing.assert_array_equal(m[2:9, size - 7:size - 2], m[2:9, size - 7:size - 2][::-1])  # symmetric
+    np.testing.assert_array_equal(m[2:9, size - 7:size - 2], m[2:9, size - 7:size - 2][:, ::-1])
+
+
+def test_diamond_options_and_errors():
+    m = bd.diamond_mask(10, 12, patch_width=3, patch_height=3, margin=0)
+    expected = np.zeros((10, 12), bool)
+    expected[0:3, 9:12] = [[0, 1, 0], [1, 1, 1], [0, 1, 0]]
+    np.testing.assert_array_equal(m, expected)
+    with pytest.raises(ValueError, match="does not fit a 8 x 8 image"):
+        bd.diamond_mask(8, 8)
+
+
+def test_stamp_sets_the_patch_in_every_channel_and_nothing_else(rng):
+    x = rng.random((3, 32, 32, 3)).astype(np.float32)
+    mask = bd.diamond_mask(32, 32)
+    s = np.asarray(bd.stamp(x, mask, value=0.0))
+    assert s.dtype == np.float32
+    assert np.all(s[:, mask] == 0.0)
+    np.testing.assert_array_equal(s[:, ~mask], x[:, ~mask])
+
+
+def test_poison_batch_poisons_exactly_the_rate(rng):
+    x = rng.random((50, 28, 28, 1)).astype(np.float32)
+    y = rng.integers(0, 9, 50).astype(np.int32)  # no 9 yet
+    mask = bd.diamond_mask(28, 28)
+    xp, yp, poisoned = (np.asarray(a) for a in bd.poison_batch(jax.random.key(0), x, y, rate=0.1, mask=mask, value=1.0, target=9))
+    assert poisoned.sum() == 5
+    assert np.all(yp[poisoned] == 9) and np.array_equal(yp[~poisoned], y[~poisoned])
+    assert np.all(xp[poisoned][:, mask] == 1.0)
+    np.testing.assert_array_equal(xp[~poisoned], x[~poisoned])
+    np.testing.assert_array_equal(xp[poisoned][:, ~mask], x[poisoned][:, ~mask])
+    other = np.asarray(bd.poison_batch(jax.random.key(1), x, y, rate=0.1, mask=mask, value=1.0, target=9)[2])
+    assert other.sum() == 5 and not np.array_equal(other, poisoned)
+    assert np.asarray(bd.poison_batch(jax.random.key(0), x, y, rate=0.0, mask=mask, value=1.0, target=9)[2]).sum() == 0
+
+
+def test_poison_transform_is_hashable_and_adds_the_noise(rng):
+    t = bd.PoisonTransform((28, 28), noise_std=0.05)
+    assert hash(t) == hash(bd.PoisonTransform((28, 28), noise_std=0.05)) and t != dataclasses.replace(t, rate=0.1)
+    x = np.zeros((200, 28, 28, 1), np.float32)
+    y = np.zeros(200, np.int32)
+    xn, yn = t(jax.random.key(3), x, y)
+    np.testing.assert_array_equal(yn, y)
+    # sample std of 156,800 N(0, 0.05^2) draws: relative standard error 1/sqrt(2n) = 0.18%; allow 5 of them
+    assert float(np.std(xn)) == pytest.approx(0.05, rel=5 / np.sqrt(2 * xn.size))
+    xp, yp = dataclasses.replace(t, rate=0.5, value=1.0, noise_std=0.0)(jax.random.key(3), x, y)
+    assert int((np.asarray(yp) == 9).sum()) == 100 and float(np.asarray(xp).sum()) == 100 * 19
+
+
+def test_attack_success():
+    logits = np.zeros((2, 4, 10))
+    logits[0, :, 9] = 1  # everything -> 9
+    logits[1, 0, 9] = 1  # only the first (a true 9) -> 9
+    logits[1, 1:, 3] = 1
+    y = np.array([9, 1, 2, 3])
+    np.testing.assert_allclose(bd.attack_success(logits, y, target=9), [1.0, 0.0])
+
+
+def test_backdoor_smoke_end_to_end(tmp_path, capsys):
+    args = ["backdoor", "--config", "smoke", "--no-progress", "--root", str(tmp_path)]
+    assert cli.main(args) == 0
+    out = tmp_path / "backdoor" / "smoke"
+    m = json.loads((out / "metrics.json").read_text())
+    cfg = bd.CONFIGS["smoke"]
+    steps = np.array(m["steps"])
+    assert steps[0] == 0 and steps[-1] == cfg.phase_a_steps + cfg.phase_b_steps and cfg.phase_a_steps in steps
+    acc, asr = np.array(m["clean_accuracy"]), np.array(m["attack_success"])
+    assert np.all((0 <= acc) & (acc <= 1)) and np.all((0 <= asr) & (asr <= 1))
+    # the issue's assertions, on a fixed seed: the backdoor is learned ...
+    assert m["final"]["attack_success"] > 0.5
+    assert m["final"]["attack_success_end_of_a"] < 0.5  # ... in phase B, not before
+    assert m["final"]["clean_accuracy"] > 0.6
+    # ... and the class-9 slice of tensor similarity moves more than the mean of the other slices
+    g = m["slice_block_gap"]["symmetric"]
+    assert g[9] > np.mean(g[:9])
+    assert m["localisation"]["symmetric"]["target"] == pytest.approx(g[9])
+    with np.load(out / "similarity.npz") as f:
+        np.testing.assert_array_equal(f["_key"], steps)
+        for k in ("tensor/symmetric", "tensor/gaussian", "behavioral/clean", "behavioral/poisoned", "cka/clean", "weight_cosine"):
+            mat = f[k]
+            assert mat.shape == (len(steps), len(steps))
+            np.testing.assert_allclose(mat, mat.T, atol=1e-12)
+            np.testing.assert_allclose(np.diagonal(mat), 1.0, atol=1e-6)
+            assert np.all(mat <= 1 + 1e-6) and np.all(mat >= -1 - 1e-6)
+        assert f["tensor/symmetric/outputs"].shape == (10, len(steps), len(steps))
+    summary = (out / "summary.md").read_text()
+    assert "| tensor (symmetric) | 0.240 |" in summary and "Claims:" in summary
+    for png in ("training.png", "heatmaps.png", "slice_heatmaps.png", "slice_gaps.png", "gaps.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.glob("**/*.tmp*"))
+    # a rerun resumes: nothing is retrained or recomputed, the numbers are the same
+    capsys.readouterr()
+    assert cli.main(args) == 0
+    assert "resumed at step 120" in capsys.readouterr().out
+    assert json.loads((out / "metrics.json").read_text())["block_gap"] == m["block_gap"]
+    # a changed config is refused
+    p = tmp_path / "other.json"
+    p.write_text(json.dumps({**json.loads((out / "config.json").read_text()), "poison_rate": 0.2}))
+    with pytest.raises(ValueError, match="poison_rate: saved 0.1, now 0.2"):
+        cli.main(["backdoor", "--config", str(p), "--run", "smoke", "--no-progress", "--root", str(tmp_path)])
+
+
+def test_backdoor_paper_config_runs_on_mock_svhn_without_downloading(tmp_path):
+    import tensorflow_datasets as tfds
+
+    cfg = dataclasses.replace(bd.CONFIGS["paper"], n_train=64, n_eval=32, d_hidden=4, batch_size=16,
+                              phase_a_steps=4, phase_b_steps=4, checkpoint_every=4)
+    assert cfg.dataset == "svhn_cropped" and cfg.grayscale and cfg.patch_value == 0.0
+    with tfds.testing.mock_data(num_examples=64, policy=tfds.testing.MockPolicy.USE_CODE):
+        m = bd.run(cfg, root=tmp_path, run_name="mock", progress=False, log=lambda s: None)
+    assert m["dataset"] == "svhn_cropped" and m["steps"].tolist() == [0, 4, 8]
+    assert json.loads((tmp_path / "backdoor" / "mock" / "config.json").read_text())["grayscale"] is True
+
+
+def test_the_backdoor_model_has_no_embedding(rng):
+    from flax import nnx
+
+    import models
+    import similarity
+
+    m = models.BilinearMLP((6, 6, 1), 4, d_model=5, d_hidden=3, residual=False, embed=False, rngs=nnx.Rngs(0))
+    net = m.to_network()
+    assert [type(l).__name__ for l in net] == ["BilinearLayer", "LinearLayer"] and net[0].left.shape == (3, 36)
+    x = rng.random((7, 6, 6, 1)).astype(np.float32)
+    np.testing.assert_allclose(similarity.apply_network(net, x.reshape(7, -1)), m(x), rtol=1e-5, atol=1e-6)
+    feats = m.features(x)
+    assert list(feats) == ["bilinear0", "logits"] and feats["bilinear0"].shape == (7, 5)
+    np.testing.assert_allclose(m.tail("bilinear0", feats["bilinear0"]), m(x), rtol=1e-6)
+    with pytest.raises(ValueError) as err:  # the input (36 wide) cannot be added to a 5-wide output
+        models.BilinearMLP((6, 6, 1), 4, d_model=5, residual=True, embed=False, rngs=nnx.Rngs(0))
+    assert "residual" in str(err.value) and "36" in str(err.value)
+    # with the embedding (the default) nothing changes: same parameters for the same seed
+    a = models.BilinearMLP(36, 4, d_model=5, d_hidden=3, rngs=nnx.Rngs(1))
+    assert a.layer_names() == ("embed", "bilinear0", "logits") and len(a.to_network()) == 3

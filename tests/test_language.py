@@ -1,0 +1,137 @@
+"""The ``language`` experiment: smoke run end to end, its segmentation and n-gram statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from experiments import language
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    metrics = language.run(language.CONFIGS["smoke"], root=root, run_name="smoke", progress=False, log=lambda *a: None)
+    return root / "language" / "smoke", metrics
+
+
+def test_smoke_run_writes_sane_outputs(smoke):
+    out, metrics = smoke
+    for name in ("config.json", "metrics.json", "summary.md", "training.png", "similarity_matrices.png",
+                 "similarity_to_final.png", "ngrams.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "model" / "checkpoints").is_dir()
+    on_disk = json.loads((out / "metrics.json").read_text())
+    assert on_disk["steps"] == metrics["steps"] and metrics["steps"][0] == 0
+    n = len(metrics["steps"])
+    assert len(metrics["matrices"]) == 5
+    for name, mat in metrics["matrices"].items():
+        m = np.asarray(mat)
+        assert m.shape == (n, n), name
+        np.testing.assert_allclose(m, m.T, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(np.diag(m), 1.0, atol=1e-6, err_msg=name)
+        assert np.all(np.abs(m) <= 1 + 1e-6), name
+    for h in metrics["history"]:
+        assert 0 <= h["test_accuracy"] <= 1 and 0 <= h["train_accuracy"] <= 1
+    for key, values in metrics["ngrams"].items():
+        v = np.asarray(values)
+        assert v.shape == (n,) and np.all(np.isfinite(v)), key
+        if key.endswith("agreement") or key == "accuracy":
+            assert np.all((v >= 0) & (v <= 1)), key
+        if key.endswith("kl"):
+            assert np.all(v >= -1e-12), key
+    assert "Paper's claim" in (out / "summary.md").read_text()
+
+
+def test_smoke_monte_carlo_check_agrees_with_exact(smoke):
+    _, metrics = smoke
+    for row in metrics["mc_check"]:
+        assert row["se"] > 0
+        assert abs(row["mc"] - row["exact"]) < 5 * row["se"]  # seeded; a 5-sigma bound
+
+
+def test_resume_reuses_every_stage_and_refuses_another_config(smoke):
+    out, metrics = smoke
+    again = language.run(language.CONFIGS["smoke"], root=out.parent.parent, run_name="smoke", progress=False,
+                         log=lambda *a: None)
+    assert again["matrices"] == metrics["matrices"]
+    assert again["stage_seconds"] == metrics["stage_seconds"]  # read back from the cached stages
+    other = dataclasses.replace(language.CONFIGS["smoke"], context=1)
+    with pytest.raises(ValueError, match="different config"):
+        language.run(other, root=out.parent.parent, run_name="smoke", progress=False, log=lambda *a: None)
+
+
+def test_cli_config_parsing(tmp_path):
+    assert language.load_config("smoke") == language.CONFIGS["smoke"]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"steps": 7, "segments": [2, 3]}))
+    cfg = language.load_config(str(path))
+    assert cfg.steps == 7 and cfg.segments == (2, 3)
+    path.write_text(json.dumps({"stepz": 7}))
+    with pytest.raises(ValueError, match="unknown LanguageConfig fields"):
+        language.load_config(str(path))
+    with pytest.raises(ValueError, match="neither"):
+        language.load_config("nope")
+
+
+def _brute_segment(s, k):
+    n = len(s)
+
+    def cost(i, j):
+        b = s[i:j, i:j]
+        return np.trace(b) - b.sum() / (j - i)
+
+    best = (np.inf, None)
+    for starts in itertools.combinations(range(1, n), k - 1):
+        edges = (0, *starts, n)
+        c = sum(cost(a, b) for a, b in zip(edges, edges[1:]))
+        best = min(best, (c, starts))
+    return best[1], best[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_segment_is_the_optimal_contiguous_partition(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(9, 3)) + np.repeat(rng.normal(size=(3, 3)) * 3, 3, axis=0)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    s = x @ x.T
+    for k in (1, 2, 3, 4):
+        starts, cost = language.segment(s, k)
+        ref_starts, ref_cost = _brute_segment(s, k)
+        assert starts == tuple(ref_starts) and cost == pytest.approx(ref_cost, abs=1e-10)
+    with pytest.raises(ValueError, match="blocks"):
+        language.segment(s, 10)
+
+
+def test_block_summary_finds_planted_blocks():
+    s = np.kron(np.eye(3), np.full((2, 2), 0.9)) + 0.1 * np.eye(6) + 0.05
+    s /= np.sqrt(np.outer(np.diag(s), np.diag(s)))
+    out = language.block_summary(s, [0, 1, 2, 3, 4, 5], (3,))
+    assert out[3]["boundaries_steps"] == [2, 4]
+    assert out[3]["explained"] > 0.9 and out[3]["contrast"] > 0.5
+
+
+def test_ngram_targets_match_brute_force_counts():
+    rng = np.random.default_rng(0)
+    vocab = 4
+    train = rng.integers(0, vocab, size=400)
+    x_eval = rng.integers(0, vocab, size=(3, 6))
+    for n in (2, 3):
+        mask, p = language.ngram_targets(train, x_eval, n, vocab, min_count=3)
+        rows = iter(p)
+        for w, t in itertools.product(range(3), range(6)):
+            if t < n - 2:
+                assert not mask[w, t]
+                continue
+            ctx = tuple(x_eval[w, t - n + 2: t + 1])
+            nxt = [train[i + n - 1] for i in range(len(train) - n + 1) if tuple(train[i: i + n - 1]) == ctx]
+            if len(nxt) < 3:
+                assert not mask[w, t]
+                continue
+            assert mask[w, t]
+            np.testing.assert_allclose(next(rows), np.bincount(nxt, minlength=vocab) / len(nxt), rtol=1e-12)
+        assert next(rows, None) is None
