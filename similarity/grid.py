@@ -752,8 +752,7 @@ def compare_grid(
     streaming = chunk_size is not None
     if streaming and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
-    if not isinstance(reverse, bool):
-        raise TypeError(f"reverse must be True or False, got {reverse!r}.")
+    reverse = V.check_bool(reverse, "reverse")
     measures = [measures] if isinstance(measures, str) else list(measures)
     moment, generic = _resolve(measures, streaming=streaming)
     # Generic measures need the eager value checks; the moment measures check

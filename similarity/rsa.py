@@ -452,13 +452,15 @@ def rsa(
 
 
 def _unit(v: jax.Array) -> jax.Array:
-    return v / jnp.sqrt(jnp.sum(v * v))
+    v = v.reshape(-1)
+    return v / jnp.sqrt(_dot(v, v))
 
 
 def rsa_layer_stats(*, rdm_metric: str, compare: str) -> LayerStats:
     """Per-layer statistics of :func:`rsa`: the RDM, ranked or standardised as ``compare`` needs.
 
-    ``pair(layer(x), layer(y)) == rsa(x, y, rdm_metric=rdm_metric, compare=compare)``.
+    ``pair(layer(x), layer(y)) == rsa(x, y, rdm_metric=rdm_metric, compare=compare)``
+    (the same entries, ranks and two-stage sums as :func:`rsa`).
     Memory: ``n (n - 1) / 2`` numbers per layer (``n^2`` for ``cosine_cov``).
     """
 
@@ -466,19 +468,18 @@ def rsa_layer_stats(*, rdm_metric: str, compare: str) -> LayerStats:
         d = _rdm(x, rdm_metric)
         if compare == "cosine_cov":
             return _unit(_centre2(d))
-        iu, ju = np.triu_indices(x.shape[0], k=1)
-        v = d[iu, ju]
+        v = _upper(d)
         if compare == "kendall":
             return v
         if compare == "spearman":
-            v = rank_average(v)
+            v = _ranks(v)
         if compare in ("spearman", "pearson"):
-            v = v - jnp.mean(v)
+            v = v - _sum(v) / v.shape[0]
         return _unit(v)
 
     def pair(sx, sy):
         if compare == "kendall":
-            return compare_vectors(sx, sy, compare="kendall")
-        return jnp.sum(sx * sy)
+            return _kendall_tau_a(sx, sy)
+        return _dot(sx, sy)
 
     return LayerStats(layer, pair)

@@ -306,8 +306,14 @@ def test_bad_input(grid):
         compare_grid(a, wide_b, measures=["stitch/affine"], reverse=True)  # ...but not as a source
     with pytest.raises(ValueError, match="split must be a train fraction"):
         compare_grid(a, b, measures=["nbs"], split=1.5)  # checked even when no measure uses it
-    with pytest.raises(TypeError, match="wrap it in a list"):
-        compare_grid(a, b, measures="nbs")
+    # a symmetric measure's reverse table is its own, but the reverse sources are checked all the same,
+    # as measure(name)(B_j, A_i) would be
+    in_sample = "stitch/orthogonal/in_sample"
+    compare_grid(a, wide_b, measures=[in_sample])
+    with pytest.raises(ValueError, match="more fitting rows than source features"):
+        sim.measure(in_sample)(wide_b[0], a["l0"])
+    with pytest.raises(ValueError, match=rf"{in_sample} with source reps_b\[0\]: .*more fitting rows"):
+        compare_grid(a, wide_b, measures=[in_sample], reverse=True)
     with pytest.raises(TypeError, match="reverse must be True or False"):
         compare_grid(a, b, measures=["nbs"], reverse="yes")
 
