@@ -101,6 +101,7 @@ from similarity.tensor_similarity import METHODS as TENSOR_METHODS
 from similarity.tensor_similarity import METRICS as TENSOR_METRICS
 from similarity.tensor_similarity import behavioral_similarity as behavioral_similarity
 from similarity.tensor_similarity import similarity_matrix as similarity_matrix
+from similarity.tensor_similarity import stack_networks as stack_networks
 from similarity.tensor_similarity import tensor_inner as tensor_inner
 from similarity.tensor_similarity import tensor_similarity as tensor_similarity
 from similarity.tensor_similarity import weight_cosine as weight_cosine
