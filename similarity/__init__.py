@@ -50,7 +50,10 @@ from similarity.registry import measure as measure
 from similarity.registry import list_measures as list_measures
 from similarity.registry import register as register
 from similarity.registry import register_family as register_family
+from similarity.registry import make_measure as make_measure
 from similarity._layer_stats import LayerStats as LayerStats
+from similarity._layer_stats import MomentStats as MomentStats
+from similarity._layer_stats import MomentPair as MomentPair
 
 # --- stitching and usable information ---
 from similarity.stitching import FAMILIES as FAMILIES
