@@ -42,7 +42,7 @@ from jax.typing import ArrayLike
 
 import similarity
 from similarity import BilinearLayer, LinearLayer
-from similarity.tensor_similarity import _stack  # the library's stacking, with its shape checks
+from similarity.tensor_similarity import stack_networks as _stack_list
 
 __all__ = [
     "TENSOR_METRICS",
@@ -79,7 +79,7 @@ def stack_networks(nets: Sequence, /) -> tuple:
     """
     if isinstance(nets, tuple) and nets and isinstance(nets[0], (BilinearLayer, LinearLayer)):
         return similarity.validate_network(nets, "nets", batch_ndim=1)  # already stacked
-    return _stack(list(nets))
+    return _stack_list(list(nets))
 
 
 def _n_outputs(net) -> int:

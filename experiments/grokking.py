@@ -154,6 +154,8 @@ MEASURES = ("tensor (symmetric)", "tensor (gaussian)", "weight cosine", "behavio
 def checkpoint_matrices(nets, x_eval, /) -> dict[str, np.ndarray]:
     """Checkpoint x checkpoint similarity: tensor similarity beside three baselines.
 
+    A thin naming layer over :func:`experiments.checkpoint_similarity.checkpoint_matrices`.
+
     Args:
       nets: a stacked network: a tuple of layers whose every leaf has a leading
         checkpoint axis of length ``n``.
@@ -165,44 +167,21 @@ def checkpoint_matrices(nets, x_eval, /) -> dict[str, np.ndarray]:
       vmapped call each); ``weight_cosine`` of every pair; behavioural similarity
       (``behavioral_similarity``: the mean per-sample cosine of the logits on
       ``x_eval``) and linear CKA of the logits on ``x_eval`` (``similarity.cka``),
-      both from the logits computed once per checkpoint. The CKA step holds the
-      ``n`` Gram matrices ``(m, m)``: ``4 n m^2`` bytes (400 MB for 101 checkpoints
-      and 1,000 inputs).
-    """
-    import similarity
+      both from the logits computed once per checkpoint.
 
-    pairwise = jax.vmap(jax.vmap(similarity.weight_cosine, (None, 0)), (0, None))
-    logits = jax.vmap(similarity.apply_network, (0, None))(nets, jnp.asarray(x_eval))  # (n, m, o)
-    out = {
-        "tensor (symmetric)": similarity.similarity_matrix(nets, metric="symmetric"),
-        "tensor (gaussian)": similarity.similarity_matrix(nets, metric="gaussian"),
-        "weight cosine": pairwise(nets, nets),
-        "behavioural": _mean_cosine_matrix(logits),
-        "CKA (logits)": _linear_cka_matrix(logits),
-    }
-    out = {k: np.asarray(v, np.float64) for k, v in out.items()}
+    Raises:
+      ValueError: a non-finite matrix (a checkpoint's logits zero or constant on ``x_eval``).
+    """
+    from experiments import checkpoint_similarity as cs
+
+    mats = cs.checkpoint_matrices(nets, data={"eval": x_eval}, metrics=("symmetric", "gaussian"), per_output=False)
+    keys = ("tensor/symmetric", "tensor/gaussian", "weight_cosine", "behavioral/eval", "cka/eval")
+    out = {name: np.asarray(mats[k], np.float64) for name, k in zip(MEASURES, keys)}
     for k, v in out.items():
         if not np.all(np.isfinite(v)):
             raise ValueError(f"The {k} matrix has non-finite entries: a checkpoint's logits are zero "
                              "or constant on x_eval, where the measure is undefined.")
     return out
-
-
-@jax.jit
-def _mean_cosine_matrix(logits):
-    """``(n, m, o)`` -> ``(n, n)``: mean over samples of the cosine between output vectors."""
-    unit = logits / jnp.linalg.norm(logits, axis=-1, keepdims=True)
-    return jnp.einsum("imo,jmo->ij", unit, unit) / logits.shape[1]
-
-
-@jax.jit
-def _linear_cka_matrix(logits):
-    """``(n, m, o)`` -> ``(n, n)`` linear CKA, Gram form: ``<K_i, K_j> / (|K_i| |K_j|)``, ``K = Xc Xc^T``."""
-    xc = logits - jnp.mean(logits, axis=1, keepdims=True)
-    k = jnp.einsum("imo,ino->imn", xc, xc)
-    g = jnp.einsum("imn,jmn->ij", k, k)
-    d = jnp.sqrt(jnp.diagonal(g))
-    return g / (d[:, None] * d[None, :])
 
 
 @jax.jit

@@ -105,16 +105,21 @@ def _train_models(cfg: QuickstartConfig, ds, out: pathlib.Path, progress: bool):
     return trained, histories
 
 
-def _moment_tables(cfg, feats_a, feats_b) -> dict:
+def _stitch_names(cfg) -> dict:
+    """{family: registry name} of the held-out stitching scores. The affine stitcher has a small
+    ridge: dead ReLU units make its fit singular."""
+    ridge = f"/ridge={cfg.stitch_ridge:g}" if cfg.stitch_ridge else ""
+    return {fam: f"stitch/{fam}" + (ridge if fam == "affine" else "") for fam in similarity.FAMILIES}
+
+
+def _moment_tables(cfg, feats_a, feats_b) -> similarity.GridResult:
     """One :func:`similarity.compare_grid` call per model pair: the moment measures among
-    ``cfg.measures`` and the three stitching families (both directions) share its per-layer
-    moments (and its compilation). The affine stitcher has a small ridge: dead ReLU units
-    make its fit singular; the other measures do not depend on it."""
+    ``cfg.measures`` and the three stitching families (both directions, ``reverse=True``)
+    share its per-layer moments (and its compilation)."""
     names = [m for m in cfg.measures if m in similarity.MOMENT_MEASURES]
-    names += [f"stitch/{fam}" for fam in similarity.FAMILIES]
-    g = similarity.compare_grid(feats_a, feats_b, measures=names, split=cfg.stitch_split,
-                                key=jax.random.key(0), ridge=cfg.stitch_ridge)
-    return dict(g.tables)
+    names += list(_stitch_names(cfg).values())
+    return similarity.compare_grid(feats_a, feats_b, measures=names, reverse=True, split=cfg.stitch_split,
+                                   key=jax.random.key(0))
 
 
 def _rep_grid(cfg, feats_a, feats_b, undefined: list, tables: dict):
@@ -141,15 +146,13 @@ def _rep_grid(cfg, feats_a, feats_b, undefined: list, tables: dict):
     return {name: np.asarray(out[name]) for name in cfg.measures}
 
 
-def _stitch_grid(tables: dict):
+def _stitch_grid(cfg, g: similarity.GridResult):
     """{family: {"a->b": matrix, "b->a": matrix}} of held-out reconstruction scores.
 
     ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a" (from :func:`_moment_tables`).
     """
-    return {
-        fam: {"a->b": np.asarray(tables[f"stitch/{fam}"]), "b->a": np.asarray(tables[f"stitch/{fam}/reverse"])}
-        for fam in similarity.FAMILIES
-    }
+    return {fam: {"a->b": np.asarray(g.tables[m]), "b->a": np.asarray(g.reverse[m])}
+            for fam, m in _stitch_names(cfg).items()}
 
 
 def _tensor_step(cfg, trained, out):
@@ -198,7 +201,7 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
     for pair, (a, b) in pairs.items():
         undefined: list[str] = []
         tables[pair] = _moment_tables(cfg, feats[a], feats[b])
-        grid = _rep_grid(cfg, feats[a], feats[b], undefined, tables[pair])
+        grid = _rep_grid(cfg, feats[a], feats[b], undefined, tables[pair].tables)
         metrics["representational"][pair] = {"rows": f"{a}: {names[a]}", "cols": f"{b}: {names[b]}",
                                              **grid, "undefined": undefined}
         if undefined:
@@ -213,7 +216,7 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
     log("[3/5] closed-form stitching: 3 families x both directions, held-out scores")
     metrics["stitching"] = {}
     for pair, (a, b) in pairs.items():
-        st = _stitch_grid(tables[pair])
+        st = _stitch_grid(cfg, tables[pair])
         metrics["stitching"][pair] = {"rows": f"{a}: {names[a]}", "cols": f"{b}: {names[b]}", **st}
         mats = {}
         for fam, d in st.items():

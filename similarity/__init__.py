@@ -50,7 +50,10 @@ from similarity.registry import measure as measure
 from similarity.registry import list_measures as list_measures
 from similarity.registry import register as register
 from similarity.registry import register_family as register_family
+from similarity.registry import make_measure as make_measure
 from similarity._layer_stats import LayerStats as LayerStats
+from similarity._layer_stats import MomentStats as MomentStats
+from similarity._layer_stats import MomentPair as MomentPair
 
 # --- stitching and usable information ---
 from similarity.stitching import FAMILIES as FAMILIES
@@ -98,6 +101,7 @@ from similarity.tensor_similarity import METHODS as TENSOR_METHODS
 from similarity.tensor_similarity import METRICS as TENSOR_METRICS
 from similarity.tensor_similarity import behavioral_similarity as behavioral_similarity
 from similarity.tensor_similarity import similarity_matrix as similarity_matrix
+from similarity.tensor_similarity import stack_networks as stack_networks
 from similarity.tensor_similarity import tensor_inner as tensor_inner
 from similarity.tensor_similarity import tensor_similarity as tensor_similarity
 from similarity.tensor_similarity import weight_cosine as weight_cosine

@@ -1,33 +1,55 @@
-"""Per-layer statistics for registered measures, so that a layer grid does per-layer work once.
+"""How a measure shares work across a grid of layers: per-layer statistics and moment measures.
 
-A measure ``f(x, y)`` that factors as ``pair(layer(x), layer(y))`` can be
-evaluated on a grid of ``La x Lb`` layers with ``La + Lb`` calls of ``layer``
-(the expensive part: an RDM, a kernel matrix, a QR or SVD of the samples) and
-``La * Lb`` calls of the cheap ``pair``. :class:`LayerStats` holds the two
-functions; :mod:`similarity.registry` attaches one to each measure it can, and
-:func:`similarity.compare_grid` uses it. ``pair(layer(x), layer(y))`` is the
-same formula as ``f(x, y)`` (the tests check the agreement); like the other
-pure kernels these functions do no validation.
+Two declarations a registered measure (:func:`similarity.register`) can carry,
+so that :func:`similarity.compare_grid` does per-layer work once per layer:
+
+* :class:`LayerStats` ``(layer, pair)``: the measure factors as
+  ``f(x, y) == pair(layer(x), layer(y))``. ``layer`` is the expensive part (an
+  RDM, a kernel matrix, a QR or SVD of the samples), ``pair`` the cheap one.
+  A grid of ``La x Lb`` layers costs ``La + Lb`` calls of ``layer`` and
+  ``La * Lb`` calls of ``pair``.
+* :class:`MomentStats` ``(moments, finish, layer, check)``: the measure is a
+  function of centred second moments only, so the grid can stream the samples
+  in chunks, shard the pairs over devices and get the cross moments of every
+  pair from one large matrix product. ``moments`` says which moments:
+
+  - ``"full"``: all rows, centred on the all-rows mean, each side scaled to
+    unit Frobenius norm: per layer :class:`FullMoments`, per pair the
+    ``(d1, d2)`` cross moment ``Xc^T Yc / (||Xc|| ||Yc||)`` (CKA, NBS,
+    Procrustes, the alpha = 1 shape metrics);
+  - ``"split"``: train and test rows, centred on the train mean and scaled
+    by the train norm: per layer :class:`similarity.stitching.LayerMoments`,
+    per pair :class:`similarity.stitching.PairMoments` (the held-out and
+    in-sample reconstruction scores).
+
+  ``finish(ctx)`` maps a :class:`MomentPair` (one source/target pair) to
+  ``()``; ``layer`` optionally derives a per-layer value from the layer's
+  moments once per layer (the Cholesky factor of the affine stitcher's normal
+  equations); ``check(n_fit, d_src, where)`` optionally raises for widths the
+  measure cannot handle (an unregularised affine fit with too few rows).
+
+Each measure module exports its own statistics (``cka.cka_layer_stats``,
+``rsa.rsa_layer_stats``, ``cca.pwcca_layer_stats``, ``shape.nbs_moment_stats``,
+``stitching.stitch_moment_stats``, ...). Like the other pure kernels these
+functions do no validation; the registry tests check ``pair(layer(x),
+layer(y)) == f(x, y)`` and the grid tests check the moment measures against
+their pairwise functions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from similarity._linalg import svd as _svd
-from similarity.cca import _centre, _pwcca_pair, _qr_basis, _svcca_basis, _svcca_pair
-from similarity.cka import _hsic_gram, _rbf_gram_and_median, linear_cka_from_stats, linear_stats
-from similarity.regression import _layer as _reg_layer
-from similarity.regression import _r2_from_layers
-from similarity.rsa import _centre2, _rdm, compare_vectors, rank_average
 
-__all__ = ["LayerStats", "cka_stats", "rsa_stats", "cca_stats", "svcca_stats", "pwcca_stats",
-           "regression_stats"]
+__all__ = ["LayerStats", "MomentStats", "MomentPair", "FullMoments", "MOMENT_KINDS", "full_moments",
+           "full_pair"]
+
+MOMENT_KINDS = ("full", "split")
 
 
 class LayerStats(NamedTuple):
@@ -42,89 +64,137 @@ class LayerStats(NamedTuple):
     pair: Callable
 
 
-def _unit(v: jax.Array) -> jax.Array:
-    return v / jnp.sqrt(jnp.sum(v * v))
+class MomentStats(NamedTuple):
+    """A measure computed from centred second moments (see the module docstring).
 
-
-# ----------------------------------------------------------------------------- CKA
-
-
-def cka_stats(kernel: str, debiased: bool, rbf_scale: float = 0.5) -> LayerStats:
-    """Linear CKA through :func:`similarity.cka.linear_stats`; RBF CKA through the kernel matrix."""
-    if kernel == "linear":
-        return LayerStats(
-            lambda x: linear_stats(x, debiased=debiased),
-            lambda sx, sy: linear_cka_from_stats(sx, sy, debiased=debiased),
-        )
-
-    def layer(x):
-        k, _ = _rbf_gram_and_median(x, rbf_scale)
-        return k, _hsic_gram(k, k, debiased)
-
-    def pair(sx, sy):
-        (k, hk), (l, hl) = sx, sy
-        return _hsic_gram(k, l, debiased) / jnp.sqrt(hk * hl)
-
-    return LayerStats(layer, pair)
-
-
-# ----------------------------------------------------------------------------- RSA
-
-
-def rsa_stats(rdm_metric: str, compare: str) -> LayerStats:
-    """The RDM (its upper triangle, ranked or standardised as ``compare`` needs) per layer.
-
-    Memory: ``n (n - 1) / 2`` numbers per layer (``n^2`` for ``cosine_cov``).
+    Attributes:
+      moments: ``"full"`` or ``"split"``: which moments ``finish`` reads.
+      finish: ``MomentPair -> ()`` (pure, jit-able).
+      layer: optional ``layer moments -> pytree``, evaluated once per layer and
+        read with ``ctx.extra(layer)``; measures that share the same function
+        object share the values.
+      check: optional ``(n_fit, d_src, where) -> None`` that raises a
+        ``ValueError`` when a source of width ``d_src`` cannot be handled with
+        ``n_fit`` rows (the train rows for ``"split"``, all rows for ``"full"``).
     """
 
-    def layer(x):
-        d = _rdm(x, rdm_metric)
-        if compare == "cosine_cov":
-            return _unit(_centre2(d))
-        iu, ju = np.triu_indices(x.shape[0], k=1)
-        v = d[iu, ju]
-        if compare == "kendall":
-            return v
-        if compare == "spearman":
-            v = rank_average(v)
-        if compare in ("spearman", "pearson"):
-            v = v - jnp.mean(v)
-        return _unit(v)
-
-    def pair(sx, sy):
-        if compare == "kendall":
-            return compare_vectors(sx, sy, compare="kendall")
-        return jnp.sum(sx * sy)
-
-    return LayerStats(layer, pair)
+    moments: str
+    finish: Callable[[MomentPair], jax.Array]
+    layer: Callable | None = None
+    check: Callable[[int, int, str], None] | None = None
 
 
-# ----------------------------------------------------------------------------- CCA family
+class FullMoments(NamedTuple):
+    """All-rows moments of one layer ``x (n, d)`` (a pytree; stack them for many layers).
+
+    Attributes:
+      norm: ``()`` ``||Xc||_F``, the Frobenius norm of the column-centred ``x``.
+      gram: ``(d, d)`` ``Xc^T Xc / ||Xc||_F^2`` (trace 1).
+    """
+
+    norm: jax.Array
+    gram: jax.Array
 
 
-def cca_stats(reduce: str) -> LayerStats:
-    """An orthonormal basis of the centred columns per layer; canonical correlations per pair."""
-
-    def pair(qx, qy):
-        rho = jnp.clip(_svd(jnp.einsum("ni,nj->ij", qx, qy), compute_uv=False), 0.0, 1.0)
-        return jnp.mean(rho**2) if reduce == "r2" else jnp.mean(rho)
-
-    return LayerStats(_qr_basis, pair)
+def _centre(x: jax.Array) -> jax.Array:
+    return x - jnp.mean(x, axis=0, keepdims=True)
 
 
-def svcca_stats(keep_variance: float = 0.99) -> LayerStats:
-    """The kept top-SVD directions per layer (as :func:`similarity.svcca`)."""
-    return LayerStats(lambda x: _svcca_basis(x, keep_variance), _svcca_pair)
+def full_moments(x: jax.Array, /) -> FullMoments:
+    """:class:`FullMoments` of ``x: (n, d)`` (pure; a constant ``x`` gives NaN)."""
+    xc = _centre(x)
+    norm = jnp.sqrt(jnp.sum(xc * xc))
+    return FullMoments(norm, jnp.einsum("ni,nj->ij", xc, xc) / norm**2)
 
 
-def pwcca_stats() -> LayerStats:
-    """``(basis, centred)`` per layer; the weights come from the first argument's side."""
-    return LayerStats(lambda x: (_qr_basis(x), _centre(x)), lambda sx, sy: _pwcca_pair(*sx, sy[0]))
+def full_pair(x: jax.Array, y: jax.Array, /) -> MomentPair:
+    """The ``"full"`` :class:`MomentPair` of ``x: (n, d1)`` and ``y: (n, d2)`` (pure).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> ctx = full_pair(jnp.array([[0.0], [1.0], [3.0]]), jnp.array([[1.0], [0.0], [-2.0]]))
+      >>> [round(float(v), 6) for v in ctx.svd()[1]]  # singular values of the normalised cross moment
+      [1.0]
+    """
+    mx, my = full_moments(x), full_moments(y)
+    xc, yc = _centre(x), _centre(y)
+    return MomentPair(mx, my, jnp.einsum("ni,nj->ij", xc, yc) / (mx.norm * my.norm))
 
 
-# ----------------------------------------------------------------------------- regression
+class _Cell:
+    """A value computed once and shared by a pair and its transpose."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = None
 
 
-def regression_stats(ridge: float) -> LayerStats:
-    """The SVD of the centred predictor and the centred target, per layer (both roles)."""
-    return LayerStats(_reg_layer, lambda sx, sy: _r2_from_layers(sx, sy, ridge))
+class MomentPair:
+    """What a moment measure's ``finish`` sees for one ``(source, target)`` pair.
+
+    A trace-time helper (not a pytree): the grid builds one per pair and
+    direction inside its compiled program and hands the same object to every
+    requested measure, so work they share (an SVD, an affine fit) is traced once.
+
+    Attributes:
+      x: the source's per-layer moments (:class:`FullMoments` or
+        :class:`similarity.stitching.LayerMoments`).
+      y: the target's per-layer moments.
+      cross: ``(d1, d2)`` normalised cross moment (``"full"``) or
+        :class:`similarity.stitching.PairMoments` (``"split"``).
+      fit_cross: the ``(d1, d2)`` matrix whose SVD :meth:`svd` returns: ``cross``
+        itself, or the train cross moment for ``"split"``.
+    """
+
+    def __init__(self, x, y, cross, fit_cross=None, *, extras=None, _svd_cell=None, _flipped=False):
+        self.x, self.y, self.cross = x, y, cross
+        self.fit_cross = cross if fit_cross is None else fit_cross
+        self._extras = {} if extras is None else dict(extras)  # hook -> (extra_x, extra_y)
+        self._svd_cell = _Cell() if _svd_cell is None else _svd_cell
+        self._flipped = _flipped
+        self._memo: dict[Any, Any] = {}
+        self._transposed: MomentPair | None = None
+
+    def svd(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``(u (d1, k), s (k,), vt (k, d2))`` of :attr:`fit_cross`, ``k = min(d1, d2)``.
+
+        Computed once per pair (batch-safe, :func:`similarity._linalg.svd`); the
+        transposed pair reads the same factorisation with ``u`` and ``v`` swapped.
+        """
+        if self._svd_cell.value is None:
+            m = self.fit_cross.T if self._flipped else self.fit_cross
+            self._svd_cell.value = _svd(m)
+        u, s, vt = self._svd_cell.value
+        return (vt.T, s, u.T) if self._flipped else (u, s, vt)
+
+    def extra(self, hook: Callable) -> tuple[Any, Any]:
+        """``(hook(x), hook(y))``: per-layer values, precomputed by the grid when it can."""
+        if hook not in self._extras:
+            self._extras[hook] = (hook(self.x), hook(self.y))
+        return self._extras[hook]
+
+    def memo(self, key: Any, thunk: Callable[[], Any]) -> Any:
+        """``thunk()``, evaluated once per pair and direction for each hashable ``key``."""
+        if key not in self._memo:
+            self._memo[key] = thunk()
+        return self._memo[key]
+
+    def transposed(self) -> MomentPair:
+        """The same pair with source and target swapped (the reverse direction).
+
+        The moments are reused (cross moments transposed) and so is the SVD.
+        """
+        if self._transposed is None:
+            t = MomentPair(
+                self.y,
+                self.x,
+                jax.tree.map(lambda a: jnp.swapaxes(a, -1, -2), self.cross),
+                extras={h: (ey, ex) for h, (ex, ey) in self._extras.items()},
+                _svd_cell=self._svd_cell,
+                _flipped=not self._flipped,
+            )
+            t.fit_cross = jnp.swapaxes(self.fit_cross, -1, -2)
+            t._transposed = self
+            self._transposed = t
+        return self._transposed

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
 from similarity import _validate as V
+from similarity._layer_stats import LayerStats, MomentPair, MomentStats
 
 __all__ = [
     "KERNELS",
@@ -55,6 +56,9 @@ __all__ = [
     "linear_stats",
     "linear_hsic_cross",
     "linear_cka_from_stats",
+    "linear_cka_from_moments",
+    "cka_layer_stats",
+    "linear_cka_moment_stats",
     "CKAState",
     "cka_init",
     "cka_accumulate",
@@ -367,6 +371,63 @@ def linear_cka_from_stats(
     """
     xy = linear_hsic_cross(sx, sy, debiased=debiased, method=method)
     return xy / jnp.sqrt(sx.self_hsic * sy.self_hsic)
+
+
+def linear_cka_from_moments(gram_x: ArrayLike, gram_y: ArrayLike, cross: ArrayLike, /) -> jax.Array:
+    """Linear CKA (biased HSIC) from centred second moments (pure, vmap-able).
+
+    ``CKA = ||Xc^T Yc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)``; any common
+    scaling of the three moments cancels, so normalised moments work too.
+
+    Args:
+      gram_x: ``(d1, d1)`` ``Xc^T Xc``.
+      gram_y: ``(d2, d2)`` ``Yc^T Yc``.
+      cross: ``(d1, d2)`` ``Xc^T Yc``.
+
+    Returns:
+      ``()``.
+
+    Examples:
+      >>> x = jnp.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0], [5.0, 1.0]])
+      >>> xc = x - x.mean(axis=0, keepdims=True)
+      >>> g = xc.T @ xc
+      >>> float(linear_cka_from_moments(g, 4.0 * g, 2.0 * g))
+      1.0
+    """
+    gx, gy, c = jnp.asarray(gram_x), jnp.asarray(gram_y), jnp.asarray(cross)
+    return jnp.sum(c * c) / jnp.sqrt(jnp.sum(gx * gx) * jnp.sum(gy * gy))
+
+
+def _linear_cka_finish(ctx: MomentPair) -> jax.Array:
+    return linear_cka_from_moments(ctx.x.gram, ctx.y.gram, ctx.cross)
+
+
+def linear_cka_moment_stats() -> MomentStats:
+    """Linear CKA (``"cka/linear"``) as a moment measure on all-rows moments."""
+    return MomentStats("full", _linear_cka_finish)
+
+
+def cka_layer_stats(*, kernel: str, debiased: bool, rbf_scale: float = 0.5) -> LayerStats:
+    """Per-layer statistics of :func:`cka`: :class:`LinearStats` (linear) or the kernel matrix (RBF).
+
+    ``pair(layer(x), layer(y)) == cka(x, y, kernel=kernel, debiased=debiased)``.
+    Memory per layer: ``n d`` numbers (linear), ``n^2`` (RBF).
+    """
+    if kernel == "linear":
+        return LayerStats(
+            functools.partial(linear_stats, debiased=debiased),
+            functools.partial(linear_cka_from_stats, debiased=debiased),
+        )
+
+    def layer(x):
+        k, _ = _rbf_gram_and_median(x, rbf_scale)
+        return k, _hsic_gram(k, k, debiased)
+
+    def pair(sx, sy):
+        (k, hk), (l, hl) = sx, sy
+        return _hsic_gram(k, l, debiased) / jnp.sqrt(hk * hl)
+
+    return LayerStats(layer, pair)
 
 
 # ------------------------------------------------------------------------------ CKA

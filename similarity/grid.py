@@ -1,27 +1,29 @@
 """All-pairs comparisons across layers and models: vmapped, streamed, sharded (DESIGN.md §3).
 
 :func:`compare_grid` takes two collections of layer representations of the
-same samples and returns one ``(La, Lb)`` table per measure.
+same samples and returns one ``(La, Lb)`` table per measure. It reads the
+registry, and only the registry: ``tables[name][i, j] == measure(name)(A_i, B_j)``
+for every key it returns, and with ``reverse=True``
+``reverse[name][i, j] == measure(name)(B_j, A_i)``.
 
-* **Statistics once per layer.** For the *moment measures*
-  (:data:`MOMENT_MEASURES`: the ``stitch/*`` reconstruction scores, linear
-  CKA, NBS and the Procrustes distance) every layer's centred, normalised
-  second moments (Gram/covariance, train and test parts, norms, means, the
-  Cholesky factor of the normal equations) are computed once, and each pair
-  only adds its cross-covariance and an SVD or a triangular solve. These are
-  exactly the formulas of the pairwise functions
-  (:func:`similarity.reconstruction_score`, :func:`similarity.cka`,
-  :func:`similarity.nbs`, :func:`similarity.procrustes_distance`), so the
-  grid agrees with calling them pair by pair.
-  The cross moments of all pairs of two width groups come out of one large GEMM.
-* **Any other registered measure** (``similarity.measure(name)``) that has
-  per-layer statistics (``Measure.stats``: the RDM for RSA, the kernel matrix
-  for CKA, an orthonormal basis for the CCA family, an SVD for regression)
-  computes them once per layer and only the cheap pairwise step per pair, as
-  long as they fit in ``stats_budget``; otherwise the measure is mapped over
-  the pairs on the raw representations.
+* **Moment measures** (``measure(name).moments``, a
+  :class:`~similarity.MomentStats`; the built-in ones are listed in
+  :data:`MOMENT_MEASURES`: linear CKA, NBS, Procrustes, the alpha = 1 shape
+  metrics and every ``stitch/*`` reconstruction score). Every layer's
+  centred, normalised second moments (all rows, or train and test rows) are
+  computed once, the cross moments of all pairs of two width groups come out
+  of one large matrix product, and each pair only adds its measures' finish
+  step: an SVD, a triangular solve, shared by all the measures (and both
+  directions) that need it. They stream samples in chunks and shard over devices.
+* **Any other measure**: with per-layer statistics (``measure(name).stats``, a
+  :class:`~similarity.LayerStats`: the RDM for RSA, the kernel matrix for CKA,
+  a basis for the CCA family, an SVD for regression and PWCCA, the whitened
+  data for the shape metrics) they are computed once per layer as long as
+  they fit in ``stats_budget``; otherwise the measure is mapped over the pairs
+  on the raw representations.
 * **Batches by width.** Layers are grouped by width; the pairs of each
-  ``(d_a, d_b)`` group are evaluated in one jit-compiled call.
+  ``(d_a, d_b)`` group are evaluated in one jit-compiled call, compiled once
+  per shape and set of measures.
 * **Sharding.** The pair axis is sharded over a 1-D ``jax.sharding.Mesh`` of
   the available devices (layer statistics are replicated), so the same call
   uses every GPU/TPU, or every host after ``jax.distributed.initialize()``;
@@ -31,11 +33,6 @@ same samples and returns one ``(La, Lb)`` table per measure.
   at a time), and the moments are accumulated in two passes (means, then
   centred moments); the answer equals the one-shot call up to rounding. Only
   the moment measures stream.
-
-Stitching measures are directed and come in both directions:
-``tables["stitch/affine"][i, j]`` scores ``A_i -> B_j`` (held out) and
-``tables["stitch/affine/reverse"][i, j]`` scores ``B_j -> A_i``; the keys
-``.../in_sample`` hold the in-sample (leaky) counterparts.
 """
 
 from __future__ import annotations
@@ -52,31 +49,187 @@ from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from similarity import _validate as V
-from similarity._linalg import svd as _svd
 from similarity import stitching as S
+from similarity._layer_stats import FullMoments, MomentPair
+from similarity.registry import Measure, list_measures
 from similarity.registry import measure as get_measure
 
-STITCH_MEASURES = tuple(f"stitch/{f}" for f in S.FAMILIES)
-MOMENT_MEASURES = STITCH_MEASURES + ("cka/linear", "nbs", "procrustes")
+MOMENT_MEASURES = tuple(n for n in list_measures() if get_measure(n).moments is not None)
+"""The built-in moment measures (``measure(name).moments is not None``); any such measure streams."""
 
 
 class GridResult(NamedTuple):
     """Tables of an all-pairs comparison.
 
     Attributes:
-      tables: ``{name: (La, Lb) array}``; entry ``[i, j]`` compares ``rows[i]``
-        with ``cols[j]`` (stitching keys: see the module docstring).
+      tables: ``{name: (La, Lb) array}`` with ``tables[name][i, j] ==
+        measure(name)(rows[i] layer, cols[j] layer)``.
       rows: names of the ``reps_a`` layers.
       cols: names of the ``reps_b`` layers.
+      reverse: with ``reverse=True``, ``{name: (La, Lb) array}`` with
+        ``reverse[name][i, j] == measure(name)(cols[j] layer, rows[i] layer)``
+        (for a symmetric measure, the same array as ``tables[name]``); else ``{}``.
     """
 
     tables: dict[str, jax.Array]
     rows: tuple
     cols: tuple
+    reverse: dict[str, jax.Array]
 
 
-# ----------------------------------------------------------------------------- moments
+# ----------------------------------------------------------------------------- layers
 
+
+class _Layers(NamedTuple):
+    """The checked inputs: ``va``/``vb`` lists of ``(n, d)`` arrays, grouped by width."""
+
+    rows: tuple
+    cols: tuple
+    va: list
+    vb: list
+    groups_a: dict  # width -> layer indices
+    groups_b: dict
+    n: int
+    dtype: Any
+
+    def side(self, side: str):
+        return (self.va, self.groups_a) if side == "a" else (self.vb, self.groups_b)
+
+    def pair_groups(self):
+        return [(da, db) for da in self.groups_a for db in self.groups_b]
+
+
+_SIDE_NAMES = {"a": "reps_a", "b": "reps_b"}
+
+
+def _as_layers(reps, name) -> tuple[tuple, list]:
+    if isinstance(reps, Mapping):
+        keys, vals = tuple(reps.keys()), list(reps.values())
+    elif isinstance(reps, Sequence) and not isinstance(reps, (str, bytes)):
+        keys, vals = tuple(range(len(reps))), list(reps)
+    else:
+        raise TypeError(f"{name} must be a dict or a list of (n, d) arrays, got {type(reps).__name__}.")
+    if not vals:
+        raise ValueError(f"{name} is empty; pass at least one layer.")
+    return keys, vals
+
+
+def _check_layer_lazily(z, name, streaming):
+    """Shape and dtype only; the moment passes check the values (host arrays stay where they are)."""
+    if not streaming:  # to a float device array (ints and bools are cast), once
+        z = V.as_float_array(z, name)
+    if not hasattr(z, "shape") or len(z.shape) != 2:
+        raise ValueError(f"{name} must be a 2-D (n, d) array, got {getattr(z, 'shape', type(z))}.")
+    V.compute_dtype(z.dtype, name)  # complex or non-numeric: TypeError
+    if z.shape[0] < 2 or z.shape[1] < 1:
+        raise ValueError(f"{name} has shape {tuple(z.shape)}; it needs at least 2 samples and 1 feature.")
+    return z
+
+
+def _check_layers(vals, name, *, eager_values, streaming):
+    """Shape and dtype checks; with ``eager_values`` also NaN/Inf and constant layers."""
+    out = []
+    for k, z in enumerate(vals):
+        nm = f"{name}[{k}]"
+        if eager_values:
+            z = V.check_rep(z, nm)
+            V.check_not_constant(z, nm, what="the comparison grid")
+        else:
+            z = _check_layer_lazily(z, nm, streaming)
+        out.append(z)
+    return out
+
+
+def _width_groups(vs) -> dict[int, list[int]]:
+    g: dict[int, list[int]] = {}
+    for k, z in enumerate(vs):
+        g.setdefault(int(z.shape[1]), []).append(k)
+    return g
+
+
+def _prepare(reps_a, reps_b, *, eager_values, streaming) -> _Layers:
+    rows, va = _as_layers(reps_a, "reps_a")
+    cols, vb = _as_layers(reps_a if reps_b is None else reps_b, "reps_b")
+    va = _check_layers(va, "reps_a", eager_values=eager_values, streaming=streaming)
+    vb = _check_layers(vb, "reps_b", eager_values=eager_values, streaming=streaming)
+    n = va[0].shape[0]
+    for nm, vs in (("reps_a", va), ("reps_b", vb)):
+        for k, z in enumerate(vs):
+            if z.shape[0] != n:
+                raise ValueError(
+                    f"every layer must hold the same samples: reps_a[0] has n={n} but "
+                    f"{nm}[{k}] has shape {tuple(z.shape)}."
+                )
+    dt = functools.reduce(jnp.promote_types, [V.compute_dtype(z.dtype, "reps") for z in va + vb])
+    return _Layers(rows, cols, va, vb, _width_groups(va), _width_groups(vb), n, dt)
+
+
+def _resolve(measures, *, streaming) -> tuple[list[tuple[str, Measure]], list[tuple[str, Measure]]]:
+    """``(moment measures, other measures)`` as ``(name, Measure)``, in request order."""
+    names = list(dict.fromkeys(measures))
+    if not names:
+        raise ValueError("measures is empty; e.g. measures=['cka/linear', 'stitch/affine'].")
+    moment, generic = [], []
+    for name in names:
+        m = get_measure(name)
+        (moment if m.moments is not None else generic).append((name, m))
+    if streaming and generic:
+        raise ValueError(
+            f"measure {generic[0][0]!r} cannot stream samples in chunks; with chunk_size only moment "
+            f"measures (measure(name).moments, e.g. {', '.join(MOMENT_MEASURES[:4])}, ...) are "
+            "available. Drop chunk_size or the measure."
+        )
+    return moment, generic
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+class _Plan(NamedTuple):
+    mesh: Mesh | None
+    ndev: int
+
+
+def _make_plan(devices) -> _Plan:
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) <= 1:
+        return _Plan(None, 1)
+    return _Plan(Mesh(np.array(devices), ("pairs",)), len(devices))
+
+
+def _put_pairs(plan: _Plan, *arrs):
+    """Shard pair-axis arrays over the mesh (first axis), padding to a device multiple."""
+    out = []
+    for a in arrs:
+        a = np.asarray(a)
+        if plan.mesh is not None:
+            pad = (-a.shape[0]) % plan.ndev
+            if pad:
+                a = np.concatenate([a, np.repeat(a[-1:], pad, axis=0)])
+            a = jax.device_put(a, NamedSharding(plan.mesh, P("pairs")))
+        out.append(a)
+    return out
+
+
+def _replicate(plan: _Plan, tree):
+    if plan.mesh is None:
+        return tree
+    return jax.device_put(tree, NamedSharding(plan.mesh, P()))
+
+
+def _to_host(x) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)
+
+
+def _pick(tree, k):
+    return jax.tree.map(lambda t: t[k], tree)
+
+
+# ----------------------------------------------------------------------------- moment passes
 
 # A width group holds L layers of width d, passed to the jitted passes as a
 # tuple of ``(c, d)`` row chunks. Per-layer moments stack them as ``(L, c, d)``
@@ -88,13 +241,13 @@ class GridResult(NamedTuple):
 def _acc_means(zs, w_tr):
     """Pass 1 for a tuple of L ``(c, d)`` chunks.
 
-    Returns ``(sum_train (L*d,), sum_all (L*d,), max_abs (L,), finite (L,))``:
+    Returns ``(sum_train (L*d,) or None, sum_all (L*d,), max_abs (L,), finite (L,))``:
     column sums over the train rows and over all rows, each layer's largest
     ``|z|`` and whether it is all finite (for the input checks).
     """
     z = jnp.concatenate(zs, axis=1)
     return (
-        jnp.einsum("n,nd->d", w_tr, z),
+        None if w_tr is None else jnp.einsum("n,nd->d", w_tr, z),
         jnp.sum(z, axis=0),
         jnp.stack([jnp.max(jnp.abs(jnp.where(jnp.isfinite(x), x, 0))) for x in zs]),
         jnp.stack([jnp.all(jnp.isfinite(x)) for x in zs]),
@@ -105,8 +258,8 @@ def _acc_means(zs, w_tr):
 def _acc_layer(zs, mean_tr, mean_all, w_tr, w_te, *, split, full):
     """Pass 2 for a tuple of L ``(c, d)`` chunks: each layer's centred second moments ``(L, d, d)``.
 
-    ``split``: train/test moments around the train mean (stitching); ``full``:
-    the all-rows moment around the all-rows mean (CKA, NBS, Procrustes).
+    ``split``: train/test moments around the train mean; ``full``: the all-rows
+    moment around the all-rows mean.
     """
     z = jnp.stack(zs)  # (L, c, d)
     shape = (z.shape[0], 1, z.shape[2])
@@ -162,135 +315,30 @@ def _shift_full(split_sum, delta_a, delta_b, n):
     return split_sum - n * jnp.einsum("...i,...j->...ij", delta_a, delta_b)
 
 
-def _layer_finish(sums, mean_tr, n_te, *, split, full):
-    """``(LayerMoments or None, norm_all or None, normalised all-rows Gram or None)``."""
-    lm = norm_all = g_all = None
-    if split:
-        norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
-        lm = S.LayerMoments(
-            mean=mean_tr,
-            norm=norm,
-            gram_train=sums["g_tr"] / norm[:, None, None] ** 2,
-            gram_test=sums["g_te"] / norm[:, None, None] ** 2,
-            sum_test=sums["s_te"] / norm[:, None],
-            n_test=jnp.broadcast_to(n_te, norm.shape),
-        )
-    if full:
-        norm_all = jnp.sqrt(jnp.trace(sums["g_all"], axis1=1, axis2=2))
-        g_all = sums["g_all"] / norm_all[:, None, None] ** 2
-    return lm, norm_all, g_all
+class _Moments(NamedTuple):
+    """What the moment passes need: row weights, row chunks, which moments."""
+
+    w_tr: jax.Array | None
+    w_te: jax.Array | None
+    chunks: list  # [(lo, hi)]
+    split: bool
+    full: bool
+    derive_full: bool  # all-rows moments from the train/test ones (the split covers each row once)
+
+    @property
+    def acc_flags(self):
+        return dict(split=self.split, full=self.full and not self.derive_full)
+
+    def weights(self, lo, hi):
+        if not self.split:
+            return None, None
+        return self.w_tr[lo:hi], self.w_te[lo:hi]
 
 
-@functools.partial(jax.jit, static_argnames=("names", "ridge"))
-def _evaluate(lm_a, lm_b, g_a, g_b, nrm_a, nrm_b, chol_a, chol_b, pm, ia, jb, *, names, ridge):
-    """Every moment measure for the pairs ``(ia[p], jb[p])``; returns ``{key: (P,)}``."""
-
-    def one(i, j, c_tr, c_te, c_all):
-        ma = jax.tree.map(lambda t: t[i], lm_a)
-        mb = jax.tree.map(lambda t: t[j], lm_b)
-        if c_tr is not None:  # stitching measures requested
-            na, nb = ma.norm, mb.norm
-            fwd_pm = S.PairMoments(c_tr / (na * nb), c_te / (na * nb))
-            bwd_pm = S.PairMoments(fwd_pm.cross_train.T, fwd_pm.cross_test.T)
-        out = {}
-        # The SVDs go through similarity._linalg.svd, which on the CPU runs a vmapped
-        # batch as unbatched kernels: jaxlib's batched CPU SVD blocks XLA's thread
-        # pool and deadlocks when several run at once (see that module).
-        for name in names:
-            if name.startswith("stitch/"):
-                fam = name.split("/")[1]
-                f = S.score_from_moments(ma, mb, fwd_pm, family=fam, ridge=ridge,
-                                         chol=chol_a[i] if fam == "affine" else None)
-                b = S.score_from_moments(mb, ma, bwd_pm, family=fam, ridge=ridge,
-                                         chol=chol_b[j] if fam == "affine" else None)
-                out[name], out[name + "/in_sample"] = f.held_out, f.in_sample
-                out[name + "/reverse"], out[name + "/reverse/in_sample"] = b.held_out, b.in_sample
-            else:
-                c = c_all / (nrm_a[i] * nrm_b[j])
-                if name == "cka/linear":
-                    out[name] = jnp.sum(c * c) / jnp.sqrt(jnp.sum(g_a[i] ** 2) * jnp.sum(g_b[j] ** 2))
-                else:
-                    nuc = jnp.sum(_svd(c, compute_uv=False))
-                    out[name] = nuc if name == "nbs" else 2.0 - 2.0 * nuc
-        return out
-
-    return jax.vmap(one)(ia, jb, pm.get("c_tr"), pm.get("c_te"), pm.get("c_all"))
-
-
-@functools.partial(jax.jit, static_argnames=("fn",))
-def _generic(xa, xb, ia, jb, *, fn):
-    # lax.map, not vmap: a generic measure works on the raw (n, d) representations,
-    # and vmapping it over every pair would hold all pairs' (n, d)-sized intermediates.
-    return jax.lax.map(lambda ij: fn(xa[ij[0]], xb[ij[1]]), (ia, jb))
-
-
-@functools.partial(jax.jit, static_argnames=("fn",))
-def _layer_stats(x, *, fn):
-    """``fn`` (a measure's ``LayerStats.layer``) on each layer of a stack ``(L, n, d)``."""
-    return jax.lax.map(fn, x)
-
-
-@functools.partial(jax.jit, static_argnames=("fn",))
-def _pairs_from_stats(sa, sb, ia, jb, *, fn):
-    """``fn(sa[ia[p]], sb[jb[p]])`` for every pair ``p`` (``LayerStats.pair``)."""
-
-    def one(ij):
-        pick = lambda s, k: jax.tree.map(lambda t: t[k], s)  # noqa: E731
-        return fn(pick(sa, ij[0]), pick(sb, ij[1]))
-
-    return jax.lax.map(one, (ia, jb))
-
-
-def _stats_fit(stats, n, widths, dtype, budget) -> bool:
-    """Whether every layer's statistics fit in ``budget`` bytes together (e.g. ``n^2`` RDMs)."""
-    if stats is None:
-        return False
-    total = 0
-    for d in widths:
-        shapes = jax.eval_shape(stats.layer, jax.ShapeDtypeStruct((n, d), dtype))
-        total += sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
-    return total <= budget
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _as_layers(reps, name) -> tuple[tuple, list]:
-    if isinstance(reps, Mapping):
-        keys, vals = tuple(reps.keys()), list(reps.values())
-    elif isinstance(reps, Sequence) and not isinstance(reps, (str, bytes)):
-        keys, vals = tuple(range(len(reps))), list(reps)
-    else:
-        raise TypeError(f"{name} must be a dict or a list of (n, d) arrays, got {type(reps).__name__}.")
-    if not vals:
-        raise ValueError(f"{name} is empty; pass at least one layer.")
-    return keys, vals
-
-
-def _check_layers(vals, name, *, eager_values, streaming):
-    """Shape and dtype checks; with ``eager_values`` also NaN/Inf and constant layers.
-
-    Without ``eager_values`` (moment measures only) the arrays stay where they
-    are (host arrays are read chunk by chunk) and the value checks run inside
-    the first pass (see :func:`_raise_non_finite`, :func:`_raise_constant`).
-    """
-    out = []
-    for k, z in enumerate(vals):
-        nm = f"{name}[{k}]"
-        if not eager_values:
-            if not streaming:  # to a float device array (ints and bools are cast), once
-                z = V.as_float_array(z, nm)
-            if not hasattr(z, "shape") or len(z.shape) != 2:
-                raise ValueError(f"{nm} must be a 2-D (n, d) array, got {getattr(z, 'shape', type(z))}.")
-            V.compute_dtype(z.dtype, nm)  # complex or non-numeric: TypeError
-            if z.shape[0] < 2 or z.shape[1] < 1:
-                raise ValueError(f"{nm} has shape {tuple(z.shape)}; it needs at least 2 samples and 1 feature.")
-            out.append(z)
-        else:
-            z = V.check_rep(z, nm)
-            V.check_not_constant(z, nm, what="the comparison grid")
-            out.append(z)
-    return out
+def _chunk(lay: _Layers, vs, idx, lo, hi):
+    """Rows ``lo:hi`` of layers ``idx`` of ``vs``, as a tuple of ``(c, d)`` device arrays."""
+    whole = (lo, hi) == (0, lay.n)
+    return tuple(jnp.asarray(vs[k] if whole else vs[k][lo:hi], dtype=lay.dtype) for k in idx)
 
 
 def _raise_non_finite(side_name, idx, finite) -> None:
@@ -322,44 +370,315 @@ def _raise_constant(side_name, idx, max_abs, norm, n, d, dtype, where) -> None:
         )
 
 
-class _Plan(NamedTuple):
-    mesh: Mesh | None
-    ndev: int
+def _means(lay: _Layers, mo: _Moments) -> dict:
+    """Pass 1: ``{(side, d): (train mean or None, all-rows mean, max |z|)}``, each ``(L*d,)``; NaN/Inf checks."""
+    means = {}
+    for side in "ab":
+        vs, groups = lay.side(side)
+        for d, idx in groups.items():
+            acc, mx, ok = None, None, None
+            for lo, hi in mo.chunks:
+                s_tr, s_all, m_abs, fin = _acc_means(_chunk(lay, vs, idx, lo, hi), mo.weights(lo, hi)[0])
+                acc = _add(acc, (s_tr, s_all))
+                mx = m_abs if mx is None else jnp.maximum(mx, m_abs)
+                ok = fin if ok is None else ok & fin
+            _raise_non_finite(_SIDE_NAMES[side], idx, ok)
+            mean_tr = None if acc[0] is None else acc[0] / jnp.sum(mo.w_tr)
+            means[side, d] = (mean_tr, acc[1] / lay.n, mx)
+    return means
 
 
-def _make_plan(devices) -> _Plan:
-    devices = list(jax.devices() if devices is None else devices)
-    if len(devices) <= 1:
-        return _Plan(None, 1)
-    return _Plan(Mesh(np.array(devices), ("pairs",)), len(devices))
-
-
-def _put_pairs(plan: _Plan, *arrs):
-    """Shard pair-axis arrays over the mesh (first axis), padding to a device multiple."""
-    out = []
-    for a in arrs:
-        a = np.asarray(a)
-        if plan.mesh is not None:
-            pad = (-a.shape[0]) % plan.ndev
-            if pad:
-                a = np.concatenate([a, np.repeat(a[-1:], pad, axis=0)])
-            a = jax.device_put(a, NamedSharding(plan.mesh, P("pairs")))
-        out.append(a)
+def _layer_moments(lay: _Layers, mo: _Moments, means: dict) -> dict:
+    """Pass 2, per layer: ``{(side, d): {"split": LayerMoments, "full": FullMoments}}`` (stacked), checked."""
+    out = {}
+    n_te = None if not mo.split else jnp.sum(mo.w_te)
+    for side in "ab":
+        vs, groups = lay.side(side)
+        for d, idx in groups.items():
+            mean_tr, mean_all, max_abs = means[side, d]
+            acc = None
+            for lo, hi in mo.chunks:
+                acc = _add(acc, _acc_layer(_chunk(lay, vs, idx, lo, hi), mean_tr, mean_all, *mo.weights(lo, hi),
+                                           **mo.acc_flags))
+            if mo.derive_full:
+                delta = (mean_all - mean_tr).reshape(len(idx), d)
+                acc["g_all"] = _shift_full(acc["g_tr"] + acc["g_te"], delta, delta, lay.n)
+            out[side, d] = _finish_layers(acc, mean_tr, n_te, mo)
+            where = _SIDE_NAMES[side]
+            if mo.split:
+                _raise_constant(where, idx, max_abs, out[side, d]["split"].norm, float(jnp.sum(mo.w_tr)), d,
+                                lay.dtype, "the train rows")
+            if mo.full:
+                _raise_constant(where, idx, max_abs, out[side, d]["full"].norm, lay.n, d, lay.dtype, "samples")
     return out
 
 
-def _replicate(plan: _Plan, tree):
-    if plan.mesh is None:
-        return tree
-    return jax.device_put(tree, NamedSharding(plan.mesh, P()))
+def _finish_layers(sums, mean_tr, n_te, mo: _Moments) -> dict:
+    """Normalise one width group's sums into stacked per-layer moments."""
+    out = {}
+    if mo.split:
+        norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
+        out["split"] = S.LayerMoments(
+            mean=mean_tr.reshape(norm.shape[0], -1),
+            norm=norm,
+            gram_train=sums["g_tr"] / norm[:, None, None] ** 2,
+            gram_test=sums["g_te"] / norm[:, None, None] ** 2,
+            sum_test=sums["s_te"] / norm[:, None],
+            n_test=jnp.broadcast_to(n_te, norm.shape),
+        )
+    if mo.full:
+        norm = jnp.sqrt(jnp.trace(sums["g_all"], axis1=1, axis2=2))
+        out["full"] = FullMoments(norm, sums["g_all"] / norm[:, None, None] ** 2)
+    return out
 
 
-def _to_host(x) -> np.ndarray:
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
+class _PairGroup(NamedTuple):
+    """The pairs of one ``(d_a, d_b)`` width group, source-major, source layers padded to a device multiple."""
 
-        x = multihost_utils.process_allgather(x, tiled=True)
-    return np.asarray(x)
+    ia: np.ndarray  # (P,) position in the group's a layers
+    jb: np.ndarray  # (P,) position in the group's b layers
+    n_real: int  # the first n_real pairs are real; the rest repeat the last source layer
+
+
+def _pair_group(lay: _Layers, da: int, db: int, ndev: int) -> _PairGroup:
+    la, lb = len(lay.groups_a[da]), len(lay.groups_b[db])
+    pad_a = np.minimum(np.arange(la + (-la) % ndev), la - 1)
+    return _PairGroup(np.repeat(pad_a, lb), np.tile(np.arange(lb), len(pad_a)), la * lb)
+
+
+def _cross_moments(lay: _Layers, mo: _Moments, means: dict, lms: dict, da: int, db: int, pg: _PairGroup, plan):
+    """Pass 2, per pair: ``{"split": PairMoments, "full": (P, da, db)}`` normalised cross moments."""
+    la = len(lay.groups_a[da])
+    pad_a = pg.ia[:: len(lay.groups_b[db])]
+    idx_a = [lay.groups_a[da][k] for k in pad_a]
+    ma_tr, ma_all, _ = means["a", da]
+    mb_tr, mb_all, _ = means["b", db]
+    ma_tr = None if ma_tr is None else ma_tr.reshape(la, da)[pad_a].reshape(-1)
+    ma_all = ma_all.reshape(la, da)[pad_a].reshape(-1)
+    shard = None if plan.mesh is None else NamedSharding(plan.mesh, P(None, "pairs"))
+    acc = None
+    for lo, hi in mo.chunks:
+        rest = _replicate(plan, (ma_tr, mb_tr, ma_all, mb_all, *mo.weights(lo, hi)))
+        acc = _add(acc, _acc_cross(_replicate(plan, _chunk(lay, lay.va, idx_a, lo, hi)),
+                                   _replicate(plan, _chunk(lay, lay.vb, lay.groups_b[db], lo, hi)),
+                                   *rest, sharding=shard, **mo.acc_flags))
+    if mo.derive_full:
+        d_a = (ma_all - ma_tr).reshape(-1, da)[pg.ia]
+        d_b = (mb_all - mb_tr).reshape(-1, db)[pg.jb]
+        acc["c_all"] = _shift_full(acc["c_tr"] + acc["c_te"], d_a, d_b, lay.n)
+    out = {}
+    if mo.split:
+        na = lms["a", da]["split"].norm[pg.ia]
+        nb = lms["b", db]["split"].norm[pg.jb]
+        den = (na * nb)[:, None, None]
+        out["split"] = S.PairMoments(acc["c_tr"] / den, acc["c_te"] / den)
+    if mo.full:
+        na = lms["a", da]["full"].norm[pg.ia]
+        nb = lms["b", db]["full"].norm[pg.jb]
+        out["full"] = acc["c_all"] / (na * nb)[:, None, None]
+    return out
+
+
+# ----------------------------------------------------------------------------- moment measures
+
+
+class _Entry(NamedTuple):
+    """One requested moment measure: its name, its MomentStats, and whether to compute its reverse."""
+
+    name: str
+    spec: Any  # MomentStats
+    reverse: bool
+
+
+def _hooks(entries) -> tuple:
+    """The distinct per-layer hooks (``MomentStats.layer``) of the entries, with their moment kind."""
+    seen = {}
+    for e in entries:
+        if e.spec.layer is not None and e.spec.layer not in seen:
+            seen[e.spec.layer] = e.spec.moments
+    return tuple(seen.items())
+
+
+@functools.lru_cache(maxsize=None)
+def _map_layers_jit(fn):
+    """``fn`` over the leading (layer) axis of a stacked pytree, jit-compiled once per function and shape."""
+    return jax.jit(jax.vmap(fn))
+
+
+@functools.lru_cache(maxsize=64)
+def _moment_evaluator(entries: tuple[_Entry, ...]):
+    """A jit-compiled function evaluating every entry (and its reverse) on a batch of pairs.
+
+    Built once per set of measures (their registry functions have stable
+    identities), so a grid compiles once per set of measures and shapes.
+    """
+    kinds = sorted({e.spec.moments for e in entries})
+    hooks = tuple(h for h, _ in _hooks(entries))
+
+    def one(layers_a, layers_b, extras_a, extras_b, i, j, pair):
+        ex = {h: (_pick(extras_a[k], i), _pick(extras_b[k], j)) for k, h in enumerate(hooks)}
+        ctx = {}
+        for kind in kinds:
+            cross = pair[kind]
+            fit = cross.cross_train if kind == "split" else cross
+            ctx[kind] = MomentPair(_pick(layers_a[kind], i), _pick(layers_b[kind], j), cross, fit, extras=ex)
+        fwd = {e.name: e.spec.finish(ctx[e.spec.moments]) for e in entries}
+        rev = {e.name: e.spec.finish(ctx[e.spec.moments].transposed()) for e in entries if e.reverse}
+        return fwd, rev
+
+    def run(layers_a, layers_b, extras_a, extras_b, ia, jb, pairs):
+        # The SVDs go through similarity._linalg.svd (in MomentPair.svd and the
+        # stitching fits), which on the CPU runs a vmapped batch as unbatched kernels:
+        # jaxlib's batched CPU SVD blocks XLA's thread pool and deadlocks when several
+        # run at once (see that module).
+        body = functools.partial(one, layers_a, layers_b, extras_a, extras_b)
+        return jax.vmap(body)(ia, jb, pairs)
+
+    return jax.jit(run)
+
+
+def _moment_plan(lay: _Layers, entries, *, weights, chunk_size) -> _Moments:
+    kinds = {e.spec.moments for e in entries}
+    need_split, need_full = "split" in kinds, "full" in kinds
+    w_tr, w_te = weights if need_split else (None, None)
+    derive = need_split and need_full and bool(np.all(np.asarray(w_tr + w_te) == 1))
+    chunks = [(lo, min(lo + chunk_size, lay.n)) for lo in range(0, lay.n, chunk_size)] if chunk_size else [(0, lay.n)]
+    return _Moments(w_tr, w_te, chunks, need_split, need_full, derive)
+
+
+def _run_checks(lay: _Layers, entries, mo: _Moments, *, reverse: bool) -> None:
+    """Each measure's ``MomentStats.check`` on every source width it will see.
+
+    With ``reverse`` the ``reps_b`` layers are sources too, also for a symmetric
+    measure (its reverse table is its own, but ``measure(name)(B_j, A_i)`` must be defined).
+    """
+    n_tr = int(round(float(jnp.sum(mo.w_tr)))) if mo.split else lay.n
+    for e in entries:
+        if e.spec.check is None:
+            continue
+        n_fit = n_tr if e.spec.moments == "split" else lay.n
+        sides = ("a", "b") if reverse else ("a",)
+        for side in sides:
+            vs, _ = lay.side(side)
+            k = int(np.argmax([z.shape[1] for z in vs]))
+            e.spec.check(n_fit, int(vs[k].shape[1]), f"{e.name} with source {_SIDE_NAMES[side]}[{k}]")
+
+
+def _moment_tables(lay: _Layers, moment, *, reverse, weights, chunk_size, plan):
+    """``(tables, reverse tables)`` of the moment measures, as float numpy arrays.
+
+    ``weights``: the ``(n,)`` 0/1 train and test row weights of the split.
+    """
+    entries = tuple(_Entry(name, m.moments, reverse and not m.symmetric) for name, m in moment)
+    mo = _moment_plan(lay, entries, weights=weights, chunk_size=chunk_size)
+    _run_checks(lay, entries, mo, reverse=reverse)
+    means = _means(lay, mo)
+    lms = _layer_moments(lay, mo, means)
+    hooks = _hooks(entries)
+    extras = {k: tuple(_map_layers_jit(h)(v[kind]) for h, kind in hooks) for k, v in lms.items()}
+    evaluate = _moment_evaluator(entries)
+    fwd = {e.name: np.full((len(lay.va), len(lay.vb)), np.nan, dtype=lay.dtype) for e in entries}
+    rev = {e.name: np.full_like(fwd[e.name], np.nan) for e in entries if e.reverse}
+    for da, db in lay.pair_groups():
+        pg = _pair_group(lay, da, db, plan.ndev)
+        pairs = _cross_moments(lay, mo, means, lms, da, db, pg, plan)
+        ia_s, jb_s = _put_pairs(plan, pg.ia, pg.jb)
+        res_f, res_r = evaluate(*_replicate(plan, (lms["a", da], lms["b", db], extras["a", da], extras["b", db])),
+                                ia_s, jb_s, pairs)
+        rows = np.asarray(lay.groups_a[da])[pg.ia[: pg.n_real]]
+        cols = np.asarray(lay.groups_b[db])[pg.jb[: pg.n_real]]
+        for out, res in ((fwd, res_f), (rev, res_r)):
+            for name, vals in res.items():
+                out[name][rows, cols] = _to_host(vals)[: pg.n_real]
+    return fwd, rev
+
+
+# ----------------------------------------------------------------------------- other measures
+
+
+@functools.lru_cache(maxsize=None)
+def _map_pairs_jit(fn):
+    """``fn(xa[ia[p]], xb[jb[p]])`` for every pair ``p``, jit-compiled once per function and shape.
+
+    ``lax.map``, not ``vmap``: a generic measure works on ``(n, d)``-sized
+    inputs, and vmapping it over every pair would hold all pairs' intermediates.
+    """
+
+    def run(xa, xb, ia, jb):
+        return jax.lax.map(lambda ij: fn(_pick(xa, ij[0]), _pick(xb, ij[1])), (ia, jb))
+
+    return jax.jit(run)
+
+
+@functools.lru_cache(maxsize=None)
+def _map_layers_seq_jit(fn):
+    """``fn`` on each layer of a stack ``(L, n, d)`` (``lax.map``), jit-compiled once per function and shape."""
+    return jax.jit(lambda x: jax.lax.map(fn, x))
+
+
+def _stats_fit(stats, n, widths, dtype, budget) -> bool:
+    """Whether every layer's statistics fit in ``budget`` bytes together (e.g. ``n^2`` RDMs)."""
+    if stats is None:
+        return False
+    total = 0
+    for d in widths:
+        shapes = jax.eval_shape(stats.layer, jax.ShapeDtypeStruct((n, d), dtype))
+        total += sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+    return total <= budget
+
+
+class _Stacks:
+    """Each width group's layers stacked as ``(L, n, d)``, built once for all generic measures."""
+
+    def __init__(self, lay: _Layers, plan: _Plan):
+        self.lay, self.plan, self._cache = lay, plan, {}
+
+    def __call__(self, side: str, d: int):
+        if (side, d) not in self._cache:
+            vs, groups = self.lay.side(side)
+            stack = jnp.stack([jnp.asarray(vs[k], dtype=self.lay.dtype) for k in groups[d]])
+            self._cache[side, d] = _replicate(self.plan, stack)
+        return self._cache[side, d]
+
+
+def _generic_table(lay: _Layers, m: Measure, *, reverse, plan, stats_budget, stacks: _Stacks):
+    """``(table, reverse table or None)`` of one measure without moments."""
+    widths = [z.shape[1] for z in lay.va + lay.vb]
+    st = m.stats if _stats_fit(m.stats, lay.n, widths, lay.dtype, stats_budget) else None
+    if st is not None:  # per-layer work once per layer
+        layer = _map_layers_seq_jit(st.layer)
+        src = {(side, d): _replicate(plan, layer(stacks(side, d))) for side in "ab" for d in lay.side(side)[1]}
+        pair = _map_pairs_jit(st.pair)
+    else:
+        src = {(side, d): stacks(side, d) for side in "ab" for d in lay.side(side)[1]}
+        pair = _map_pairs_jit(m.fn)
+    fwd = np.full((len(lay.va), len(lay.vb)), np.nan, dtype=lay.dtype)
+    rev = np.full_like(fwd, np.nan) if reverse else None
+    for da, db in lay.pair_groups():
+        ia, jb = (g.ravel() for g in np.meshgrid(np.arange(len(lay.groups_a[da])), np.arange(len(lay.groups_b[db])),
+                                                 indexing="ij"))
+        ia_s, jb_s = _put_pairs(plan, ia, jb)
+        rows, cols = np.asarray(lay.groups_a[da])[ia], np.asarray(lay.groups_b[db])[jb]
+        fwd[rows, cols] = _to_host(pair(src["a", da], src["b", db], ia_s, jb_s))[: len(ia)]
+        if rev is not None:
+            rev[rows, cols] = _to_host(pair(src["b", db], src["a", da], jb_s, ia_s))[: len(ia)]
+    return fwd, rev
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_finite(name: str, t: np.ndarray, lay: _Layers, *, moment: bool, reverse: bool) -> None:
+    if np.all(np.isfinite(t)):
+        return
+    i, j = np.argwhere(~np.isfinite(t))[0]
+    args = f"(cols[{j}] = {lay.cols[j]!r}, rows[{i}] = {lay.rows[i]!r})" if reverse else \
+        f"(rows[{i}] = {lay.rows[i]!r}, cols[{j}] = {lay.cols[j]!r})"
+    hint = (" Undefined for those layers: singular normal equations for an affine stitcher (use a ridge > 0, "
+            "e.g. the measure 'stitch/affine/ridge=0.001') or degenerate layers." if moment else
+            f" Undefined for those layers: call similarity.measure({name!r})(a, b) on that pair to see which "
+            "input check fails.")
+    raise ValueError(f"{name}{' (reverse)' if reverse else ''}: the entry for {args} is not finite.{hint}")
 
 
 # ----------------------------------------------------------------------------- public
@@ -370,28 +689,42 @@ def compare_grid(
     reps_b: Mapping[Any, ArrayLike] | Sequence[ArrayLike] | None = None,
     /,
     *,
-    measures: Sequence[str] = ("cka/linear", "stitch/affine"),
+    measures: str | Sequence[str] = ("cka/linear", "stitch/affine"),
+    reverse: bool = False,
     split: float | tuple[ArrayLike, ArrayLike] = 0.5,
     key: jax.Array | None = None,
-    ridge: float = 0.0,
     chunk_size: int | None = None,
     devices: Sequence[jax.Device] | None = None,
     stats_budget: float = 2.0 * 2**30,
 ) -> GridResult:
-    """Compare every layer of ``reps_a`` with every layer of ``reps_b``.
+    """Compare every layer of ``reps_a`` with every layer of ``reps_b``, for every measure by name.
+
+    ``tables[name][i, j] == similarity.measure(name)(A_i, B_j)`` for every
+    returned name (to rounding; the tests check 1e-10 in float64), where
+    ``A_i``, ``B_j`` are the i-th layer of ``reps_a`` and the j-th of ``reps_b``.
+    With ``reverse=True`` the same call also returns
+    ``reverse[name][i, j] == measure(name)(B_j, A_i)``, reusing the same
+    per-layer (and, for moment measures, per-pair) work.
+
+    The reconstruction scores are named by family, figure and ridge:
+    ``"stitch/<family>"`` (held out), ``"stitch/<family>/in_sample"`` (the
+    leaky in-sample figure on the train rows), and for the affine family
+    ``"stitch/affine/ridge=<r>"`` and ``"stitch/affine/in_sample/ridge=<r>"``.
 
     Args:
       reps_a: dict ``{name: (n, d_i)}`` or list of ``(n, d_i)`` arrays.
       reps_b: the same for the other model (default: ``reps_a``). Same ``n``
         samples, in the same order, as ``reps_a``.
-      measures: registry names (``similarity.list_measures()``; one name may be
-        passed as a plain string), including
-        ``"stitch/affine"``, ``"stitch/scaled_orthogonal"``, ``"stitch/orthogonal"``.
-      split: train fraction or ``(train_idx, test_idx)`` for the stitching
-        measures (the same split for every pair, as in
-        :func:`similarity.reconstruction_score`).
+      measures: registry names (``similarity.list_measures()``; parametrised
+        names like ``"shape/angular/alpha=0.5"`` too); one name may be passed
+        as a plain string.
+      reverse: also return ``GridResult.reverse`` (see above).
+      split: the train/test split of the held-out reconstruction scores, shared
+        by every pair: a train fraction or ``(train_idx, test_idx)``. The
+        registered measures use the default (0.5 with ``key=jax.random.key(0)``);
+        with another split the tables equal
+        :func:`similarity.reconstruction_score` with that split.
       key: PRNG key for a fractional split (default ``jax.random.key(0)``).
-      ridge: ridge of the affine stitcher.
       chunk_size: stream samples in chunks of this many rows (moment measures only).
       devices: devices to shard the pair axis over (default: all of ``jax.devices()``).
       stats_budget: bytes allowed for the per-layer statistics of a measure that
@@ -400,206 +733,50 @@ def compare_grid(
         layer; above it (e.g. ``n^2`` RDMs for large ``n``), once per pair.
 
     Returns:
-      :class:`GridResult` ``(tables, rows, cols)``; each table is ``(La, Lb)``.
+      :class:`GridResult` ``(tables, rows, cols, reverse)``; each table is ``(La, Lb)``.
 
     Raises:
-      ValueError: unknown measure, a non-streamable measure with ``chunk_size``,
-        mismatched sample counts, NaN/Inf, constant layers, bad split.
+      ValueError: unknown measure, a measure without moments with ``chunk_size``,
+        mismatched sample counts, NaN/Inf, constant layers, a bad split, too few
+        train rows for an unregularised affine stitcher, or a non-finite entry
+        (named by its pair).
 
     Examples:
       >>> import jax
       >>> x = jax.random.normal(jax.random.key(0), (40, 3))
-      >>> g = compare_grid({"a": x, "b": 2 * x}, [x, x[:, :2]], measures=["cka/linear"])
-      >>> g.tables["cka/linear"].shape, g.rows
-      ((2, 2), ('a', 'b'))
+      >>> g = compare_grid({"a": x, "b": 2 * x}, [x, x[:, :2]], measures=["cka/linear", "stitch/affine"],
+      ...                  reverse=True)
+      >>> g.tables["cka/linear"].shape, g.rows, sorted(g.reverse)
+      ((2, 2), ('a', 'b'), ['cka/linear', 'stitch/affine'])
     """
     streaming = chunk_size is not None
-    rows, va = _as_layers(reps_a, "reps_a")
-    cols, vb = _as_layers(reps_a if reps_b is None else reps_b, "reps_b")
-    measures = list(dict.fromkeys([measures] if isinstance(measures, str) else measures))
-    if not measures:
-        raise ValueError("measures is empty; e.g. measures=['cka/linear', 'stitch/affine'].")
-    generic = {}
-    for m in measures:
-        if m in MOMENT_MEASURES:
-            continue
-        if m.startswith("stitch/"):
-            V.check_choice(m, "measure name", STITCH_MEASURES)
-        generic[m] = get_measure(m)
-        if streaming:
-            raise ValueError(
-                f"measure {m!r} cannot stream samples in chunks; with chunk_size only "
-                f"{', '.join(MOMENT_MEASURES)} are available. Drop chunk_size or the measure."
-            )
-    if streaming and (not isinstance(chunk_size, int) or chunk_size < 1):
+    if streaming and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
-    S._check_options("affine", ridge)
+    reverse = V.check_bool(reverse, "reverse")
+    measures = [measures] if isinstance(measures, str) else list(measures)
+    moment, generic = _resolve(measures, streaming=streaming)
     # Generic measures need the eager value checks; the moment measures check
     # values inside their first pass (cheaper, and possible while streaming).
-    eager = bool(generic)
-    va = _check_layers(va, "reps_a", eager_values=eager, streaming=streaming)
-    vb = _check_layers(vb, "reps_b", eager_values=eager, streaming=streaming)
-    n = va[0].shape[0]
-    for nm, vs in (("reps_a", va), ("reps_b", vb)):
-        for k, z in enumerate(vs):
-            if z.shape[0] != n:
-                raise ValueError(
-                    f"every layer must hold the same samples: reps_a[0] has n={n} but "
-                    f"{nm}[{k}] has shape {tuple(z.shape)}."
-                )
-    dt = functools.reduce(jnp.promote_types, [V.compute_dtype(z.dtype, "reps") for z in va + vb])
+    lay = _prepare(reps_a, reps_b, eager_values=bool(generic), streaming=streaming)
+    weights = S.split_weights(lay.n, split, key, lay.dtype)  # validates split even when no measure uses it
     plan = _make_plan(devices)
-    moment = [m for m in measures if m in MOMENT_MEASURES]
-    tables: dict[str, np.ndarray] = {}
-    La, Lb = len(va), len(vb)
-
-    # Width groups of layers, and pair groups by (d_a, d_b).
-    def groups(vs):
-        g: dict[int, list[int]] = {}
-        for k, z in enumerate(vs):
-            g.setdefault(int(z.shape[1]), []).append(k)
-        return g
-
-    ga, gb = groups(va), groups(vb)
-    pair_groups = [(da, db) for da in ga for db in gb]
-
-    def chunk(vs, idx, lo=0, hi=None):
-        """Rows ``lo:hi`` of layers ``idx`` of ``vs``, as a tuple of ``(c, d)`` device arrays."""
-        hi = n if hi is None else hi
-        return tuple(jnp.asarray(vs[k][lo:hi] if (lo, hi) != (0, n) else vs[k], dtype=dt) for k in idx)
-
-    stacks: dict = {}
-
-    def stack(side, d):
-        """Layers of width ``d`` of one side as ``(L, n, d)``, built once for all generic measures."""
-        if (side, d) not in stacks:
-            vs, g = (va, ga) if side == "a" else (vb, gb)
-            stacks[side, d] = _replicate(plan, jnp.stack([jnp.asarray(vs[k], dtype=dt) for k in g[d]]))
-        return stacks[side, d]
-
+    fwd, rev = {}, {}
     if moment:
-        w_tr, w_te = S.split_weights(n, split, key, dt)
-        need_split = any(m.startswith("stitch/") for m in moment)
-        need_full = any(not m.startswith("stitch/") for m in moment)
-        if need_split:
-            n_tr = int(round(float(jnp.sum(w_tr))))
-            dmax = max(z.shape[1] for z in va + vb)
-            for m in moment:
-                if m.startswith("stitch/"):
-                    S._check_fit_rows(n_tr, dmax, m.split("/")[1], ridge, "the train split")
-        # When the split covers every row once, the all-rows moments follow from the
-        # train/test ones (see _shift_full) and need no GEMMs of their own.
-        derive_full = need_split and need_full and bool(np.all(np.asarray(w_tr + w_te) == 1))
-        flags = dict(split=need_split, full=need_full and not derive_full)
-        chunks = [(lo, min(lo + chunk_size, n)) for lo in range(0, n, chunk_size)] if streaming else [(0, n)]
-        n_tr_f, n_all = jnp.sum(w_tr), jnp.asarray(n, dt)
-        side_names = {"a": "reps_a", "b": "reps_b"}
-
-        # pass 1: means (L * d,), and the value checks
-        means = {}
-        for side, vs, g in (("a", va, ga), ("b", vb, gb)):
-            for d, idx in g.items():
-                acc, mx, fin_ok = None, None, None
-                for lo, hi in chunks:
-                    s_tr, s_all, m_abs, ok = _acc_means(chunk(vs, idx, lo, hi), w_tr[lo:hi])
-                    acc = _add(acc, (s_tr, s_all))
-                    mx = m_abs if mx is None else jnp.maximum(mx, m_abs)
-                    fin_ok = ok if fin_ok is None else fin_ok & ok
-                _raise_non_finite(side_names[side], idx, fin_ok)
-                means[side, d] = (acc[0] / n_tr_f, acc[1] / n_all, mx)
-        # pass 2: centred moments, per layer and per pair
-        lsums, psums, pidx = {}, {}, {}
-        for side, vs, g in (("a", va, ga), ("b", vb, gb)):
-            for d, idx in g.items():
-                acc = None
-                for lo, hi in chunks:
-                    acc = _add(acc, _acc_layer(chunk(vs, idx, lo, hi), *means[side, d][:2], w_tr[lo:hi],
-                                               w_te[lo:hi], **flags))
-                if derive_full:
-                    delta = (means[side, d][1] - means[side, d][0]).reshape(len(idx), d)
-                    acc["g_all"] = _shift_full(acc["g_tr"] + acc["g_te"], delta, delta, n_all)
-                lsums[side, d] = acc
-        n_te = jnp.sum(w_te)
-        fin = {k: _layer_finish(v, means[k][0], n_te, split=need_split, full=need_full)
-               for k, v in lsums.items()}
-        for (side, d), (lm, norm_all, _) in fin.items():
-            idx = (ga if side == "a" else gb)[d]
-            if lm is not None:
-                _raise_constant(side_names[side], idx, means[side, d][2], lm.norm, float(n_tr_f), d, dt,
-                                "the train rows")
-            if norm_all is not None:
-                _raise_constant(side_names[side], idx, means[side, d][2], norm_all, n, d, dt, "samples")
-        for da, db in pair_groups:
-            # Pad the source layers to a multiple of the device count (repeating the
-            # last one), so the pair axis (source-major) splits evenly over the mesh;
-            # padded pairs come last and are dropped.
-            la, lb = len(ga[da]), len(gb[db])
-            la_pad = la + (-la) % plan.ndev
-            pad_a = np.minimum(np.arange(la_pad), la - 1)
-            idx_a = [ga[da][k] for k in pad_a]
-            ia, jb = np.repeat(pad_a, lb), np.tile(np.arange(lb), la_pad)
-            pidx[da, db] = (ia, jb, la * lb)
-            shard = None if plan.mesh is None else NamedSharding(plan.mesh, P(None, "pairs"))
-            ma_tr, ma_all = (m.reshape(la, da)[pad_a].reshape(-1) for m in means["a", da][:2])
-            acc = None
-            for lo, hi in chunks:
-                rest = _replicate(plan, (ma_tr, ma_all, *means["b", db][:2], w_tr[lo:hi], w_te[lo:hi]))
-                m_tr, m_all, mb_tr, mb_all, wt, we = rest
-                acc = _add(acc, _acc_cross(_replicate(plan, chunk(va, idx_a, lo, hi)),
-                                           _replicate(plan, chunk(vb, gb[db], lo, hi)),
-                                           m_tr, mb_tr, m_all, mb_all, wt, we, sharding=shard, **flags))
-            if derive_full:
-                d_a = (means["a", da][1] - means["a", da][0]).reshape(la, da)[ia]
-                d_b = (means["b", db][1] - means["b", db][0]).reshape(lb, db)[jb]
-                acc["c_all"] = _shift_full(acc["c_tr"] + acc["c_te"], d_a, d_b, n_all)
-            psums[da, db] = acc
-        chol = {}
-        if "stitch/affine" in moment:
-            for k, (lm, _, _) in fin.items():
-                mask = jnp.ones((lm.gram_train.shape[1],), dt)
-                chol[k] = jax.vmap(lambda g: S.affine_system(g, ridge=float(ridge), mask=mask))(lm.gram_train)
-        names = tuple(moment)
-        for da, db in pair_groups:
-            lma, nra, gra = fin["a", da]
-            lmb, nrb, grb = fin["b", db]
-            ia, jb, n_real = pidx[da, db]
-            ia_s, jb_s = _put_pairs(plan, ia, jb)
-            ca = chol.get(("a", da), jnp.zeros((len(ga[da]), 0, 0), dt))
-            cb = chol.get(("b", db), jnp.zeros((len(gb[db]), 0, 0), dt))
-            res = _evaluate(*_replicate(plan, (lma, lmb, gra, grb, nra, nrb, ca, cb)),
-                            psums[da, db], ia_s, jb_s, names=names, ridge=float(ridge))
-            ia, jb = ia[:n_real], jb[:n_real]
-            for key_, vals in res.items():
-                t = tables.setdefault(key_, np.full((La, Lb), np.nan, dtype=dt))
-                vals = _to_host(vals)[:n_real]
-                t[np.asarray(ga[da])[ia], np.asarray(gb[db])[jb]] = vals
-        for key_, t in tables.items():
-            if not np.all(np.isfinite(t)):
-                raise ValueError(
-                    f"{key_}: some entries are not finite (singular normal equations for an "
-                    "affine stitcher, or degenerate layers). Pass ridge > 0."
-                )
-    for m, meas in generic.items():
-        t = np.full((La, Lb), np.nan, dtype=dt)
-        st = meas.stats if _stats_fit(meas.stats, n, [z.shape[1] for z in va + vb], dt, stats_budget) else None
-        if st is not None:  # per-layer work once per layer
-            sa = {d: _replicate(plan, _layer_stats(stack("a", d), fn=st.layer)) for d in ga}
-            sb = {d: _replicate(plan, _layer_stats(stack("b", d), fn=st.layer)) for d in gb}
-        for da, db in pair_groups:
-            ia, jb = np.meshgrid(np.arange(len(ga[da])), np.arange(len(gb[db])), indexing="ij")
-            ia, jb = ia.ravel(), jb.ravel()
-            ia_s, jb_s = _put_pairs(plan, ia, jb)
-            if st is not None:
-                out = _pairs_from_stats(sa[da], sb[db], ia_s, jb_s, fn=st.pair)
-            else:
-                out = _generic(stack("a", da), stack("b", db), ia_s, jb_s, fn=meas.fn)
-            t[np.asarray(ga[da])[ia], np.asarray(gb[db])[jb]] = _to_host(out)[: len(ia)]
-        if not np.all(np.isfinite(t)):
-            i, j = np.argwhere(~np.isfinite(t))[0]
-            raise ValueError(
-                f"{m}: the entry for rows[{i}] = {rows[i]!r} and cols[{j}] = {cols[j]!r} is not finite "
-                f"(undefined for those layers). Call similarity.measure({m!r})(a, b) on that pair "
-                "to see which input check fails."
-            )
-        tables[m] = t
-    return GridResult({k: jnp.asarray(v) for k, v in tables.items()}, rows, cols)
+        fwd, rev = _moment_tables(lay, moment, reverse=reverse, weights=weights, chunk_size=chunk_size,
+                                  plan=plan)
+    stacks = _Stacks(lay, plan)
+    for name, m in generic:
+        fwd[name], r = _generic_table(lay, m, reverse=reverse and not m.symmetric, plan=plan,
+                                      stats_budget=stats_budget, stacks=stacks)
+        if r is not None:
+            rev[name] = r
+    is_moment = {name for name, _ in moment}
+    for name, t in fwd.items():
+        _check_finite(name, t, lay, moment=name in is_moment, reverse=False)
+    for name, t in rev.items():
+        _check_finite(name, t, lay, moment=name in is_moment, reverse=True)
+    tables = {name: jnp.asarray(fwd[name]) for name in dict.fromkeys(measures)}
+    rev_tables = {}
+    if reverse:  # a symmetric measure is its own reverse
+        rev_tables = {name: jnp.asarray(rev[name]) if name in rev else tables[name] for name in tables}
+    return GridResult(tables, lay.rows, lay.cols, rev_tables)

@@ -37,20 +37,28 @@ from collections.abc import Callable, Iterable
 
 import jax
 
-from similarity import _layer_stats as LS
 from similarity import _validate as V
-from similarity._layer_stats import LayerStats
-from similarity.cca import cca_mean, cca_r2, pwcca, svcca
-from similarity.cka import cka
-from similarity.regression import linear_regression_r2
-from similarity.rsa import COMPARISONS, RDM_METRICS, rsa
-from similarity.shape import nbs, procrustes_distance, shape_distance
+from similarity._layer_stats import MOMENT_KINDS, LayerStats, MomentStats
+from similarity.cca import cca_layer_stats, cca_mean, cca_r2, pwcca, pwcca_layer_stats, svcca, svcca_layer_stats
+from similarity.cka import cka, cka_layer_stats, linear_cka_moment_stats
+from similarity.regression import linear_regression_r2, regression_layer_stats
+from similarity.rsa import COMPARISONS, RDM_METRICS, rsa, rsa_layer_stats
+from similarity.shape import (
+    nbs,
+    nbs_moment_stats,
+    procrustes_distance,
+    procrustes_moment_stats,
+    shape_distance,
+    shape_layer_stats,
+    shape_moment_stats,
+)
 
 __all__ = [
     "INVARIANCES",
     "KINDS",
     "Measure",
     "measure",
+    "make_measure",
     "list_measures",
     "register",
     "register_family",
@@ -78,9 +86,13 @@ class Measure:
       invariances: a frozenset drawn from :data:`INVARIANCES`.
       description: one line.
       bounds: ``(lo, hi)``, the range of values (``inf`` when unbounded).
-      stats: optional :class:`~similarity._layer_stats.LayerStats` ``(layer, pair)``
+      stats: optional :class:`~similarity.LayerStats` ``(layer, pair)``
         with ``fn(x, y) == pair(layer(x), layer(y))``; :func:`similarity.compare_grid`
         uses it to do the per-layer work once per layer instead of once per pair.
+      moments: optional :class:`~similarity.MomentStats`: the measure is a
+        function of centred second moments (a *moment measure*), and
+        :func:`similarity.compare_grid` computes it from per-layer and per-pair
+        moments (streamed, sharded, one large matrix product for all pairs).
     """
 
     name: str
@@ -91,6 +103,7 @@ class Measure:
     description: str
     bounds: tuple = (-math.inf, math.inf)
     stats: LayerStats | None = dataclasses.field(default=None, compare=False, repr=False)
+    moments: MomentStats | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __call__(self, x, y, /) -> jax.Array:
         return self.fn(x, y)
@@ -101,8 +114,47 @@ _REGISTRY: dict[str, Measure] = {}
 _FAMILIES: dict[str, tuple[str, Callable[[float], Measure], tuple[float, ...]]] = {}
 
 
-def _make(name, fn, kind, symmetric, invariances, description, bounds=(-math.inf, math.inf),
-          stats=None) -> Measure:
+def make_measure(
+    name: str,
+    fn: Callable[..., jax.Array],
+    *,
+    kind: str,
+    symmetric: bool,
+    invariances: Iterable[str],
+    description: str,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+    stats: LayerStats | None = None,
+    moments: MomentStats | None = None,
+) -> Measure:
+    """Build and validate a :class:`Measure` without registering it (for :func:`register_family` builders).
+
+    Args:
+      name: e.g. ``"stitch/affine/r2"``.
+      fn: ``fn(x, y) -> ()`` array.
+      kind: "score" or "distance".
+      symmetric: whether swapping the arguments leaves the value unchanged.
+      invariances: names from :data:`INVARIANCES` (tested, so be exact).
+      description: one line.
+      bounds: ``(lo, hi)``, the range of possible values (tested).
+      stats: optional ``LayerStats(layer, pair)`` with ``fn(x, y) ==
+        pair(layer(x), layer(y))`` (pure, jit-able), for fast layer grids.
+      moments: optional ``MomentStats(moments, finish, ...)`` for a measure
+        that is a function of centred second moments (see
+        :mod:`similarity._layer_stats`); ``fn`` must equal it.
+
+    Returns:
+      The :class:`Measure`.
+
+    Raises:
+      ValueError: an unknown kind, invariance or moment kind.
+      TypeError: ``fn`` not callable, ``stats`` or ``moments`` of the wrong type.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> make_measure("demo/one", lambda x, y: jnp.ones(()), kind="score", symmetric=True,
+      ...              invariances=(), description="always 1").kind
+      'score'
+    """
     V.check_choice(kind, "kind", KINDS)
     inv = frozenset(invariances)
     for i in inv:
@@ -112,34 +164,26 @@ def _make(name, fn, kind, symmetric, invariances, description, bounds=(-math.inf
     lo, hi = (float(b) for b in bounds)
     if stats is not None and not isinstance(stats, LayerStats):
         raise TypeError(f"stats for measure {name!r} must be a LayerStats(layer, pair), got {type(stats).__name__}.")
-    return Measure(name, fn, kind, V.check_bool(symmetric, "symmetric"), inv, description, (lo, hi), stats)
+    if moments is not None:
+        if not isinstance(moments, MomentStats):
+            raise TypeError(
+                f"moments for measure {name!r} must be a MomentStats(moments, finish, ...), got "
+                f"{type(moments).__name__}."
+            )
+        V.check_choice(moments.moments, "MomentStats.moments", MOMENT_KINDS)
+    return Measure(name, fn, kind, V.check_bool(symmetric, "symmetric"), inv, description, (lo, hi), stats,
+                   moments)
 
 
-def register(
-    name: str,
-    fn: Callable[..., jax.Array],
-    *,
-    kind: str,
-    symmetric: bool,
-    invariances: Iterable[str],
-    description: str,
-    bounds: tuple[float, float] = (-math.inf, math.inf),
-    overwrite: bool = False,
-    stats: LayerStats | None = None,
-) -> Measure:
-    """Add a measure under ``name``.
+def register(name: str, fn: Callable[..., jax.Array], *, overwrite: bool = False, **spec) -> Measure:
+    """Add a measure under ``name``: ``make_measure(name, fn, **spec)``.
 
     Args:
       name: e.g. ``"stitch/affine/r2"``; must not contain ``=``.
       fn: ``fn(x, y) -> ()`` array.
-      kind: "score" or "distance".
-      symmetric: whether swapping the arguments leaves the value unchanged.
-      invariances: names from :data:`INVARIANCES` (tested, so be exact).
-      description: one line.
-      bounds: ``(lo, hi)``, the range of possible values (tested).
       overwrite: replace an existing entry instead of raising.
-      stats: optional ``LayerStats(layer, pair)`` with ``fn(x, y) ==
-        pair(layer(x), layer(y))`` (pure, jit-able), for fast layer grids.
+      **spec: ``kind``, ``symmetric``, ``invariances``, ``description`` (required),
+        ``bounds``, ``stats``, ``moments``: see :func:`make_measure`.
 
     Returns:
       The registered :class:`Measure`.
@@ -160,7 +204,7 @@ def register(
         raise ValueError(f"measure name {name!r} must not contain '='; use register_family.")
     if name in _REGISTRY and not V.check_bool(overwrite, "overwrite"):
         raise ValueError(f"measure {name!r} is already registered; pass overwrite=True.")
-    m = _make(name, fn, kind, symmetric, invariances, description, bounds, stats)
+    m = make_measure(name, fn, **spec)
     _REGISTRY[name] = m
     return m
 
@@ -266,7 +310,8 @@ for _deb in (False, True):
             bounds=(-1.0 if _deb else 0.0, 1.0),
             description=f"{'debiased ' if _deb else ''}{_k} CKA"
             + (" (RBF bandwidth 0.5 x median distance)" if _k == "rbf" else ""),
-            stats=LS.cka_stats(_k, _deb),
+            stats=cka_layer_stats(kernel=_k, debiased=_deb),
+            moments=linear_cka_moment_stats() if (_k, _deb) == ("linear", False) else None,
         )
 
 _RDM_INV = {
@@ -286,30 +331,47 @@ for _metric in RDM_METRICS:
             bounds=(-1.0, 1.0),
             description=f"RSA: {_metric} RDMs compared by {_cmp}"
             + (" (sqeuclidean + cosine_cov = linear CKA)" if _cmp == "cosine_cov" else ""),
-            stats=LS.rsa_stats(_metric, _cmp),
+            stats=rsa_layer_stats(rdm_metric=_metric, compare=_cmp),
         )
 
 register("cca/r2", cca_r2, bounds=(0.0, 1.0), kind="score", symmetric=True,
          invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
-         description="mean squared canonical correlation R^2_CCA (needs d < n)", stats=LS.cca_stats("r2"))
+         description="mean squared canonical correlation R^2_CCA (needs d < n)",
+         stats=cca_layer_stats(reduce="r2"))
 register("cca/mean", cca_mean, bounds=(0.0, 1.0), kind="score", symmetric=True,
          invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
-         description="mean canonical correlation (needs d < n)", stats=LS.cca_stats("mean"))
+         description="mean canonical correlation (needs d < n)", stats=cca_layer_stats(reduce="mean"))
 register("svcca", svcca, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
-         description="SVCCA: mean CCA of the top-SVD subspaces keeping 99% variance", stats=LS.svcca_stats())
-register("pwcca", pwcca, bounds=(0.0, 1.0), kind="score", symmetric=False,
-         invariances={"translation", "isotropic_scale", "permutation"},
-         description="projection-weighted CCA, weights from the first argument (needs d < n)",
-         stats=LS.pwcca_stats())
+         description="SVCCA: mean CCA of the top-SVD subspaces keeping 99% variance",
+         stats=svcca_layer_stats())
+_PWCCA_INV = {"translation", "isotropic_scale", "permutation"}
+_PWCCA_WHAT = "projection-weighted CCA as google/svcca computes it (weights from the narrower side, x on a tie)"
+register("pwcca", pwcca, bounds=(0.0, 1.0), kind="score", symmetric=False, invariances=_PWCCA_INV,
+         description=f"{_PWCCA_WHAT}; needs d < n", stats=pwcca_layer_stats())
 register("nbs", nbs, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
-         description="normalised Bures similarity ||Xc^T Yc||_* / (||Xc|| ||Yc||)")
+         description="normalised Bures similarity ||Xc^T Yc||_* / (||Xc|| ||Yc||)", moments=nbs_moment_stats())
 register("procrustes", procrustes_distance, bounds=(0.0, 2.0), kind="distance", symmetric=True,
          invariances=_ALL_BUT_LINEAR,
-         description="Ding et al. squared Procrustes distance 2 - 2 NBS on unit-norm data")
+         description="Ding et al. squared Procrustes distance 2 - 2 NBS on unit-norm data",
+         moments=procrustes_moment_stats())
 register("regression/r2", linear_regression_r2, bounds=(0.0, 1.0), kind="score", symmetric=False,
          invariances=_ALL_BUT_LINEAR,
          description="directed linear-regression R^2 of the second argument from the first",
-         stats=LS.regression_stats(0.0))
+         stats=regression_layer_stats())
+
+
+def _pwcca_builder(epsilon: float) -> Measure:
+    if not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"pwcca: epsilon must be in [0, 1), got {epsilon!r}.")
+    return make_measure(
+        f"pwcca/epsilon={_fmt(epsilon)}", functools.partial(pwcca, epsilon=epsilon), kind="score",
+        symmetric=False, invariances=_PWCCA_INV, bounds=(0.0, 1.0),
+        description=f"{_PWCCA_WHAT}; neurons below epsilon={_fmt(epsilon)} x the largest variance dropped",
+        stats=pwcca_layer_stats(epsilon=epsilon),
+    )
+
+
+register_family("pwcca", "epsilon", _pwcca_builder, examples=(1e-10,))
 
 
 def _shape_builder(distance: str) -> Callable[[float], Measure]:
@@ -322,30 +384,33 @@ def _shape_builder(distance: str) -> Callable[[float], Measure]:
         if distance == "angular" and alpha == 0.0:
             inv.add("invertible_linear")
         what = {1.0: "Procrustes", 0.0: "CCA-like, fully whitened"}.get(alpha, "partially whitened")
-        return _make(
+        return make_measure(
             f"shape/{distance}/alpha={_fmt(alpha)}",
             functools.partial(shape_distance, alpha=alpha, distance=distance),
-            "distance", True, inv,
+            kind="distance", symmetric=True, invariances=inv,
             bounds=(0.0, math.pi / 2 if distance == "angular" else math.inf),
-            description=f"{distance} shape metric, alpha={_fmt(alpha)} ({what}; netrep semantics)",
+            description=f"{distance} shape metric, alpha={_fmt(alpha)} ({what}; equals netrep's LinearMetric)",
+            stats=shape_layer_stats(alpha=alpha, distance=distance),
+            moments=shape_moment_stats(alpha=alpha, distance=distance),
         )
 
     return build
 
 
 register_family("shape/angular", "alpha", _shape_builder("angular"), examples=(0.0, 0.5, 1.0))
-register_family("shape/euclidean", "alpha", _shape_builder("euclidean"), examples=(1.0,))
+register_family("shape/euclidean", "alpha", _shape_builder("euclidean"), examples=(0.0, 0.5, 1.0))
 
 
 def _ridge_builder(ridge: float) -> Measure:
     if not ridge >= 0.0:
         raise ValueError(f"regression/r2: ridge must be >= 0, got {ridge!r}.")
     inv = set(_ALL_BUT_LINEAR) if ridge == 0.0 else {"translation", "rotation", "permutation"}
-    return _make(
+    return make_measure(
         f"regression/r2/ridge={_fmt(ridge)}",
         functools.partial(linear_regression_r2, ridge=ridge),
-        "score", False, inv, bounds=(0.0, 1.0), description=f"directed ridge-regression R^2 (ridge={_fmt(ridge)}, in-sample)",
-        stats=LS.regression_stats(float(ridge)),
+        kind="score", symmetric=False, invariances=inv, bounds=(0.0, 1.0),
+        description=f"directed ridge-regression R^2 (ridge={_fmt(ridge)}, in-sample)",
+        stats=regression_layer_stats(ridge=ridge),
     )
 
 

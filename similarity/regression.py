@@ -23,9 +23,10 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from similarity import _validate as V
+from similarity._layer_stats import LayerStats
 from similarity._linalg import svd as _svd
 
-__all__ = ["linear_regression_r2"]
+__all__ = ["linear_regression_r2", "regression_layer_stats"]
 
 
 def _layer(z):
@@ -82,3 +83,13 @@ def linear_regression_r2(x: ArrayLike, y: ArrayLike, /, *, ridge: float = 0.0) -
     V.check_not_constant(x, "x", what="the regression R^2")
     V.check_not_constant(y, "y", what="the regression R^2")
     return _r2(x, y, ridge)
+
+
+def regression_layer_stats(*, ridge: float = 0.0) -> LayerStats:
+    """Per-layer statistics of :func:`linear_regression_r2`: the SVD of the centred layer.
+
+    A layer contributes the same statistics as predictor and as target, so
+    ``pair(layer(x), layer(y)) == linear_regression_r2(x, y, ridge=ridge)``
+    and the reverse direction costs nothing extra (``n d + d`` numbers per layer).
+    """
+    return LayerStats(_layer, functools.partial(_r2_from_layers, ridge=float(ridge)))

@@ -31,8 +31,9 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from similarity import _validate as V
+from similarity._layer_stats import LayerStats
 
-__all__ = ["RDM_METRICS", "COMPARISONS", "rdm", "rsa", "rank_average", "compare_vectors"]
+__all__ = ["RDM_METRICS", "COMPARISONS", "rdm", "rsa", "rank_average", "compare_vectors", "rsa_layer_stats"]
 
 RDM_METRICS = ("correlation", "euclidean", "sqeuclidean", "cosine")
 COMPARISONS = ("spearman", "pearson", "kendall", "cosine", "cosine_cov")
@@ -448,3 +449,37 @@ def rsa(
             "e.g. all samples are equidistant or identical. Use other samples or metrics."
         )
     return out
+
+
+def _unit(v: jax.Array) -> jax.Array:
+    v = v.reshape(-1)
+    return v / jnp.sqrt(_dot(v, v))
+
+
+def rsa_layer_stats(*, rdm_metric: str, compare: str) -> LayerStats:
+    """Per-layer statistics of :func:`rsa`: the RDM, ranked or standardised as ``compare`` needs.
+
+    ``pair(layer(x), layer(y)) == rsa(x, y, rdm_metric=rdm_metric, compare=compare)``
+    (the same entries, ranks and two-stage sums as :func:`rsa`).
+    Memory: ``n (n - 1) / 2`` numbers per layer (``n^2`` for ``cosine_cov``).
+    """
+
+    def layer(x):
+        d = _rdm(x, rdm_metric)
+        if compare == "cosine_cov":
+            return _unit(_centre2(d))
+        v = _upper(d)
+        if compare == "kendall":
+            return v
+        if compare == "spearman":
+            v = _ranks(v)
+        if compare in ("spearman", "pearson"):
+            v = v - _sum(v) / v.shape[0]
+        return _unit(v)
+
+    def pair(sx, sy):
+        if compare == "kendall":
+            return _kendall_tau_a(sx, sy)
+        return _dot(sx, sy)
+
+    return LayerStats(layer, pair)

@@ -53,6 +53,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from similarity import _validate as V
+from similarity._layer_stats import MomentPair, MomentStats
 from similarity._linalg import svd as _svd
 
 FAMILIES = ("orthogonal", "scaled_orthogonal", "affine")
@@ -243,6 +244,7 @@ def fit_from_moments(
     chol: jax.Array | None = None,
     ridge: float = 0.0,
     mask_src: jax.Array | None = None,
+    svd: tuple[jax.Array, jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Closed-form fit of ``V ≈ s * pad(U) Q`` (or ``U W``) from moments.
 
@@ -254,6 +256,8 @@ def fit_from_moments(
       chol: optional precomputed :func:`affine_system` factor (reused by the grid).
       ridge: ridge for ``affine``.
       mask_src: ``(d1,)`` real-feature mask for zero-padded sources.
+      svd: optional precomputed thin SVD ``(u, s, vt)`` of ``cross_train``
+        (the orthogonal families; the grid shares it between measures).
 
     Returns:
       ``(W, s)``: ``W`` is ``(d1, d2)`` (the block ``Q[:d1, :d2]`` for the
@@ -271,7 +275,7 @@ def fit_from_moments(
     # (the padded rows/columns only add null directions that the block never
     # sees), so no D x D SVD is needed. It is exact for the padded problem; it
     # is not the solution of the unbalanced problem with a semi-orthogonal map.
-    u, sv, vt = _svd(cross_train)
+    u, sv, vt = _svd(cross_train) if svd is None else svd
     w = jnp.einsum("ik,kj->ij", u, vt)
     if family == "scaled_orthogonal":
         # s = <V, U Q> / ||pad(U) Q||^2 and ||pad(U) Q|| = ||U||.
@@ -302,10 +306,16 @@ def score_from_moments(
     ridge: float = 0.0,
     chol: jax.Array | None = None,
     mask_src: jax.Array | None = None,
+    svd: tuple[jax.Array, jax.Array, jax.Array] | None = None,
 ) -> ReconstructionScore:
-    """Held-out and in-sample reconstruction scores from precomputed moments."""
+    """Held-out and in-sample reconstruction scores from precomputed moments.
+
+    ``chol`` (affine) and ``svd`` (orthogonal families) are optional
+    precomputed factors, see :func:`fit_from_moments`.
+    """
     w, s = fit_from_moments(
-        m_src.gram_train, pm.cross_train, family=family, chol=chol, ridge=ridge, mask_src=mask_src
+        m_src.gram_train, pm.cross_train, family=family, chol=chol, ridge=ridge, mask_src=mask_src,
+        svd=svd,
     )
     vv_tr = jnp.trace(m_tgt.gram_train)  # the target is exactly centred on train rows
     in_sample = 1.0 - _sse(w, s, m_src.gram_train, pm.cross_train, vv_tr, family) / vv_tr
@@ -318,10 +328,26 @@ def score_from_moments(
 # ----------------------------------------------------------------------------- validation
 
 
+def check_ridge(ridge: float, /, *, name: str = "ridge") -> float:
+    """Validate a ridge (a non-negative, finite Python or NumPy number) and return it as a float.
+
+    Examples:
+      >>> check_ridge(1e-3)
+      0.001
+      >>> check_ridge(-1.0)
+      Traceback (most recent call last):
+      ...
+      ValueError: ridge must be a non-negative finite float, got -1.0.
+    """
+    if isinstance(ridge, (bool, np.bool_)) or not isinstance(ridge, (int, float, np.integer, np.floating)) \
+            or not 0 <= ridge < math.inf:
+        raise ValueError(f"{name} must be a non-negative finite float, got {ridge!r}.")
+    return float(ridge)
+
+
 def _check_options(family: str, ridge: float) -> None:
     V.check_choice(family, "family", FAMILIES)
-    if not isinstance(ridge, (int, float)) or isinstance(ridge, bool) or not ridge >= 0:
-        raise ValueError(f"ridge must be a non-negative float, got {ridge!r}.")
+    check_ridge(ridge)
 
 
 def _check_fit_rows(n_fit: int, d_src: int, family: str, ridge: float, where: str) -> None:
@@ -768,26 +794,106 @@ def _fit_stacked(xs, ys, *, family, ridge, normalize):
 # ----------------------------------------------------------------------------- registry
 
 
+def _fit_rows_check(n_fit: int, d_src: int, where: str, *, family: str, ridge: float) -> None:
+    """:func:`_check_fit_rows` for the grid (``MomentStats.check``), with the pair named by ``where``."""
+    try:
+        _check_fit_rows(n_fit, d_src, family, ridge, "the train split")
+    except ValueError as e:
+        hint = " In compare_grid the ridge is part of the name: 'stitch/affine/ridge=0.001'." if family == "affine" else ""
+        raise ValueError(f"{where}: {e}{hint}") from None
+
+
+def _affine_factor(m: LayerMoments, *, ridge: float) -> jax.Array:
+    return affine_system(m.gram_train, ridge=ridge)
+
+
+@functools.lru_cache(maxsize=None)
+def _affine_hook(ridge: float):
+    """The per-layer Cholesky factor for one ridge: one function object per ridge, so that
+    measures with the same ridge share it in the grid."""
+    return functools.partial(_affine_factor, ridge=ridge)
+
+
+def _stitch_finish(ctx: MomentPair, *, family: str, ridge: float, which: str) -> jax.Array:
+    def score():
+        chol = ctx.extra(_affine_hook(ridge))[0] if family == "affine" else None
+        svd = None if family == "affine" else ctx.svd()
+        return score_from_moments(ctx.x, ctx.y, ctx.cross, family=family, ridge=ridge, chol=chol, svd=svd)
+
+    return getattr(ctx.memo(("stitch", family, ridge), score), which)
+
+
+def stitch_moment_stats(family: str, *, ridge: float = 0.0, which: str = "held_out") -> MomentStats:
+    """A reconstruction score as a moment measure on train/test ("split") moments.
+
+    ``which="held_out"`` is ``reconstruction_score(x, y, family=family, ridge=ridge).held_out``,
+    ``"in_sample"`` its in-sample figure. Measures with the same family and ridge
+    share one fit per pair (and the orthogonal families share one SVD).
+    """
+    V.check_choice(family, "family", FAMILIES)
+    V.check_choice(which, "which", ReconstructionScore._fields)
+    ridge = check_ridge(ridge)
+    affine = family == "affine"
+    return MomentStats(
+        "split",
+        functools.partial(_stitch_finish, family=family, ridge=ridge, which=which),
+        layer=_affine_hook(ridge) if affine else None,
+        check=None if affine and ridge > 0 else functools.partial(_fit_rows_check, family=family, ridge=ridge),
+    )
+
+
+_IN_SAMPLE_BOUNDS = {"orthogonal": (-1.0, 1.0), "scaled_orthogonal": (0.0, 1.0), "affine": (0.0, 1.0)}
+_IN_SAMPLE_IDENTITY = {"orthogonal": "2 NBS - 1 on the train rows", "scaled_orthogonal": "NBS^2 on the train rows",
+                       "affine": "the regression R^2 on the train rows"}
+
+
+def _score_of(x: ArrayLike, y: ArrayLike, /, *, family: str, ridge: float, which: str) -> jax.Array:
+    return getattr(reconstruction_score(x, y, family=family, ridge=ridge), which)
+
+
+def _stitch_measure(family: str, ridge: float, which: str, name: str, register_it: bool = False):
+    from similarity.registry import make_measure, register
+
+    in_sample = which == "in_sample"
+    what = "ridge={:g}, ".format(ridge) if ridge else ""
+    if in_sample:
+        desc = (f"in-sample (leaky) reconstruction score of y from x, {family} stitcher ({what}fitted and "
+                f"scored on the train split of reconstruction_score: {_IN_SAMPLE_IDENTITY[family]})")
+    else:
+        desc = (f"directed held-out reconstruction score of y from x, {family} stitcher ({what}split=0.5 "
+                "with jax.random.key(0); see reconstruction_score)")
+    return (register if register_it else make_measure)(
+        name,
+        functools.partial(_score_of, family=family, ridge=ridge, which=which),
+        kind="score",
+        # the in-sample orthogonal scores are functions of NBS, which is symmetric
+        symmetric=in_sample and family != "affine",
+        invariances=("translation", "rotation", "isotropic_scale", "permutation"),
+        description=desc,
+        bounds=_IN_SAMPLE_BOUNDS[family] if in_sample else (-math.inf, 1.0),
+        moments=stitch_moment_stats(family, ridge=ridge, which=which),
+        **({"overwrite": True} if register_it else {}),
+    )
+
+
+def _ridge_family(which: str):
+    suffix = "/in_sample" if which == "in_sample" else ""
+
+    def build(ridge: float):
+        ridge = check_ridge(ridge)
+        return _stitch_measure("affine", ridge, which, f"stitch/affine{suffix}/ridge={ridge:g}")
+
+    return build
+
+
 def _register_measures() -> None:
-    from similarity.registry import register
+    from similarity.registry import register_family
 
-    inv = ("translation", "rotation", "isotropic_scale", "permutation")
     for fam in FAMILIES:
-        register(
-            f"stitch/{fam}",
-            functools.partial(_held_out_score, family=fam),
-            kind="score",
-            symmetric=False,
-            invariances=inv,
-            description=f"directed held-out reconstruction score of y from x, {fam} stitcher "
-            "(split=0.5 with jax.random.key(0); see reconstruction_score)",
-            bounds=(-math.inf, 1.0),
-            overwrite=True,
-        )
-
-
-def _held_out_score(x: ArrayLike, y: ArrayLike, /, *, family: str) -> jax.Array:
-    return reconstruction_score(x, y, family=family).held_out
+        for which, suffix in (("held_out", ""), ("in_sample", "/in_sample")):
+            _stitch_measure(fam, 0.0, which, f"stitch/{fam}{suffix}", register_it=True)
+    for which, suffix in (("held_out", ""), ("in_sample", "/in_sample")):
+        register_family(f"stitch/affine{suffix}", "ridge", _ridge_family(which), examples=(1e-3,))
 
 
 _register_measures()

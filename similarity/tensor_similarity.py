@@ -68,6 +68,7 @@ __all__ = [
     "tensor_inner",
     "tensor_similarity",
     "similarity_matrix",
+    "stack_networks",
     "weight_cosine",
     "behavioral_similarity",
 ]
@@ -474,8 +475,30 @@ def tensor_similarity(
     return ab / jnp.sqrt(aa * bb)
 
 
-def _stack(nets):
-    """A list of networks -> one stacked network (leaves with a leading axis)."""
+def stack_networks(nets, /) -> tuple:
+    """A list of networks with one architecture -> one network whose leaves have a leading axis.
+
+    The stacked network is what :func:`similarity_matrix` and ``jax.vmap`` over
+    checkpoints take.
+
+    Args:
+      nets: a non-empty sequence of networks (a layer or a tuple of layers each),
+        all with the same structure and leaf shapes.
+
+    Returns:
+      A tuple of layers whose every leaf is ``(n, ...)``.
+
+    Raises:
+      ValueError: an empty list, an invalid network, or a network whose
+        structure or shapes differ from the first's (the message names it).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from similarity.multilinear import BilinearLayer
+      >>> nets = [BilinearLayer(jnp.ones((3, 2)) * s, jnp.ones((3, 2)), jnp.ones((1, 3))) for s in (1.0, 2.0)]
+      >>> stack_networks(nets)[0].left.shape
+      (2, 3, 2)
+    """
     nets = [validate_network(n, f"nets[{i}]") for i, n in enumerate(nets)]
     if not nets:
         raise ValueError("nets is empty; pass at least one network.")
@@ -550,7 +573,7 @@ def similarity_matrix(
     """
     return_inner = check_bool(return_inner, "return_inner")
     if isinstance(nets, list):
-        stacked = _stack(nets)
+        stacked = stack_networks(nets)
     else:
         stacked = validate_network(nets, "nets", batch_ndim=1)
     one = jax.tree_util.tree_map(lambda x: x[0], stacked)

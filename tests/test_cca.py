@@ -23,15 +23,47 @@ def ref_cca(x, y):
     return rho[:k], sxx_h @ u[:, :k]
 
 
-def ref_pwcca(x, y):
-    """Morcos et al. (2018): alpha_i ∝ sum_j |<h_i, x_j>|, h_i the canonical variates of x."""
-    rho, a = ref_cca(x, y)
-    xc = x - x.mean(0)
-    h = xc @ a
-    h = h / np.linalg.norm(h, axis=0)
-    alpha = np.abs(h.T @ xc).sum(axis=1)
-    alpha = alpha / alpha.sum()
-    return float(alpha @ rho)
+def _sqrt_pinv(c):
+    """Square root of the pseudo-inverse through eigh, as svcca's cca_core does it."""
+    w, v = np.linalg.eigh(np.linalg.pinv(c))
+    return (v * np.sqrt(w)) @ v.T
+
+
+def ref_pwcca(x, y, epsilon=0.0, add_means=False, flip=None):
+    """google/svcca ``compute_pwcca(x.T, y.T, epsilon)`` transcribed for ``(n, d)`` arrays.
+
+    Steps of cca_core.get_cca_similarity / compute_ccas / remove_small and
+    pwcca.compute_pwcca: covariances (ddof 1) scaled by each side's largest
+    entry; neurons with scaled variance < epsilon dropped; epsilon added to the
+    diagonals; rho, u, v from the SVD of Sxx^-1/2 Sxy Syy^-1/2; the side with
+    fewer kept neurons (x on a tie) gives directions coef (A - mean), which are
+    QR-orthonormalised and weighted by sum_j |<p_i, a_j>| over its kept neurons.
+    ``add_means`` adds each neuron's mean back to the direction of the same index
+    before the QR, as the reference does (sign-dependent, see the test below);
+    ``flip`` multiplies the directions by signs. Where the reference indexes x's
+    activations with y's mask (a crash when the widths differ), y's are used.
+    """
+    d1 = x.shape[1]
+    cov = np.cov(x.T, y.T)
+    sxx, sxy, syy = cov[:d1, :d1], cov[:d1, d1:], cov[d1:, d1:]
+    xmax, ymax = np.max(np.abs(sxx)), np.max(np.abs(syy))
+    sxx, syy, sxy = sxx / xmax, syy / ymax, sxy / np.sqrt(xmax * ymax)
+    kx, ky = np.abs(np.diag(sxx)) >= epsilon, np.abs(np.diag(syy)) >= epsilon
+    sxx = sxx[np.ix_(kx, kx)] + epsilon * np.eye(kx.sum())
+    syy = syy[np.ix_(ky, ky)] + epsilon * np.eye(ky.sum())
+    u, rho, vh = np.linalg.svd(_sqrt_pinv(sxx) @ sxy[np.ix_(kx, ky)] @ _sqrt_pinv(syy))
+    coef, acts = (u.T, x[:, kx]) if kx.sum() <= ky.sum() else (vh, y[:, ky])
+    if flip is not None:
+        coef = coef * flip[:, None]
+    mean = acts.mean(axis=0)
+    dirns = coef @ (acts - mean).T + (mean[:, None] if add_means else 0.0)
+    p, _ = np.linalg.qr(dirns.T)
+    w = np.sum(np.abs(p.T @ acts), axis=1)
+    return float(np.sum(w / w.sum() * np.abs(rho)))
+
+
+def _centred(a):
+    return a - a.mean(axis=0)
 
 
 def ref_svcca(x, y, keep=0.99):
@@ -69,14 +101,62 @@ def test_cca_matches_reference(kind):
     assert float(cca_mean(x, y)) == pytest.approx(np.mean(rho), rel=1e-9)
 
 
-@pytest.mark.parametrize("kind", ["random", "structured"])
-def test_pwcca_both_orders_and_widths(kind):
-    x, y = _data(kind, np.random.default_rng(1))
-    assert x.shape[1] != y.shape[1]
-    a, b = float(pwcca(x, y)), float(pwcca(y, x))
-    assert a == pytest.approx(ref_pwcca(x, y), rel=1e-9)
-    assert b == pytest.approx(ref_pwcca(y, x), rel=1e-9)
-    assert abs(a - b) > 1e-4  # asymmetric, as declared
+def _pwcca_data(kind, d1, d2, rng):
+    if kind == "uniform":  # the issue's data: plain uniform, no relation between the sides
+        return rng.uniform(size=(80, d1)), rng.uniform(size=(80, d2))
+    # related sides with distinct canonical correlations, offset and anisotropic
+    z = rng.normal(size=(60, min(d1, d2)))
+    x = np.c_[z, rng.normal(size=(60, d1 - z.shape[1]))] @ rng.normal(size=(d1, d1)) + 3.0
+    noise = np.geomspace(0.1, 3.0, d2)
+    y = np.c_[z, rng.normal(size=(60, d2 - z.shape[1]))] + noise * rng.normal(size=(60, d2))
+    return x, y
+
+
+@pytest.mark.parametrize("kind", ["uniform", "related"])
+@pytest.mark.parametrize("d1, d2", [(5, 5), (3, 7), (7, 3)])
+def test_pwcca_matches_the_reference(kind, d1, d2):
+    """Equal and unequal widths, both argument orders, against the transcription of google/svcca."""
+    x, y = _pwcca_data(kind, d1, d2, np.random.default_rng(d1 * 10 + d2))
+    xc, yc = _centred(x), _centred(y)
+    assert float(pwcca(x, y)) == pytest.approx(ref_pwcca(xc, yc), rel=1e-9)
+    assert float(pwcca(y, x)) == pytest.approx(ref_pwcca(yc, xc), rel=1e-9)
+    if d1 != d2:  # the narrower side's weights, whatever the order
+        assert float(pwcca(x, y)) == pytest.approx(float(pwcca(y, x)), rel=1e-9)
+    else:  # a tie: the first argument's weights
+        assert abs(float(pwcca(x, y)) - float(pwcca(y, x))) > 1e-4
+
+
+def test_pwcca_epsilon_drops_near_constant_neurons():
+    """The reference's rule: a neuron below epsilon x the largest variance is dropped (and counts no
+    more for the choice of side); epsilon is added to the normalised covariances."""
+    rng = np.random.default_rng(11)
+    x, y = _pwcca_data("related", 6, 5, rng)
+    x[:, 2] = 4.0  # a dead unit
+    x[:, 4] = 0.5 + 1e-7 * rng.normal(size=x.shape[0])  # variance 1e-14 of the largest
+    xc, yc = _centred(x), _centred(y)
+    for eps in (1e-10, 1e-3):
+        want = ref_pwcca(xc, yc, epsilon=eps)
+        assert float(pwcca(x, y, epsilon=eps)) == pytest.approx(want, rel=1e-9)
+        # x keeps 4 neurons, fewer than y's 5: x's weights in both orders
+        assert float(pwcca(y, x, epsilon=eps)) == pytest.approx(ref_pwcca(yc, xc, epsilon=eps), rel=1e-9)
+        assert float(pwcca(y, x, epsilon=eps)) == pytest.approx(want, rel=1e-9)
+    assert float(pwcca(x, y, epsilon=1e-10)) != pytest.approx(float(pwcca(x, y, epsilon=1e-3)), rel=1e-6)
+    with pytest.raises(ValueError, match=r"x of shape \(60, 6\) has centred rank 5 < 6"):
+        pwcca(x, y)  # epsilon = 0 keeps the dead unit: CCA is undefined
+    with pytest.raises(ValueError, match=r"epsilon must be in \[0, 1\)"):
+        pwcca(x, y, epsilon=1.0)
+
+
+def test_reference_mean_term_depends_on_svd_signs():
+    """Why we centre: on uncentred data the reference adds neuron means to the directions before the QR,
+    and its value then changes with the (arbitrary) signs of the singular vectors; on centred data it
+    does not, and that is the value we compute."""
+    x, y = _pwcca_data("uniform", 5, 5, np.random.default_rng(3))
+    flips = [np.array(f) for f in ([1.0] * 5, [-1.0, 1.0, 1.0, 1.0, 1.0], [1.0, -1.0, 1.0, -1.0, 1.0])]
+    raw = [ref_pwcca(x, y, add_means=True, flip=f) for f in flips]
+    assert max(raw) - min(raw) > 1e-4
+    centred = [ref_pwcca(_centred(x), _centred(y), add_means=True, flip=f) for f in flips]
+    np.testing.assert_allclose(centred, float(pwcca(x, y)), rtol=1e-9)
 
 
 @pytest.mark.parametrize("kind", ["random", "structured"])

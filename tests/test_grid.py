@@ -6,6 +6,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -13,7 +14,8 @@ import similarity as sim
 from similarity.grid import compare_grid
 
 N = 36
-MOMENT = ["stitch/affine", "stitch/scaled_orthogonal", "stitch/orthogonal", "cka/linear", "nbs", "procrustes"]
+STITCH = [f"stitch/{fam}{fig}" for fam in ("affine", "scaled_orthogonal", "orthogonal") for fig in ("", "/in_sample")]
+MOMENT = STITCH + ["cka/linear", "nbs", "procrustes"]
 
 
 def _layers(seed=0):
@@ -27,12 +29,13 @@ def _layers(seed=0):
 @pytest.fixture(scope="module")
 def grid():
     a, b = _layers()
-    return a, b, compare_grid(a, b, measures=MOMENT + ["rsa/correlation/pearson"])
+    return a, b, compare_grid(a, b, measures=MOMENT + ["rsa/correlation/pearson"], reverse=True)
 
 
 def test_grid_equals_pairwise_functions(grid):
     a, b, g = grid
     assert g.rows == ("l0", "l1", "l2") and g.cols == (0, 1)
+    assert list(g.tables) == MOMENT + ["rsa/correlation/pearson"] and set(g.reverse) == set(g.tables)
     for i, x in enumerate(a.values()):
         for j, y in enumerate(b):
             for m in ("cka/linear", "nbs", "procrustes", "rsa/correlation/pearson"):
@@ -45,17 +48,49 @@ def test_grid_equals_pairwise_functions(grid):
                 assert g.tables[key].shape == (3, 2)
                 np.testing.assert_allclose(g.tables[key][i, j], fwd.held_out, atol=1e-10)
                 np.testing.assert_allclose(g.tables[key + "/in_sample"][i, j], fwd.in_sample, atol=1e-10)
-                np.testing.assert_allclose(g.tables[key + "/reverse"][i, j], bwd.held_out, atol=1e-10)
-                np.testing.assert_allclose(
-                    g.tables[key + "/reverse/in_sample"][i, j], bwd.in_sample, atol=1e-10
-                )
+                np.testing.assert_allclose(g.reverse[key][i, j], bwd.held_out, atol=1e-10)
+                np.testing.assert_allclose(g.reverse[key + "/in_sample"][i, j], bwd.in_sample, atol=1e-10)
+
+
+def _pairwise(name, xs, ys):
+    m = sim.measure(name)
+    return np.array([[float(m(x, y)) for y in ys] for x in xs])
+
+
+# every moment measure the registry lists, and measures with per-layer statistics of every module
+EVERY = list(sim.MOMENT_MEASURES) + ["rsa/euclidean/spearman", "cka/rbf", "cca/r2", "svcca", "pwcca",
+                                     "pwcca/epsilon=1e-10", "regression/r2/ridge=0.5", "shape/angular/alpha=0.5",
+                                     "shape/euclidean/alpha=0"]
+
+
+def test_every_table_is_a_registered_measure():
+    """The grid's contract: ``tables[k][i, j] == measure(k)(A_i, B_j)`` and
+    ``reverse[k][i, j] == measure(k)(B_j, A_i)``, for every key it returns."""
+    assert {"nbs", "procrustes", "cka/linear", "shape/angular/alpha=1", "shape/euclidean/alpha=1", *STITCH,
+            "stitch/affine/ridge=0.001", "stitch/affine/in_sample/ridge=0.001"} <= set(sim.MOMENT_MEASURES)
+    r = np.random.default_rng(2)  # one width per side (unequal): two compiled shapes per pairwise measure
+    xs = [r.normal(size=(N, 3)) * [3.0, 1.0, 0.3] + 1.0 for _ in range(2)]
+    ys = [np.tanh(xs[0] @ r.normal(size=(3, 4))) + 0.5 * r.normal(size=(N, 4)), r.normal(size=(N, 4))]
+    a, b = {"p": xs[0], "q": xs[1]}, ys
+    g = compare_grid(a, b, measures=EVERY, reverse=True)
+    assert list(g.tables) == EVERY and list(g.reverse) == EVERY
+    for k in EVERY:
+        np.testing.assert_allclose(g.tables[k], _pairwise(k, xs, ys), rtol=1e-9, atol=1e-10, err_msg=k)
+        np.testing.assert_allclose(g.reverse[k], _pairwise(k, ys, xs).T, rtol=1e-9, atol=1e-10, err_msg=k)
+        if sim.measure(k).symmetric:
+            assert g.reverse[k] is g.tables[k]
+    plain = compare_grid(a, b, measures=EVERY)
+    assert plain.reverse == {}
+    for k in EVERY:
+        np.testing.assert_allclose(plain.tables[k], g.tables[k], rtol=1e-12, atol=1e-13, err_msg=k)
 
 
 def test_streaming_equals_one_shot(grid):
     a, b, g = grid
-    s = compare_grid(a, b, measures=MOMENT, chunk_size=7)  # 7 does not divide 36
+    s = compare_grid(a, b, measures=MOMENT, chunk_size=7, reverse=True)  # 7 does not divide 36
     for k, t in s.tables.items():
         np.testing.assert_allclose(t, g.tables[k], atol=1e-10, err_msg=k)
+        np.testing.assert_allclose(s.reverse[k], g.reverse[k], atol=1e-10, err_msg=k)
     # host (numpy) arrays stay on the host, one chunk at a time
     s2 = compare_grid({k: np.asarray(v) for k, v in a.items()}, b, measures=["cka/linear"], chunk_size=36)
     np.testing.assert_allclose(s2.tables["cka/linear"], g.tables["cka/linear"], atol=1e-10)
@@ -66,22 +101,124 @@ def test_partial_split_and_single_families(grid):
     measure family alone (only the moments it needs are accumulated)."""
     a, b, g = grid
     tr, te = np.arange(0, 20), np.arange(24, N)  # rows 20..23 in neither part
-    p = compare_grid(a, b, measures=MOMENT, split=(tr, te))
+    p = compare_grid(a, b, measures=MOMENT, split=(tr, te), reverse=True)
     for i, x in enumerate(a.values()):
         for j, y in enumerate(b):
             for fam in sim.FAMILIES:
                 want = sim.reconstruction_score(x, y, family=fam, split=(tr, te))
                 np.testing.assert_allclose(p.tables[f"stitch/{fam}"][i, j], want.held_out, atol=1e-10)
                 back = sim.reconstruction_score(y, x, family=fam, split=(tr, te))
-                np.testing.assert_allclose(p.tables[f"stitch/{fam}/reverse/in_sample"][i, j], back.in_sample,
+                np.testing.assert_allclose(p.reverse[f"stitch/{fam}/in_sample"][i, j], back.in_sample,
                                            atol=1e-10)
     for m in ("cka/linear", "nbs", "procrustes"):  # all-rows measures ignore the split
         np.testing.assert_allclose(p.tables[m], g.tables[m], atol=1e-10, err_msg=m)
         np.testing.assert_allclose(compare_grid(a, b, measures=[m]).tables[m], g.tables[m], atol=1e-10, err_msg=m)
-    only = compare_grid(a, b, measures=["stitch/scaled_orthogonal"])
-    assert set(only.tables) == {"stitch/scaled_orthogonal" + k for k in ("", "/in_sample", "/reverse", "/reverse/in_sample")}
-    for k, t in only.tables.items():
-        np.testing.assert_allclose(t, g.tables[k], atol=1e-10, err_msg=k)
+    only = compare_grid(a, b, measures=["stitch/scaled_orthogonal"], reverse=True)
+    assert set(only.tables) == set(only.reverse) == {"stitch/scaled_orthogonal"}
+    np.testing.assert_allclose(only.tables["stitch/scaled_orthogonal"], g.tables["stitch/scaled_orthogonal"],
+                               atol=1e-10)
+    np.testing.assert_allclose(only.reverse["stitch/scaled_orthogonal"], g.reverse["stitch/scaled_orthogonal"],
+                               atol=1e-10)
+
+
+def test_in_sample_identities(grid):
+    """In sample, scaled_orthogonal scores NBS^2 and orthogonal 2 NBS - 1 on the train rows (so both
+    are symmetric and their reverse is the forward table); affine is the regression R^2."""
+    a, b, g = grid
+    for fam in ("orthogonal", "scaled_orthogonal"):
+        assert sim.measure(f"stitch/{fam}/in_sample").symmetric
+        assert g.reverse[f"stitch/{fam}/in_sample"] is g.tables[f"stitch/{fam}/in_sample"]
+    assert not sim.measure("stitch/affine/in_sample").symmetric
+    w_tr, _ = sim.stitching.split_weights(N, 0.5, None, np.float64)
+    tr = np.flatnonzero(np.asarray(w_tr))
+    for i, x in enumerate(a.values()):
+        for j, y in enumerate(b):
+            nbs = float(sim.nbs(x[tr], y[tr]))
+            np.testing.assert_allclose(g.tables["stitch/scaled_orthogonal/in_sample"][i, j], nbs**2, atol=1e-10)
+            np.testing.assert_allclose(g.tables["stitch/orthogonal/in_sample"][i, j], 2 * nbs - 1, atol=1e-10)
+            np.testing.assert_allclose(g.tables["stitch/affine/in_sample"][i, j],
+                                       sim.linear_regression_r2(x[tr], y[tr]), atol=1e-10)
+
+
+def test_ridge_is_part_of_the_name(grid):
+    a, b, _ = grid
+    names = ["stitch/affine/ridge=0.01", "stitch/affine/in_sample/ridge=0.01"]
+    g = compare_grid(a, b, measures=names, reverse=True)
+    for i, x in enumerate(a.values()):
+        for j, y in enumerate(b):
+            want = sim.reconstruction_score(x, y, family="affine", ridge=0.01)
+            np.testing.assert_allclose(g.tables[names[0]][i, j], want.held_out, atol=1e-10)
+            np.testing.assert_allclose(g.tables[names[1]][i, j], want.in_sample, atol=1e-10)
+            back = sim.reconstruction_score(y, x, family="affine", ridge=0.01)
+            np.testing.assert_allclose(g.reverse[names[0]][i, j], back.held_out, atol=1e-10)
+    for bad, match in (("stitch/affine/ridge=-1", "ridge must be a non-negative finite float"),
+                       ("stitch/affine/ridge=inf", "ridge must be a non-negative finite float"),
+                       ("stitch/orthogonal/ridge=0.1", "Unknown measure name")):
+        with pytest.raises(ValueError, match=match):
+            compare_grid(a, b, measures=[bad])
+
+
+def test_compiles_once_per_shape_and_measure_set(grid):
+    """A second call with the same shapes and measures reuses every compiled program."""
+    from similarity import grid as G
+
+    a, b, _ = grid
+    ms = ["stitch/affine", "stitch/orthogonal/in_sample", "nbs", "pwcca"]
+    compare_grid(a, b, measures=ms, reverse=True)
+    evaluate = G._moment_evaluator(tuple(G._Entry(n, sim.measure(n).moments, not sim.measure(n).symmetric)
+                                         for n in ms[:3]))
+    sizes = evaluate._cache_size(), G._map_pairs_jit(sim.measure("pwcca").stats.pair)._cache_size()
+    a2 = {k: v + 1.0 for k, v in a.items()}  # new values, same shapes
+    compare_grid(a2, b, measures=ms, reverse=True)
+    assert (evaluate._cache_size(), G._map_pairs_jit(sim.measure("pwcca").stats.pair)._cache_size()) == sizes
+
+
+def test_moment_programs_have_unbatched_svds(grid, monkeypatch):
+    """The compiled moment evaluator runs every SVD unbatched on the CPU (see similarity._linalg)."""
+    from similarity import grid as G
+    from tests.test_linalg import _gesdd_operands
+
+    seen, real = [], G._moment_evaluator
+
+    def spy(entries):
+        f = real(entries)
+        return lambda *args: seen.append((f, args)) or f(*args)
+
+    monkeypatch.setattr(G, "_moment_evaluator", spy)
+    a, b, _ = grid
+    compare_grid(a, b, measures=["stitch/orthogonal", "stitch/scaled_orthogonal/in_sample", "nbs", "procrustes",
+                                 "shape/euclidean/alpha=1"], reverse=True)
+    assert seen
+    for f, args in seen:
+        ops = _gesdd_operands(f, *args)
+        assert ops and all(len(shape) == 2 for shape in ops), ops
+
+
+def test_user_registered_moment_measure(grid):
+    """A measure registered with MomentStats is computed (and streamed) from the moments by the grid."""
+    from similarity.registry import _REGISTRY
+
+    a, b, g = grid
+
+    def finish(ctx):  # squared NBS, from the SVD the grid shares with nbs and procrustes
+        return jnp.sum(ctx.svd()[1]) ** 2
+
+    try:
+        sim.register("tmp/nbs2", lambda x, y: sim.nbs(x, y) ** 2, kind="score", symmetric=True,
+                     invariances=("translation", "rotation", "isotropic_scale", "permutation"),
+                     description="NBS squared", moments=sim.MomentStats("full", finish))
+        for chunk in (None, 5):
+            t = compare_grid(a, b, measures=["tmp/nbs2", "nbs"], chunk_size=chunk).tables
+            np.testing.assert_allclose(t["tmp/nbs2"], np.asarray(g.tables["nbs"]) ** 2, atol=1e-10)
+    finally:
+        _REGISTRY.pop("tmp/nbs2", None)
+    with pytest.raises(ValueError, match="Unknown MomentStats.moments 'all'"):
+        sim.register("tmp/bad", sim.nbs, kind="score", symmetric=True, invariances=(), description="x",
+                     moments=sim.MomentStats("all", finish))
+    with pytest.raises(TypeError, match="must be a MomentStats"):
+        sim.register("tmp/bad", sim.nbs, kind="score", symmetric=True, invariances=(), description="x",
+                     moments=("full", finish))
+    assert "tmp/bad" not in _REGISTRY
 
 
 GENERIC = ["rsa/correlation/spearman", "cka/rbf/debiased", "cca/mean", "svcca", "pwcca", "regression/r2"]
@@ -90,10 +227,11 @@ GENERIC = ["rsa/correlation/spearman", "cka/rbf/debiased", "cca/mean", "svcca", 
 def test_generic_measures_by_layer_stats(grid):
     """Measures with per-layer statistics give the pairwise values, with or without the statistics."""
     a, b, _ = grid
-    fast = compare_grid(a, b, measures=GENERIC)
-    slow = compare_grid(a, b, measures=GENERIC, stats_budget=0)  # forces the per-pair path
+    fast = compare_grid(a, b, measures=GENERIC, reverse=True)
+    slow = compare_grid(a, b, measures=GENERIC, stats_budget=0, reverse=True)  # forces the per-pair path
     for m in GENERIC:
         np.testing.assert_allclose(fast.tables[m], slow.tables[m], rtol=1e-9, atol=1e-12, err_msg=m)
+        np.testing.assert_allclose(fast.reverse[m], slow.reverse[m], rtol=1e-9, atol=1e-12, err_msg=m)
         for i, x in enumerate(a.values()):
             for j, y in enumerate(b):
                 np.testing.assert_allclose(fast.tables[m][i, j], sim.measure(m)(x, y), rtol=1e-9, atol=1e-12,
@@ -106,18 +244,29 @@ def test_generic_non_finite_entry_is_an_error(grid):
     bad = dict(a, l1=np.repeat(np.arange(N, dtype=float)[:, None], 5, axis=1))
     with pytest.raises(ValueError, match="rows\\[1\\] = 'l1'.*not finite"):
         compare_grid(bad, b, measures=["rsa/correlation/pearson"])
+    from similarity.registry import _REGISTRY
+
+    try:  # a directed measure undefined when its second argument has 5 features (A's layer l1)
+        sim.register("tmp/undef5", lambda x, y: jnp.asarray(np.nan if y.shape[1] == 5 else 0.0), kind="score",
+                     symmetric=False, invariances=(), description="NaN for a 5-wide target")
+        assert np.all(np.asarray(compare_grid(a, b, measures=["tmp/undef5"]).tables["tmp/undef5"]) == 0.0)
+        with pytest.raises(ValueError, match=r"tmp/undef5 \(reverse\): the entry for \(cols\[0\] = 0, "
+                                             r"rows\[1\] = 'l1'\) is not finite"):
+            compare_grid(a, b, measures=["tmp/undef5"], reverse=True)
+    finally:
+        _REGISTRY.pop("tmp/undef5", None)
 
 
 def test_square_grid_and_float32():
     a, _ = _layers(1)
     a32 = [v.astype(np.float32) for v in a.values()]
-    g = compare_grid(a32, measures=["cka/linear", "stitch/orthogonal"])
+    g = compare_grid(a32, measures=["cka/linear", "stitch/orthogonal"], reverse=True)
     t = np.asarray(g.tables["cka/linear"])
     assert t.dtype == np.float32 and t.shape == (3, 3)
     np.testing.assert_allclose(np.diag(t), 1.0, atol=1e-5)
     np.testing.assert_allclose(t, t.T, atol=1e-6)
     # a directed score: forward[i, j] is reverse[j, i]
-    f, r = (np.asarray(g.tables[k]) for k in ("stitch/orthogonal", "stitch/orthogonal/reverse"))
+    f, r = (np.asarray(t[k]) for t, k in ((g.tables, "stitch/orthogonal"), (g.reverse, "stitch/orthogonal")))
     np.testing.assert_allclose(f, r.T, atol=1e-6)
 
 
@@ -125,6 +274,7 @@ def test_registered_stitch_measures():
     for fam in sim.FAMILIES:
         m = sim.measure(f"stitch/{fam}")
         assert m.kind == "score" and not m.symmetric and "invertible_linear" not in m.invariances
+        assert m.moments is not None and m.moments.moments == "split"
 
 
 def test_bad_input(grid):
@@ -148,8 +298,33 @@ def test_bad_input(grid):
     for ms in (["cka/linear"], ["stitch/orthogonal"]):
         with pytest.raises(ValueError, match="constant"):
             compare_grid(const, b, measures=ms)
-    with pytest.raises(ValueError, match="ridge > 0"):
+    with pytest.raises(ValueError, match=r"stitch/affine with source reps_a\[0\]: .*ridge > 0"):
         compare_grid([np.random.default_rng(0).normal(size=(N, 30))], b, measures=["stitch/affine"])
+    wide_b = [np.random.default_rng(0).normal(size=(N, 30))]
+    compare_grid(a, wide_b, measures=["stitch/affine"])  # a wide target is fine one way...
+    with pytest.raises(ValueError, match=r"with source reps_b\[0\]: .*ridge > 0"):
+        compare_grid(a, wide_b, measures=["stitch/affine"], reverse=True)  # ...but not as a source
+    with pytest.raises(ValueError, match="split must be a train fraction"):
+        compare_grid(a, b, measures=["nbs"], split=1.5)  # checked even when no measure uses it
+    # a symmetric measure's reverse table is its own, but the reverse sources are checked all the same,
+    # as measure(name)(B_j, A_i) would be
+    in_sample = "stitch/orthogonal/in_sample"
+    compare_grid(a, wide_b, measures=[in_sample])
+    with pytest.raises(ValueError, match="more fitting rows than source features"):
+        sim.measure(in_sample)(wide_b[0], a["l0"])
+    with pytest.raises(ValueError, match=rf"{in_sample} with source reps_b\[0\]: .*more fitting rows"):
+        compare_grid(a, wide_b, measures=[in_sample], reverse=True)
+    with pytest.raises(TypeError, match="reverse must be True or False"):
+        compare_grid(a, b, measures=["nbs"], reverse="yes")
+
+
+def test_moment_non_finite_entry_names_the_pair(grid):
+    a, b, _ = grid
+    # identical columns on the train rows: the unregularised normal equations are singular
+    dup = dict(a, l1=np.repeat(a["l0"][:, :1], 5, axis=1) + np.arange(5.0) * 1e-300)
+    with pytest.raises(ValueError, match=r"stitch/affine: the entry for \(rows\[1\] = 'l1', cols\[0\] = 0\) "
+                                         r"is not finite.*stitch/affine/ridge=0.001"):
+        compare_grid(dup, b, measures=["stitch/affine"])
 
 
 SHARDED = textwrap.dedent(
@@ -164,14 +339,16 @@ SHARDED = textwrap.dedent(
     r = np.random.default_rng(0)
     a = [r.normal(size=(24, 3)), r.normal(size=(24, 3)), r.normal(size=(24, 2))]
     b = [a[0] @ r.normal(size=(3, 3)), r.normal(size=(24, 2))]
-    ms = ["stitch/affine", "cka/linear", "rsa/correlation/pearson"]
-    many = compare_grid(a, b, measures=ms)
-    one = compare_grid(a, b, measures=ms, devices=jax.devices()[:1])
-    streamed = compare_grid(a, b, measures=ms[:2], chunk_size=5)
+    ms = ["stitch/affine", "stitch/orthogonal/in_sample", "cka/linear", "pwcca"]
+    many = compare_grid(a, b, measures=ms, reverse=True)
+    one = compare_grid(a, b, measures=ms, devices=jax.devices()[:1], reverse=True)
+    streamed = compare_grid(a, b, measures=ms[:3], chunk_size=5, reverse=True)
     for k in many.tables:
         np.testing.assert_allclose(many.tables[k], one.tables[k], atol=1e-12, err_msg=k)
+        np.testing.assert_allclose(many.reverse[k], one.reverse[k], atol=1e-12, err_msg=k)
     for k in streamed.tables:
         np.testing.assert_allclose(streamed.tables[k], one.tables[k], atol=1e-10, err_msg=k)
+        np.testing.assert_allclose(streamed.reverse[k], one.reverse[k], atol=1e-10, err_msg=k)
     print("SHARDED-OK")
     """
 )

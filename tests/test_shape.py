@@ -1,4 +1,4 @@
-"""Shape metrics, NBS and the Procrustes distance against a float64 reference of netrep's semantics."""
+"""Shape metrics, NBS and the Procrustes distance against a float64 transcription of netrep's LinearMetric."""
 
 import jax
 import numpy as np
@@ -10,24 +10,32 @@ from scipy.linalg import orthogonal_procrustes
 from similarity import nbs, partial_whiten, procrustes_distance, shape_distance
 
 
-def ref_whiten(x, alpha):
-    xc = x - x.mean(0)
-    if alpha == 1.0:
+def netrep_whiten(xc, alpha, eigval_tol=1e-7):
+    """netrep.utils.whiten(X, alpha, preserve_variance=True) of centred (and already padded) data."""
+    if alpha > 1 - eigval_tol:
         return xc
     lam, v = np.linalg.eigh(xc.T @ xc)
+    lam = np.maximum(lam, eigval_tol)
     d = alpha + (1 - alpha) * lam**-0.5
-    d = d * np.sqrt(lam.sum() / np.sum(d**2 * lam))  # keep the total variance
-    return xc @ v @ np.diag(d) @ v.T
+    new_var = np.sum(alpha**2 * lam + 2 * alpha * (1 - alpha) * lam**0.5 + (1 - alpha) ** 2)
+    d = d * np.sqrt(lam.sum() / new_var)
+    return xc @ (v * d[None, :]) @ v.T
+
+
+def ref_whiten(x, alpha, width=None):
+    """netrep's LinearMetric.partial_fit: zero-pad to ``width`` columns, centre, whiten."""
+    width = x.shape[1] if width is None else width
+    xp = np.pad(x, ((0, 0), (0, width - x.shape[1])))
+    return netrep_whiten(xp - xp.mean(0), alpha)
 
 
 def ref_shape(x, y, alpha, distance):
-    xw, yw = ref_whiten(x, alpha), ref_whiten(y, alpha)
-    d = max(xw.shape[1], yw.shape[1])
-    xw = np.pad(xw, ((0, 0), (0, d - xw.shape[1])))
-    yw = np.pad(yw, ((0, 0), (0, d - yw.shape[1])))
+    """netrep's LinearMetric(alpha, score_method=distance).fit_score(x, y)."""
+    d = max(x.shape[1], y.shape[1])
+    xw, yw = ref_whiten(x, alpha, d), ref_whiten(y, alpha, d)
     q, _ = orthogonal_procrustes(yw, xw)  # argmin_Q ||yw Q - xw||, Q orthogonal
     if distance == "angular":
-        return np.arccos(np.sum(xw * (yw @ q)) / np.linalg.norm(xw) / np.linalg.norm(yw))
+        return np.arccos(np.clip(np.sum(xw * (yw @ q)) / np.linalg.norm(xw) / np.linalg.norm(yw), -1, 1))
     return np.linalg.norm(xw - yw @ q)
 
 
@@ -44,24 +52,55 @@ def _data(kind, rng):
         x = rng.normal(size=(20, 4)) * [10.0, 3.0, 1.0, 0.3] + 5.0
         y = np.outer(x[:, 0], [1.0, 2.0, -1.0]) + 0.5 * rng.normal(size=(20, 3))
         return x, y
+    if kind == "equal":
+        x = rng.normal(size=(20, 4)) * [3.0, 1.0, 1.0, 0.5]
+        return x, np.tanh(x @ rng.normal(size=(4, 4))) + 0.2 * rng.normal(size=(20, 4))
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["random", "structured"])
+@pytest.mark.parametrize("kind", ["random", "structured", "equal"])
 @pytest.mark.parametrize("distance", ["angular", "euclidean"])
-@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
-def test_shape_matches_reference(alpha, distance, kind):
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.5, 1.0])
+def test_shape_matches_netrep(alpha, distance, kind):
+    """Equal and unequal widths, both argument orders (netrep's metric is symmetric)."""
     x, y = _data(kind, np.random.default_rng(0))
     ref = ref_shape(x, y, alpha, distance)
+    assert ref_shape(y, x, alpha, distance) == pytest.approx(ref, rel=1e-9)
     assert float(shape_distance(x, y, alpha=alpha, distance=distance)) == pytest.approx(ref, rel=1e-9)
-    if distance == "angular" or x.shape[1] == y.shape[1]:
-        assert float(shape_distance(y, x, alpha=alpha, distance=distance)) == pytest.approx(ref, rel=1e-9)
+    assert float(shape_distance(y, x, alpha=alpha, distance=distance)) == pytest.approx(ref, rel=1e-9)
+
+
+def test_euclidean_padding_counts_in_the_variance():
+    """The issue's shapes (50 samples, widths 8 and 6, alpha = 0): netrep preserves each side's
+    variance over the padded width, which moves the distance by far more than the tolerance."""
+    r = np.random.default_rng(7)
+    x = r.normal(size=(50, 8))
+    y = np.tanh(x[:, :6] @ r.normal(size=(6, 6))) + 0.3 * r.normal(size=(50, 6))
+    ref = ref_shape(x, y, 0.0, "euclidean")
+    # whitening each side in its own width, then padding (our definition before issue 12)
+    xw, yw = ref_whiten(x, 0.0), np.pad(ref_whiten(y, 0.0), ((0, 0), (0, 2)))
+    q, _ = orthogonal_procrustes(yw, xw)
+    assert abs(np.linalg.norm(xw - yw @ q) - ref) > 1e-2 * ref
+    assert float(shape_distance(x, y, alpha=0.0, distance="euclidean")) == pytest.approx(ref, rel=1e-9)
+
+
+def test_tiny_eigenvalues_are_clipped_as_in_netrep():
+    """netrep clips covariance eigenvalues at 1e-7 (an absolute floor): data at scale 1e-4 hits it."""
+    x, y = _data("random", np.random.default_rng(3))
+    x = x * 1e-4
+    for alpha in (0.0, 0.5):
+        ref = ref_shape(x, y, alpha, "euclidean")
+        assert float(shape_distance(x, y, alpha=alpha, distance="euclidean")) == pytest.approx(ref, rel=1e-9)
 
 
 def test_partial_whiten_reference():
     x, _ = _data("structured", np.random.default_rng(1))
     for alpha in (0.0, 0.3, 1.0):
         np.testing.assert_allclose(partial_whiten(x, alpha=alpha), ref_whiten(x, alpha), rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(partial_whiten(x, alpha=alpha, width=7), ref_whiten(x, alpha, 7), rtol=1e-9,
+                                   atol=1e-10)
+    with pytest.raises(ValueError, match="width=2 is smaller"):
+        partial_whiten(x, width=2)
 
 
 @pytest.mark.parametrize("kind", ["random", "structured"])
