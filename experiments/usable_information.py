@@ -189,7 +189,7 @@ def _claim1(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plt) -> dict
         r = res[label]
         ax.set_title(f"{label}\nexcess kurtosis {r['excess_kurtosis']:.1f}, n = {r['n']}", fontsize=9)
         ax.legend(fontsize=8)
-    fig.suptitle("Claim 1: stitching is asymmetric (heavy tails)")
+    fig.suptitle("Claim 1: stitching is asymmetric (heavy tails)", y=1.04)
     _save(fig, out / "claim1_asymmetry.png")
     return res
 
@@ -222,7 +222,7 @@ def _claim2(t: _Table, ridge: float, widths: dict, out: pathlib.Path, plt) -> di
         task = {"families": fams, "pairs": len(keys), "violations": st.count_violations(*vals, tol=1e-6),
                 "mean": {f: float(np.mean(v)) for f, v in zip(fams, vals)}}
     res["task_loss"] = task
-    fig.suptitle("Claim 2: similarity rises with the family's expressiveness (closed-form scores)")
+    fig.suptitle("Claim 2: similarity rises with the family's expressiveness (closed-form scores)", y=1.04)
     _save(fig, out / "claim2_monotonicity.png")
     return res
 
@@ -259,7 +259,7 @@ def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plt) -> dict
             ax.set_title(f"R² = {r['r2']:.3f}" if r else "", fontsize=9)
             ax.set_xlabel(m)
             ax.set_ylabel(f"{fam} score (held out)")
-    fig.suptitle("Claim 3: measures against each family's reconstruction score")
+    fig.suptitle("Claim 3: measures against each family's reconstruction score", y=1.04)
     _save(fig, out / "claim3_r2.png")
     return res
 
@@ -295,7 +295,7 @@ def _claim4(t: _Table, out: pathlib.Path, plt) -> dict:
         ax.set_ylabel(yl)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle("Claim 4: coarse-task functional similarity against fine-task")
+    fig.suptitle("Claim 4: coarse-task functional similarity against fine-task", y=1.04)
     _save(fig, out / "claim4_granularity.png")
     return res
 
@@ -336,7 +336,7 @@ def _claim5(t: _Table, opts: ReportOptions, out: pathlib.Path, plt) -> dict:
             ax.set_ylim(0, 1.05)
             ax.set_title("binned (numbers: pairs per bin)", fontsize=9)
             ax.legend(fontsize=7)
-    fig.suptitle("Claim 5: representational similarity is sufficient, not necessary")
+    fig.suptitle("Claim 5: representational similarity is sufficient, not necessary", y=1.04)
     _save(fig, out / "claim5_sufficiency.png")
     return res
 
