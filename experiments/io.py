@@ -8,6 +8,7 @@ they are re-exported here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -19,7 +20,7 @@ from models.io import to_jsonable as to_jsonable
 from models.io import write_atomic as write_atomic
 from models.io import write_json_atomic as write_json_atomic
 
-__all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "read_json", "results_dir", "config_type"]
+__all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "read_json", "results_dir", "config_type", "config_overrides"]
 
 
 def results_dir(experiment: str, run: str | None = None, *, root: str | os.PathLike = "results") -> pathlib.Path:
@@ -49,3 +50,18 @@ def config_type(configs: Mapping[str, object], from_dict: Callable[[dict], objec
         )
 
     return parse
+
+
+def config_overrides(d: Mapping[str, object], cls: type, what: str) -> tuple[dict, str | None]:
+    """``(fields, base)``: a JSON config ``d`` split into its ``"base"`` name and the other fields.
+
+    Raises:
+      ValueError: a field that ``cls`` (a dataclass) does not have, naming the valid ones.
+    """
+    d = dict(d)
+    base = d.pop("base", None)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - fields)
+    if unknown:
+        raise ValueError(f"Unknown {what} config fields {unknown}; valid fields: {sorted(fields)} (and 'base').")
+    return d, base

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.io import config_type, read_json, results_dir, to_jsonable, write_atomic, write_json_atomic
+from experiments.io import config_overrides, config_type, read_json, results_dir, to_jsonable, write_atomic, write_json_atomic
 
 __all__ = [
     "StudyConfig", "CONFIGS", "COLUMNS", "CoarseTail", "config_from_dict", "run", "read_table",
@@ -164,12 +164,7 @@ def config_from_dict(d: Mapping[str, Any]) -> StudyConfig:
       >>> config_from_dict({"base": "smoke", "n_rows": 64}).n_rows
       64
     """
-    d = dict(d)
-    base = d.pop("base", None)
-    fields = {f.name for f in dataclasses.fields(StudyConfig)}
-    unknown = sorted(set(d) - fields)
-    if unknown:
-        raise ValueError(f"Unknown study config fields {unknown}; valid fields: {sorted(fields)} (and 'base').")
+    d, base = config_overrides(d, StudyConfig, "study")
     for k in ("datasets", "measures", "families", "stitch_families", "coarse_groupings"):
         if d.get(k) is not None:
             d[k] = tuple(d[k])

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from experiments import data as data_lib
-from experiments.io import config_type, read_json, results_dir, to_jsonable, write_json_atomic
+from experiments.io import config_overrides, config_type, read_json, results_dir, to_jsonable, write_json_atomic
 
 __all__ = [
     "DataSpec", "ModelSpec", "ZooConfig", "CONFIGS", "config_from_dict", "run",
@@ -215,12 +215,7 @@ def config_from_dict(d: Mapping[str, Any]) -> ZooConfig:
       >>> config_from_dict({"base": "smoke", "seeds": [0]}).seeds
       (0,)
     """
-    d = dict(d)
-    base = d.pop("base", None)
-    fields = {f.name for f in dataclasses.fields(ZooConfig)}
-    unknown = sorted(set(d) - fields)
-    if unknown:
-        raise ValueError(f"Unknown zoo config fields {unknown}; valid fields: {sorted(fields)} (and 'base').")
+    d, base = config_overrides(d, ZooConfig, "zoo")
     if "datasets" in d:
         d["datasets"] = tuple(DataSpec(**x) if isinstance(x, Mapping) else x for x in d["datasets"])
     if "models" in d:
