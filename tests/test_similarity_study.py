@@ -154,6 +154,8 @@ def test_interrupted_study_resumes_to_the_same_table(tiny, monkeypatch):
 
 
 def test_bad_config_and_missing_zoo(tmp_path):
+    for cfg in S.CONFIGS.values():  # every shipped config is valid (measures, families, options)
+        S._check_config(cfg)
     with pytest.raises(ValueError, match="Unknown study config fields \\['n_row'\\]"):
         S.config_from_dict({"base": "smoke", "n_row": 3})
     with pytest.raises(ValueError, match="reconstruction scores come from `families`"):
