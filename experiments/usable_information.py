@@ -213,8 +213,9 @@ def _claim2(t: _Table, ridge: float, widths: dict, out: pathlib.Path, plt) -> di
         ax.set_ylabel("reconstruction score")
         ax.set_xlabel("stitcher family")
         r = res[split]
-        ax.set_title(f"{split.replace('_', ' ')}: violations orth>scaled {r['orthogonal_gt_scaled']}, "
-                     f"scaled>affine {r['scaled_gt_affine']}", fontsize=9)
+        ax.set_title(f"{split.replace('_', ' ')}: violations orth>scaled {r['orthogonal_gt_scaled']}, scaled>affine "
+                     f"{r['scaled_gt_affine']} ({r['scaled_gt_affine_beyond_ridge_bound']} beyond the ridge bound)",
+                     fontsize=9)
     task = {}
     fams = [f for f in FAMILIES if t.get(f"task/{f}/relative_accuracy", "held_out", "fine")]
     if len(fams) > 1:
