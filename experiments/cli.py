@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "backdoor": ("experiments.backdoor", "detect a backdoor from the weights and clean data only"),
     "zoo": ("experiments.zoo", "train a model zoo (data sets x architectures x seeds) for the similarity study"),
     "language": ("experiments.language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
+    "similarity-study": ("experiments.similarity_study", "every measure on every layer pair of every model pair of a zoo"),
+    "report": ("experiments.report", "reports over finished runs, e.g. `funsim report usable-information --run DIR`"),
 }
 
 

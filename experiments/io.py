@@ -7,16 +7,20 @@ they are re-exported here.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import datetime
+import json
 import os
 import pathlib
+from collections.abc import Callable, Mapping
 
 from models.io import read_json as read_json
 from models.io import to_jsonable as to_jsonable
 from models.io import write_atomic as write_atomic
 from models.io import write_json_atomic as write_json_atomic
 
-__all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "read_json", "results_dir"]
+__all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "read_json", "results_dir", "config_type", "config_overrides"]
 
 
 def results_dir(experiment: str, run: str | None = None, *, root: str | os.PathLike = "results") -> pathlib.Path:
@@ -25,3 +29,39 @@ def results_dir(experiment: str, run: str | None = None, *, root: str | os.PathL
     d = pathlib.Path(root) / experiment / run
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def config_type(configs: Mapping[str, object], from_dict: Callable[[dict], object]) -> Callable[[str], object]:
+    """An argparse ``type`` for ``--config``: a name in ``configs``, or a ``.json`` file read by ``from_dict``.
+
+    A JSON file without a ``"name"`` is named after the file's stem.
+    """
+
+    def parse(value: str):
+        if value in configs:
+            return configs[value]
+        path = pathlib.Path(value)
+        if path.suffix == ".json" and path.is_file():
+            d = json.loads(path.read_text())
+            d.setdefault("name", path.stem)
+            return from_dict(d)
+        raise argparse.ArgumentTypeError(
+            f"--config must be one of {', '.join(configs)} or an existing .json file, got {value!r}."
+        )
+
+    return parse
+
+
+def config_overrides(d: Mapping[str, object], cls: type, what: str) -> tuple[dict, str | None]:
+    """``(fields, base)``: a JSON config ``d`` split into its ``"base"`` name and the other fields.
+
+    Raises:
+      ValueError: a field that ``cls`` (a dataclass) does not have, naming the valid ones.
+    """
+    d = dict(d)
+    base = d.pop("base", None)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - fields)
+    if unknown:
+        raise ValueError(f"Unknown {what} config fields {unknown}; valid fields: {sorted(fields)} (and 'base').")
+    return d, base

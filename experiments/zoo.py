@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import pathlib
 import time
 from collections.abc import Callable, Mapping
@@ -42,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from experiments import data as data_lib
-from experiments.io import read_json, results_dir, to_jsonable, write_json_atomic
+from experiments.io import config_overrides, config_type, read_json, results_dir, to_jsonable, write_json_atomic
 
 __all__ = [
     "DataSpec", "ModelSpec", "ZooConfig", "CONFIGS", "config_from_dict", "run",
@@ -216,12 +215,7 @@ def config_from_dict(d: Mapping[str, Any]) -> ZooConfig:
       >>> config_from_dict({"base": "smoke", "seeds": [0]}).seeds
       (0,)
     """
-    d = dict(d)
-    base = d.pop("base", None)
-    fields = {f.name for f in dataclasses.fields(ZooConfig)}
-    unknown = sorted(set(d) - fields)
-    if unknown:
-        raise ValueError(f"Unknown zoo config fields {unknown}; valid fields: {sorted(fields)} (and 'base').")
+    d, base = config_overrides(d, ZooConfig, "zoo")
     if "datasets" in d:
         d["datasets"] = tuple(DataSpec(**x) if isinstance(x, Mapping) else x for x in d["datasets"])
     if "models" in d:
@@ -651,21 +645,8 @@ def load_zoo_data(run_dir: str | pathlib.Path, dataset: str) -> ZooData:
 # ----------------------------------------------------------------------------- CLI
 
 
-def _config_arg(value: str) -> ZooConfig:
-    if value in CONFIGS:
-        return CONFIGS[value]
-    path = pathlib.Path(value)
-    if path.suffix == ".json" and path.is_file():
-        d = json.loads(path.read_text())
-        d.setdefault("name", path.stem)
-        return config_from_dict(d)
-    raise argparse.ArgumentTypeError(
-        f"--config must be one of {', '.join(CONFIGS)} or an existing .json file, got {value!r}."
-    )
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=_config_arg, default=CONFIGS["default"],
+    parser.add_argument("--config", type=config_type(CONFIGS, config_from_dict), default=CONFIGS["default"],
                         help="smoke | default | paper | path.json (default: default)")
     parser.add_argument("--run", default=None, help="run name (default: the config's name; reruns resume it)")
     parser.add_argument("--root", default="results", help="results root directory (default: results)")

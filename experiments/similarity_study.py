@@ -1,0 +1,646 @@
+"""``funsim similarity-study``: every measure on every layer pair of every model pair of a zoo (issue #10).
+
+Run::
+
+    funsim zoo --config default                        # first: the zoo (results/zoo/default)
+    funsim similarity-study --config smoke             # seconds: on the smoke zoo (the tests)
+    funsim similarity-study --config default           # offline, on results/zoo/default
+    funsim similarity-study --config paper             # a GPU/TPU: on the paper zoo, every layer
+    funsim report usable-information --run results/similarity_study/default
+
+For each data set of the zoo, two stages, both batched:
+
+1. **Representational comparisons** through :func:`similarity.compare_grid`:
+   one call per data set compares every layer of every model with every layer
+   of every model (the full square, so entry ``[A_i, B_j]`` is the direction
+   A -> B and ``[B_j, A_i]`` the direction B -> A), for every measure of the
+   config: CKA (linear, debiased), RSA, SVCCA, PWCCA, the Procrustes distance,
+   and the closed-form reconstruction scores of the three stitcher families,
+   held out (fit on one half of the rows, scored on the other) and in sample
+   (the paper's code's leaky figure). Each layer's statistics are computed once.
+2. **Task-loss stitching** through :func:`similarity.train_stitchers`: for each
+   target layer of each architecture, every source layer of every model at a
+   matching relative depth (``|depth_A - depth_B| <= depth_tolerance``) is
+   trained into the frozen tails of *both seeds* of that architecture in one
+   compiled, vmapped call (``models.stack_tails``), then scored on held-out rows.
+   With a coarse grouping of the labels the same stitchers are also trained on
+   the coarse task, through the target's tail followed by the marginalisation of
+   its softmax over each group (:class:`CoarseTail`; the paper instead trains a
+   new coarse head on the frozen backbone).
+
+**Representations.** Conv maps ``(n, H, W, C)`` are reduced by
+``models.flatten`` with the config's ``flatten`` policy: ``spatial_mean``
+(global average pooling, ``C`` features: the paper code's ``gap`` option) in
+the default config, so that the default run fits this CPU; ``flatten`` (the
+paper code's default) in the paper config. Dense layers are used as they are.
+They are computed once per model and data set and kept in memory. Task-loss
+stitching always maps the raw activations.
+
+**Resumable.** Every unit of work is written atomically when it is done: one
+file per model pair (``pairs/<data set>/<A>__<B>.json``: all its layer pairs,
+all measures, both directions) and one per stitching target
+(``stitch/<data set>/<task>/<family>/<target>.json``). A rerun of the same
+command skips every file that exists, so an interrupted study loses at most
+the unit in progress (the grid of one data set, or one stitching target), and
+the assembled table is identical. A rerun with a changed config is refused.
+
+Writes ``results/similarity_study/<run>/``: ``config.json``, the unit files,
+``comparisons.csv`` (the tidy table, columns in :data:`COLUMNS`),
+``metrics.json`` (atomic) and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import io
+import pathlib
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from experiments.io import config_overrides, config_type, read_json, results_dir, to_jsonable, write_atomic, write_json_atomic
+
+__all__ = [
+    "StudyConfig", "CONFIGS", "COLUMNS", "CoarseTail", "config_from_dict", "run", "read_table",
+    "add_arguments", "main",
+]
+
+COLUMNS = ("dataset", "model_a", "layer_a", "depth_a", "model_b", "layer_b", "depth_b",
+           "measure", "direction", "split", "task", "value")
+"""Columns of ``comparisons.csv``, one row per comparison:
+
+* ``dataset``; ``model_a``/``model_b``: zoo ids (``A`` before ``B`` in zoo order);
+  ``layer_a``/``layer_b`` and their relative depths ``depth_a``/``depth_b`` (``(i + 1) / L``).
+* ``measure``: a registry name (``cka/linear``, ``rsa/correlation/spearman``, ``svcca``,
+  ``pwcca``, ``procrustes`` (a distance), ``stitch/<family>`` (closed-form reconstruction
+  score)), or ``task/<family>/<quantity>`` for task-loss stitching, quantity one of
+  ``relative_accuracy`` (stitched / target's own accuracy), ``accuracy``, ``own_accuracy``,
+  ``ce_gap`` (stitched minus own cross-entropy, nats).
+* ``direction``: ``a->b`` (A's layer is the source, B's the target), ``b->a``, or ``sym``
+  for a symmetric measure.
+* ``split``: ``held_out`` (fit on the train half, scored on the other half; task-loss
+  stitching: trained on training rows, scored on test rows), ``in_sample`` (fit and scored
+  on the train half), or ``all`` (a measure with no fit, on all comparison rows).
+* ``task``: ``-`` (no labels), ``fine``, ``coarse:<grouping>`` (a stitcher trained on the
+  coarse labels) or ``coarsened:<grouping>`` (the fine stitcher's and the target's
+  predictions mapped to their groups: accuracy can only go up).
+* ``value``: the number.
+"""
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+    """A similarity study of a trained zoo.
+
+    Attributes:
+      name: the config's name (the default run name).
+      zoo: the zoo run: a name under ``<root>/zoo/`` or a path to its directory.
+      datasets: the data sets to study (None: every data set of the zoo).
+      n_rows: comparison rows per data set: the test rows first, topped up with
+        training rows when the test set is smaller (every model sees the same rows).
+      flatten: ``models.flatten`` policy for conv maps: ``"spatial_mean"`` or ``"flatten"``.
+      measures: registry names compared on every layer pair (the reconstruction
+        scores are added from ``families``).
+      families: stitcher families of the closed-form reconstruction scores.
+      affine_ridge: ridge of the affine reconstruction score (scale-free units; 0: none).
+      split: train fraction of the held-out reconstruction scores.
+      seed: seed of the split, stitcher inits and minibatches.
+      stitch_families: families of task-loss stitching (empty: none).
+      stitch_layers: ``"dense"`` (only 2-D layers: MLP layers, pooled features,
+        logits) or ``"all"`` (conv maps too, stitched as 1x1 convolutions).
+      depth_tolerance: a layer pair is stitched when its relative depths differ by at most this.
+      stitch_steps, stitch_learning_rate, stitch_batch_size: the stitcher's training (Adam).
+      stitch_train_rows: training rows for the stitchers (None: all).
+      coarse_groupings: coarse label groupings to stitch on when the data set has
+        them (``experiments.data.COARSE_GROUPINGS``).
+    """
+
+    name: str
+    zoo: str = "default"
+    datasets: tuple[str, ...] | None = None
+    n_rows: int = 600
+    flatten: str = "spatial_mean"
+    measures: tuple[str, ...] = ("cka/linear", "cka/linear/debiased", "rsa/correlation/spearman", "svcca",
+                                 "pwcca", "procrustes")
+    families: tuple[str, ...] = ("orthogonal", "scaled_orthogonal", "affine")
+    affine_ridge: float = 1e-4
+    split: float = 0.5
+    seed: int = 0
+    stitch_families: tuple[str, ...] = ("affine",)
+    stitch_layers: str = "dense"
+    depth_tolerance: float = 0.15
+    stitch_steps: int = 200
+    stitch_learning_rate: float = 1e-2
+    stitch_batch_size: int | None = 128
+    stitch_train_rows: int | None = 1500
+    coarse_groupings: tuple[str, ...] = ("coarse", "parity")
+
+
+_SMOKE = StudyConfig(name="smoke", zoo="smoke", n_rows=96, depth_tolerance=0.5, stitch_steps=20,
+                     stitch_batch_size=32, stitch_train_rows=128, coarse_groupings=("parity",))
+# The offline run on results/zoo/default, sized to about 30 minutes on this 2-core CPU
+# (README: measured time and load). PWCCA is left to the smoke and paper configs:
+# on this CPU it alone took as long as every other measure together. 600 rows: the
+# held-out scores fit on 300, more than the widest layer (256); 1,500 stitching rows
+# (all of digits' training rows) keep one shape, so one compilation, across data sets.
+_DEFAULT = StudyConfig(name="default", measures=("cka/linear", "cka/linear/debiased", "rsa/correlation/spearman",
+                                                  "svcca", "procrustes"))
+_PAPER = StudyConfig(name="paper", zoo="paper", n_rows=2000, flatten="flatten", affine_ridge=1e-3,
+                     stitch_families=("orthogonal", "scaled_orthogonal", "affine"), stitch_layers="all",
+                     stitch_steps=2000, stitch_train_rows=None, coarse_groupings=("coarse",))
+CONFIGS: dict[str, StudyConfig] = {"smoke": _SMOKE, "default": _DEFAULT, "paper": _PAPER}
+
+
+def config_from_dict(d: Mapping[str, Any]) -> StudyConfig:
+    """A :class:`StudyConfig` from its JSON form, or ``{"base": name, **overrides}``.
+
+    Examples:
+      >>> config_from_dict({"base": "smoke", "n_rows": 64}).n_rows
+      64
+    """
+    d, base = config_overrides(d, StudyConfig, "study")
+    for k in ("datasets", "measures", "families", "stitch_families", "coarse_groupings"):
+        if d.get(k) is not None:
+            d[k] = tuple(d[k])
+    if base is not None:
+        if base not in CONFIGS:
+            raise ValueError(f"Unknown base config {base!r}; valid: {', '.join(CONFIGS)}.")
+        return dataclasses.replace(CONFIGS[base], **d)
+    if "name" not in d:
+        raise ValueError("A study config needs a 'name' (or a 'base' config to start from).")
+    return StudyConfig(**d)
+
+
+def _check_config(cfg: StudyConfig) -> None:
+    import similarity
+
+    if cfg.flatten not in ("spatial_mean", "flatten"):
+        raise ValueError(f"flatten must be 'spatial_mean' or 'flatten', got {cfg.flatten!r}.")
+    if cfg.stitch_layers not in ("dense", "all"):
+        raise ValueError(f"stitch_layers must be 'dense' or 'all', got {cfg.stitch_layers!r}.")
+    for f in (*cfg.families, *cfg.stitch_families):
+        if f not in similarity.FAMILIES:
+            raise ValueError(f"Unknown stitcher family {f!r}; valid: {', '.join(similarity.FAMILIES)}.")
+    known = set(similarity.list_measures())
+    for m in cfg.measures:
+        if m.startswith("stitch/"):
+            raise ValueError(f"measures has {m!r}: the reconstruction scores come from `families`; list only "
+                             "the other measures.")
+        if m not in known and "=" not in m:
+            raise ValueError(f"Unknown measure {m!r} in measures; valid: {', '.join(sorted(known))}.")
+    if not 0 < cfg.split < 1:
+        raise ValueError(f"split must be in (0, 1), got {cfg.split!r}.")
+    if cfg.n_rows < 8:
+        raise ValueError(f"n_rows must be at least 8, got {cfg.n_rows}.")
+
+
+def stitch_measure_names(cfg: StudyConfig) -> dict[str, tuple[str, str]]:
+    """Registry name -> (family, split) of the closed-form reconstruction scores of ``cfg``."""
+    out = {}
+    for fam in cfg.families:
+        ridge = f"/ridge={cfg.affine_ridge:g}" if fam == "affine" and cfg.affine_ridge > 0 else ""
+        out[f"stitch/{fam}{ridge}"] = (fam, "held_out")
+        out[f"stitch/{fam}/in_sample{ridge}"] = (fam, "in_sample")
+    return out
+
+
+# ----------------------------------------------------------------------------- coarse tails
+
+
+@dataclasses.dataclass(frozen=True)
+class CoarseTail:
+    """A tail followed by the marginalisation of its softmax over label groups: coarse logits.
+
+    ``coarse_logits[c] = logsumexp_{k in group c} logits[k]``, so ``softmax(coarse_logits)``
+    is the fine softmax summed within each group. Hashable by value (for ``train_stitchers``).
+
+    Attributes:
+      tail: ``tail(params, h) -> (b, n_fine)`` logits.
+      groups: the coarse class of each fine class.
+    """
+
+    tail: Any
+    groups: tuple[int, ...]
+
+    def __call__(self, params: Any, h):
+        return coarsen_logits(self.tail(params, h), self.groups)
+
+
+def coarsen_logits(logits, groups):
+    """``(..., n_fine) -> (..., n_coarse)``: log of the fine softmax summed within each group (up to a constant).
+
+    Examples:
+      >>> import numpy as np
+      >>> np.round(np.asarray(coarsen_logits(np.log(np.array([[0.1, 0.2, 0.7]])), (0, 0, 1))), 3).tolist()
+      [[-1.204, -0.357]]
+    """
+    import jax
+    import jax.numpy as jnp
+
+    groups = np.asarray(groups)
+    onehot = jnp.asarray(np.arange(groups.max() + 1)[:, None] == groups[None, :])  # (n_coarse, n_fine)
+    masked = jnp.where(onehot, jnp.asarray(logits)[..., None, :], -jnp.inf)
+    return jax.nn.logsumexp(masked, axis=-1)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _zoo_dir(cfg: StudyConfig, root) -> pathlib.Path:
+    p = pathlib.Path(cfg.zoo)
+    if p.is_dir() and (p / "zoo.json").is_file():
+        return p
+    return pathlib.Path(root) / "zoo" / cfg.zoo
+
+
+def _slug(model_id: str) -> str:
+    return model_id.split("/", 1)[1]
+
+
+def _rows(ds, n_rows: int) -> np.ndarray:
+    """The comparison inputs: the test rows first, topped up with training rows."""
+    x = ds.x_test[:n_rows]
+    if len(x) < n_rows:
+        x = np.concatenate([x, ds.x_train[: n_rows - len(x)]])
+    return x
+
+
+def _features(model, x, batch: int = 1000) -> dict[str, np.ndarray]:
+    """``model.features`` on ``x`` in batches, as NumPy."""
+    parts = [model.features(x[i:i + batch]) for i in range(0, len(x), batch)]
+    return {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in parts[0]}
+
+
+def _row(ds, a, la, b, lb, measure, direction, split, task, value) -> dict:
+    return {"dataset": ds, "model_a": a.id, "layer_a": la, "depth_a": round(a.relative_depth[la], 6),
+            "model_b": b.id, "layer_b": lb, "depth_b": round(b.relative_depth[lb], 6), "measure": measure,
+            "direction": direction, "split": split, "task": task, "value": float(value)}
+
+
+# ----------------------------------------------------------------------------- stage 1: the grid
+
+
+def _grid(reps: dict, measures: list[str], cfg: StudyConfig) -> dict[str, np.ndarray]:
+    """One :func:`similarity.compare_grid` call over every layer of every model: ``{measure: (L, L)}``."""
+    import jax
+
+    import similarity
+
+    g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed))
+    return {name: np.asarray(t, np.float64) for name, t in g.tables.items()}
+
+
+def _pair_rows(ds: str, a, b, index: dict, tables: dict, cfg: StudyConfig) -> list[dict]:
+    """Every layer pair of models a, b: all measures, both directions (from the full square)."""
+    import similarity
+
+    stitch = stitch_measure_names(cfg)
+    rows = []
+    for la in a.layers:
+        for lb in b.layers:
+            i, j = index[a.id, la], index[b.id, lb]
+            for name, t in tables.items():
+                if name in stitch:
+                    fam, split = stitch[name]
+                    rows.append(_row(ds, a, la, b, lb, f"stitch/{fam}", "a->b", split, "-", t[i, j]))
+                    rows.append(_row(ds, a, la, b, lb, f"stitch/{fam}", "b->a", split, "-", t[j, i]))
+                elif similarity.measure(name).symmetric:
+                    rows.append(_row(ds, a, la, b, lb, name, "sym", "all", "-", t[i, j]))
+                else:
+                    rows.append(_row(ds, a, la, b, lb, name, "a->b", "all", "-", t[i, j]))
+                    rows.append(_row(ds, a, la, b, lb, name, "b->a", "all", "-", t[j, i]))
+    return rows
+
+
+def _model_pairs(models: list) -> list[tuple]:
+    return [(a, b) for k, a in enumerate(models) for b in models[k + 1:]]
+
+
+def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pathlib.Path, log) -> dict:
+    """Compare every model pair of ``ds`` (skipping the pairs already written); returns timings."""
+    import models as models_lib
+
+    pdir = out / "pairs" / ds
+    pairs = _model_pairs(models)
+    todo = [(a, b) for a, b in pairs if not (pdir / f"{_slug(a.id)}__{_slug(b.id)}.json").is_file()]
+    if not todo:
+        log(f"      {ds}: all {len(pairs)} model pairs compared before")
+        return {"pairs": len(pairs), "computed": 0, "seconds": 0.0}
+    t0 = time.time()
+    reps, index = {}, {}
+    for m in models:
+        for layer, z in models_lib.flatten_features(_features(m.model, x), policy=cfg.flatten).items():
+            index[m.id, layer] = len(reps)
+            reps[f"{m.id}:{layer}"] = np.asarray(z, np.float32)
+    measures = list(cfg.measures) + list(stitch_measure_names(cfg))
+    log(f"      {ds}: {len(reps)} layers x {len(reps)} layers, {len(measures)} measures, one compare_grid call")
+    tables = _grid(reps, measures, cfg)
+    for a, b in todo:
+        write_json_atomic(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json",
+                          {"model_a": a.id, "model_b": b.id, "rows": _pair_rows(ds, a, b, index, tables, cfg)})
+    return {"pairs": len(pairs), "computed": len(todo), "seconds": round(time.time() - t0, 1)}
+
+
+# ----------------------------------------------------------------------------- stage 2: task-loss stitching
+
+
+def _eligible(m, cfg: StudyConfig) -> list[str]:
+    return [la for la in m.layers if cfg.stitch_layers == "all" or len(m.feature_shapes[la]) == 1]
+
+
+def _stitch_targets(models: list, cfg: StudyConfig) -> list[tuple[str, str, list[tuple]]]:
+    """``[(architecture name, target layer, [(source model, source layer), ...])]``, in zoo order."""
+    names = list(dict.fromkeys(m.name for m in models))
+    out = []
+    for name in names:
+        tgt = next(m for m in models if m.name == name)
+        for lt in _eligible(tgt, cfg):
+            conv = len(tgt.feature_shapes[lt]) == 3  # a conv target takes conv sources (1x1 convolutions)
+            srcs = [(m, ls) for m in models for ls in _eligible(m, cfg)
+                    if abs(m.relative_depth[ls] - tgt.relative_depth[lt]) <= cfg.depth_tolerance + 1e-9
+                    and (not conv or len(m.feature_shapes[ls]) == 3)]
+            if srcs:
+                out.append((name, lt, srcs))
+    return out
+
+
+def _scores(logits: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy (nats), float64."""
+    logits = np.asarray(logits, np.float64)
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    return float(np.mean(np.argmax(logits, -1) == y)), float(-np.mean(logp[np.arange(len(y)), y]))
+
+
+def _stitched_logits(tail, tail_params, stitchers, z_test: list, target_shape) -> np.ndarray:
+    """Logits ``(K, M, n, C)`` of each of K stitchers into each of M stacked tails on held-out sources."""
+    import jax
+    import jax.numpy as jnp
+
+    import similarity
+
+    spatial = tuple(target_shape[:2]) if len(target_shape) == 3 else None
+    out = []
+    for st, z in zip(stitchers, z_test):
+        z = z if spatial is not None else z.reshape(z.shape[0], -1)
+        per_tail = []
+        for mi in range(st.weight.shape[0]):
+            s = jax.tree.map(lambda a: a[mi], st)
+            params = jax.tree.map(lambda a: a[mi], tail_params)
+            per_tail.append(np.asarray(tail(params, similarity.stitch_representation(s, jnp.asarray(z), spatial=spatial))))
+        out.append(np.stack(per_tail))
+    return np.stack(out)
+
+
+def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, feats: dict, ys: dict, tasks: dict,
+                   family: str, cfg: StudyConfig, key) -> dict[str, list[dict]]:
+    """Train every source into layer ``lt`` of every target model (the seeds of one architecture); rows per task."""
+    import models as models_lib
+    import similarity
+
+    tail, params = models_lib.stack_tails([t.model for t in targets], lt)
+    z_tr = [feats[m.id]["train"][ls] for m, ls in srcs]
+    z_te = [feats[m.id]["test"][ls] for m, ls in srcs]
+    z_tgt = np.stack([feats[t.id]["train"][lt] for t in targets])
+    own_te = np.stack([np.asarray(t.model.tail(lt, feats[t.id]["test"][lt])) for t in targets])  # (M, n, C)
+    tshape = targets[0].feature_shapes[lt]
+    out = {}
+    for task, groups in tasks.items():
+        y_tr, y_te = ys[task]
+        tail_t = tail if groups is None else CoarseTail(tail, groups)
+        trained = similarity.train_stitchers(
+            z_tr, y_tr, tail_t, params, family=family, init="closed_form", z_tgt=z_tgt, stacked_tails=True,
+            steps=cfg.stitch_steps, learning_rate=cfg.stitch_learning_rate, batch_size=cfg.stitch_batch_size,
+            eval_every=cfg.stitch_steps, key=key,
+        )
+        logits = _stitched_logits(tail_t, params, [t.stitcher for t in trained], z_te, tshape)
+        own = own_te if groups is None else np.asarray(coarsen_logits(own_te, groups))
+        rows = []
+        evaluations = [(task, None)]
+        if groups is None:  # the fine stitchers' predictions, coarsened: accuracy can only go up
+            evaluations += [(t.replace("coarse:", "coarsened:"), gr) for t, gr in tasks.items() if gr is not None]
+        for k, (src, ls) in enumerate(srcs):
+            for mi, tgt in enumerate(targets):
+                if src.id == tgt.id:
+                    continue  # a model stitched into itself
+                for ev_task, coarsen in evaluations:
+                    if coarsen is None:
+                        yv, st_logits, own_logits = y_te, logits[k, mi], own[mi]
+                    else:
+                        yv = ys[ev_task.replace("coarsened", "coarse")][1]
+                        pick = np.asarray(coarsen)
+                        st_logits = np.eye(max(coarsen) + 1)[pick[np.argmax(logits[k, mi], -1)]]
+                        own_logits = np.eye(max(coarsen) + 1)[pick[np.argmax(own[mi], -1)]]
+                    acc, ce = _scores(st_logits, yv)
+                    own_acc, own_ce = _scores(own_logits, yv)
+                    # rows keep zoo order (A before B); the direction says which is the source
+                    a, la, b, lb, direction = (src, ls, tgt, lt, "a->b") if order[src.id] < order[tgt.id] else \
+                        (tgt, lt, src, ls, "b->a")
+                    vals = {"relative_accuracy": acc / own_acc if own_acc > 0 else float("nan"),
+                            "accuracy": acc, "own_accuracy": own_acc}
+                    if coarsen is None:
+                        vals["ce_gap"] = ce - own_ce
+                    for q, v in vals.items():
+                        rows.append(_row(ds, a, la, b, lb, f"task/{family}/{q}", direction, "held_out", ev_task, v))
+        out[task] = rows
+    return out
+
+
+def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyConfig, out: pathlib.Path, log,
+                  progress: bool) -> dict:
+    import jax
+    from tqdm.auto import tqdm
+
+    targets_all = _stitch_targets(models, cfg)
+    groupings = {g: tuple(int(c) for c in manifest_ds["coarse"][g]["map"])
+                 for g in cfg.coarse_groupings if g in manifest_ds.get("coarse", {})
+                 and "map" in manifest_ds["coarse"][g]}
+    tasks = {"fine": None, **{f"coarse:{g}": m for g, m in groupings.items()}}
+    jobs = [(fam, name, lt, srcs) for fam in cfg.stitch_families for name, lt, srcs in targets_all]
+    path = lambda task, fam, name, lt: out / "stitch" / ds / task.replace(":", "_") / fam / f"{name}__{lt}.json"  # noqa: E731
+    todo = [(j, job) for j, job in enumerate(jobs) if not all(path(t, *job[:3]).is_file() for t in tasks)]
+    n_pairs = sum(len(s) for _, _, _, s in jobs)
+    if not todo:
+        log(f"      {ds}: all {len(jobs)} stitching targets done before")
+        return {"targets": len(jobs), "computed": 0, "seconds": 0.0, "source_target_pairs": n_pairs}
+    t0 = time.time()
+    ds_obj = zdata.dataset
+    n_tr = len(ds_obj.x_train) if cfg.stitch_train_rows is None else min(cfg.stitch_train_rows, len(ds_obj.x_train))
+    x_tr, x_te = ds_obj.x_train[:n_tr], ds_obj.x_test
+    feats = {m.id: {"train": _features(m.model, x_tr), "test": _features(m.model, x_te)} for m in models}
+    ys = {"fine": (ds_obj.y_train[:n_tr], ds_obj.y_test)}
+    for g in groupings:
+        c = zdata.coarse[g]
+        ys[f"coarse:{g}"] = (c.y_train[:n_tr], c.y_test)
+    log(f"      {ds}: task-loss stitching, {len(todo)} targets ({', '.join(cfg.stitch_families)}; tasks "
+        f"{', '.join(tasks)}), {n_tr} training rows, {len(x_te)} held-out rows")
+    order = {m.id: k for k, m in enumerate(models)}
+    bar = tqdm(todo, desc=f"stitch {ds}", disable=not progress, leave=False)
+    for j, (fam, name, lt, srcs) in bar:
+        bar.set_postfix_str(f"{name}:{lt}")
+        targets = [m for m in models if m.name == name]
+        key = jax.random.fold_in(jax.random.key(cfg.seed), j)  # the job's index: the same when resumed
+        rows = _stitch_target(ds, lt, srcs, targets, order, feats, ys, tasks, fam, cfg, key)
+        for task, r in rows.items():
+            write_json_atomic(path(task, fam, name, lt), {"target": f"{name}:{lt}", "family": fam, "task": task,
+                                                          "rows": r})
+    bar.close()
+    return {"targets": len(jobs), "computed": len(todo), "seconds": round(time.time() - t0, 1),
+            "source_target_pairs": n_pairs}
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def _unit_files(out: pathlib.Path, ds_list: list[str]) -> list[pathlib.Path]:
+    files = []
+    for ds in ds_list:
+        files += sorted((out / "pairs" / ds).glob("*.json"))
+        files += sorted((out / "stitch" / ds).rglob("*.json"))
+    return files
+
+
+def _write_table(out: pathlib.Path, files: list[pathlib.Path]) -> int:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    n = 0
+    for f in files:
+        for r in read_json(f)["rows"]:
+            w.writerow({**r, "value": repr(float(r["value"]))})
+            n += 1
+    data = buf.getvalue().encode()
+    write_atomic(out / "comparisons.csv", lambda f: f.write(data))
+    return n
+
+
+def read_table(path: str | pathlib.Path) -> dict[str, np.ndarray]:
+    """``comparisons.csv`` as columns: ``{column: (n,) array}`` (strings, or floats for depths and values)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"{path} has no comparisons.")
+    missing = set(COLUMNS) - set(rows[0])
+    if missing:
+        raise ValueError(f"{path} lacks the columns {sorted(missing)}; it is not a similarity-study table.")
+    out = {c: np.array([r[c] for r in rows]) for c in COLUMNS}
+    for c in ("depth_a", "depth_b", "value"):
+        out[c] = out[c].astype(np.float64)
+    return out
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
+        progress: bool = True, log: Callable[[str], None] = print) -> dict:
+    """Run (or resume) the study; returns the metrics dict.
+
+    Raises:
+      FileNotFoundError: no zoo at ``cfg.zoo``.
+      ValueError: a bad config, or a run directory holding a study with another config.
+    """
+    from tqdm.auto import tqdm
+
+    from experiments import zoo as zoo_lib
+
+    _check_config(cfg)
+    t0 = time.time()
+    zoo_dir = _zoo_dir(cfg, root)
+    manifest = zoo_lib._manifest(zoo_dir)
+    out = results_dir("similarity_study", run_name or cfg.name, root=root)
+    cfg_json = to_jsonable(cfg)
+    if (out / "config.json").is_file() and read_json(out / "config.json") != cfg_json:
+        old = read_json(out / "config.json")
+        diffs = [f"{k}: saved {old.get(k)!r}, now {v!r}" for k, v in cfg_json.items() if old.get(k) != v]
+        raise ValueError(f"Refusing to continue study run {out}: it was run with another config:\n  "
+                         + "\n  ".join(diffs) + "\nUse a new --run name, or restore the original config.")
+    write_json_atomic(out / "config.json", cfg)
+    available = [k for k, d in manifest["datasets"].items() if d["status"] == "ok"]
+    ds_list = available if cfg.datasets is None else list(cfg.datasets)
+    missing = sorted(set(ds_list) - set(available))
+    if missing:
+        raise ValueError(f"Data sets {missing} are not trained in the zoo {zoo_dir}; it has {available}.")
+    stages = {}
+    bar = tqdm(ds_list, desc="similarity study", disable=not progress)
+    for ds in bar:
+        bar.set_postfix_str(ds)
+        zoo = zoo_lib.load_zoo(zoo_dir, datasets=(ds,))
+        zdata = zoo.data(ds)
+        models = zoo.by_dataset(ds)
+        log(f"[{ds}] {len(models)} models, {sum(len(m.layers) for m in models)} layers")
+        grid = _grid_stage(ds, models, _rows(zdata.dataset, cfg.n_rows), cfg, out, log)
+        stitch = (_stitch_stage(ds, models, zdata, manifest["datasets"][ds], cfg, out, log, progress)
+                  if cfg.stitch_families else {})
+        stages[ds] = {"models": len(models), "grid": grid, "stitch": stitch}
+    bar.close()
+    n_rows = _write_table(out, _unit_files(out, ds_list))
+    seconds = round(time.time() - t0, 1)
+    metrics = {
+        "zoo": str(zoo_dir), "datasets": ds_list, "stages": stages, "comparisons": n_rows,
+        "layer_pair_comparisons": sum(_layer_pairs(zoo_lib, zoo_dir, ds) for ds in ds_list),
+        "seconds_this_invocation": seconds,
+    }
+    write_json_atomic(out / "metrics.json", metrics)
+    (out / "summary.md").write_text(summary(cfg, metrics))
+    log(f"[done] {n_rows} comparisons in {out}/comparisons.csv; {seconds:.0f} s this invocation")
+    return {**metrics, "out": str(out)}
+
+
+def _layer_pairs(zoo_lib, zoo_dir, ds) -> int:
+    """Layer pairs across the model pairs of ``ds`` (each unordered pair once)."""
+    m = zoo_lib._manifest(zoo_dir)["models"]
+    sizes = [len(e["layers"]) for e in m.values() if e["dataset"] == ds]
+    return (sum(sizes) ** 2 - sum(s * s for s in sizes)) // 2
+
+
+def summary(cfg: StudyConfig, metrics: dict) -> str:
+    """The run's summary.md: what ran and how long; the findings are in ``funsim report usable-information``."""
+    lines = [f"# Similarity study `{cfg.name}`", "",
+             f"Zoo: `{metrics['zoo']}`; data sets: {', '.join(metrics['datasets'])}. "
+             f"{metrics['layer_pair_comparisons']} layer pairs (each unordered pair of layers of two different models "
+             f"once), {metrics['comparisons']} rows in `comparisons.csv`.", "",
+             f"Representations: {cfg.n_rows} rows per data set, conv maps by `{cfg.flatten}`; measures "
+             f"{', '.join(cfg.measures)}; closed-form reconstruction scores of {', '.join(cfg.families)} "
+             f"(affine ridge {cfg.affine_ridge:g}), held out (train fraction {cfg.split}) and in sample.", "",
+             f"Task-loss stitching: families {', '.join(cfg.stitch_families) or 'none'}, {cfg.stitch_layers} layers at "
+             f"relative depths within {cfg.depth_tolerance}, {cfg.stitch_steps} Adam steps (learning rate "
+             f"{cfg.stitch_learning_rate}, batch {cfg.stitch_batch_size}) from the closed-form init, coarse groupings "
+             f"{', '.join(cfg.coarse_groupings) or 'none'} where the data set has them.", "",
+             "| data set | models | model pairs | grid seconds | stitching targets | source-target pairs | stitching seconds |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for ds, s in metrics["stages"].items():
+        st = s["stitch"] or {"targets": 0, "source_target_pairs": 0, "seconds": 0}
+        lines.append(f"| {ds} | {s['models']} | {s['grid']['pairs']} | {s['grid']['seconds']} | {st['targets']} | "
+                     f"{st['source_target_pairs']} | {st['seconds']} |")
+    lines += ["", f"{metrics['seconds_this_invocation']:.0f} s this invocation (units done before are not redone).",
+              "", "The findings: `funsim report usable-information --run <this directory>`.", ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=config_type(CONFIGS, config_from_dict), default=CONFIGS["default"],
+                        help="smoke | default | paper | path.json (default: default)")
+    parser.add_argument("--zoo", default=None, help="the zoo run (a name under ROOT/zoo/ or a directory; "
+                        "default: the config's)")
+    parser.add_argument("--run", default=None, help="run name (default: the config's name; reruns resume it)")
+    parser.add_argument("--root", default="results", help="results root directory (default: results)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = args.config if args.zoo is None else dataclasses.replace(args.config, zoo=args.zoo)
+    try:
+        run(cfg, root=args.root, run_name=args.run, progress=not args.no_progress)
+    except FileNotFoundError as e:
+        print(f"funsim similarity-study: {e}")
+        return 1
+    return 0

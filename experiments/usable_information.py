@@ -1,0 +1,492 @@
+"""``funsim report usable-information --run DIR``: the five claims of the usable-information paper, from a study.
+
+Reads ``comparisons.csv`` of a ``funsim similarity-study`` run and writes
+``DIR/usable_information/``: one figure per claim, the held-out versus
+in-sample gap, ``metrics.json`` (atomic) and ``summary.md`` with every number
+beside the paper's (Almudévar et al., "Bridging representational and functional
+similarity"; numbers it does not state are marked so).
+
+1. **Asymmetry**: forward minus reverse task-loss stitching (relative accuracy)
+   per layer pair, and the same for the closed-form held-out affine score; tail
+   statistics against a normal distribution, with a bootstrap interval on the
+   excess kurtosis.
+2. **Family monotonicity**: violations of orthogonal <= scaled_orthogonal <=
+   affine per directed layer pair, in sample (a theorem: the families are
+   nested and the in-sample score is one minus the best residual in the family;
+   with the affine ridge ``r`` the bound is ``affine >= scaled_orthogonal - r *
+   min(d_src, d_tgt)``, see :func:`ridge_slack`) and held out (no theorem:
+   the richer family can overfit).
+3. **Measures as usable-information estimators**: R^2 of each measure against
+   each family's reconstruction score over directed layer pairs, with a
+   bootstrap interval (resampling model pairs, whose layer pairs are not
+   independent) and a permutation null.
+4. **Granularity**: task-loss relative accuracy on the coarse task against the
+   fine task (fraction above the diagonal), and the coarsened fine predictions
+   (accuracy can only rise: checked, must be 0 violations).
+5. **Sufficiency**: ``P(relative accuracy >= threshold | similarity bin)``
+   against CKA and the held-out scaled-orthogonal score, and how often high
+   functional similarity comes with low representational similarity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable
+
+import numpy as np
+
+from experiments import study_stats as st
+from experiments.io import read_json, write_json_atomic
+
+__all__ = ["PAPER", "ReportOptions", "report", "ridge_slack"]
+
+# The paper's numbers. The released code (antonioalmudevar/bridging_similarities)
+# computes the matrices, not these statistics; where the paper gives no number, None.
+PAPER = {
+    "r2_cka_scaled_orthogonal": (0.937, "paper, claim 3 (CKA vs the scaled-orthogonal score)"),
+    "r2_rsa_scaled_orthogonal": (0.912, "paper, claim 3 (RSA vs the scaled-orthogonal score)"),
+    "scale": ("58 models, 14 architectures, 6 data sets, 12,459 layer-pair comparisons", "paper"),
+}
+FAMILIES = ("orthogonal", "scaled_orthogonal", "affine")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportOptions:
+    """Options of the report.
+
+    Attributes:
+      thresholds: relative accuracies counted as high functional similarity (claim 5);
+        each gets its curve (high is relative to how hard stitching is, so no one value is right).
+      n_resamples: bootstrap resamples.
+      n_permutations: permutations of the claim-3 null.
+      seed: seed of the resamples and permutations.
+      bins: bins of the sufficiency curve over [0, 1].
+    """
+
+    thresholds: tuple[float, ...] = (0.9, 0.95, 0.99)
+    n_resamples: int = 2000
+    n_permutations: int = 2000
+    seed: int = 0
+    bins: int = 10
+
+
+# ----------------------------------------------------------------------------- the table as dicts
+
+
+class _Table:
+    """``comparisons.csv`` indexed by measure: ``get(...) -> {(dataset, a, la, b, lb, direction): value}``."""
+
+    def __init__(self, cols: dict[str, np.ndarray]):
+        self.cols = cols
+        self._by: dict[tuple, dict] = {}
+        keys = zip(cols["measure"], cols["split"], cols["task"], cols["dataset"], cols["model_a"], cols["layer_a"],
+                   cols["model_b"], cols["layer_b"], cols["direction"], cols["value"])
+        for m, sp, task, ds, a, la, b, lb, d, v in keys:
+            self._by.setdefault((m, sp, task), {})[(ds, a, la, b, lb, d)] = float(v)
+
+    def measures(self) -> list[str]:
+        return sorted({k[0] for k in self._by})
+
+    def get(self, measure: str, split: str, task: str = "-") -> dict:
+        return self._by.get((measure, split, task), {})
+
+    def tasks(self, prefix: str) -> list[str]:
+        return sorted({k[2] for k in self._by if k[2].startswith(prefix)})
+
+
+def _directed(values: dict) -> dict:
+    """A symmetric measure's ``sym`` entries as both directions."""
+    out = {}
+    for (ds, a, la, b, lb, d), v in values.items():
+        if d == "sym":
+            out[ds, a, la, b, lb, "a->b"] = v
+            out[ds, a, la, b, lb, "b->a"] = v
+        else:
+            out[ds, a, la, b, lb, d] = v
+    return out
+
+
+def _join(*dicts: dict) -> tuple[list, list[np.ndarray]]:
+    keys = sorted(set(dicts[0]).intersection(*dicts[1:]))
+    return keys, [np.array([d[k] for k in keys]) for d in dicts]
+
+
+def _clusters(keys: list) -> np.ndarray:
+    """One cluster per model pair (its layer pairs and directions are not independent)."""
+    return np.array([f"{k[0]}|{k[1]}|{k[3]}" for k in keys])
+
+
+def _asymmetry(values: dict) -> tuple[list, np.ndarray]:
+    """``forward - reverse`` for every layer pair with both directions."""
+    keys, diffs = [], []
+    for (ds, a, la, b, lb, d), v in values.items():
+        if d == "a->b" and (ds, a, la, b, lb, "b->a") in values:
+            keys.append((ds, a, la, b, lb))
+            diffs.append(v - values[ds, a, la, b, lb, "b->a"])
+    return keys, np.array(diffs)
+
+
+def ridge_slack(ridge: float, d_src: int, d_tgt: int) -> float:
+    """How far the in-sample ridge-affine score may fall below the scaled-orthogonal one.
+
+    With both sides centred and of unit Frobenius norm, the ridge solution ``W_r``
+    minimises ``||Y - X W||^2 + r ||W||^2``, so its residual is at most that of the
+    scaled-orthogonal map ``s Q`` restricted to the target's ``d_tgt`` coordinates
+    plus ``r ||s Q||^2 <= r s^2 min(d_src, d_tgt)``, and ``s`` (the nuclear norm of
+    the normalised cross-covariance) is at most 1. The restriction's residual is at
+    most the padded one that the scaled-orthogonal score counts.
+
+    Examples:
+      >>> ridge_slack(1e-4, 64, 10)
+      0.001
+    """
+    return float(ridge) * min(int(d_src), int(d_tgt))
+
+
+def _widths(zoo_dir: pathlib.Path, flatten: str) -> dict:
+    """``(model id, layer) -> width`` of the representations the grid compared."""
+    manifest = read_json(zoo_dir / "zoo.json")
+    out = {}
+    for mid, e in manifest["models"].items():
+        for layer, shape in e["feature_shapes"].items():
+            out[mid, layer] = int(shape[-1]) if flatten == "spatial_mean" else int(np.prod(shape))
+    return out
+
+
+# ----------------------------------------------------------------------------- claims
+
+
+def _claim1(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plt) -> dict:
+    import jax
+
+    res = {}
+    panels = []
+    fams = [m.split("/")[1] for m in t.measures() if m.startswith("task/") and m.endswith("/relative_accuracy")]
+    for fam in fams:
+        keys, d = _asymmetry(t.get(f"task/{fam}/relative_accuracy", "held_out", "fine"))
+        if len(d) >= 4:
+            panels.append((f"task-loss stitching ({fam}): relative accuracy", keys, d))
+    keys, d = _asymmetry(t.get("stitch/affine", "held_out"))
+    if len(d) >= 4:
+        panels.append(("closed-form affine score, held out", keys, d))
+    for k, (label, keys, d) in enumerate(panels):
+        stats = st.tail_statistics(d)
+        ci = st.bootstrap(st.excess_kurtosis, (d,), key=jax.random.fold_in(key, k), n_resamples=opts.n_resamples,
+                          clusters=_clusters([(*kk, None) for kk in keys]))
+        res[label] = {**stats, "excess_kurtosis_ci95": [ci.low, ci.high],
+                      "fraction_abs_gt_0.1": float(np.mean(np.abs(d) > 0.1))}
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4), squeeze=False)
+    for ax, (label, _, d) in zip(axes[0], panels):
+        ax.hist(d, bins=60, density=True, color="C0", alpha=0.8, label="layer pairs")
+        sd = d.std()
+        xs = np.linspace(d.min(), d.max(), 200)
+        ax.plot(xs, np.exp(-0.5 * ((xs - d.mean()) / sd) ** 2) / (sd * np.sqrt(2 * np.pi)), "k--",
+                label="normal, same mean and sd")
+        ax.set_yscale("log")
+        ax.set_xlabel("forward - reverse")
+        ax.set_ylabel("density (log scale)")
+        r = res[label]
+        ax.set_title(f"{label}\nexcess kurtosis {r['excess_kurtosis']:.1f}, n = {r['n']}", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.suptitle("Claim 1: stitching is asymmetric (heavy tails)", y=1.04)
+    _save(fig, out / "claim1_asymmetry.png")
+    return res
+
+
+def _claim2(t: _Table, ridge: float, widths: dict, out: pathlib.Path, plt) -> dict:
+    res = {}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, split in zip(axes, ("in_sample", "held_out")):
+        keys, (o, s, a) = _join(*(t.get(f"stitch/{f}", split) for f in FAMILIES))
+        slack = np.array([ridge_slack(ridge, widths[k[1], k[2]], widths[k[3], k[4]]) if k[5] == "a->b" else
+                          ridge_slack(ridge, widths[k[3], k[4]], widths[k[1], k[2]]) for k in keys]) if widths else 0.0
+        res[split] = {
+            "directed_pairs": len(keys),
+            "orthogonal_gt_scaled": st.count_violations(o, s, tol=1e-5),
+            "scaled_gt_affine": st.count_violations(s, a, tol=1e-5),
+            "scaled_gt_affine_beyond_ridge_bound": int(np.sum(s > a + slack + 1e-5)),
+            "mean": {f: float(np.mean(v)) for f, v in zip(FAMILIES, (o, s, a))},
+        }
+        ax.boxplot([o, s, a], showfliers=False)
+        ax.set_xticks([1, 2, 3], ["orthogonal", "scaled\northogonal", "affine"])
+        ax.set_ylabel("reconstruction score")
+        ax.set_xlabel("stitcher family")
+        r = res[split]
+        ax.set_title(f"{split.replace('_', ' ')}: violations orth>scaled {r['orthogonal_gt_scaled']}, scaled>affine "
+                     f"{r['scaled_gt_affine']} ({r['scaled_gt_affine_beyond_ridge_bound']} beyond the ridge bound)",
+                     fontsize=9)
+    task = {}
+    fams = [f for f in FAMILIES if t.get(f"task/{f}/relative_accuracy", "held_out", "fine")]
+    if len(fams) > 1:
+        keys, vals = _join(*(t.get(f"task/{f}/relative_accuracy", "held_out", "fine") for f in fams))
+        task = {"families": fams, "pairs": len(keys), "violations": st.count_violations(*vals, tol=1e-6),
+                "mean": {f: float(np.mean(v)) for f, v in zip(fams, vals)}}
+    res["task_loss"] = task
+    fig.suptitle("Claim 2: similarity rises with the family's expressiveness (closed-form scores)", y=1.04)
+    _save(fig, out / "claim2_monotonicity.png")
+    return res
+
+
+def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plt) -> dict:
+    import jax
+
+    measures = [m for m in t.measures() if not m.startswith(("stitch/", "task/"))]
+    res: dict = {}
+    k = 0
+    for split in ("held_out", "in_sample"):
+        for fam in FAMILIES:
+            score = t.get(f"stitch/{fam}", split)
+            for m in measures:
+                keys, (x, y) = _join(_directed(t.get(m, "all")), score)
+                if len(keys) < 4:
+                    continue
+                k += 1
+                ci = st.bootstrap(st.r2, (x, y), key=jax.random.fold_in(key, 2 * k), n_resamples=opts.n_resamples,
+                                  clusters=_clusters(keys))
+                perm = st.permutation_test(x, y, key=jax.random.fold_in(key, 2 * k + 1),
+                                           n_permutations=opts.n_permutations)
+                res.setdefault(split, {}).setdefault(fam, {})[m] = {
+                    "r2": ci.estimate, "ci95": [ci.low, ci.high], "null_mean": perm.null_mean,
+                    "null_q95": perm.null_q95, "p_value": perm.p_value, "n": len(keys)}
+    fig, axes = plt.subplots(len(measures), len(FAMILIES), figsize=(4 * len(FAMILIES), 3 * len(measures)),
+                             squeeze=False)
+    for i, m in enumerate(measures):
+        for j, fam in enumerate(FAMILIES):
+            ax = axes[i, j]
+            keys, (x, y) = _join(_directed(t.get(m, "all")), t.get(f"stitch/{fam}", "held_out"))
+            ax.scatter(x, y, s=3, alpha=0.3)
+            r = res.get("held_out", {}).get(fam, {}).get(m)
+            ax.set_title(f"R² = {r['r2']:.3f}" if r else "", fontsize=9)
+            ax.set_xlabel(m)
+            ax.set_ylabel(f"{fam} score (held out)")
+    fig.suptitle("Claim 3: measures against each family's reconstruction score", y=1.04)
+    _save(fig, out / "claim3_r2.png")
+    return res
+
+
+def _claim4(t: _Table, out: pathlib.Path, plt) -> dict:
+    res = {}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fams = [m.split("/")[1] for m in t.measures() if m.startswith("task/") and m.endswith("/relative_accuracy")]
+    for fam in fams:
+        fine = t.get(f"task/{fam}/relative_accuracy", "held_out", "fine")
+        fine_acc = t.get(f"task/{fam}/accuracy", "held_out", "fine")
+        for task in t.tasks("coarse:"):
+            g = task.split(":", 1)[1]
+            keys, (f, c) = _join(fine, t.get(f"task/{fam}/relative_accuracy", "held_out", task))
+            if not keys:
+                continue
+            kc, (fa, ca) = _join(fine_acc, t.get(f"task/{fam}/accuracy", "held_out", f"coarsened:{g}"))
+            dss = sorted({k[0] for k in keys})
+            res[f"{fam}/{g}"] = {
+                "datasets": dss, "pairs": len(keys),
+                "fraction_coarse_ge_fine": float(np.mean(c >= f)),
+                "mean_fine": float(np.mean(f)), "mean_coarse": float(np.mean(c)),
+                "coarsened_accuracy_below_fine": int(np.sum(ca < fa - 1e-12)), "coarsened_pairs": len(kc),
+            }
+            axes[0].scatter(f, c, s=6, alpha=0.5, label=f"{fam}, {g} ({', '.join(dss)})")
+            axes[1].scatter(fa, ca, s=6, alpha=0.5, label=f"{fam}, {g}")
+    for ax, (xl, yl, title) in zip(axes, [
+            ("relative accuracy, fine task", "relative accuracy, coarse task (stitcher retrained)",
+             "stitchers trained on each task (empirical)"),
+            ("stitched accuracy, fine", "same predictions, coarsened", "fine stitcher's predictions coarsened (a theorem)")]):
+        ax.plot([0, 1.2], [0, 1.2], "k--", lw=1, label="diagonal")
+        ax.set_xlabel(xl)
+        ax.set_ylabel(yl)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("Claim 4: coarse-task functional similarity against fine-task", y=1.04)
+    _save(fig, out / "claim4_granularity.png")
+    return res
+
+
+def _claim5(t: _Table, opts: ReportOptions, out: pathlib.Path, plt) -> dict:
+    res = {}
+    edges = np.linspace(0.0, 1.0, opts.bins + 1)
+    centres = (edges[:-1] + edges[1:]) / 2
+    fams = [m.split("/")[1] for m in t.measures() if m.startswith("task/") and m.endswith("/relative_accuracy")]
+    xs = {"cka/linear": _directed(t.get("cka/linear", "all")),
+          "stitch/scaled_orthogonal (held out)": t.get("stitch/scaled_orthogonal", "held_out")}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for fam in fams:
+        func = t.get(f"task/{fam}/relative_accuracy", "held_out", "fine")
+        for ax, (name, rep) in zip(axes, xs.items()):
+            keys, (x, y) = _join(rep, func)
+            if not keys:
+                continue
+            xc = np.clip(x, 0.0, 1.0)
+            top, low = xc >= edges[-2], xc < 0.5
+            for thr in opts.thresholds:
+                hit = y >= thr
+                counts, prob = st.binned_probability(xc, hit, edges=edges)
+                res[f"{fam}/{name}/>={thr:g}"] = {
+                    "pairs": len(keys), "threshold": thr, "edges": edges.tolist(), "counts": counts.tolist(),
+                    "probability": [None if np.isnan(p) else float(p) for p in prob],
+                    "p_high_given_top_bin": float(hit[top].mean()) if top.any() else None,
+                    "p_high_given_below_0.5": float(hit[low].mean()) if low.any() else None,
+                    "p_high_overall": float(hit.mean()),
+                    "fraction_high_with_similarity_below_0.5": float(np.mean(low[hit])) if hit.any() else None,
+                    "high_with_similarity_below_0.5": int(np.sum(low & hit)),
+                }
+                ax.plot(centres, prob, "o-", ms=3, label=f"{fam}, relative accuracy >= {thr:g}")
+            for cx, n in zip(centres, counts):
+                ax.annotate(str(n), (cx, 0.02), fontsize=6, ha="center")
+            ax.set_xlabel(f"representational similarity: {name}")
+            ax.set_ylabel("P(high functional similarity | bin)")
+            ax.set_ylim(0, 1.05)
+            ax.set_title("binned (numbers: pairs per bin)", fontsize=9)
+            ax.legend(fontsize=7)
+    fig.suptitle("Claim 5: representational similarity is sufficient, not necessary", y=1.04)
+    _save(fig, out / "claim5_sufficiency.png")
+    return res
+
+
+def _gap(t: _Table, out: pathlib.Path, plt) -> dict:
+    res = {}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for fam in FAMILIES:
+        keys, (ins, held) = _join(t.get(f"stitch/{fam}", "in_sample"), t.get(f"stitch/{fam}", "held_out"))
+        if not keys:
+            continue
+        gap = ins - held
+        res[fam] = {"pairs": len(keys), "mean_in_sample": float(ins.mean()), "mean_held_out": float(held.mean()),
+                    "mean_gap": float(gap.mean()), "median_gap": float(np.median(gap)),
+                    "q95_gap": float(np.quantile(gap, 0.95)), "fraction_gap_gt_0.1": float(np.mean(gap > 0.1))}
+        ax.hist(gap, bins=60, alpha=0.5, label=fam)
+    ax.set_xlabel("in-sample minus held-out reconstruction score")
+    ax.set_ylabel("directed layer pairs")
+    ax.set_title("Fitting and scoring on the same rows inflates the score")
+    ax.legend()
+    _save(fig, out / "held_out_gap.png")
+    return res
+
+
+def _save(fig, path):
+    from experiments import plotting
+
+    return plotting.save(fig, path)
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def _fmt(x, nd=3):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions) -> str:
+    L = [f"# Usable information: the five claims on `{run_dir}`", "",
+         f"Study config `{cfg['name']}` on zoo `{cfg['zoo']}`; {m['rows']} comparisons. The paper: "
+         f"{PAPER['scale'][0]}. Intervals are 95% bootstrap intervals resampling model pairs "
+         f"({opts.n_resamples} resamples); R^2 is the squared Pearson correlation (the R^2 of a least-squares line).", ""]
+    L += ["## Claim 1: stitching is asymmetric", "",
+          "| quantity | n | sd | excess kurtosis [95% CI] (normal: 0) | beyond 3 sd (normal: 0.0027) | "
+          "(q99-q01)/(q75-q25) (normal: 3.45) | max abs | paper |", "|---|---:|---:|---|---:|---:|---:|---|"]
+    for label, r in m["claim1"].items():
+        L.append(f"| {label} | {r['n']} | {r['sd']:.3f} | {r['excess_kurtosis']:.2f} [{r['excess_kurtosis_ci95'][0]:.2f}, "
+                 f"{r['excess_kurtosis_ci95'][1]:.2f}] | {r['beyond_3sd']:.4f} | {r['quantile_ratio']:.2f} | "
+                 f"{r['max_abs']:.3f} | heavy-tailed (figure; no number given) |")
+    L += ["", "## Claim 2: orthogonal <= scaled orthogonal <= affine", "",
+          "| split | directed layer pairs | orth > scaled | scaled > affine | beyond the ridge bound | mean orth / scaled / affine |",
+          "|---|---:|---:|---:|---:|---|"]
+    for split in ("in_sample", "held_out"):
+        r = m["claim2"][split]
+        L.append(f"| {split} | {r['directed_pairs']} | {r['orthogonal_gt_scaled']} | {r['scaled_gt_affine']} | "
+                 f"{r['scaled_gt_affine_beyond_ridge_bound']} | " + " / ".join(f"{v:.3f}" for v in r["mean"].values()) + " |")
+    tl = m["claim2"]["task_loss"]
+    if tl:
+        L.append(f"\nTask-loss stitching ({' <= '.join(tl['families'])}): {tl['violations']} violations in "
+                 f"{tl['pairs']} directed pairs (held out, trained by gradient descent: no theorem).")
+    L += ["", "In sample the order is a theorem (nested families; the in-sample score is one minus the smallest "
+          "residual in the family); with the affine ridge r it holds up to r min(d_src, d_tgt) (the ridge bound). "
+          "Held out it is not: the richer family can overfit the fitting rows.", "",
+          "## Claim 3: R^2 of each measure against each family's reconstruction score", ""]
+    for split in ("in_sample", "held_out"):
+        if split not in m["claim3"]:
+            continue
+        fams = list(m["claim3"][split])
+        L += [f"**{split.replace('_', ' ')}** scores:", "",
+              "| measure | " + " | ".join(f"{f} R^2 [95% CI] (null q95)" for f in fams) + " | paper (scaled orthogonal) |",
+              "|---|" + "---|" * len(fams) + "---|"]
+        for meas in m["claim3"][split][fams[0]]:
+            paper = {"cka/linear": "0.937", "rsa/correlation/spearman": "0.912"}.get(meas, "not given")
+            cells = []
+            for f in fams:
+                r = m["claim3"][split][f].get(meas)
+                cells.append("-" if r is None else f"{r['r2']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] "
+                             f"({r['null_q95']:.3f})")
+            L.append(f"| {meas} | " + " | ".join(cells) + f" | {paper} |")
+        L.append("")
+    L += ["The paper's code scores in sample (its numbers compare with the in-sample rows); the null column is the "
+          f"95th percentile of R^2 with the scores permuted ({opts.n_permutations} permutations).", "",
+          "## Claim 4: granularity", "",
+          "| family / grouping | data sets | directed pairs | coarse >= fine (retrained) | mean fine | mean coarse | "
+          "coarsened accuracy below fine (theorem: 0) | paper |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    for k, r in m["claim4"].items():
+        L.append(f"| {k} | {', '.join(r['datasets'])} | {r['pairs']} | {r['fraction_coarse_ge_fine']:.3f} | "
+                 f"{r['mean_fine']:.3f} | {r['mean_coarse']:.3f} | {r['coarsened_accuracy_below_fine']} of "
+                 f"{r['coarsened_pairs']} | coarse upper-bounds fine on CIFAR-100 (figure; no number given) |")
+    L += ["", "Coarsening the predictions of one stitched model can only raise its accuracy (a correct fine label "
+          "has a correct group): a theorem, checked. The relative accuracy of a stitcher retrained on the coarse "
+          "labels is a ratio of two accuracies that both rise, so coarse >= fine there is an empirical claim.", "",
+          "## Claim 5: sufficiency (high functional similarity: relative accuracy >= threshold)", "",
+          "| family / representational measure / threshold | pairs | P(high) overall | P(high \\| similarity >= 0.9) | "
+          "P(high \\| similarity < 0.5) | high pairs with similarity < 0.5 | paper |",
+          "|---|---:|---:|---:|---:|---:|---|"]
+    for k, r in m["claim5"].items():
+        frac = r["fraction_high_with_similarity_below_0.5"]
+        L.append(f"| {k} | {r['pairs']} | {r['p_high_overall']:.3f} | {_fmt(r['p_high_given_top_bin'])} | "
+                 f"{_fmt(r['p_high_given_below_0.5'])} | {r['high_with_similarity_below_0.5']} ({_fmt(frac)} of high) | "
+                 "P(high) -> 1 as similarity -> 1 (figure; no number given) |")
+    L += ["", "## Held out versus in sample (beyond the paper)", "",
+          "| family | directed pairs | mean in sample | mean held out | mean gap | median gap | 95th pct gap | gap > 0.1 |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for f, r in m["gap"].items():
+        L.append(f"| {f} | {r['pairs']} | {r['mean_in_sample']:.3f} | {r['mean_held_out']:.3f} | {r['mean_gap']:.3f} | "
+                 f"{r['median_gap']:.3f} | {r['q95_gap']:.3f} | {r['fraction_gap_gt_0.1']:.3f} |")
+    L += ["", "Figures: claim1_asymmetry.png, claim2_monotonicity.png, claim3_r2.png, claim4_granularity.png, "
+          "claim5_sufficiency.png, held_out_gap.png.", ""]
+    return "\n".join(L)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOptions(),
+           log: Callable[[str], None] = print) -> dict:
+    """Write ``run_dir/usable_information/`` (figures, metrics.json, summary.md); returns the metrics.
+
+    Raises:
+      FileNotFoundError: ``run_dir`` has no ``comparisons.csv``.
+    """
+    import jax
+    import matplotlib.pyplot as plt
+
+    from experiments import plotting  # noqa: F401  (sets the Agg backend)
+    from experiments.similarity_study import read_table
+
+    run_dir = pathlib.Path(run_dir)
+    path = run_dir / "comparisons.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"No {path}: run `funsim similarity-study` first (or pass its run directory).")
+    cfg = read_json(run_dir / "config.json")
+    metrics_study = read_json(run_dir / "metrics.json") if (run_dir / "metrics.json").is_file() else {}
+    zoo_dir = pathlib.Path(metrics_study.get("zoo", ""))
+    widths = _widths(zoo_dir, cfg["flatten"]) if (zoo_dir / "zoo.json").is_file() else {}
+    cols = read_table(path)
+    t = _Table(cols)
+    out = run_dir / "usable_information"
+    key = jax.random.key(options.seed)
+    m = {"rows": int(len(cols["value"])), "options": dataclasses.asdict(options)}
+    m["claim1"] = _claim1(t, options, jax.random.fold_in(key, 1), out, plt)
+    m["claim2"] = _claim2(t, float(cfg["affine_ridge"]), widths, out, plt)
+    m["claim3"] = _claim3(t, options, jax.random.fold_in(key, 3), out, plt)
+    m["claim4"] = _claim4(t, out, plt)
+    m["claim5"] = _claim5(t, options, out, plt)
+    m["gap"] = _gap(t, out, plt)
+    m["paper"] = {k: list(v) for k, v in PAPER.items()}
+    write_json_atomic(out / "metrics.json", m)
+    (out / "summary.md").write_text(_summary(run_dir, cfg, m, options))
+    log(f"[report] {out}/summary.md and 6 figures")
+    return m

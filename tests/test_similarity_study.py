@@ -1,0 +1,179 @@
+"""`funsim similarity-study` and `funsim report usable-information` on the smoke zoo: end to end, the
+mathematical claims per pair, and resumption after an interruption."""
+
+import numpy as np
+import pytest
+
+from experiments import cli, similarity_study as S
+from experiments import usable_information as ui
+from experiments import zoo as zoo_lib
+from experiments.io import read_json
+
+PNG = b"\x89PNG\r\n\x1a\n"
+FIGURES = ("claim1_asymmetry.png", "claim2_monotonicity.png", "claim3_r2.png", "claim4_granularity.png",
+           "claim5_sufficiency.png", "held_out_gap.png")
+
+
+class Crash(Exception):
+    """A simulated interruption (a killed process) in the middle of a study."""
+
+
+# A smaller study than the smoke config, for the default suite (compilation dominates at this size):
+# the smoke zoo's linear and MLP models, two measures beside the three families, and task-loss
+# stitching of the layers at equal relative depth (the logits). The full smoke config runs in the
+# slow test below.
+TINY = {"base": "smoke", "name": "tiny", "zoo": "tiny", "measures": ["cka/linear", "rsa/correlation/spearman"],
+        "depth_tolerance": 0.0, "stitch_steps": 10}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 4-model zoo, the tiny study and its report."""
+    root = tmp_path_factory.mktemp("study")
+    zcfg = zoo_lib.config_from_dict({"base": "smoke", "name": "tiny",
+                                     "models": [m for m in zoo_lib.CONFIGS["smoke"].models if m.name != "cnn"]})
+    zoo_lib.run(zcfg, root=root, progress=False, log=lambda s: None)
+    S.run(S.config_from_dict(TINY), root=root, progress=False, log=lambda s: None)
+    run = root / "similarity_study" / "tiny"
+    ui.report(run, options=ui.ReportOptions(n_resamples=50, n_permutations=50), log=lambda s: None)
+    return root, run
+
+
+@pytest.mark.slow
+def test_smoke_config_end_to_end_through_the_cli(tmp_path):
+    """`funsim zoo/similarity-study/report` on the smoke configs: every measure, both stitching layouts."""
+    root = str(tmp_path)
+    assert cli.main(["zoo", "--config", "smoke", "--root", root, "--no-progress"]) == 0
+    assert cli.main(["similarity-study", "--config", "smoke", "--root", root, "--no-progress"]) == 0
+    run = tmp_path / "similarity_study" / "smoke"
+    assert cli.main(["report", "usable-information", "--run", str(run), "--n-resamples", "100",
+                     "--n-permutations", "100"]) == 0
+    t = S.read_table(run / "comparisons.csv")
+    assert set(S.CONFIGS["smoke"].measures) <= set(t["measure"]) and np.all(np.isfinite(t["value"]))
+    assert read_json(run / "metrics.json")["layer_pair_comparisons"] == 58
+    for f in FIGURES:
+        assert (run / "usable_information" / f).read_bytes()[:8] == PNG
+
+
+def _where(t, **kw):
+    mask = np.ones(len(t["value"]), bool)
+    for k, v in kw.items():
+        mask &= t[k] == v
+    return mask
+
+
+def _by_pair(t, mask):
+    keys = zip(t["dataset"][mask], t["model_a"][mask], t["layer_a"][mask], t["model_b"][mask], t["layer_b"][mask],
+               t["direction"][mask])
+    return dict(zip(keys, t["value"][mask]))
+
+
+def test_study_and_report_write_every_table_and_figure(tiny):
+    root, run = tiny
+    for f in ("config.json", "metrics.json", "summary.md", "comparisons.csv"):
+        assert (run / f).stat().st_size > 0
+    t = S.read_table(run / "comparisons.csv")
+    assert set(t) == set(S.COLUMNS) and np.all(np.isfinite(t["value"]))
+    cfg = S.config_from_dict(TINY)
+    assert set(t["measure"]) >= set(cfg.measures) | {f"stitch/{f}" for f in cfg.families} | \
+        {f"task/{f}/relative_accuracy" for f in cfg.stitch_families}
+    metrics = read_json(run / "metrics.json")
+    # every layer pair of two different models (linear: 1 layer, mlp: 2; two seeds each), each measure
+    n_pairs = metrics["layer_pair_comparisons"]
+    assert n_pairs == (6**2 - 2 * 1 - 2 * 4) // 2 == 13 and np.sum(_where(t, measure="cka/linear")) == n_pairs
+    assert np.sum(_where(t, measure="stitch/affine", split="held_out")) == 2 * n_pairs
+    rep = run / "usable_information"
+    for f in FIGURES:
+        assert (rep / f).read_bytes()[:8] == PNG and (rep / f).stat().st_size > 5000
+    summary = (rep / "summary.md").read_text()
+    for claim in range(1, 6):
+        assert f"## Claim {claim}" in summary
+    assert "0.937" in summary and "0.912" in summary
+    m = read_json(rep / "metrics.json")
+    assert m["claim3"]["in_sample"]["scaled_orthogonal"]["cka/linear"]["n"] == 2 * n_pairs
+
+
+def test_in_sample_scores_are_monotone_in_the_family_per_pair(tiny):
+    """A theorem: the families are nested (orthogonal in scaled orthogonal in affine), and the in-sample
+    score is one minus the least residual over the family on the rows it was fitted on. With the affine
+    ridge r, affine >= scaled orthogonal - r min(d_src, d_tgt) (ui.ridge_slack). Held out, no theorem."""
+    _, run = tiny
+    t = S.read_table(run / "comparisons.csv")
+    o, s, a = (_by_pair(t, _where(t, measure=f"stitch/{f}", split="in_sample")) for f in ui.FAMILIES)
+    assert set(o) == set(s) == set(a) and len(o) == 26
+    ridge = S.CONFIGS["smoke"].affine_ridge
+    for k in o:
+        assert o[k] <= s[k] + 1e-5, k
+        assert s[k] <= a[k] + ridge * 16 + 1e-5, k  # 16: the widest representation here
+    m = read_json(run / "usable_information" / "metrics.json")
+    assert m["claim2"]["in_sample"]["orthogonal_gt_scaled"] == 0
+    assert m["claim2"]["in_sample"]["scaled_gt_affine_beyond_ridge_bound"] == 0
+
+
+def test_coarsened_predictions_are_at_least_as_accurate_per_pair(tiny):
+    """A theorem: mapping a stitched model's fine prediction to its group is right whenever the fine
+    prediction is, so its coarse accuracy is at least its fine accuracy (for the target's own layer too).
+    The relative accuracy of a stitcher retrained on coarse labels is only empirically higher."""
+    _, run = tiny
+    t = S.read_table(run / "comparisons.csv")
+    for q in ("accuracy", "own_accuracy"):
+        fine = _by_pair(t, _where(t, measure=f"task/affine/{q}", task="fine"))
+        coarse = _by_pair(t, _where(t, measure=f"task/affine/{q}", task="coarsened:parity"))
+        # 4 logits layers, each into the 3 other models, and the two MLP seeds' fc0 both ways
+        assert set(fine) == set(coarse) and len(fine) == 4 * 3 + 2
+        assert all(coarse[k] >= fine[k] for k in fine)
+    m = read_json(run / "usable_information" / "metrics.json")
+    assert m["claim4"]["affine/parity"]["coarsened_accuracy_below_fine"] == 0
+
+
+def test_interrupted_study_resumes_to_the_same_table(tiny, monkeypatch):
+    root, run = tiny
+    cfg = S.config_from_dict(TINY)
+    real, calls = S._stitch_target, []
+
+    def crashing(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Crash("simulated interruption")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(S, "_stitch_target", crashing)
+    with pytest.raises(Crash):
+        S.run(cfg, root=root, run_name="resumed", progress=False, log=lambda s: None)
+    out = root / "similarity_study" / "resumed"
+    assert len(list((out / "pairs" / "digits").glob("*.json"))) == 6  # the grid was written pair by pair
+    assert len(list((out / "stitch").rglob("*.json"))) == 2  # one stitching target, fine and coarse task
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if p.parent.name != "resumed"}
+    monkeypatch.setattr(S, "_stitch_target", real)
+    S.run(cfg, root=root, run_name="resumed", progress=False, log=lambda s: None)
+    assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())  # finished units are not redone
+    assert (out / "comparisons.csv").read_bytes() == (run / "comparisons.csv").read_bytes()
+    # a changed config is refused, not mixed in
+    with pytest.raises(ValueError, match="another config:\n  n_rows: saved 96, now 64"):
+        S.run(S.config_from_dict({**TINY, "n_rows": 64}), root=root, run_name="resumed", progress=False)
+
+
+def test_bad_config_and_missing_zoo(tmp_path):
+    for cfg in S.CONFIGS.values():  # every shipped config is valid (measures, families, options)
+        S._check_config(cfg)
+    with pytest.raises(ValueError, match="Unknown study config fields \\['n_row'\\]"):
+        S.config_from_dict({"base": "smoke", "n_row": 3})
+    with pytest.raises(ValueError, match="reconstruction scores come from `families`"):
+        S.run(S.config_from_dict({"base": "smoke", "measures": ["stitch/affine"]}), root=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="Unknown stitcher family 'rotation'"):
+        S.run(S.config_from_dict({"base": "smoke", "families": ["rotation"]}), root=tmp_path, progress=False)
+    assert cli.main(["similarity-study", "--config", "smoke", "--root", str(tmp_path), "--no-progress"]) == 1
+    assert cli.main(["report", "usable-information", "--run", str(tmp_path / "nothing")]) == 1
+
+
+def test_coarse_tail_marginalises_the_softmax():
+    import jax
+    import jax.numpy as jnp
+
+    logits = jax.random.normal(jax.random.key(0), (5, 4))
+    groups = (0, 1, 0, 1)
+    tail = S.CoarseTail(lambda p, h: h * p, groups)
+    assert hash(tail) == hash(S.CoarseTail(tail.tail, groups))
+    p = np.asarray(jax.nn.softmax(logits, axis=-1))
+    ref = np.stack([p[:, [0, 2]].sum(1), p[:, [1, 3]].sum(1)], axis=1)
+    np.testing.assert_allclose(np.asarray(jax.nn.softmax(tail(jnp.asarray(1.0), logits), axis=-1)), ref, rtol=1e-5)

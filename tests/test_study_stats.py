@@ -1,0 +1,123 @@
+"""The report's statistics against NumPy/SciPy references (experiments/study_stats.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+
+from experiments import study_stats as st
+
+
+@pytest.fixture
+def xy():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=300)
+    return x, 0.7 * x + rng.normal(scale=0.8, size=300)
+
+
+def test_r2_is_the_least_squares_r2(xy):
+    x, y = xy
+    ref = scipy.stats.linregress(x, y).rvalue ** 2
+    np.testing.assert_allclose(float(st.r2(x, y)), ref, rtol=1e-5)
+    # the R^2 of the fitted line, computed from its residuals
+    slope, icept = np.polyfit(x, y, 1)
+    res = y - (slope * x + icept)
+    np.testing.assert_allclose(float(st.r2(x, y)), 1 - res @ res / np.sum((y - y.mean()) ** 2), rtol=1e-5)
+
+
+def test_frequency_weights_equal_repeated_rows(xy):
+    x, y = xy
+    w = np.random.default_rng(1).integers(0, 4, size=x.size)
+    np.testing.assert_allclose(float(st.r2(x, y, weights=w)), scipy.stats.pearsonr(np.repeat(x, w), np.repeat(y, w))[0] ** 2,
+                               rtol=1e-5)
+    np.testing.assert_allclose(float(st.excess_kurtosis(x, weights=w)), scipy.stats.kurtosis(np.repeat(x, w)), rtol=1e-4)
+
+
+def test_excess_kurtosis_matches_scipy():
+    d = np.random.default_rng(2).standard_t(4, size=2000)
+    np.testing.assert_allclose(float(st.excess_kurtosis(d)), scipy.stats.kurtosis(d), rtol=1e-4)
+
+
+def test_bootstrap_equals_a_numpy_loop_over_the_same_resamples(xy):
+    x, y = xy
+    key = jax.random.key(3)
+    ci = st.bootstrap(st.r2, (x, y), key=key, n_resamples=300)
+    w = np.asarray(st.resample_weights(key, x.size, n_resamples=300)).astype(int)
+    ref = [scipy.stats.pearsonr(np.repeat(x, wi), np.repeat(y, wi))[0] ** 2 for wi in w]
+    np.testing.assert_allclose([ci.low, ci.high], np.quantile(ref, [0.025, 0.975]), rtol=1e-4)
+    assert ci.low < ci.estimate < ci.high
+
+
+def test_bootstrap_of_the_mean_has_the_textbook_width():
+    # for the mean of n iid N(0, 1) values the 95% interval is about +-1.96/sqrt(n);
+    # with 4000 resamples its half-width is within 5% of that (Monte Carlo error about 1.5%)
+    x = np.random.default_rng(4).normal(size=400)
+
+    def mean(v, *, weights=None):
+        return st.weighted_moments(v, weights=weights)[0]
+
+    ci = st.bootstrap(mean, (x,), key=jax.random.key(5), n_resamples=4000)
+    half = (ci.high - ci.low) / 2
+    assert abs(half / (1.96 * x.std() / np.sqrt(x.size)) - 1) < 0.05
+
+
+def test_cluster_weights_move_whole_clusters():
+    clusters = np.array([0, 0, 0, 1, 1, 2])
+    w = np.asarray(st.resample_weights(jax.random.key(6), 6, n_resamples=50, clusters=clusters))
+    assert np.all(w[:, 0] == w[:, 1]) and np.all(w[:, 1] == w[:, 2]) and np.all(w[:, 3] == w[:, 4])
+    np.testing.assert_array_equal(w[:, [0, 3, 5]].sum(axis=1), 3)  # 3 clusters drawn per resample
+    with pytest.raises(ValueError, match=r"clusters must be \(n,\) = \(6,\)"):
+        st.resample_weights(jax.random.key(0), 6, n_resamples=2, clusters=clusters[:5])
+
+
+def test_permutation_null_equals_a_numpy_loop(xy):
+    x, y = xy
+    key = jax.random.key(7)
+    res = st.permutation_test(x, y, key=key, n_permutations=200)
+    perms = [np.asarray(jax.random.permutation(k, jnp.asarray(y))) for k in jax.random.split(key, 200)]
+    null = np.array([scipy.stats.pearsonr(x, p)[0] ** 2 for p in perms])
+    np.testing.assert_allclose(res.null_mean, null.mean(), rtol=1e-4)
+    assert res.p_value == (1 + np.sum(null >= res.observed)) / 201 == 1 / 201
+    # independent data: p is uniform under the null, so p < 0.05 in about 1 of 20 draws
+    # (at least 6 of 20 has binomial probability 3e-4)
+    rng = np.random.default_rng(8)
+    ps = [st.permutation_test(x, rng.normal(size=300), key=jax.random.fold_in(key, i), n_permutations=200).p_value
+          for i in range(20)]
+    assert sum(p < 0.05 for p in ps) <= 5 and max(ps) > 0.5
+
+
+def test_tail_statistics_separate_normal_from_heavy_tails():
+    rng = np.random.default_rng(9)
+    normal, heavy = st.tail_statistics(rng.normal(size=20000)), st.tail_statistics(rng.standard_t(3, size=20000))
+    assert abs(normal["excess_kurtosis"]) < 0.2 and abs(normal["quantile_ratio"] / st.NORMAL_TAIL["quantile_ratio"] - 1) < 0.05
+    assert abs(normal["beyond_3sd"] - st.NORMAL_TAIL["beyond_3sd"]) < 0.002
+    assert heavy["excess_kurtosis"] > 2 and heavy["quantile_ratio"] > 4
+    np.testing.assert_allclose(st.NORMAL_TAIL["beyond_3sd"], 2 * scipy.stats.norm.sf(3))
+    q = scipy.stats.norm.ppf
+    np.testing.assert_allclose(st.NORMAL_TAIL["quantile_ratio"], (q(0.99) - q(0.01)) / (q(0.75) - q(0.25)))
+
+
+def test_binned_probability_matches_histograms():
+    rng = np.random.default_rng(10)
+    x, hit = rng.uniform(size=500), rng.uniform(size=500) < 0.5
+    edges = np.linspace(0, 1, 6)
+    counts, prob = st.binned_probability(x, hit, edges=edges)
+    np.testing.assert_array_equal(counts, np.histogram(x, edges)[0])
+    ref = [hit[(x >= lo) & ((x < hi) | (hi == 1))].mean() for lo, hi in zip(edges[:-1], edges[1:])]
+    np.testing.assert_allclose(prob, ref)
+    _, p = st.binned_probability([0.1], [True], edges=[0, 0.5, 1])
+    assert p[0] == 1 and np.isnan(p[1])
+    with pytest.raises(ValueError, match="increasing"):
+        st.binned_probability(x, hit, edges=[0, 0])
+
+
+def test_count_violations_and_bad_input():
+    assert st.count_violations([0, 1, 2], [0, 1, 2], [0, 1, 2]) == 0
+    assert st.count_violations([0.1, 0.2], [0.0, 0.3], tol=0.05) == 1
+    with pytest.raises(ValueError, match="one shape"):
+        st.count_violations([0, 1], [0])
+    with pytest.raises(ValueError, match=r"y must be a 1-D array.*shape \(2, 2\)"):
+        st.r2(np.zeros(4), np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="same length"):
+        st.r2(np.zeros(4), np.zeros(5))
