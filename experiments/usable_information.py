@@ -418,7 +418,9 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions) -> 
                              f"({r['null_q95']:.3f})")
             L.append(f"| {meas} | " + " | ".join(cells) + f" | {paper} |")
         L.append("")
-    L += ["The paper's code scores in sample (its numbers compare with the in-sample rows); the null column is the "
+    L += [f"The paper's R^2 against the scaled-orthogonal score: CKA {PAPER['r2_cka_scaled_orthogonal'][0]}, "
+          f"RSA {PAPER['r2_rsa_scaled_orthogonal'][0]}. "
+          "The paper's code scores in sample (its numbers compare with the in-sample rows); the null column is the "
           f"95th percentile of R^2 with the scores permuted ({opts.n_permutations} permutations).", "",
           "## Claim 4: granularity", "",
           "| family / grouping | data sets | directed pairs | coarse >= fine (retrained) | mean fine | mean coarse | "
