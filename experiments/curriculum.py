@@ -322,8 +322,7 @@ def cached_arrays(path: str | pathlib.Path, key: np.ndarray, compute: Callable[[
     ``key`` identifies the inputs (e.g. the checkpoint steps); a file saved for
     another key is recomputed and replaced.
     """
-    import os
-    import tempfile
+    from models.io import write_atomic
 
     path = pathlib.Path(path)
     key = np.asarray(key)
@@ -332,15 +331,7 @@ def cached_arrays(path: str | pathlib.Path, key: np.ndarray, compute: Callable[[
             if "_key" in f and np.array_equal(f["_key"], key):
                 return {k: f[k] for k in f.files if k != "_key"}
     arrays = {k: np.asarray(v) for k, v in compute().items()}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp.npz")
-    os.close(fd)
-    try:
-        np.savez(tmp, _key=key, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, lambda f: np.savez(f, _key=key, **arrays))  # a file object: no ".npz" appended
     return arrays
 
 
