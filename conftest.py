@@ -5,6 +5,11 @@ executables pile up in the JIT caches (each holds its own memory mappings), and 
 a long run a worker has crashed inside XLA's CPU compiler (a segfault, an abort) while
 compiling an unrelated small program. Dropping the caches after every module keeps a
 worker's footprint that of one module; programs shared within a module stay cached.
+
+The measure registry is process-wide state: a test that registers (or, with
+``overwrite=True``, replaces) a measure would change what later tests on the same worker
+see, in an order that depends on how xdist distributes them. Each test gets the registry
+back as it found it.
 """
 
 import gc
@@ -20,3 +25,19 @@ def _drop_compiled_programs_after_each_module():
     if jax is not None:
         jax.clear_caches()
         gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _restore_the_measure_registry():
+    reg = sys.modules.get("similarity.registry")
+    saved = (dict(reg._REGISTRY), dict(reg._FAMILIES)) if reg is not None else None
+    yield
+    reg = sys.modules.get("similarity.registry")
+    if reg is None:
+        return
+    if saved is None:  # first imported during this test: keep what the import registered
+        return
+    for live, old in zip((reg._REGISTRY, reg._FAMILIES), saved):
+        if live.keys() != old.keys() or any(live[k] is not v for k, v in old.items()):
+            live.clear()
+            live.update(old)
