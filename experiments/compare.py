@@ -156,19 +156,33 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([fmt(head), rule, *(fmt(r) for r in body)])
 
 
+def principal_components(x: np.ndarray, k: int) -> np.ndarray:
+    """``(n, k)``: the centred ``x (n, d)`` projected on its top ``k`` principal axes.
+
+    Each axis's sign makes its largest-magnitude loading positive (scikit-learn's ``PCA``
+    convention since 1.5), so this equals ``PCA(k).fit_transform(x)`` without importing
+    scikit-learn (about 2 s).
+    """
+    c = x - x.mean(axis=0)
+    _, _, vt = np.linalg.svd(c, full_matrices=False)
+    vt = vt[:k]
+    vt = vt * np.sign(vt[np.arange(len(vt)), np.argmax(np.abs(vt), axis=1)])[:, None]
+    return c @ vt.T
+
+
 def make_example(out: Path, *, seed: int = 0) -> tuple[Path, Path]:
     """Two views of the same 1797 digits: pixels, and random tanh features of a 16-D PCA.
 
     Pixels that are 0 for every digit are dropped (they carry nothing and make
     CCA undefined). Writes ``pixels.npy`` and ``random_features.npy`` under ``out``.
     """
-    from sklearn.datasets import load_digits
-    from sklearn.decomposition import PCA
+    from experiments.data import _sklearn_digits
 
-    pixels = load_digits().data.astype(np.float64)
+    images, _ = _sklearn_digits()
+    pixels = images.reshape(len(images), -1).astype(np.float64)
     pixels = pixels[:, pixels.std(axis=0) > 0]
     rng = np.random.default_rng(seed)
-    pcs = PCA(n_components=16, random_state=seed).fit_transform(pixels)
+    pcs = principal_components(pixels, 16)
     pcs /= pcs.std(axis=0)
     feats = np.tanh(pcs @ rng.normal(size=(16, 48)) / 4.0)
     from experiments.io import write_atomic

@@ -332,6 +332,24 @@ def load_mnist5k(*, n_test: int = 1000) -> Dataset:
     )
 
 
+def _sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    """``(images (1797, 8, 8), target (1797,))``: the CSV that scikit-learn ships, read directly.
+
+    Importing scikit-learn takes about 2 s; its data file is found without importing it
+    (what ``sklearn.datasets.load_digits`` reads). Falls back to that loader if the file moved.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = pathlib.Path(root) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            arr = np.loadtxt(path, delimiter=",")
+            return arr[:, :-1].reshape(-1, 8, 8), arr[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits as _sk
+
+    d = _sk()
+    return d.images, d.target
+
+
 def load_digits(*, n_test: int = 297) -> Dataset:
     """scikit-learn's 8x8 handwritten digits (1797 images).
 
@@ -341,11 +359,9 @@ def load_digits(*, n_test: int = 297) -> Dataset:
     Returns:
       images ``float32 (n, 8, 8, 1)`` in ``[0, 1]`` (pixel / 16), labels ``int32`` in 0..9.
     """
-    from sklearn.datasets import load_digits as _sk
-
-    d = _sk()
-    x = (d.images.astype(np.float32) / 16.0)[..., None]
-    y = d.target.astype(np.int32)
+    images, target = _sklearn_digits()
+    x = (images.astype(np.float32) / 16.0)[..., None]
+    y = target.astype(np.int32)
     return Dataset(
         "digits", *_fixed_split(x, y, n_test), tuple(str(i) for i in range(10)),
         f"sklearn digits; float32 (n, 8, 8, 1) in [0, 1]; seeded split, {n_test} test",

@@ -283,13 +283,18 @@ def _pair_blocks(u, v, la, lb):
 
 
 @functools.partial(jax.jit, static_argnames=("split", "full", "sharding"))
-def _acc_cross(zas, zbs, ma_tr, mb_tr, ma_all, mb_all, w_tr, w_te, *, split, full, sharding):
+def _acc_cross(zas, zbs, ma_tr, mb_tr, ma_all, mb_all, w_tr, w_te, pad_a, *, split, full, sharding):
     """Pass 2 cross moments of every pair of two tuples of chunks, ``(La*Lb, da, db)`` each.
 
-    ``sharding`` (or None) places the source block's columns, whole layers per
-    device, so each device computes the pairs of its own source layers.
+    ``ma_*``: the source group's means ``(L*da,)``, of which ``pad_a`` picks the
+    layers in ``zas`` (padded source layers repeat). ``sharding`` (or None) places
+    the source block's columns, whole layers per device, so each device computes
+    the pairs of its own source layers.
     """
     la, lb = len(zas), len(zbs)
+    da = zas[0].shape[1]
+    ma_tr = None if ma_tr is None else ma_tr.reshape(-1, da)[pad_a].reshape(-1)
+    ma_all = ma_all.reshape(-1, da)[pad_a].reshape(-1)
     za, zb = jnp.concatenate(zas, axis=1), jnp.concatenate(zbs, axis=1)
     if sharding is not None:
         za = jax.lax.with_sharding_constraint(za, sharding)
@@ -320,6 +325,7 @@ class _Moments(NamedTuple):
 
     w_tr: jax.Array | None
     w_te: jax.Array | None
+    n_train: float | None  # the number of train rows (host), with a split
     chunks: list  # [(lo, hi)]
     split: bool
     full: bool
@@ -383,15 +389,19 @@ def _means(lay: _Layers, mo: _Moments) -> dict:
                 mx = m_abs if mx is None else jnp.maximum(mx, m_abs)
                 ok = fin if ok is None else ok & fin
             _raise_non_finite(_SIDE_NAMES[side], idx, ok)
-            mean_tr = None if acc[0] is None else acc[0] / jnp.sum(mo.w_tr)
-            means[side, d] = (mean_tr, acc[1] / lay.n, mx)
+            means[side, d] = (*_divide_means(acc[0], acc[1], mo.w_tr, lay.n), mx)
     return means
+
+
+@jax.jit
+def _divide_means(s_tr, s_all, w_tr, n):
+    """Column sums to means: ``(train mean or None, all-rows mean)``."""
+    return (None if s_tr is None else s_tr / jnp.sum(w_tr)), s_all / n
 
 
 def _layer_moments(lay: _Layers, mo: _Moments, means: dict) -> dict:
     """Pass 2, per layer: ``{(side, d): {"split": LayerMoments, "full": FullMoments}}`` (stacked), checked."""
     out = {}
-    n_te = None if not mo.split else jnp.sum(mo.w_te)
     for side in "ab":
         vs, groups = lay.side(side)
         for d, idx in groups.items():
@@ -400,23 +410,29 @@ def _layer_moments(lay: _Layers, mo: _Moments, means: dict) -> dict:
             for lo, hi in mo.chunks:
                 acc = _add(acc, _acc_layer(_chunk(lay, vs, idx, lo, hi), mean_tr, mean_all, *mo.weights(lo, hi),
                                            **mo.acc_flags))
-            if mo.derive_full:
-                delta = (mean_all - mean_tr).reshape(len(idx), d)
-                acc["g_all"] = _shift_full(acc["g_tr"] + acc["g_te"], delta, delta, lay.n)
-            out[side, d] = _finish_layers(acc, mean_tr, n_te, mo)
+            out[side, d] = _finish_layers(acc, mean_tr, mean_all, mo.w_te, lay.n, split=mo.split, full=mo.full,
+                                          derive=mo.derive_full)
             where = _SIDE_NAMES[side]
             if mo.split:
-                _raise_constant(where, idx, max_abs, out[side, d]["split"].norm, float(jnp.sum(mo.w_tr)), d,
+                _raise_constant(where, idx, max_abs, out[side, d]["split"].norm, mo.n_train, d,
                                 lay.dtype, "the train rows")
             if mo.full:
                 _raise_constant(where, idx, max_abs, out[side, d]["full"].norm, lay.n, d, lay.dtype, "samples")
     return out
 
 
-def _finish_layers(sums, mean_tr, n_te, mo: _Moments) -> dict:
-    """Normalise one width group's sums into stacked per-layer moments."""
+@functools.partial(jax.jit, static_argnames=("split", "full", "derive"))
+def _finish_layers(sums, mean_tr, mean_all, w_te, n, *, split, full, derive) -> dict:
+    """Normalise one width group's sums into stacked per-layer moments (one program).
+
+    ``derive``: the all-rows moment from the train and test ones (:func:`_shift_full`).
+    """
+    if derive:
+        delta = (mean_all - mean_tr).reshape(sums["g_tr"].shape[:2])
+        sums = {**sums, "g_all": _shift_full(sums["g_tr"] + sums["g_te"], delta, delta, n)}
     out = {}
-    if mo.split:
+    if split:
+        n_te = jnp.sum(w_te)
         norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
         out["split"] = S.LayerMoments(
             mean=mean_tr.reshape(norm.shape[0], -1),
@@ -426,7 +442,7 @@ def _finish_layers(sums, mean_tr, n_te, mo: _Moments) -> dict:
             sum_test=sums["s_te"] / norm[:, None],
             n_test=jnp.broadcast_to(n_te, norm.shape),
         )
-    if mo.full:
+    if full:
         norm = jnp.sqrt(jnp.trace(sums["g_all"], axis1=1, axis2=2))
         out["full"] = FullMoments(norm, sums["g_all"] / norm[:, None, None] ** 2)
     return out
@@ -448,34 +464,41 @@ def _pair_group(lay: _Layers, da: int, db: int, ndev: int) -> _PairGroup:
 
 def _cross_moments(lay: _Layers, mo: _Moments, means: dict, lms: dict, da: int, db: int, pg: _PairGroup, plan):
     """Pass 2, per pair: ``{"split": PairMoments, "full": (P, da, db)}`` normalised cross moments."""
-    la = len(lay.groups_a[da])
     pad_a = pg.ia[:: len(lay.groups_b[db])]
     idx_a = [lay.groups_a[da][k] for k in pad_a]
     ma_tr, ma_all, _ = means["a", da]
     mb_tr, mb_all, _ = means["b", db]
-    ma_tr = None if ma_tr is None else ma_tr.reshape(la, da)[pad_a].reshape(-1)
-    ma_all = ma_all.reshape(la, da)[pad_a].reshape(-1)
     shard = None if plan.mesh is None else NamedSharding(plan.mesh, P(None, "pairs"))
     acc = None
     for lo, hi in mo.chunks:
-        rest = _replicate(plan, (ma_tr, mb_tr, ma_all, mb_all, *mo.weights(lo, hi)))
+        rest = _replicate(plan, (ma_tr, mb_tr, ma_all, mb_all, *mo.weights(lo, hi), pad_a))
         acc = _add(acc, _acc_cross(_replicate(plan, _chunk(lay, lay.va, idx_a, lo, hi)),
                                    _replicate(plan, _chunk(lay, lay.vb, lay.groups_b[db], lo, hi)),
                                    *rest, sharding=shard, **mo.acc_flags))
-    if mo.derive_full:
-        d_a = (ma_all - ma_tr).reshape(-1, da)[pg.ia]
-        d_b = (mb_all - mb_tr).reshape(-1, db)[pg.jb]
-        acc["c_all"] = _shift_full(acc["c_tr"] + acc["c_te"], d_a, d_b, lay.n)
+    norms = lambda side, d: {k: v.norm for k, v in lms[side, d].items()}
+    return _finish_cross(acc, ma_tr, ma_all, mb_tr, mb_all, norms("a", da), norms("b", db), pg.ia, pg.jb, lay.n,
+                         split=mo.split, full=mo.full, derive=mo.derive_full)
+
+
+@functools.partial(jax.jit, static_argnames=("split", "full", "derive"))
+def _finish_cross(acc, ma_tr, ma_all, mb_tr, mb_all, norms_a, norms_b, ia, jb, n, *, split, full, derive):
+    """Normalise one pair group's cross sums (one program): ``{"split": PairMoments, "full": (P, da, db)}``.
+
+    ``norms_*``: ``{kind: (L,)}`` layer norms; ``ia``, ``jb``: ``(P,)`` positions of each pair's layers
+    in their groups; ``derive``: the all-rows moment from the train and test ones.
+    """
+    first = next(iter(acc.values()))
+    da, db = first.shape[1:]
+    if derive:
+        d_a = (ma_all - ma_tr).reshape(-1, da)[ia]
+        d_b = (mb_all - mb_tr).reshape(-1, db)[jb]
+        acc = {**acc, "c_all": _shift_full(acc["c_tr"] + acc["c_te"], d_a, d_b, n)}
     out = {}
-    if mo.split:
-        na = lms["a", da]["split"].norm[pg.ia]
-        nb = lms["b", db]["split"].norm[pg.jb]
-        den = (na * nb)[:, None, None]
+    if split:
+        den = (norms_a["split"][ia] * norms_b["split"][jb])[:, None, None]
         out["split"] = S.PairMoments(acc["c_tr"] / den, acc["c_te"] / den)
-    if mo.full:
-        na = lms["a", da]["full"].norm[pg.ia]
-        nb = lms["b", db]["full"].norm[pg.jb]
-        out["full"] = acc["c_all"] / (na * nb)[:, None, None]
+    if full:
+        out["full"] = acc["c_all"] / (norms_a["full"][ia] * norms_b["full"][jb])[:, None, None]
     return out
 
 
@@ -541,9 +564,10 @@ def _moment_plan(lay: _Layers, entries, *, weights, chunk_size) -> _Moments:
     kinds = {e.spec.moments for e in entries}
     need_split, need_full = "split" in kinds, "full" in kinds
     w_tr, w_te = weights if need_split else (None, None)
+    n_train = float(np.asarray(w_tr).sum()) if need_split else None
     derive = need_split and need_full and bool(np.all(np.asarray(w_tr + w_te) == 1))
     chunks = [(lo, min(lo + chunk_size, lay.n)) for lo in range(0, lay.n, chunk_size)] if chunk_size else [(0, lay.n)]
-    return _Moments(w_tr, w_te, chunks, need_split, need_full, derive)
+    return _Moments(w_tr, w_te, n_train, chunks, need_split, need_full, derive)
 
 
 def _run_checks(lay: _Layers, entries, mo: _Moments, *, reverse: bool) -> None:
@@ -552,7 +576,7 @@ def _run_checks(lay: _Layers, entries, mo: _Moments, *, reverse: bool) -> None:
     With ``reverse`` the ``reps_b`` layers are sources too, also for a symmetric
     measure (its reverse table is its own, but ``measure(name)(B_j, A_i)`` must be defined).
     """
-    n_tr = int(round(float(jnp.sum(mo.w_tr)))) if mo.split else lay.n
+    n_tr = int(round(mo.n_train)) if mo.split else lay.n
     for e in entries:
         if e.spec.check is None:
             continue

@@ -177,10 +177,16 @@ def rdm(x: ArrayLike, /, *, metric: str = "correlation") -> jax.Array:
             f"x has shape {tuple(x.shape)}: the correlation distance needs at least 2 features."
         )
     _check_rdm_input(x, "x", metric)
-    return _rdm_jit(x, metric)
+    return _rdm_jit(x, RDM_METRICS.index(metric))
 
 
-_rdm_jit = jax.jit(_rdm, static_argnames=("metric",))
+def _rdm_by_index(x: jax.Array, metric_index: jax.Array) -> jax.Array:
+    """:func:`_rdm` with the metric as data (its index in ``RDM_METRICS``): one compiled program
+    per input shape serves every metric (``lax.switch`` runs only the chosen one)."""
+    return jax.lax.switch(metric_index, [functools.partial(_rdm, metric=m) for m in RDM_METRICS], x)
+
+
+_rdm_jit = jax.jit(_rdm_by_index)
 
 
 def _order_key(v: jax.Array) -> jax.Array:
@@ -378,12 +384,13 @@ def _centre2(d: jax.Array) -> jax.Array:
     return d - jnp.mean(d, axis=1, keepdims=True)
 
 
-@functools.partial(jax.jit, static_argnames=("rdm_metric", "compare"))
-def _rsa_side(x: jax.Array, rdm_metric: str, compare: str) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("compare",))
+def _rsa_side(x: jax.Array, metric_index: jax.Array, compare: str) -> jax.Array:
     """What :func:`rsa` compares of one side: the RDM's ``m`` entries (:func:`_upper`),
-    or for "cosine_cov" the double-centred full RDM. One program per metric, and
-    per compare only where the compare needs the full matrix."""
-    d = _rdm(x, rdm_metric)
+    or for "cosine_cov" the double-centred full RDM. The metric is data (its index in
+    ``RDM_METRICS``), so one program per input shape serves all four metrics; a second
+    one only where the compare needs the full matrix."""
+    d = _rdm_by_index(x, metric_index)
     return _centre2(d) if compare == "cosine_cov" else _upper(d)
 
 
@@ -397,7 +404,8 @@ def _rsa_compare(a: jax.Array, b: jax.Array, compare: str) -> jax.Array:
 
 def _rsa(x, y, rdm_metric: str, compare: str):
     side = "cosine_cov" if compare == "cosine_cov" else "upper"
-    return _rsa_compare(_rsa_side(x, rdm_metric, side), _rsa_side(y, rdm_metric, side), compare)
+    k = RDM_METRICS.index(rdm_metric)
+    return _rsa_compare(_rsa_side(x, k, side), _rsa_side(y, k, side), compare)
 
 
 def rsa(

@@ -409,8 +409,7 @@ def split_weights(
         tr, te = idx
         if V.is_concrete(tr, te) and np.intersect1d(np.asarray(tr), np.asarray(te)).size:
             raise ValueError("split's train_idx and test_idx overlap; held-out rows must be unseen.")
-        w_tr = jnp.zeros((n,), dtype).at[tr].set(1.0)
-        w_te = jnp.zeros((n,), dtype).at[te].set(1.0)
+        w_tr, w_te = _index_split(tr, te, n, jnp.dtype(dtype))
         n_tr, n_te = int(tr.shape[0]), int(te.shape[0])
     else:
         if not isinstance(split, (float, int)) or isinstance(split, bool) or not 0 < split < 1:
@@ -419,17 +418,28 @@ def split_weights(
             )
         n_tr = int(round(split * n))
         n_te = n - n_tr
-        key = jax.random.key(0) if key is None else key
-        perm = jax.random.permutation(key, n)
-        w_tr = jnp.zeros((n,), dtype).at[perm[:n_tr]].set(1.0)
-        w_te = 1.0 - w_tr
     if n_tr < 2 or n_te < 2:
         raise ValueError(
             f"split gives {n_tr} train and {n_te} test rows out of n={n}; each side needs at "
             "least 2 rows (to centre and to have a variance). Use more samples or a fraction "
             "closer to 0.5."
         )
+    if not isinstance(split, tuple):
+        w_tr, w_te = _random_split(jax.random.key(0) if key is None else key, n, n_tr, jnp.dtype(dtype))
     return w_tr, w_te
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _random_split(key, n: int, n_tr: int, dtype):
+    """0/1 weights ``(n,)`` of ``n_tr`` random train rows and the rest (one program per shape)."""
+    w_tr = jnp.zeros((n,), dtype).at[jax.random.permutation(key, n)[:n_tr]].set(1.0)
+    return w_tr, 1.0 - w_tr
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _index_split(tr, te, n: int, dtype):
+    """0/1 weights ``(n,)`` of the rows ``tr`` and ``te``."""
+    return jnp.zeros((n,), dtype).at[tr].set(1.0), jnp.zeros((n,), dtype).at[te].set(1.0)
 
 
 # ----------------------------------------------------------------------------- public API

@@ -7,7 +7,7 @@ import pytest
 
 import similarity
 from experiments.cli import main as cli
-from experiments.compare import format_table, make_example
+from experiments.compare import format_table, make_example, principal_components
 from tests.invariance import invariance_data
 
 
@@ -163,3 +163,14 @@ def test_help_does_not_import_jax():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "COMMAND" in out and "compare" in out and "quickstart" in out
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_principal_components_equal_scikit_learn_pca():
+    from sklearn.decomposition import PCA
+
+    x = np.random.default_rng(3).normal(size=(80, 9)) @ np.diag(np.arange(1.0, 10.0))
+    got, ref = principal_components(x, 4), PCA(n_components=4).fit_transform(x)
+    # scikit-learn < 1.5 fixed the signs from the scores instead: compare up to each axis's sign
+    np.testing.assert_allclose(np.abs(got), np.abs(ref), rtol=1e-10, atol=1e-10)
+    sign = np.sign(np.sum(got * ref, axis=0))
+    np.testing.assert_allclose(got, ref * sign, rtol=1e-10, atol=1e-10)

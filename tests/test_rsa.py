@@ -221,3 +221,24 @@ def test_float32_accuracy_at_digits_size():
         got = float(rsa(x, y, rdm_metric=metric, compare=compare))
         assert got == pytest.approx(ref_rsa(x.astype(np.float64), y.astype(np.float64), metric, compare),
                                     abs=1e-6), (metric, compare)
+
+
+def test_one_compiled_program_serves_every_rdm_metric():
+    """The RDM metric is data, not a static argument: after the first metric, the others of the same
+    shape and compare compile only their (tiny) comparison, never another RDM program."""
+    from tests._stitch_models import CompileCounter
+
+    rng = np.random.default_rng(7)
+    x, y = rng.normal(size=(23, 5)), rng.normal(size=(23, 3))  # shapes no other test uses
+    for compare in ("pearson", "cosine_cov"):
+        rsa(x, y, rdm_metric=RDM_METRICS[0], compare=compare)
+        with CompileCounter() as c:
+            got = {m: float(rsa(x, y, rdm_metric=m, compare=compare)) for m in RDM_METRICS[1:]}
+        assert c.count == 0, f"{compare}: {c.count} new programs for the other RDM metrics"
+        for m, v in got.items():
+            assert v == pytest.approx(ref_rsa(x, y, m, compare), rel=1e-9, abs=1e-12)
+    rdm(x, metric=RDM_METRICS[0])
+    with CompileCounter() as c:
+        for m in RDM_METRICS[1:]:
+            np.testing.assert_allclose(rdm(x, metric=m), ref_rdm(x, m), rtol=1e-10, atol=1e-12)
+    assert c.count == 0
