@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import jax
@@ -92,6 +93,11 @@ def _numpy_cka_loop(a, b):
     return out
 
 
+def _say(msg: str) -> None:
+    """Progress on stderr (the full-size run takes minutes; the table prints at the end)."""
+    print(f"[bench_grid {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -107,7 +113,9 @@ def main(argv=None) -> str:
     # Part 1: every measure, grid vs loop over pairs.
     a = [jax.device_put(r.normal(size=(n, widths[k % len(widths)])).astype(np.float32)) for k in range(L)]
     b = [jax.device_put(np.tanh(x[:, : widths[0]] @ r.normal(size=(widths[0], widths[(k + 1) % len(widths)]))).astype(np.float32)) for k, x in enumerate(a)]
+    _say(f"part 1: {L} x {L} grid, n = {n}, moment measures: compare_grid ({reps} warm calls)")
     first, ours = _timed(lambda: compare_grid(a, b, measures=GRID_MEASURES, reverse=True), reps)
+    _say(f"part 1: {ours:.2f} s warm; the loop over pairwise functions (compiling, then one timed pass)")
     jax.block_until_ready(_pair_loop(a, b))  # compile every pair shape once
     _, loop = _timed(lambda: _pair_loop(a, b), 1)
     lines += [
@@ -118,7 +126,9 @@ def main(argv=None) -> str:
         "|---|---|---|---|---|",
         f"| moment measures | {ours:.2f} | {first - ours:.1f} | {loop:.2f} | **{loop / ours:.1f}x** |",
     ]
+    _say(f"part 1: {loop:.2f} s; other measures: compare_grid")
     gfirst, gours = _timed(lambda: compare_grid(a, b, measures=GENERIC_MEASURES).tables, 1)
+    _say(f"part 1: {gours:.2f} s warm; other measures: the loop over pairwise functions")
     jax.block_until_ready(_pair_loop(a, b, GENERIC_MEASURES))
     _, gloop = _timed(lambda: _pair_loop(a, b, GENERIC_MEASURES), 1)
     lines += [
@@ -133,6 +143,7 @@ def main(argv=None) -> str:
     a2 = [r.normal(size=(n2, d2)).astype(np.float32) for _ in range(L)]
     b2 = [(x @ r.normal(size=(d2, d2)) * 0.1 + r.normal(size=(n2, d2))).astype(np.float32) for x in a2]
     a2j, b2j = [jax.device_put(x) for x in a2], [jax.device_put(x) for x in b2]
+    _say(f"part 2: {L} x {L} linear-CKA grid of ({n2} x {d2}): compare_grid, then the NumPy loop and ckatorch")
     first2, ours2 = _timed(lambda: compare_grid(a2j, b2j, measures=["cka/linear"]).tables, reps)
     t0 = time.perf_counter()
     ref = _numpy_cka_loop(a2, b2)

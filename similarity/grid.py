@@ -565,7 +565,7 @@ def _moment_plan(lay: _Layers, entries, *, weights, chunk_size) -> _Moments:
     need_split, need_full = "split" in kinds, "full" in kinds
     w_tr, w_te = weights if need_split else (None, None)
     n_train = float(np.asarray(w_tr).sum()) if need_split else None
-    derive = need_split and need_full and bool(np.all(np.asarray(w_tr + w_te) == 1))
+    derive = need_split and need_full and bool(np.all(np.asarray(w_tr) + np.asarray(w_te) == 1))
     chunks = [(lo, min(lo + chunk_size, lay.n)) for lo in range(0, lay.n, chunk_size)] if chunk_size else [(0, lay.n)]
     return _Moments(w_tr, w_te, n_train, chunks, need_split, need_full, derive)
 
