@@ -293,16 +293,19 @@ SMOKE_XLA_FLAG = "--xla_backend_optimization_level=0"
 def _compile_for_a_smoke_run() -> bool:
     """Turn XLA's backend optimisation off for this process, if its backend has not started yet.
 
-    Returns whether the flag is in effect. A flag the user set in ``XLA_FLAGS`` wins.
+    Returns whether the flag is in effect (assumed when this JAX cannot say whether its backend
+    has started). A level the user set in ``XLA_FLAGS`` wins.
     """
     import os
-
-    from jax._src import xla_bridge
 
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_backend_optimization_level" in flags:
         return SMOKE_XLA_FLAG in flags
-    if xla_bridge.backends_are_initialized():
+    try:  # a private helper; if a JAX version lacks it, setting the flag is harmless
+        from jax._src.xla_bridge import backends_are_initialized
+    except ImportError:
+        backends_are_initialized = lambda: False  # noqa: E731
+    if backends_are_initialized():
         return False
     os.environ["XLA_FLAGS"] = f"{flags} {SMOKE_XLA_FLAG}".strip()
     return True
