@@ -25,13 +25,14 @@ by :func:`models.train.train`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from experiments.io import load_config as load_config  # re-exported: the drivers' config loader
 
 __all__ = [
     "Stage",
@@ -257,31 +258,6 @@ def load_images(name: str, *, grayscale: bool = False, n_train: int | None = Non
         ds = dataclasses.replace(ds, x_train=to_grayscale(ds.x_train), x_test=to_grayscale(ds.x_test),
                                  description=ds.description + "; grayscale (BT.601 luminance)")
     return ds
-
-
-def load_config(cls, configs: dict, name_or_path: str):
-    """A driver config: a name in ``configs`` or a JSON file of the dataclass ``cls``'s fields.
-
-    Lists in the JSON become tuples (nested lists: tuples of tuples), so a saved
-    ``config.json`` loads back into an equal config.
-    """
-    if name_or_path in configs:
-        return configs[name_or_path]
-    path = pathlib.Path(name_or_path)
-    if not path.is_file():
-        raise ValueError(
-            f"--config {name_or_path!r} is neither one of {', '.join(configs)} nor a JSON file."
-        )
-    raw = json.loads(path.read_text())
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - fields)
-    if unknown:
-        raise ValueError(f"{path}: unknown config fields {unknown}; valid fields: {sorted(fields)}.")
-
-    def tup(v):
-        return tuple(tup(u) for u in v) if isinstance(v, list) else v
-
-    return cls(**{k: tup(v) for k, v in raw.items()})
 
 
 # --------------------------------------------------------------------------- runs and reports

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import pathlib
 import time
 
@@ -47,7 +46,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from experiments.io import results_dir, write_json_atomic
+from experiments.io import load_config, results_dir, write_json_atomic
 
 __all__ = [
     "GrokkingConfig",
@@ -767,17 +766,9 @@ def summary(cfg: GrokkingConfig, m: dict) -> str:
 
 
 def _config_from(name_or_path: str) -> tuple[str, GrokkingConfig]:
-    if name_or_path in CONFIGS:
-        return name_or_path, CONFIGS[name_or_path]
-    path = pathlib.Path(name_or_path)
-    if not path.is_file():
-        raise ValueError(f"--config {name_or_path!r} is neither one of {', '.join(CONFIGS)} nor a JSON file.")
-    fields = {f.name for f in dataclasses.fields(GrokkingConfig)}
-    raw = json.loads(path.read_text())
-    unknown = sorted(set(raw) - fields)
-    if unknown:
-        raise ValueError(f"{path}: unknown GrokkingConfig fields {unknown}; valid fields: {sorted(fields)}.")
-    return path.stem, GrokkingConfig(**raw)
+    """``(run name, config)``: a named config, or a JSON file (named after its stem)."""
+    name = name_or_path if name_or_path in CONFIGS else pathlib.Path(name_or_path).stem
+    return name, load_config(GrokkingConfig, CONFIGS, name_or_path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

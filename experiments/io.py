@@ -20,7 +20,8 @@ from models.io import to_jsonable as to_jsonable
 from models.io import write_atomic as write_atomic
 from models.io import write_json_atomic as write_json_atomic
 
-__all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "read_json", "results_dir", "config_type", "config_overrides"]
+__all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "read_json", "results_dir", "config_type", "config_overrides",
+           "load_config"]
 
 
 def results_dir(experiment: str, run: str | None = None, *, root: str | os.PathLike = "results") -> pathlib.Path:
@@ -65,3 +66,31 @@ def config_overrides(d: Mapping[str, object], cls: type, what: str) -> tuple[dic
     if unknown:
         raise ValueError(f"Unknown {what} config fields {unknown}; valid fields: {sorted(fields)} (and 'base').")
     return d, base
+
+
+def load_config(cls: type, configs: Mapping[str, object], name_or_path: str):
+    """A driver config: a name in ``configs`` or a JSON file of the dataclass ``cls``'s fields.
+
+    Lists in the JSON become tuples (nested lists: tuples of tuples), so a saved
+    ``config.json`` loads back into an equal config.
+
+    Raises:
+      ValueError: neither a known name nor a file, or a field ``cls`` does not have (naming the valid ones).
+    """
+    if name_or_path in configs:
+        return configs[name_or_path]
+    path = pathlib.Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(
+            f"--config {name_or_path!r} is neither one of {', '.join(configs)} nor a JSON file."
+        )
+    raw = json.loads(path.read_text())
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - fields)
+    if unknown:
+        raise ValueError(f"{path}: unknown {cls.__name__} fields {unknown}; valid fields: {sorted(fields)}.")
+
+    def tup(v):
+        return tuple(tup(u) for u in v) if isinstance(v, list) else v
+
+    return cls(**{k: tup(v) for k, v in raw.items()})

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import pathlib
@@ -52,6 +51,7 @@ import time
 
 import numpy as np
 
+from experiments.io import load_config as io_load_config
 from experiments.io import read_json, results_dir, to_jsonable, write_json_atomic
 
 PAPER_CLAIM = (
@@ -709,17 +709,7 @@ def summary(metrics: dict, cfg: LanguageConfig) -> str:
 
 def load_config(spec: str) -> LanguageConfig:
     """A named config (smoke, default, paper) or a JSON file with LanguageConfig fields."""
-    if spec in CONFIGS:
-        return CONFIGS[spec]
-    path = pathlib.Path(spec)
-    if not path.exists():
-        raise ValueError(f"--config {spec!r} is neither one of {sorted(CONFIGS)} nor a JSON file.")
-    raw = json.loads(path.read_text())
-    fields = {f.name for f in dataclasses.fields(LanguageConfig)}
-    unknown = sorted(set(raw) - fields)
-    if unknown:
-        raise ValueError(f"{path} has unknown LanguageConfig fields {unknown}; valid: {sorted(fields)}.")
-    return LanguageConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+    return io_load_config(LanguageConfig, CONFIGS, spec)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -169,7 +169,7 @@ def test_configs_runs_and_cached_arrays(tmp_path):
     with pytest.raises(ValueError, match="neither one of x nor a JSON file"):
         cur.load_config(Cfg, {"x": Cfg()}, "nope")
     p.write_text(json.dumps({"c": 1}))
-    with pytest.raises(ValueError, match=r"unknown config fields \['c'\]"):
+    with pytest.raises(ValueError, match=r"unknown Cfg fields \['c'\]"):
         cur.load_config(Cfg, {}, str(p))
 
     out = cur.prepare_run("exp", Cfg(), root=tmp_path, run_name="r")
