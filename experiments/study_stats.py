@@ -75,7 +75,8 @@ def r2(x: ArrayLike, y: ArrayLike, /, *, weights: ArrayLike | None = None) -> ja
       weights: ``(n,)`` frequency weights (a row counted ``w`` times); None: all 1.
 
     Returns:
-      ``()`` in [0, 1]; NaN when x or y is constant.
+      ``()`` in [0, 1]; NaN when x or y is constant (:func:`bootstrap` and
+      :func:`permutation_test` refuse that case with a clear error).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -197,6 +198,11 @@ def bootstrap(
     Returns:
       :class:`Interval`.
 
+    Raises:
+      ValueError: arrays that are not 1-D of one length, a bad ``level`` or
+        ``n_resamples``, or a statistic that is not finite on the data itself
+        (e.g. :func:`r2` of a constant array).
+
     Examples:
       >>> import jax, jax.numpy as jnp
       >>> x = jax.random.normal(jax.random.key(1), (200,))
@@ -210,11 +216,17 @@ def bootstrap(
         raise ValueError(f"level must be in (0, 1), got {level!r}.")
     if not isinstance(n_resamples, int) or n_resamples < 1:
         raise ValueError(f"n_resamples must be a positive int, got {n_resamples!r}.")
+    estimate = float(stat(*arrays))
+    if not np.isfinite(estimate):
+        raise ValueError(
+            f"{getattr(stat, '__name__', 'the statistic')} is {estimate} on the data itself (arrays of length "
+            f"{arrays[0].shape[0]}), e.g. a constant array has no variance; there is nothing to bootstrap."
+        )
     n = arrays[0].shape[0]
     w = resample_weights(key, n, n_resamples=n_resamples, clusters=clusters)
     samples = np.asarray(_weighted_stats(stat, arrays, w))
     lo, hi = np.nanquantile(samples, [(1 - level) / 2, (1 + level) / 2])
-    return Interval(float(stat(*arrays)), float(lo), float(hi), float(level), int(n_resamples))
+    return Interval(estimate, float(lo), float(hi), float(level), int(n_resamples))
 
 
 @jax.jit
@@ -229,6 +241,9 @@ def permutation_test(x: ArrayLike, y: ArrayLike, /, *, key: jax.Array, n_permuta
       :class:`PermutationResult`; ``p_value`` counts the observed value as one
       permutation, so it is never 0.
 
+    Raises:
+      ValueError: arrays that are not 1-D of one length, or x or y constant (R^2 undefined).
+
     Examples:
       >>> import jax
       >>> x = jax.random.normal(jax.random.key(0), (100,))
@@ -241,6 +256,8 @@ def permutation_test(x: ArrayLike, y: ArrayLike, /, *, key: jax.Array, n_permuta
     if not isinstance(n_permutations, int) or n_permutations < 1:
         raise ValueError(f"n_permutations must be a positive int, got {n_permutations!r}.")
     obs = float(r2(x, y))
+    if not np.isfinite(obs):
+        raise ValueError(f"R^2 is undefined: x or y (length {x.shape[0]}) is constant, with no variance.")
     null = np.asarray(_permuted_r2(x, y, jax.random.split(key, n_permutations)))
     return PermutationResult(obs, float(null.mean()), float(np.quantile(null, 0.95)),
                              float((1 + np.sum(null >= obs)) / (1 + n_permutations)), int(n_permutations))

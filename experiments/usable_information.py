@@ -172,8 +172,12 @@ def _claim1(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plt) -> dict
         panels.append(("closed-form affine score, held out", keys, d))
     for k, (label, keys, d) in enumerate(panels):
         stats = st.tail_statistics(d)
-        ci = st.bootstrap(st.excess_kurtosis, (d,), key=jax.random.fold_in(key, k), n_resamples=opts.n_resamples,
-                          clusters=_clusters([(*kk, None) for kk in keys]))
+        try:
+            ci = st.bootstrap(st.excess_kurtosis, (d,), key=jax.random.fold_in(key, k), n_resamples=opts.n_resamples,
+                              clusters=_clusters([(*kk, None) for kk in keys]))
+        except ValueError as e:  # every pair equally asymmetric: no kurtosis
+            res.setdefault("undefined", {})[label] = str(e)
+            continue
         res[label] = {**stats, "excess_kurtosis_ci95": [ci.low, ci.high],
                       "fraction_abs_gt_0.1": float(np.mean(np.abs(d) > 0.1))}
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4), squeeze=False)
@@ -242,10 +246,14 @@ def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plt) -> dict
                 if len(keys) < 4:
                     continue
                 k += 1
-                ci = st.bootstrap(st.r2, (x, y), key=jax.random.fold_in(key, 2 * k), n_resamples=opts.n_resamples,
-                                  clusters=_clusters(keys))
-                perm = st.permutation_test(x, y, key=jax.random.fold_in(key, 2 * k + 1),
-                                           n_permutations=opts.n_permutations)
+                try:
+                    ci = st.bootstrap(st.r2, (x, y), key=jax.random.fold_in(key, 2 * k), n_resamples=opts.n_resamples,
+                                      clusters=_clusters(keys))
+                    perm = st.permutation_test(x, y, key=jax.random.fold_in(key, 2 * k + 1),
+                                               n_permutations=opts.n_permutations)
+                except ValueError as e:  # a constant measure or score: R^2 undefined, shown as "-"
+                    res.setdefault("undefined", {})[f"{split}/{fam}/{m}"] = str(e)
+                    continue
                 res.setdefault(split, {}).setdefault(fam, {})[m] = {
                     "r2": ci.estimate, "ci95": [ci.low, ci.high], "null_mean": perm.null_mean,
                     "null_q95": perm.null_q95, "p_value": perm.p_value, "n": len(keys)}
@@ -384,9 +392,12 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions) -> 
           "| quantity | n | sd | excess kurtosis [95% CI] (normal: 0) | beyond 3 sd (normal: 0.0027) | "
           "(q99-q01)/(q75-q25) (normal: 3.45) | max abs | paper |", "|---|---:|---:|---|---:|---:|---:|---|"]
     for label, r in m["claim1"].items():
+        if label == "undefined":
+            continue
         L.append(f"| {label} | {r['n']} | {r['sd']:.3f} | {r['excess_kurtosis']:.2f} [{r['excess_kurtosis_ci95'][0]:.2f}, "
                  f"{r['excess_kurtosis_ci95'][1]:.2f}] | {r['beyond_3sd']:.4f} | {r['quantile_ratio']:.2f} | "
                  f"{r['max_abs']:.3f} | heavy-tailed (figure; no number given) |")
+    L += [f"- {label}: undefined: {why}" for label, why in m["claim1"].get("undefined", {}).items()]
     L += ["", "## Claim 2: orthogonal <= scaled orthogonal <= affine", "",
           "| split | directed layer pairs | orth > scaled | scaled > affine | beyond the ridge bound | mean orth / scaled / affine |",
           "|---|---:|---:|---:|---:|---|"]
@@ -418,6 +429,7 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions) -> 
                              f"({r['null_q95']:.3f})")
             L.append(f"| {meas} | " + " | ".join(cells) + f" | {paper} |")
         L.append("")
+    L += [f"- R^2 undefined for {cell}: {why}" for cell, why in m["claim3"].get("undefined", {}).items()]
     L += [f"The paper's R^2 against the scaled-orthogonal score: CKA {PAPER['r2_cka_scaled_orthogonal'][0]}, "
           f"RSA {PAPER['r2_rsa_scaled_orthogonal'][0]}. "
           "The paper's code scores in sample (its numbers compare with the in-sample rows); the null column is the "

@@ -121,3 +121,14 @@ def test_count_violations_and_bad_input():
         st.r2(np.zeros(4), np.zeros((2, 2)))
     with pytest.raises(ValueError, match="same length"):
         st.r2(np.zeros(4), np.zeros(5))
+
+
+def test_constant_data_is_refused_not_a_nan_interval():
+    x, const = np.arange(10.0), np.full(10, 3.0)
+    assert np.isnan(float(st.r2(x, const)))  # the statistic itself: NaN, documented
+    with pytest.raises(ValueError, match=r"r2 is nan on the data itself \(arrays of length 10\)"):
+        st.bootstrap(st.r2, (x, const), key=jax.random.key(0), n_resamples=10)
+    with pytest.raises(ValueError, match=r"excess_kurtosis is nan"):
+        st.bootstrap(st.excess_kurtosis, (const,), key=jax.random.key(0), n_resamples=10)
+    with pytest.raises(ValueError, match=r"R\^2 is undefined: x or y \(length 10\) is constant"):
+        st.permutation_test(const, x, key=jax.random.key(0), n_permutations=10)
