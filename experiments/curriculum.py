@@ -338,10 +338,10 @@ def finish_run(out: pathlib.Path, metrics: dict, summary: str, figures: Sequence
 
     Returns ``metrics`` with ``out`` and ``figures`` (paths) added.
     """
-    from experiments.io import write_json_atomic
+    from experiments.io import write_json_atomic, write_text_atomic
 
     write_json_atomic(out / "metrics.json", metrics)
-    (out / "summary.md").write_text(summary)
+    write_text_atomic(out / "summary.md", summary)
     log(summary)
     log(f"results in {out}/: summary.md, metrics.json, " + ", ".join(pathlib.Path(f).name for f in figures))
     return {**metrics, "out": str(out), "figures": [str(f) for f in figures]}

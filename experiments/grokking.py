@@ -46,7 +46,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from experiments.io import load_config, results_dir, write_json_atomic
+from experiments.io import load_config, results_dir, write_json_atomic, write_text_atomic
 
 __all__ = [
     "GrokkingConfig",
@@ -646,8 +646,7 @@ def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: 
     metrics["figures"] = [f.name for f in figures]
     write_json_atomic(out / "metrics.json", metrics)
     text = summary(cfg, metrics)
-    (out / ".summary.md.tmp").write_text(text)
-    (out / ".summary.md.tmp").replace(out / "summary.md")
+    write_text_atomic(out / "summary.md", text)
     _log(text)
     log(f"done; results in {out}/")
     metrics["out"] = str(out)

@@ -20,8 +20,21 @@ from models.io import to_jsonable as to_jsonable
 from models.io import write_atomic as write_atomic
 from models.io import write_json_atomic as write_json_atomic
 
-__all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "read_json", "results_dir", "config_type", "config_overrides",
-           "load_config"]
+__all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "write_text_atomic", "read_json", "results_dir",
+           "config_type", "config_overrides", "load_config"]
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> pathlib.Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_atomic`), e.g. a run's ``summary.md``.
+
+    Examples:
+      >>> import tempfile, pathlib
+      >>> p = write_text_atomic(pathlib.Path(tempfile.mkdtemp()) / "s.md", "# Ω")
+      >>> p.read_text(encoding="utf-8"), sorted(x.name for x in p.parent.iterdir())
+      ('# Ω', ['s.md'])
+    """
+    data = text.encode()
+    return write_atomic(path, lambda f: f.write(data))
 
 
 def results_dir(experiment: str, run: str | None = None, *, root: str | os.PathLike = "results") -> pathlib.Path:

@@ -52,7 +52,7 @@ import time
 import numpy as np
 
 from experiments.io import load_config as io_load_config
-from experiments.io import read_json, results_dir, to_jsonable, write_json_atomic
+from experiments.io import read_json, results_dir, to_jsonable, write_json_atomic, write_text_atomic
 
 PAPER_CLAIM = (
     "tensor similarity shows sharp transitions and block structure across training checkpoints "
@@ -600,7 +600,7 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
     figures = _figures(cfg, out, steps, matrices, blocks, closure_sim, closure_idx, ngram, result.history, plotting)
     metrics["figures"] = [str(p.name) for p in figures]
     write_json_atomic(out / "metrics.json", metrics)
-    (out / "summary.md").write_text(summary(metrics, cfg))
+    write_text_atomic(out / "summary.md", summary(metrics, cfg))
     log(f"language: wrote {out / 'summary.md'}")
     return metrics
 

@@ -62,7 +62,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments.io import config_overrides, config_type, read_json, results_dir, to_jsonable, write_atomic, write_json_atomic
+from experiments.io import (config_overrides, config_type, read_json, results_dir, to_jsonable, write_atomic,
+                            write_json_atomic, write_text_atomic)
 
 __all__ = [
     "StudyConfig", "CONFIGS", "COLUMNS", "CoarseTail", "config_from_dict", "run", "read_table",
@@ -587,7 +588,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
         "seconds_this_invocation": seconds,
     }
     write_json_atomic(out / "metrics.json", metrics)
-    (out / "summary.md").write_text(summary(cfg, metrics))
+    write_text_atomic(out / "summary.md", summary(cfg, metrics))
     log(f"[done] {n_rows} comparisons in {out}/comparisons.csv; {seconds:.0f} s this invocation")
     return {**metrics, "out": str(out)}
 

@@ -37,7 +37,7 @@ from collections.abc import Callable
 import numpy as np
 
 from experiments import study_stats as st
-from experiments.io import read_json, write_json_atomic
+from experiments.io import read_json, write_json_atomic, write_text_atomic
 
 __all__ = ["PAPER", "ReportOptions", "report", "ridge_slack"]
 
@@ -501,6 +501,6 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     m["gap"] = _gap(t, out, plt)
     m["paper"] = {k: list(v) for k, v in PAPER.items()}
     write_json_atomic(out / "metrics.json", m)
-    (out / "summary.md").write_text(_summary(run_dir, cfg, m, options))
+    write_text_atomic(out / "summary.md", _summary(run_dir, cfg, m, options))
     log(f"[report] {out}/summary.md and 6 figures")
     return m

@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from experiments import data as data_lib
-from experiments.io import config_overrides, config_type, read_json, results_dir, to_jsonable, write_json_atomic
+from experiments.io import (config_overrides, config_type, read_json, results_dir, to_jsonable, write_json_atomic,
+                            write_text_atomic)
 
 __all__ = [
     "DataSpec", "ModelSpec", "ZooConfig", "CONFIGS", "config_from_dict", "run",
@@ -456,7 +457,7 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
         "seconds_training": round(sum(e["seconds"] for e in manifest["models"].values()), 1),
     }
     write_json_atomic(out / "metrics.json", metrics)
-    (out / "summary.md").write_text(summary(cfg, manifest, metrics))
+    write_text_atomic(out / "summary.md", summary(cfg, manifest, metrics))
     log(f"[done] {metrics['n_models']} models in {out}/ (zoo.json, summary.md, {len(figures)} figures); "
         f"{seconds:.0f} s this invocation")
     return {**metrics, "out": str(out), "figures": [str(f) for f in figures]}
