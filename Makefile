@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(VENV)/bin/funsim quickstart
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS) tests similarity models experiments
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS) tests
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m slow $(PYTEST_ARGS) tests

@@ -29,10 +29,10 @@ def _drop_compiled_programs_after_each_module():
 
 @pytest.fixture(autouse=True)
 def _restore_the_measure_registry():
-    reg = sys.modules.get("similarity.registry")
+    reg = sys.modules.get("funsim.similarity.registry")
     saved = (dict(reg._REGISTRY), dict(reg._FAMILIES)) if reg is not None else None
     yield
-    reg = sys.modules.get("similarity.registry")
+    reg = sys.modules.get("funsim.similarity.registry")
     if reg is None:
         return
     if saved is None:  # first imported during this test: keep what the import registered

@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks.bench_tensor import _timeit
 
-from similarity import (
+from funsim.similarity import (
     AttentionLayer,
     AttentionNetwork,
     attention_inner,

@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import similarity
+from funsim import similarity
 from benchmarks.bench_tensor import _fmt, _timeit
-from experiments import checkpoint_similarity as cs
+from funsim.experiments import checkpoint_similarity as cs
 
 
 def _checkpoints(n, d, m, h, o, seed=0):

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> str:
 
     import jax
 
-    from similarity import cka
+    from funsim.similarity import cka
 
     n, d = args.n, args.d
     rng = np.random.default_rng(0)

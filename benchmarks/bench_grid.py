@@ -29,8 +29,8 @@ import time
 import jax
 import numpy as np
 
-import similarity as sim
-from similarity.grid import compare_grid
+import funsim.similarity as sim
+from funsim.similarity.grid import compare_grid
 
 GRID_MEASURES = [
     "stitch/affine",

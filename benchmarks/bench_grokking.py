@@ -47,8 +47,8 @@ def _step_fn(model):
 
 
 def bench_training(p: int, repeats: int) -> list[str]:
-    from experiments import grokking
-    from experiments.data import modular_addition
+    from funsim.experiments import grokking
+    from funsim.experiments.data import modular_addition
 
     cfg = grokking.GrokkingConfig(p=p)
     tok = modular_addition(p=p, train_fraction=0.3)
@@ -120,7 +120,7 @@ def np_vector_dp(s, k):
 
 
 def bench_segmentation(sizes, k: int, repeats: int) -> list[str]:
-    from similarity import change_points
+    from funsim.similarity import change_points
 
     out = [f"Segmentation into K = {k} segments (pairwise cost), float64; all three give the same starts.", "",
            "| n | change_points (ms, warm) | compile + first call (s) | NumPy vectorised DP (ms) | NumPy triple loop (ms) | vectorised / ours | loop / ours |",

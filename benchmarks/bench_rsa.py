@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> str:
     import jax
 
     jax.config.update("jax_enable_x64", True)  # float64 runs as float64, as in `funsim compare`
-    from similarity import rsa
+    from funsim.similarity import rsa
 
     n, d = args.n, args.d
     rng = np.random.default_rng(0)

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.linalg
 from sklearn.linear_model import LinearRegression
 
-from similarity.stitching import FAMILIES, fit_stitcher, fit_stitchers
+from funsim.similarity.stitching import FAMILIES, fit_stitcher, fit_stitchers
 
 
 def _block(tree):

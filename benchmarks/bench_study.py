@@ -34,9 +34,9 @@ import numpy as np
 
 
 def _reps(zoo_dir, dataset, n_models, rows):
-    import models as models_lib
-    from experiments import similarity_study as S
-    from experiments import zoo as zoo_lib
+    import funsim.models as models_lib
+    from funsim.experiments import similarity_study as S
+    from funsim.experiments import zoo as zoo_lib
 
     zoo = zoo_lib.load_zoo(zoo_dir, datasets=(dataset,))
     every = zoo.by_dataset(dataset)
@@ -51,22 +51,20 @@ def _reps(zoo_dir, dataset, n_models, rows):
 
 
 def _measures():
-    from experiments import similarity_study as S
+    from funsim.experiments import similarity_study as S
 
     cfg = S.CONFIGS["default"]
     return list(cfg.measures) + list(S.stitch_measure_names(cfg)), cfg
 
 
 def _batched(reps, measures, cfg):
-    import similarity
-
+    from funsim import similarity
     g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed))
     return jax.block_until_ready(g.tables)
 
 
 def _loop(reps, owner, measures):
-    import similarity
-
+    from funsim import similarity
     names = list(reps)
     out = []
     for i, a in enumerate(names):
@@ -103,8 +101,7 @@ def main(argv=None) -> None:
     pairs = (sum(sizes) ** 2 - sum(s * s for s in sizes)) // 2
     (tables, b_first), (_, b_warm) = _timed(_batched, reps, measures, cfg), _timed(_batched, reps, measures, cfg)
     (vals, l_first), (_, l_warm) = _timed(_loop, reps, owner, measures), _timed(_loop, reps, owner, measures)
-    import similarity
-
+    from funsim import similarity
     # the loop's values agree with the grid's (same measure, same pair)
     names = list(reps)
     a, b = next((x, y) for x in names for y in names if owner[x] != owner[y])

@@ -80,7 +80,7 @@ def _timed(fn, repeats):
 
 
 def _batched_vs_sequential(quick: bool) -> str:
-    from similarity import train_stitcher, train_stitchers
+    from funsim.similarity import train_stitcher, train_stitchers
 
     k = 16
     if quick:
@@ -128,7 +128,7 @@ def _sweep(variant: str, size: dict) -> dict:
     """Run the 32-stitcher sweep once; returns wall time, compilations and a checksum."""
     from flax import nnx
 
-    from models import MLP
+    from funsim.models import MLP
 
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
@@ -150,15 +150,15 @@ def _sweep(variant: str, size: dict) -> dict:
             z_tgt, model = feats[tgt][lj], models[tgt]
             srcs = [feats[src][li] for li in layers]
             if variant == "old":
-                from similarity import train_stitcher
+                from funsim.similarity import train_stitcher
 
                 for i, z in enumerate(srcs):  # a fresh closure per pair, as a sweep writes it
                     s, _ = train_stitcher(z, y, lambda h, m=model, j=lj: m.tail(j, h), z_tgt=z_tgt,
                                           key=keys[i], progress=False, **kw)
                     weights.append(s.weight)
                 continue
-            from models import split_tail
-            from similarity import train_stitcher, train_stitchers
+            from funsim.models import split_tail
+            from funsim.similarity import train_stitcher, train_stitchers
 
             tail_apply, tail_params = split_tail(model, lj)
             if variant == "one_by_one":

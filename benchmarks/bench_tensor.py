@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from similarity import (
+from funsim.similarity import (
     BilinearLayer,
     monte_carlo_inner,
     similarity_matrix,

@@ -55,8 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import checkpoint_similarity as cs
-from experiments import curriculum as cur
+from funsim.experiments import checkpoint_similarity as cs
+from funsim.experiments import curriculum as cur
 
 #: the paper's block gaps (tdooms/tensor-similarity, SVHN backdoor bundle)
 PAPER = {
@@ -225,8 +225,7 @@ CONFIGS = {
 def _make_model(cfg, input_shape, n_classes):
     from flax import nnx
 
-    import models
-
+    from funsim import models
     return models.BilinearMLP(input_shape, n_classes, d_model=cfg.d_hidden, d_hidden=cfg.d_hidden, n_layers=1,
                               residual=False, bias=False, embed=False, rngs=nnx.Rngs(cfg.seed))
 
@@ -248,7 +247,7 @@ def attack_success(logits, y, /, *, target: int) -> np.ndarray:
 def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log=print) -> dict:
     """Run the experiment; returns the metrics (also written to metrics.json)."""
-    from models.train import TrainConfig
+    from funsim.models.train import TrainConfig
 
     t0 = time.time()
     stamp_log = lambda msg: log(f"{msg}  [{time.time() - t0:.0f} s]")
@@ -336,7 +335,7 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
 
 
 def _figures(cfg, out, res, steps, mats, slice_gaps, gaps):
-    from experiments import plotting
+    from funsim.experiments import plotting
 
     figs = [cs.curves_over_steps(
         steps, {"clean test accuracy": mats["clean_accuracy"], "attack success (stamped, not 9)": mats["attack_success"]},

@@ -40,9 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-import similarity
-from similarity import BilinearLayer, LinearLayer
-from similarity.tensor_similarity import stack_networks as _stack_list
+from funsim import similarity
+from funsim.similarity import BilinearLayer, LinearLayer
+from funsim.similarity.tensor_similarity import stack_networks as _stack_list
 
 __all__ = [
     "TENSOR_METRICS",
@@ -498,7 +498,7 @@ def heatmap_panels(
     Returns:
       The path written.
     """
-    from experiments.plotting import plt, save
+    from funsim.experiments.plotting import plt, save
 
     n = len(matrices)
     ncols = max(1, min(ncols, n))
@@ -552,7 +552,7 @@ def curves_over_steps(
     Returns:
       The path written.
     """
-    from experiments.plotting import plt, save
+    from funsim.experiments.plotting import plt, save
 
     fig, ax = plt.subplots(figsize=(8.5, 3.8))
     for k, (first, last, name) in enumerate(spans or ()):

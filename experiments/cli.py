@@ -14,15 +14,15 @@ import sys
 
 # name -> (module, one-line help). Each module defines its own arguments.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "compare": ("experiments.compare", "compare two saved representation matrices (.npy/.npz)"),
-    "quickstart": ("experiments.quickstart", "train small models offline and compare them end to end"),
-    "grokking": ("experiments.grokking", "modular addition with one bilinear layer: phases from checkpoint similarity"),
-    "forgetting": ("experiments.forgetting", "catastrophic forgetting through a curriculum, localised by tensor similarity"),
-    "backdoor": ("experiments.backdoor", "detect a backdoor from the weights and clean data only"),
-    "zoo": ("experiments.zoo", "train a model zoo (data sets x architectures x seeds) for the similarity study"),
-    "language": ("experiments.language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
-    "similarity-study": ("experiments.similarity_study", "every measure on every layer pair of every model pair of a zoo"),
-    "report": ("experiments.report", "reports over finished runs, e.g. `funsim report usable-information --run DIR`"),
+    "compare": ("funsim.experiments.compare", "compare two saved representation matrices (.npy/.npz)"),
+    "quickstart": ("funsim.experiments.quickstart", "train small models offline and compare them end to end"),
+    "grokking": ("funsim.experiments.grokking", "modular addition with one bilinear layer: phases from checkpoint similarity"),
+    "forgetting": ("funsim.experiments.forgetting", "catastrophic forgetting through a curriculum, localised by tensor similarity"),
+    "backdoor": ("funsim.experiments.backdoor", "detect a backdoor from the weights and clean data only"),
+    "zoo": ("funsim.experiments.zoo", "train a model zoo (data sets x architectures x seeds) for the similarity study"),
+    "language": ("funsim.experiments.language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
+    "similarity-study": ("funsim.experiments.similarity_study", "every measure on every layer pair of every model pair of a zoo"),
+    "report": ("funsim.experiments.report", "reports over finished runs, e.g. `funsim report usable-information --run DIR`"),
 }
 
 

@@ -99,7 +99,7 @@ def load_representation(spec: str, key: str | None = None) -> np.ndarray:
 
 def kendall_max_n() -> int:
     """The largest n whose RDM (``n (n - 1) / 2`` entries) Kendall's tau-a accepts."""
-    from similarity.rsa import KENDALL_MAX_ENTRIES
+    from funsim.similarity.rsa import KENDALL_MAX_ENTRIES
 
     n = 2
     while (n + 1) * n // 2 <= KENDALL_MAX_ENTRIES:
@@ -108,7 +108,7 @@ def kendall_max_n() -> int:
 
 
 def _select(names_arg: list[str] | None, n: int) -> tuple[list[str], list[str]]:
-    from similarity import list_measures, measure
+    from funsim.similarity import list_measures, measure
 
     if names_arg is not None:
         names = [s.strip() for item in names_arg for s in item.split(",") if s.strip()]
@@ -127,7 +127,7 @@ def _select(names_arg: list[str] | None, n: int) -> tuple[list[str], list[str]]:
 
 def compare(x: np.ndarray, y: np.ndarray, names: list[str]) -> list[dict]:
     """Evaluate each named measure; failures are recorded with their reason."""
-    from similarity import measure
+    from funsim.similarity import measure
 
     rows = []
     for name in names:
@@ -176,7 +176,7 @@ def make_example(out: Path, *, seed: int = 0) -> tuple[Path, Path]:
     Pixels that are 0 for every digit are dropped (they carry nothing and make
     CCA undefined). Writes ``pixels.npy`` and ``random_features.npy`` under ``out``.
     """
-    from experiments.data import _sklearn_digits
+    from funsim.experiments.data import _sklearn_digits
 
     images, _ = _sklearn_digits()
     pixels = images.reshape(len(images), -1).astype(np.float64)
@@ -185,7 +185,7 @@ def make_example(out: Path, *, seed: int = 0) -> tuple[Path, Path]:
     pcs = principal_components(pixels, 16)
     pcs /= pcs.std(axis=0)
     feats = np.tanh(pcs @ rng.normal(size=(16, 48)) / 4.0)
-    from experiments.io import write_atomic
+    from funsim.experiments.io import write_atomic
 
     paths = out / "pixels.npy", out / "random_features.npy"
     for p, arr in zip(paths, (pixels, feats)):
@@ -198,7 +198,7 @@ def main(args: argparse.Namespace) -> int:
 
     if not args.float32:
         jax.config.update("jax_enable_x64", True)
-    from similarity import list_measures, measure
+    from funsim.similarity import list_measures, measure
 
     try:
         if args.list:
@@ -242,7 +242,7 @@ def main(args: argparse.Namespace) -> int:
         "measures": rows,
     }
     if args.example:
-        from experiments.io import write_json_atomic
+        from funsim.experiments.io import write_json_atomic
 
         write_json_atomic(args.out / "metrics.json", result)
     if args.json:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.io import load_config as load_config  # re-exported: the drivers' config loader
+from funsim.experiments.io import load_config as load_config  # re-exported: the drivers' config loader
 
 __all__ = [
     "Stage",
@@ -136,7 +136,7 @@ def train_stages(
       ValueError: for an empty curriculum or a stage with fewer than one step,
         and (from :func:`models.train.train`) for a resume whose setup differs.
     """
-    from models.train import train
+    from funsim.models.train import train
 
     if not stages:
         raise ValueError("stages is empty; pass at least one Stage.")
@@ -189,7 +189,7 @@ def load_stage_networks(make_model: Callable[[], Any], result: CurriculumResult)
     Returns:
       A list of networks, one per ``result.steps``.
     """
-    from models.train import load_checkpoint
+    from funsim.models.train import load_checkpoint
 
     nets = []
     template = make_model()
@@ -249,7 +249,7 @@ def load_images(name: str, *, grayscale: bool = False, n_train: int | None = Non
     Returns:
       :class:`experiments.data.Dataset`.
     """
-    from experiments import data
+    from funsim.experiments import data
 
     ds = data.load(name, **kwargs)
     if n_train is not None:
@@ -273,7 +273,7 @@ def prepare_run(experiment: str, cfg, *, root, run_name: str | None) -> pathlib.
     Raises:
       ValueError: when the run directory holds a different config.
     """
-    from experiments.io import read_json, results_dir, to_jsonable, write_json_atomic
+    from funsim.experiments.io import read_json, results_dir, to_jsonable, write_json_atomic
 
     out = results_dir(experiment, run_name, root=root)
     now = to_jsonable(cfg)
@@ -298,7 +298,7 @@ def cached_arrays(path: str | pathlib.Path, key: np.ndarray, compute: Callable[[
     ``key`` identifies the inputs (e.g. the checkpoint steps); a file saved for
     another key is recomputed and replaced.
     """
-    from models.io import write_atomic
+    from funsim.models.io import write_atomic
 
     path = pathlib.Path(path)
     key = np.asarray(key)
@@ -338,7 +338,7 @@ def finish_run(out: pathlib.Path, metrics: dict, summary: str, figures: Sequence
 
     Returns ``metrics`` with ``out`` and ``figures`` (paths) added.
     """
-    from experiments.io import write_json_atomic, write_text_atomic
+    from funsim.experiments.io import write_json_atomic, write_text_atomic
 
     write_json_atomic(out / "metrics.json", metrics)
     write_text_atomic(out / "summary.md", summary)
@@ -361,7 +361,7 @@ def add_driver_arguments(parser, config_class: str) -> None:
 
 def driver_main(args, name: str, cls, configs: dict, run: Callable) -> int:
     """Resolve ``--config`` and ``--run`` and call ``run``; a missing data set is reported, exit status 1."""
-    from experiments.data import DataNotFoundError
+    from funsim.experiments.data import DataNotFoundError
 
     cfg = load_config(cls, configs, args.config)
     run_name = args.run or (args.config if args.config in configs else pathlib.Path(args.config).stem)

@@ -1,4 +1,4 @@
-"""Data sets as numpy arrays with a fixed train/test split (DESIGN.md §5).
+"""Data sets as numpy arrays with a fixed train/test split (docs/design.md §5).
 
 Every loader returns a :class:`Dataset`. Conventions:
 

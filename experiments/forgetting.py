@@ -43,8 +43,8 @@ import time
 
 import numpy as np
 
-from experiments import checkpoint_similarity as cs
-from experiments import curriculum as cur
+from funsim.experiments import checkpoint_similarity as cs
+from funsim.experiments import curriculum as cur
 
 #: the paper's curriculum: (stage name, digits trained on)
 CURRICULUM = (
@@ -59,7 +59,7 @@ CURRICULUM = (
     ("re-add 9", (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)),
 )
 
-#: the paper's numbers (SVHN, values at the end of a stage): the issue's, and for "repeat" and the
+#: the paper's numbers (SVHN, values at the end of a stage): the paper's text, and for "repeat" and the
 #: difference experiment those in tdooms/tensor-similarity scripts/vision/data/{forgetting,diffing}_svhn.npz
 PAPER = {
     "repeat": {"tensor": 0.995},
@@ -131,7 +131,7 @@ CONFIGS = {
 def _train_config(cfg: ForgettingConfig, n_smallest: int = 2048):
     """The AdamW config of every stage; the fixed train subset evaluated has the size of the
     smallest stage's training set (at most 2048), so one compiled evaluation serves every stage."""
-    from models.train import TrainConfig
+    from funsim.models.train import TrainConfig
 
     if cfg.lr_schedule not in ("cosine", "constant"):
         raise ValueError(f"lr_schedule must be 'cosine' or 'constant', got {cfg.lr_schedule!r}.")
@@ -167,8 +167,7 @@ def _stages(cfg, x, y, curriculum):
 def _make_model(cfg, input_shape, n_classes, seed):
     from flax import nnx
 
-    import models
-
+    from funsim import models
     return models.BilinearMLP(input_shape, n_classes, d_model=cfg.d_model, d_hidden=cfg.d_hidden, n_layers=1,
                               residual=False, bias=False, rngs=nnx.Rngs(seed))
 
@@ -179,8 +178,7 @@ def _as_one_layer(net):
     Exact: the folded node's lifted factors give the biases, and its constant
     hidden unit the output bias (see ``similarity.fold_network``).
     """
-    import similarity
-
+    from funsim import similarity
     (node,) = similarity.fold_network(similarity.validate_network(net))
     left, right, down = node
     return similarity.BilinearLayer(left[:, 1:], right[:, 1:], down[1:], left[:, 0], right[:, 0])
@@ -188,8 +186,7 @@ def _as_one_layer(net):
 
 def _difference_network(cfg, ds_b, out, progress, log):
     """Second model: every digit but the target, then fine-tuned on all; returns the difference network."""
-    import similarity
-
+    from funsim import similarity
     digits = tuple(range(10))
     base = tuple(d for d in digits if d != cfg.target)
     model = _make_model(cfg, ds_b.input_shape, 10, cfg.seed + 1)

@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.tails import split_tail
-from similarity import FAMILIES, Stitcher, TrainHistory, stitch_representation, train_stitcher
-from similarity._validate import check_choice, check_int_labels
+from funsim.models.tails import split_tail
+from funsim.similarity import FAMILIES, Stitcher, TrainHistory, stitch_representation, train_stitcher
+from funsim.similarity._validate import check_choice, check_int_labels
 
 
 class DirectionResult(NamedTuple):

@@ -10,7 +10,7 @@ Run::
 Rerunning the same command resumes: the run directory defaults to the config's
 name, training continues from its last checkpoint and the analysis is redone.
 
-Steps (issue #11):
+Steps:
 
 1. train :class:`models.BilinearMLP` with ``embed=False, head=False``: one-hot
    ``(a, b)`` of width ``2p`` -> one bilinear layer with ``d_hidden`` hidden
@@ -46,7 +46,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from experiments.io import load_config, results_dir, write_json_atomic, write_text_atomic
+from funsim.experiments.io import load_config, results_dir, write_json_atomic, write_text_atomic
 
 __all__ = [
     "GrokkingConfig",
@@ -171,7 +171,7 @@ def checkpoint_matrices(nets, x_eval, /) -> dict[str, np.ndarray]:
     Raises:
       ValueError: a non-finite matrix (a checkpoint's logits zero or constant on ``x_eval``).
     """
-    from experiments import checkpoint_similarity as cs
+    from funsim.experiments import checkpoint_similarity as cs
 
     mats = cs.checkpoint_matrices(nets, data={"eval": x_eval}, metrics=("symmetric", "gaussian"), per_output=False)
     keys = ("tensor/symmetric", "tensor/gaussian", "weight_cosine", "behavioral/eval", "cka/eval")
@@ -187,7 +187,7 @@ def checkpoint_matrices(nets, x_eval, /) -> dict[str, np.ndarray]:
 def _evaluate(nets, x, y):
     import optax
 
-    from similarity.multilinear import apply_network
+    from funsim.similarity.multilinear import apply_network
 
     def one(net):
         logits = apply_network(net, x)
@@ -402,15 +402,14 @@ class TokenPairs(nnx.Module):
 
 
 def _model(cfg: GrokkingConfig, seed: int) -> TokenPairs:
-    import models
-
+    from funsim import models
     return TokenPairs(models.BilinearMLP(2 * cfg.p, cfg.p, d_hidden=cfg.d_hidden, n_layers=1, residual=False,
                                          embed=False, head=False, rngs=nnx.Rngs(seed)), cfg.p)
 
 
 def _train(cfg: GrokkingConfig, tokens, workdir: pathlib.Path, progress: bool, log):
     """Train (or resume); returns (TrainResult, checkpoint steps incl. 0, stacked networks, seconds)."""
-    from models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
+    from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
 
     model = _model(cfg, cfg.seed)
     init = model.model.to_network()  # the arrays stay those of step 0: training replaces, never mutates
@@ -451,7 +450,7 @@ def _phase_lines(ax, starts, steps, *, color="k"):
 def _figure_accuracy(steps, ev, history, starts, events, path, title):
     import matplotlib.pyplot as plt
 
-    from experiments.plotting import save
+    from funsim.experiments.plotting import save
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
     for split, color in (("train", "tab:blue"), ("val", "tab:orange")):
@@ -490,7 +489,7 @@ def _step_ticks(ax, steps, axis="both"):
 def _figure_matrices(matrices, segmentations, steps, path, title):
     import matplotlib.pyplot as plt
 
-    from experiments.plotting import save
+    from funsim.experiments.plotting import save
 
     fig, axes = plt.subplots(1, len(matrices), figsize=(3.6 * len(matrices), 3.6), squeeze=False)
     for ax, (name, m) in zip(axes[0], matrices.items()):
@@ -510,7 +509,7 @@ def _figure_matrices(matrices, segmentations, steps, path, title):
 def _figure_to_final(matrices, steps, events, path, title):
     import matplotlib.pyplot as plt
 
-    from experiments.plotting import save
+    from funsim.experiments.plotting import save
 
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for name, m in matrices.items():
@@ -531,7 +530,7 @@ def _figure_to_final(matrices, steps, events, path, title):
 def _figure_fourier(spectra, summaries, steps, events, path, title):
     import matplotlib.pyplot as plt
 
-    from experiments.plotting import save
+    from funsim.experiments.plotting import save
 
     fig, axes = plt.subplots(1, len(spectra) + 2, figsize=(4.0 * (len(spectra) + 2), 3.6))
     labels = {"a": "input weights, token a", "b": "input weights, token b", "out": "output weights (classes)"}
@@ -565,8 +564,7 @@ def _figure_fourier(spectra, summaries, steps, events, path, title):
 
 
 def _segment(matrices, n_segments: int) -> dict[str, dict[str, list[int]]]:
-    import similarity
-
+    from funsim import similarity
     out = {}
     with jax.enable_x64(True):  # costs of long segments nearly tie in float32
         for cost in similarity.SEGMENT_COSTS:
@@ -580,7 +578,7 @@ def _segment(matrices, n_segments: int) -> dict[str, dict[str, list[int]]]:
 def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log=print) -> dict:
     """Run the grokking experiment; returns the metrics (also written to metrics.json)."""
-    from experiments import data as data_lib
+    from funsim.experiments import data as data_lib
 
     t0 = time.time()
     _log = log

@@ -15,10 +15,10 @@ import os
 import pathlib
 from collections.abc import Callable, Mapping
 
-from models.io import read_json as read_json
-from models.io import to_jsonable as to_jsonable
-from models.io import write_atomic as write_atomic
-from models.io import write_json_atomic as write_json_atomic
+from funsim.models.io import read_json as read_json
+from funsim.models.io import to_jsonable as to_jsonable
+from funsim.models.io import write_atomic as write_atomic
+from funsim.models.io import write_json_atomic as write_json_atomic
 
 __all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "write_text_atomic", "read_json", "results_dir",
            "config_type", "config_overrides", "load_config"]

@@ -6,7 +6,7 @@ Run::
     funsim language --config smoke --no-progress  # seconds-scale, what the test runs
     funsim language --config paper              # d_model 256, 8 heads: a GPU run
 
-Issue #11's fourth experiment (the tensor-similarity paper's language model,
+The tensor-similarity paper's fourth experiment (its language model,
 scaled down). Steps:
 
 1. train an attention-only bilinear transformer (``BilinearTransformer(...,
@@ -51,8 +51,8 @@ import time
 
 import numpy as np
 
-from experiments.io import load_config as io_load_config
-from experiments.io import read_json, results_dir, to_jsonable, write_json_atomic, write_text_atomic
+from funsim.experiments.io import load_config as io_load_config
+from funsim.experiments.io import read_json, results_dir, to_jsonable, write_json_atomic, write_text_atomic
 
 PAPER_CLAIM = (
     "tensor similarity shows sharp transitions and block structure across training checkpoints "
@@ -117,8 +117,7 @@ STAGES = ("tensor1_onehot", "tensor1_unit", "tensor2_mc", "mc_check", "tensor2_c
 def _build(cfg: LanguageConfig, vocab: int):
     from flax import nnx
 
-    import models
-
+    from funsim import models
     return models.BilinearTransformer(
         vocab, cfg.seq_len, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
         d_head=cfg.d_head, mlp=False, rngs=nnx.Rngs(cfg.seed),
@@ -126,7 +125,7 @@ def _build(cfg: LanguageConfig, vocab: int):
 
 
 def _train_config(cfg: LanguageConfig):
-    from models.train import TrainConfig, power_schedule
+    from funsim.models.train import TrainConfig, power_schedule
 
     return TrainConfig(
         steps=cfg.steps, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, optimizer="adamw",
@@ -139,7 +138,7 @@ def _networks(cfg, vocab, workdir, steps):
     """The pure float32 :class:`similarity.AttentionNetwork` of every checkpoint (step 0: the initialisation)."""
     import jax
 
-    from models.train import load_checkpoint
+    from funsim.models.train import load_checkpoint
 
     nets = []
     for step in steps:
@@ -196,7 +195,7 @@ def _mc_gram(nets, cfg, scale):
     import jax
     import jax.numpy as jnp
 
-    from similarity import apply_attention_network
+    from funsim.similarity import apply_attention_network
 
     stacked = _stack(nets)
     per = cfg.mc_samples // cfg.mc_batches
@@ -223,7 +222,7 @@ def _behaviour(nets, x):
     """Mean per-position cosine of the logits on the windows ``x (n, L)``: ``(C, C)``."""
     import jax
 
-    from similarity import apply_attention_network
+    from funsim.similarity import apply_attention_network
 
     feats = []
     for net in nets:
@@ -287,7 +286,7 @@ def _ngram_scores(nets, x_eval, y_eval, targets):
     """Per checkpoint: held-out loss and accuracy, and per n the mean agreement (1 - TV) and KL(corpus || model)."""
     import jax
 
-    from similarity import apply_attention_network
+    from funsim.similarity import apply_attention_network
 
     rows = []
     for net in nets:
@@ -412,7 +411,7 @@ def _check_config(out: pathlib.Path, cfg: LanguageConfig):
 
 def _matrix_figure(panels, steps, path, *, suptitle):
     """Heatmaps (title -> (matrix, boundary indices)) with the K-block boundaries drawn."""
-    from experiments import plotting
+    from funsim.experiments import plotting
 
     plt = plotting.plt
     n = len(panels)
@@ -441,7 +440,7 @@ def _matrix_figure(panels, steps, path, *, suptitle):
 
 
 def _curves_figure(steps, series, path, *, title, ylabel):
-    from experiments import plotting
+    from funsim.experiments import plotting
 
     plt = plotting.plt
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -482,10 +481,10 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
     import jax
     from tqdm.auto import tqdm
 
-    from experiments import data as data_lib
-    from experiments import plotting
-    from models.train import train
-    from similarity import attention_inner, attention_similarity_matrix
+    from funsim.experiments import data as data_lib
+    from funsim.experiments import plotting
+    from funsim.models.train import train
+    from funsim.similarity import attention_inner, attention_similarity_matrix
 
     out = results_dir("language", run_name, root=root)
     _check_config(out, cfg)
@@ -529,7 +528,7 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
     res["tensor2_mc"] = _stage("tensor2_mc", out, mc, bar)
 
     def mc_check():  # the one-layer truncation by Monte Carlo against its exact value
-        from similarity import attention_monte_carlo_inner
+        from funsim.similarity import attention_monte_carlo_inner
 
         pairs = [(0, len(nets) - 1), (len(nets) // 2, len(nets) - 1), (len(nets) - 2, len(nets) - 1)][: cfg.mc_check_pairs]
         rows = []

@@ -1,4 +1,4 @@
-"""Figures people can look at (STYLE.md 12): matplotlib, Agg backend, labelled axes and titles."""
+"""Figures people can look at: matplotlib, Agg backend, labelled axes and titles."""
 
 from __future__ import annotations
 

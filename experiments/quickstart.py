@@ -33,12 +33,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-import models
-import similarity
-from experiments import data as data_lib
-from experiments import plotting
-from experiments.io import results_dir, write_json_atomic
-from models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
+from funsim import models
+from funsim import similarity
+from funsim.experiments import data as data_lib
+from funsim.experiments import plotting
+from funsim.experiments.io import results_dir, write_json_atomic
+from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
 
 # One or more of each family, chosen to keep `make demo` near a minute on 2 cores.
 # (svcca and regression/r2 are slower per call; affine stitching below *is* the

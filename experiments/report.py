@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from experiments import usable_information as ui
+    from funsim.experiments import usable_information as ui
 
     opts = ui.ReportOptions(thresholds=tuple(args.thresholds), n_resamples=args.n_resamples,
                             n_permutations=args.n_permutations, seed=args.seed)

@@ -1,4 +1,4 @@
-"""``funsim similarity-study``: every measure on every layer pair of every model pair of a zoo (issue #10).
+"""``funsim similarity-study``: every measure on every layer pair of every model pair of a zoo.
 
 Run::
 
@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.io import (config_overrides, config_type, read_json, results_dir, to_jsonable, write_atomic,
+from funsim.experiments.io import (config_overrides, config_type, read_json, results_dir, to_jsonable, write_atomic,
                             write_json_atomic, write_text_atomic)
 
 __all__ = [
@@ -179,8 +179,7 @@ def config_from_dict(d: Mapping[str, Any]) -> StudyConfig:
 
 
 def _check_config(cfg: StudyConfig) -> None:
-    import similarity
-
+    from funsim import similarity
     if cfg.flatten not in ("spatial_mean", "flatten"):
         raise ValueError(f"flatten must be 'spatial_mean' or 'flatten', got {cfg.flatten!r}.")
     if cfg.stitch_layers not in ("dense", "all"):
@@ -291,16 +290,14 @@ def _grid(reps: dict, measures: list[str], cfg: StudyConfig) -> dict[str, np.nda
     """One :func:`similarity.compare_grid` call over every layer of every model: ``{measure: (L, L)}``."""
     import jax
 
-    import similarity
-
+    from funsim import similarity
     g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed))
     return {name: np.asarray(t, np.float64) for name, t in g.tables.items()}
 
 
 def _pair_rows(ds: str, a, b, index: dict, tables: dict, cfg: StudyConfig) -> list[dict]:
     """Every layer pair of models a, b: all measures, both directions (from the full square)."""
-    import similarity
-
+    from funsim import similarity
     stitch = stitch_measure_names(cfg)
     rows = []
     for la in a.layers:
@@ -325,7 +322,7 @@ def _model_pairs(models: list) -> list[tuple]:
 
 def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pathlib.Path, log) -> dict:
     """Compare every model pair of ``ds`` (skipping the pairs already written); returns timings."""
-    import models as models_lib
+    import funsim.models as models_lib
 
     pdir = out / "pairs" / ds
     pairs = _model_pairs(models)
@@ -383,8 +380,7 @@ def _stitched_logits(tail, tail_params, stitchers, z_test: list, target_shape) -
     import jax
     import jax.numpy as jnp
 
-    import similarity
-
+    from funsim import similarity
     spatial = tuple(target_shape[:2]) if len(target_shape) == 3 else None
     out = []
     for st, z in zip(stitchers, z_test):
@@ -401,9 +397,8 @@ def _stitched_logits(tail, tail_params, stitchers, z_test: list, target_shape) -
 def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, feats: dict, ys: dict, tasks: dict,
                    family: str, cfg: StudyConfig, key) -> dict[str, list[dict]]:
     """Train every source into layer ``lt`` of every target model (the seeds of one architecture); rows per task."""
-    import models as models_lib
-    import similarity
-
+    import funsim.models as models_lib
+    from funsim import similarity
     tail, params = models_lib.stack_tails([t.model for t in targets], lt)
     z_tr = [feats[m.id]["train"][ls] for m, ls in srcs]
     z_te = [feats[m.id]["test"][ls] for m, ls in srcs]
@@ -548,7 +543,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     """
     from tqdm.auto import tqdm
 
-    from experiments import zoo as zoo_lib
+    from funsim.experiments import zoo as zoo_lib
 
     _check_config(cfg)
     t0 = time.time()

@@ -36,8 +36,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from experiments import study_stats as st
-from experiments.io import read_json, write_json_atomic, write_text_atomic
+from funsim.experiments import study_stats as st
+from funsim.experiments.io import read_json, write_json_atomic, write_text_atomic
 
 __all__ = ["PAPER", "ReportOptions", "report", "ridge_slack"]
 
@@ -371,7 +371,7 @@ def _gap(t: _Table, out: pathlib.Path, plt) -> dict:
 
 
 def _save(fig, path):
-    from experiments import plotting
+    from funsim.experiments import plotting
 
     return plotting.save(fig, path)
 
@@ -477,8 +477,8 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     import jax
     import matplotlib.pyplot as plt
 
-    from experiments import plotting  # noqa: F401  (sets the Agg backend)
-    from experiments.similarity_study import read_table
+    from funsim.experiments import plotting  # noqa: F401  (sets the Agg backend)
+    from funsim.experiments.similarity_study import read_table
 
     run_dir = pathlib.Path(run_dir)
     path = run_dir / "comparisons.csv"

@@ -1,4 +1,4 @@
-"""``funsim zoo``: train a model zoo for the usable-information study (issue #10).
+"""``funsim zoo``: train a model zoo for the usable-information study.
 
 Run::
 
@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments import data as data_lib
-from experiments.io import (config_overrides, config_type, read_json, results_dir, to_jsonable, write_json_atomic,
+from funsim.experiments import data as data_lib
+from funsim.experiments.io import (config_overrides, config_type, read_json, results_dir, to_jsonable, write_json_atomic,
                             write_text_atomic)
 
 __all__ = [
@@ -250,7 +250,7 @@ def _load(spec: DataSpec, options: dict, grouping: str | None = None) -> data_li
 
 
 def _fingerprint(ds: data_lib.Dataset) -> str:
-    from models.train import _fingerprint as sha1
+    from funsim.models.train import _fingerprint as sha1
 
     return sha1(ds.x_train, ds.y_train, ds.x_test, ds.y_test)
 
@@ -279,7 +279,7 @@ def _dataset_entry(spec: DataSpec, options: dict, ds: data_lib.Dataset) -> dict:
 
 
 def _train_config(cfg: ZooConfig, dspec: DataSpec, mspec: ModelSpec, seed: int):
-    from models.train import TrainConfig, power_schedule
+    from funsim.models.train import TrainConfig, power_schedule
 
     fields = {**cfg.train, **dspec.train, **mspec.train, "seed": seed}
     valid = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -294,8 +294,7 @@ def _train_config(cfg: ZooConfig, dspec: DataSpec, mspec: ModelSpec, seed: int):
 
 
 def _build(build: Mapping[str, Any]):
-    import models
-
+    from funsim import models
     return models.get_model(build["arch"], tuple(build["input_shape"]), int(build["n_classes"]),
                             seed=int(build["seed"]), **build["kwargs"])
 
@@ -328,7 +327,7 @@ def _jobs(cfg: ZooConfig, loaded: dict, sha1: dict, out: pathlib.Path) -> list[_
 
 def _check_resumable(jobs: list[_Job], previous: dict, out: pathlib.Path) -> None:
     """Refuse, before anything is written, a rerun whose finished models had another setup."""
-    from models.train import _diff
+    from funsim.models.train import _diff
 
     for job in jobs:
         old = previous.get(job.id)
@@ -345,8 +344,8 @@ def _train_one(job: _Job, ds: data_lib.Dataset, out: pathlib.Path, progress: boo
     import jax
     from flax import nnx
 
-    from experiments import plotting
-    from models import train as train_lib
+    from funsim.experiments import plotting
+    from funsim.models import train as train_lib
 
     t0 = time.time()
     model = _build(job.build)
@@ -390,7 +389,7 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
     """
     from tqdm.auto import tqdm
 
-    from experiments import plotting
+    from funsim.experiments import plotting
 
     t0 = time.time()
     out = results_dir("zoo", run_name or cfg.name, root=root)
@@ -589,7 +588,7 @@ def load_zoo(run_dir: str | pathlib.Path, *, datasets: tuple[str, ...] | None = 
     import jax
     from flax import nnx
 
-    from models.train import load_checkpoint
+    from funsim.models.train import load_checkpoint
 
     run_dir = pathlib.Path(run_dir)
     manifest = _manifest(run_dir)

@@ -10,24 +10,24 @@ from __future__ import annotations
 
 from flax import nnx
 
-from models.base import FeatureModel as FeatureModel
-from models.base import flatten as flatten
-from models.base import flatten_features as flatten_features
-from models.base import unknown_name_error as _unknown_name_error
-from models.bilinear import BilinearMLP as BilinearMLP
-from models.bilinear import BilinearTransformer as BilinearTransformer
-from models.bilinear import bilinear_attention as bilinear_attention
-from models.cnn import CNN as CNN
-from models.cnn import DenseNet as DenseNet
-from models.cnn import MobileNet as MobileNet
-from models.cnn import ResNet as ResNet
-from models.cnn import ShuffleNet as ShuffleNet
-from models.cnn import channel_shuffle as channel_shuffle
-from models.mlp import MLP as MLP
-from models.mlp import Linear as Linear
-from models.tails import TailApply as TailApply
-from models.tails import split_tail as split_tail
-from models.tails import stack_tails as stack_tails
+from funsim.models.base import FeatureModel as FeatureModel
+from funsim.models.base import flatten as flatten
+from funsim.models.base import flatten_features as flatten_features
+from funsim.models.base import unknown_name_error as _unknown_name_error
+from funsim.models.bilinear import BilinearMLP as BilinearMLP
+from funsim.models.bilinear import BilinearTransformer as BilinearTransformer
+from funsim.models.bilinear import bilinear_attention as bilinear_attention
+from funsim.models.cnn import CNN as CNN
+from funsim.models.cnn import DenseNet as DenseNet
+from funsim.models.cnn import MobileNet as MobileNet
+from funsim.models.cnn import ResNet as ResNet
+from funsim.models.cnn import ShuffleNet as ShuffleNet
+from funsim.models.cnn import channel_shuffle as channel_shuffle
+from funsim.models.mlp import MLP as MLP
+from funsim.models.mlp import Linear as Linear
+from funsim.models.tails import TailApply as TailApply
+from funsim.models.tails import split_tail as split_tail
+from funsim.models.tails import stack_tails as stack_tails
 
 MODELS = {
     "linear": Linear,

@@ -4,7 +4,7 @@ Every model is a chain of named *stages*. ``features(x)`` records the output of
 each stage, in order; ``tail(layer, z)`` runs the stages after ``layer``; the
 last stage is always ``"logits"``, so ``tail("logits", z)`` is the identity.
 
-Flattening policy for similarity measures (DESIGN.md §1): measures take 2-D
+Flattening policy for similarity measures (docs/design.md §1): measures take 2-D
 ``(n_samples, n_features)`` arrays, while convolutional stages output
 ``(n, H, W, C)`` maps and sequence models ``(n, T, D)``. :func:`flatten_features`
 turns any of these into 2-D, with an explicit ``policy``:

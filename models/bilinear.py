@@ -5,7 +5,7 @@ no normalisation. Each bilinear layer is a :class:`similarity.BilinearLayer`
 evaluated by :func:`similarity.apply_layer`, each attention layer a
 :class:`similarity.AttentionLayer` evaluated by
 :func:`similarity.bilinear_attention`; the modules only own the ``nnx.Param``s
-(STYLE.md 5).
+(a thin NNX module over a pure function).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.base import FeatureModel
-from models.mlp import _shape
-from similarity.attention import AttentionLayer, AttentionNetwork, apply_attention_layer
-from similarity.attention import bilinear_attention as bilinear_attention  # re-exported by models
-from similarity.multilinear import BilinearLayer, LinearLayer, apply_layer
+from funsim.models.base import FeatureModel
+from funsim.models.mlp import _shape
+from funsim.similarity.attention import AttentionLayer, AttentionNetwork, apply_attention_layer
+from funsim.similarity.attention import bilinear_attention as bilinear_attention  # re-exported by models
+from funsim.similarity.multilinear import BilinearLayer, LinearLayer, apply_layer
 
 
 def _normal(rngs: nnx.Rngs, shape, scale: float) -> nnx.Param:
@@ -113,7 +113,7 @@ class BilinearMLP(FeatureModel):
     Examples:
       >>> from flax import nnx
       >>> import jax.numpy as jnp
-      >>> from similarity.multilinear import apply_network
+      >>> from funsim.similarity.multilinear import apply_network
       >>> m = BilinearMLP(4, 3, d_model=8, d_hidden=8, n_layers=2, rngs=nnx.Rngs(0))
       >>> x = jnp.ones((2, 4))
       >>> bool(jnp.allclose(apply_network(m.to_network(), x), m(x), atol=1e-5))

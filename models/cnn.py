@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.base import FeatureModel
+from funsim.models.base import FeatureModel
 
 
 def _image_shape(input_shape) -> tuple[int, int, int]:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.base import FeatureModel, unknown_name_error
+from funsim.models.base import FeatureModel, unknown_name_error
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,

@@ -68,7 +68,7 @@ def split_tail(model: Any, layer: str, /) -> tuple[Any, Any]:
     Examples:
       >>> from flax import nnx
       >>> import jax.numpy as jnp
-      >>> from models import MLP
+      >>> from funsim.models import MLP
       >>> a, b = (MLP(4, 3, widths=(8,), rngs=nnx.Rngs(s)) for s in (0, 1))
       >>> (fa, pa), (fb, pb) = split_tail(a, "fc0"), split_tail(b, "fc0")
       >>> fa == fb, fa(pb, jnp.ones((2, 8))).shape

@@ -1,6 +1,6 @@
 """One generic, resumable training loop for funsim models.
 
-Design (STYLE.md 5, 6, 12):
+Design:
 
 * ``graphdef, params, rest = nnx.split(model, nnx.Param, ...)``; the train step
   is a ``jax.jit`` pure function of ``(params, opt_state, step)`` that calls
@@ -36,8 +36,8 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from models.io import checkpoint_manager as _checkpoint_manager
-from models.io import read_json, to_jsonable, write_json_atomic
+from funsim.models.io import checkpoint_manager as _checkpoint_manager
+from funsim.models.io import read_json, to_jsonable, write_json_atomic
 
 __all__ = [
     "TrainConfig", "TrainResult", "train", "power_schedule", "list_checkpoints", "load_checkpoint", "random_crop_flip",

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from similarity._linalg import svd as _svd
+from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["LayerStats", "MomentStats", "MomentPair", "FullMoments", "MOMENT_KINDS", "full_moments",
            "full_pair"]

@@ -1,4 +1,4 @@
-"""Parametrisations of trainable stitchers, with exact orthogonality (DESIGN.md §3).
+"""Parametrisations of trainable stitchers, with exact orthogonality (docs/design.md §3).
 
 A batch of stitchers into one target layer is zero-padded to a common source
 width ``D`` (and square width ``M = max(D, d_tgt)``). Each family has its own
@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from similarity.stitching import fit_stitchers
+from funsim.similarity.stitching import fit_stitchers
 
 INITS = ("closed_form", "identity", "random")
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from similarity._stitch_param import apply_channels, constraint_error, materialise
+from funsim.similarity._stitch_param import apply_channels, constraint_error, materialise
 
 LOSSES = ("ce", "kl")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "lion")

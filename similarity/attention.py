@@ -1,6 +1,6 @@
 """Bilinear-attention transformers as pure pytrees, and their Gaussian inner products.
 
-DESIGN.md §4, "Bilinear attention". One attention layer maps the residual stream
+docs/design.md §4, "Bilinear attention". One attention layer maps the residual stream
 ``x: (T, d)`` of a context of T positions to
 
     ``y_t = x_t + sum_h O_h sum_{s <= t} (q1_t . k1_s)(q2_t . k2_s) / e^2  v_s``,
@@ -68,9 +68,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from similarity._validate import check_choice, check_finite, check_positive_result
-from similarity.multilinear import resolve_outputs as _resolve_outputs
-from similarity.tensor_similarity import _set_partitions
+from funsim.similarity._validate import check_choice, check_finite, check_positive_result
+from funsim.similarity.multilinear import resolve_outputs as _resolve_outputs
+from funsim.similarity.tensor_similarity import _set_partitions
 
 __all__ = [
     "AttentionLayer",

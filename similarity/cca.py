@@ -1,4 +1,4 @@
-"""Canonical correlation analysis and its descendants (DESIGN.md §2).
+"""Canonical correlation analysis and its descendants (docs/design.md §2).
 
 * :func:`cca`: canonical correlations ``rho_1 >= ... >= rho_k``,
   ``k = min(d1, d2)``: the singular values of ``Qx^T Qy`` with ``Qx``, ``Qy``
@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from similarity import _validate as V
-from similarity._layer_stats import LayerStats
-from similarity._linalg import svd as _svd
+from funsim.similarity import _validate as V
+from funsim.similarity._layer_stats import LayerStats
+from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["cca", "cca_r2", "cca_mean", "svcca", "pwcca", "cca_layer_stats", "svcca_layer_stats",
            "pwcca_layer_stats"]

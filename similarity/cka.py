@@ -1,4 +1,4 @@
-"""Centered kernel alignment (CKA) and the HSIC estimators behind it (DESIGN.md §2).
+"""Centered kernel alignment (CKA) and the HSIC estimators behind it (docs/design.md §2).
 
 Notation: ``H = I - 11^T/n`` centres; ``K``, ``L`` are ``(n, n)`` Gram matrices.
 
@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
-from similarity import _validate as V
-from similarity._layer_stats import LayerStats, MomentPair, MomentStats
+from funsim.similarity import _validate as V
+from funsim.similarity._layer_stats import LayerStats, MomentPair, MomentStats
 
 __all__ = [
     "KERNELS",

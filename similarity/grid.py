@@ -1,4 +1,4 @@
-"""All-pairs comparisons across layers and models: vmapped, streamed, sharded (DESIGN.md §3).
+"""All-pairs comparisons across layers and models: vmapped, streamed, sharded (docs/design.md §3).
 
 :func:`compare_grid` takes two collections of layer representations of the
 same samples and returns one ``(La, Lb)`` table per measure. It reads the
@@ -48,11 +48,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
-from similarity import _validate as V
-from similarity import stitching as S
-from similarity._layer_stats import FullMoments, MomentPair
-from similarity.registry import Measure, list_measures
-from similarity.registry import measure as get_measure
+from funsim.similarity import _validate as V
+from funsim.similarity import stitching as S
+from funsim.similarity._layer_stats import FullMoments, MomentPair
+from funsim.similarity.registry import Measure, list_measures
+from funsim.similarity.registry import measure as get_measure
 
 MOMENT_MEASURES = tuple(n for n in list_measures() if get_measure(n).moments is not None)
 """The built-in moment measures (``measure(name).moments is not None``); any such measure streams."""

@@ -1,7 +1,7 @@
 """Bilinear and linear layers as pure pytrees, and their evaluation.
 
 A network is a tuple of :class:`BilinearLayer` and :class:`LinearLayer`
-applied in order (DESIGN.md §4).
+applied in order (docs/design.md §4).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from similarity._validate import check_bool, check_finite, compute_dtype
+from funsim.similarity._validate import check_bool, check_finite, compute_dtype
 
 
 @jax.tree_util.register_dataclass
@@ -164,7 +164,7 @@ def lift(layer: BilinearLayer) -> Node:
 
     Every lifted output coordinate is a quadratic form of the lifted input,
     ``y~_o = x~^T (sum_u D~[o, u] L~[u] R~[u]^T) x~``, with ``y~_0 = 1``
-    (DESIGN.md §4). The hidden units of the lifted node are, in order:
+    (docs/design.md §4). The hidden units of the lifted node are, in order:
 
     * the layer's ``h`` units, ``L~ = [left_bias | left]``, ``R~ = [right_bias | right]``
       (a missing bias is 0), feeding ``D~[1:] = down``;
@@ -567,7 +567,7 @@ def resolve_outputs(outputs: Any, n_out: int, name: str = "outputs") -> tuple | 
 
 
 def fold_network(net: Network) -> list:
-    """Fold a network into lifted pure nodes (DESIGN.md §4).
+    """Fold a network into lifted pure nodes (docs/design.md §4).
 
     Linear layers are lifted to ``block_diag(1, W)`` (bias in column 0) and
     multiplied into the neighbouring bilinear node: into the next node's ``L~``

@@ -1,6 +1,6 @@
-"""Measures by name, with what each one promises (DESIGN.md §1-2).
+"""Measures by name, with what each one promises (docs/design.md §1-2).
 
->>> import similarity
+>>> from funsim import similarity
 >>> m = similarity.measure("cka/linear/debiased")
 >>> m.kind, m.symmetric, sorted(m.invariances)
 ('score', True, ['isotropic_scale', 'permutation', 'rotation', 'translation'])
@@ -37,13 +37,13 @@ from collections.abc import Callable, Iterable
 
 import jax
 
-from similarity import _validate as V
-from similarity._layer_stats import MOMENT_KINDS, LayerStats, MomentStats
-from similarity.cca import cca_layer_stats, cca_mean, cca_r2, pwcca, pwcca_layer_stats, svcca, svcca_layer_stats
-from similarity.cka import cka, cka_layer_stats, linear_cka_moment_stats
-from similarity.regression import linear_regression_r2, regression_layer_stats
-from similarity.rsa import COMPARISONS, RDM_METRICS, rsa, rsa_layer_stats
-from similarity.shape import (
+from funsim.similarity import _validate as V
+from funsim.similarity._layer_stats import MOMENT_KINDS, LayerStats, MomentStats
+from funsim.similarity.cca import cca_layer_stats, cca_mean, cca_r2, pwcca, pwcca_layer_stats, svcca, svcca_layer_stats
+from funsim.similarity.cka import cka, cka_layer_stats, linear_cka_moment_stats
+from funsim.similarity.regression import linear_regression_r2, regression_layer_stats
+from funsim.similarity.rsa import COMPARISONS, RDM_METRICS, rsa, rsa_layer_stats
+from funsim.similarity.shape import (
     nbs,
     nbs_moment_stats,
     procrustes_distance,

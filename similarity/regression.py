@@ -1,4 +1,4 @@
-"""Directed linear-regression R^2 between representations (DESIGN.md §2).
+"""Directed linear-regression R^2 between representations (docs/design.md §2).
 
 ``R^2(X -> Y) = 1 - ||Yc - Xc W||_F^2 / ||Yc||_F^2`` with ``W`` the
 least-squares (or ridge) fit on column-centred data (the intercept is not
@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from similarity import _validate as V
-from similarity._layer_stats import LayerStats
-from similarity._linalg import svd as _svd
+from funsim.similarity import _validate as V
+from funsim.similarity._layer_stats import LayerStats
+from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["linear_regression_r2", "regression_layer_stats"]
 

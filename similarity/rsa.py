@@ -1,4 +1,4 @@
-"""Representational similarity analysis (DESIGN.md §2).
+"""Representational similarity analysis (docs/design.md §2).
 
 An RDM (representational dissimilarity matrix) holds the dissimilarity of
 every pair of samples. :func:`rsa` compares two RDMs by their upper triangles
@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from similarity import _validate as V
-from similarity._layer_stats import LayerStats
+from funsim.similarity import _validate as V
+from funsim.similarity._layer_stats import LayerStats
 
 __all__ = ["RDM_METRICS", "COMPARISONS", "rdm", "rsa", "rank_average", "compare_vectors", "rsa_layer_stats"]
 

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from similarity import _validate as V
+from funsim.similarity import _validate as V
 
 __all__ = ["SEGMENT_COSTS", "Segmentation", "segment_costs", "change_points"]
 

@@ -44,9 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from similarity import _validate as V
-from similarity._layer_stats import LayerStats, MomentPair, MomentStats, full_pair
-from similarity._linalg import svd as _svd
+from funsim.similarity import _validate as V
+from funsim.similarity._layer_stats import LayerStats, MomentPair, MomentStats, full_pair
+from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["SHAPE_DISTANCES", "shape_distance", "nbs", "procrustes_distance", "partial_whiten",
            "shape_layer_stats", "shape_moment_stats", "nbs_moment_stats", "procrustes_moment_stats"]

@@ -1,4 +1,4 @@
-"""Stitchers: maps from a source representation to a target one (DESIGN.md §3).
+"""Stitchers: maps from a source representation to a target one (docs/design.md §3).
 
 Families, nested: ``orthogonal`` ⊂ ``scaled_orthogonal`` ⊂ ``affine``.
 
@@ -52,9 +52,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from similarity import _validate as V
-from similarity._layer_stats import MomentPair, MomentStats
-from similarity._linalg import svd as _svd
+from funsim.similarity import _validate as V
+from funsim.similarity._layer_stats import MomentPair, MomentStats
+from funsim.similarity._linalg import svd as _svd
 
 FAMILIES = ("orthogonal", "scaled_orthogonal", "affine")
 
@@ -862,7 +862,7 @@ def _score_of(x: ArrayLike, y: ArrayLike, /, *, family: str, ridge: float, which
 
 
 def _stitch_measure(family: str, ridge: float, which: str, name: str, register_it: bool = False):
-    from similarity.registry import make_measure, register
+    from funsim.similarity.registry import make_measure, register
 
     in_sample = which == "in_sample"
     what = "ridge={:g}, ".format(ridge) if ridge else ""
@@ -897,7 +897,7 @@ def _ridge_family(which: str):
 
 
 def _register_measures() -> None:
-    from similarity.registry import register_family
+    from funsim.similarity.registry import register_family
 
     for fam in FAMILIES:
         for which, suffix in (("held_out", ""), ("in_sample", "/in_sample")):

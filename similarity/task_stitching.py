@@ -1,4 +1,4 @@
-"""Functional similarity by task-loss stitching (DESIGN.md §3): the public functions.
+"""Functional similarity by task-loss stitching (docs/design.md §3): the public functions.
 
 Insert a stitcher ``g`` between a source layer (model A's layer i) and model
 B's layer j, run B's frozen rest of network (its *tail*) on ``g(Z_A)``, and
@@ -45,10 +45,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from similarity._stitch_param import INITS, apply_channels, init_params
-from similarity._stitch_train import LOSSES, OPTIMIZERS, fit_loop, loss_from_logits
-from similarity._validate import as_float_array, check_choice, check_finite, check_int_labels
-from similarity.stitching import FAMILIES, Stitcher
+from funsim.similarity._stitch_param import INITS, apply_channels, init_params
+from funsim.similarity._stitch_train import LOSSES, OPTIMIZERS, fit_loop, loss_from_logits
+from funsim.similarity._validate import as_float_array, check_choice, check_finite, check_int_labels
+from funsim.similarity.stitching import FAMILIES, Stitcher
 
 __all__ = [
     "INITS",
@@ -132,7 +132,7 @@ def stitch_representation(
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> from similarity import Stitcher
+      >>> from funsim.similarity import Stitcher
       >>> s = Stitcher(jnp.eye(2), jnp.ones(2), jnp.asarray(2.0), "scaled_orthogonal")
       >>> stitch_representation(s, jnp.ones((1, 2, 2, 2)), spatial=(1, 1))[0, 0, 0].tolist()
       [3.0, 3.0]
@@ -181,7 +181,7 @@ def stitching_loss(
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> from similarity import Stitcher
+      >>> from funsim.similarity import Stitcher
       >>> s = Stitcher(jnp.eye(2), jnp.zeros(2), jnp.asarray(1.0), "orthogonal")
       >>> z = jnp.array([[5.0, 0.0], [0.0, 5.0]])
       >>> head = lambda w, h: h @ w

@@ -1,6 +1,6 @@
 """Inner products and similarities of multilinear networks, from weights alone.
 
-DESIGN.md §4. A network (a tuple of :class:`~similarity.BilinearLayer` and
+docs/design.md §4. A network (a tuple of :class:`~similarity.BilinearLayer` and
 :class:`~similarity.LinearLayer`) is folded into lifted pure bilinear nodes
 (:func:`~similarity.multilinear.fold_network`); its depth is the number of
 bilinear layers. Every inner product is summed over the network's real outputs
@@ -49,8 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from similarity._validate import check_bool, check_choice, check_positive_result, check_rep, is_concrete
-from similarity.multilinear import (
+from funsim.similarity._validate import check_bool, check_choice, check_positive_result, check_rep, is_concrete
+from funsim.similarity.multilinear import (
     apply_network,
     fold_network,
     network_depth,
@@ -103,7 +103,7 @@ def _resolve_method(metric: str, method: str, depth: int) -> str:
             f"metric='gaussian' has an exact method only up to depth 2, but the networks have "
             f"depth {depth} (bilinear layers); exact evaluation is exponential in depth. "
             "Options: method='closure' (the second-moment approximation, exact at depth 1), "
-            "similarity.monte_carlo_inner (unbiased, with a standard error), or "
+            "funsim.similarity.monte_carlo_inner (unbiased, with a standard error), or "
             "metric='symmetric' / 'frobenius' (exact Gram recursion at any depth)."
         )
     if depth == 1:
@@ -418,7 +418,7 @@ def tensor_inner(
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> from similarity.multilinear import BilinearLayer
+      >>> from funsim.similarity.multilinear import BilinearLayer
       >>> sq = BilinearLayer(jnp.ones((1, 1)), jnp.ones((1, 1)), jnp.ones((1, 1)))  # x^2
       >>> float(tensor_inner(sq, sq))   # E[x^4]
       3.0
@@ -461,7 +461,7 @@ def tensor_similarity(
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> from similarity.multilinear import BilinearLayer
+      >>> from funsim.similarity.multilinear import BilinearLayer
       >>> a = BilinearLayer(jnp.array([[1.0, 0.0]]), jnp.array([[0.0, 1.0]]), jnp.ones((1, 1)))
       >>> b = BilinearLayer(jnp.array([[0.0, 2.0]]), jnp.array([[0.5, 0.0]]), jnp.ones((1, 1)))
       >>> round(float(tensor_similarity(a, b)), 6)   # both compute x1 * x2
@@ -494,7 +494,7 @@ def stack_networks(nets, /) -> tuple:
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> from similarity.multilinear import BilinearLayer
+      >>> from funsim.similarity.multilinear import BilinearLayer
       >>> nets = [BilinearLayer(jnp.ones((3, 2)) * s, jnp.ones((3, 2)), jnp.ones((1, 3))) for s in (1.0, 2.0)]
       >>> stack_networks(nets)[0].left.shape
       (2, 3, 2)
@@ -564,7 +564,7 @@ def similarity_matrix(
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> from similarity.multilinear import BilinearLayer
+      >>> from funsim.similarity.multilinear import BilinearLayer
       >>> a = BilinearLayer(jnp.array([[1.0, 0.0]]), jnp.array([[1.0, 0.0]]), jnp.ones((1, 1)))
       >>> b = BilinearLayer(jnp.array([[0.0, 1.0]]), jnp.array([[0.0, 1.0]]), jnp.ones((1, 1)))
       >>> import numpy as np
@@ -613,7 +613,7 @@ def weight_cosine(net_a, net_b, /) -> jax.Array:
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> from similarity.multilinear import LinearLayer
+      >>> from funsim.similarity.multilinear import LinearLayer
       >>> float(weight_cosine(LinearLayer(jnp.array([[1.0, 0.0]])), LinearLayer(jnp.array([[0.0, 2.0]]))))
       0.0
     """
@@ -656,7 +656,7 @@ def behavioral_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> from similarity.multilinear import LinearLayer
+      >>> from funsim.similarity.multilinear import LinearLayer
       >>> a = LinearLayer(jnp.eye(2))
       >>> round(float(behavioral_similarity(a, a, jnp.array([[1.0, 2.0], [3.0, -1.0]]))), 6)
       1.0

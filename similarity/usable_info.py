@@ -1,4 +1,4 @@
-"""Usable (V-)information (Xu et al. 2020; DESIGN.md §3).
+"""Usable (V-)information (Xu et al. 2020; docs/design.md §3).
 
 For a predictive family V, ``H_V(Y|Z) = inf_{f in V} E[-log f[Z](Y)]`` and
 ``I_V(Z -> Y) = H_V(Y|∅) - H_V(Y|Z)``, in nats. Every quantity here is
@@ -41,9 +41,9 @@ import optax
 import optax.tree_utils as otu
 from jax.typing import ArrayLike
 
-from similarity import _validate as V
-from similarity._linalg import lstsq as _lstsq
-from similarity.stitching import split_weights
+from funsim.similarity import _validate as V
+from funsim.similarity._linalg import lstsq as _lstsq
+from funsim.similarity.stitching import split_weights
 
 V_FAMILIES = ("linear", "mlp", "gaussian_linear")
 

@@ -2,7 +2,7 @@
 
 Both evaluate the networks only through :func:`similarity.apply_network`, so
 they share no code with the lifted, folded algebra of
-:mod:`similarity.tensor_similarity` (DESIGN.md §4, "Validators").
+:mod:`similarity.tensor_similarity` (docs/design.md §4, "Validators").
 
 * :func:`monte_carlo_inner`: unbiased, with a standard error; any depth and width.
 * :func:`attention_monte_carlo_inner` and :func:`attention_quadrature_inner`: the
@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from similarity.attention import _check_pair as _check_attention_pair
-from similarity.attention import _check_scale, _promote as _promote_attention
-from similarity.attention import apply_attention_network, validate_attention_network
-from similarity.multilinear import apply_network, network_depth, resolve_outputs, validate_network_pair
+from funsim.similarity.attention import _check_pair as _check_attention_pair
+from funsim.similarity.attention import _check_scale, _promote as _promote_attention
+from funsim.similarity.attention import apply_attention_network, validate_attention_network
+from funsim.similarity.multilinear import apply_network, network_depth, resolve_outputs, validate_network_pair
 
 __all__ = [
     "monte_carlo_inner",
@@ -110,7 +110,7 @@ def monte_carlo_inner(
 
     Examples:
       >>> import jax, jax.numpy as jnp
-      >>> from similarity.multilinear import LinearLayer
+      >>> from funsim.similarity.multilinear import LinearLayer
       >>> lin = LinearLayer(jnp.ones((1, 2)))          # x1 + x2, E[(x1 + x2)^2] = 2
       >>> est, se = monte_carlo_inner(lin, lin, n_samples=20000, key=jax.random.key(0))
       >>> bool(abs(est - 2.0) < 4 * se)
@@ -160,7 +160,7 @@ def quadrature_inner(net_a, net_b, /, *, outputs=None, chunk: int = 65536) -> ja
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> from similarity.multilinear import BilinearLayer
+      >>> from funsim.similarity.multilinear import BilinearLayer
       >>> sq = BilinearLayer(jnp.ones((1, 1)), jnp.ones((1, 1)), jnp.ones((1, 1)))  # x^2
       >>> round(float(quadrature_inner(sq, sq)), 6)   # E[x^4]
       3.0
@@ -263,7 +263,7 @@ def attention_monte_carlo_inner(
 
     Examples:
       >>> import jax, jax.numpy as jnp
-      >>> from similarity.attention import AttentionNetwork
+      >>> from funsim.similarity.attention import AttentionNetwork
       >>> net = AttentionNetwork(jnp.eye(2), (), jnp.eye(2))
       >>> est, se = attention_monte_carlo_inner(net, net, context=3, n_samples=20000, key=jax.random.key(0))
       >>> bool(abs(est - 6.0) < 4 * se)
@@ -303,7 +303,7 @@ def attention_quadrature_inner(
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> from similarity.attention import AttentionNetwork
+      >>> from funsim.similarity.attention import AttentionNetwork
       >>> net = AttentionNetwork(jnp.eye(2), (), jnp.eye(2))
       >>> round(float(attention_quadrature_inner(net, net, context=3)), 6)
       6.0

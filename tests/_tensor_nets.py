@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from similarity.multilinear import BilinearLayer, LinearLayer
+from funsim.similarity.multilinear import BilinearLayer, LinearLayer
 
 
 def bilinear(rng, d, h, o, *, bias=False, residual=False, scale=1.0):

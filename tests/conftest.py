@@ -1,4 +1,4 @@
-"""Strict test settings shared by every test (STYLE.md 8, 9).
+"""Strict test settings shared by every test.
 
 * float64 is enabled so that NumPy/SciPy references can be compared at 1e-10;
   float32 behaviour is tested by passing float32 arrays explicitly.
@@ -34,7 +34,7 @@ settings.register_profile(
 )
 settings.load_profile("funsim")
 
-# Per-dtype tolerances (STYLE.md 7): one table for every reference comparison.
+# Per-dtype tolerances: one table for every reference comparison.
 TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
 
 

@@ -1,4 +1,4 @@
-"""Bilinear-attention tensor similarity (DESIGN.md §4, "Bilinear attention").
+"""Bilinear-attention tensor similarity (docs/design.md §4, "Bilinear attention").
 
 References, all independent of the cumulant algebra under test: exact
 Gauss–Hermite quadrature and Monte Carlo that only evaluate the networks
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from similarity import (
+from funsim.similarity import (
     AttentionLayer,
     AttentionNetwork,
     apply_attention_layer,
@@ -33,7 +33,7 @@ from similarity import (
     attention_similarity,
     attention_similarity_matrix,
 )
-from similarity import attention as attn
+from funsim.similarity import attention as attn
 
 EXACT_RTOL = 1e-8
 V, D, A, E, T = 2, 3, 2, 2, 3

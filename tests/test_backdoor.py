@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import backdoor as bd
-from experiments import cli
+from funsim.experiments import backdoor as bd
+from funsim.experiments import cli
 
 DIAMOND = np.array([
     [0, 0, 1, 0, 0],
@@ -100,7 +100,7 @@ def test_backdoor_smoke_end_to_end(tmp_path, capsys):
     assert steps[0] == 0 and steps[-1] == cfg.phase_a_steps + cfg.phase_b_steps and cfg.phase_a_steps in steps
     acc, asr = np.array(m["clean_accuracy"]), np.array(m["attack_success"])
     assert np.all((0 <= acc) & (acc <= 1)) and np.all((0 <= asr) & (asr <= 1))
-    # the assertions, on a fixed seed: the backdoor is learned ...
+    # on a fixed seed: the backdoor is learned ...
     assert m["final"]["attack_success"] > 0.5
     assert m["final"]["attack_success_end_of_a"] < 0.5  # ... in phase B, not before
     assert m["final"]["clean_accuracy"] > 0.6
@@ -149,9 +149,8 @@ def test_backdoor_paper_config_runs_on_mock_svhn_without_downloading(tmp_path):
 def test_the_backdoor_model_has_no_embedding(rng):
     from flax import nnx
 
-    import models
-    import similarity
-
+    from funsim import models
+    from funsim import similarity
     m = models.BilinearMLP((6, 6, 1), 4, d_model=5, d_hidden=3, residual=False, embed=False, rngs=nnx.Rngs(0))
     net = m.to_network()
     assert [type(l).__name__ for l in net] == ["BilinearLayer", "LinearLayer"] and net[0].left.shape == (3, 36)

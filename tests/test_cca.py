@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from similarity import cca, cca_mean, cca_r2, pwcca, svcca
+from funsim.similarity import cca, cca_mean, cca_r2, pwcca, svcca
 
 
 def _inv_sqrt(c):
@@ -102,7 +102,7 @@ def test_cca_matches_reference(kind):
 
 
 def _pwcca_data(kind, d1, d2, rng):
-    if kind == "uniform":  # the data: plain uniform, no relation between the sides
+    if kind == "uniform":  # plain uniform data, no relation between the sides
         return rng.uniform(size=(80, d1)), rng.uniform(size=(80, d2))
     # related sides with distinct canonical correlations, offset and anisotropic
     z = rng.normal(size=(60, min(d1, d2)))

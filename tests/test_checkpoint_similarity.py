@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-import similarity
-from experiments import checkpoint_similarity as cs
-from similarity import BilinearLayer, LinearLayer
+from funsim import similarity
+from funsim.experiments import checkpoint_similarity as cs
+from funsim.similarity import BilinearLayer, LinearLayer
 
 
 def _net(rng, *, d=5, m=4, h=6, o=3, bias=True, scale=1.0):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from jax.test_util import check_grads
 from scipy.spatial.distance import pdist, squareform
 
-from similarity import (
+from funsim.similarity import (
     cka,
     cka_accumulate,
     cka_finalize,
@@ -287,7 +287,7 @@ def test_gradients():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_rbf_median_by_integer_sort_equals_numpy(dtype):
     """The RBF bandwidth's median (sorted as integer bit patterns, for speed) is np.median exactly."""
-    from similarity.cka import _median_nonneg
+    from funsim.similarity.cka import _median_nonneg
 
     rng = np.random.default_rng(0)
     for n in (1, 2, 7, 100, 101):

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-import similarity
-from experiments.cli import main as cli
-from experiments.compare import format_table, make_example, principal_components
+from funsim import similarity
+from funsim.experiments.cli import main as cli
+from funsim.experiments.compare import format_table, make_example, principal_components
 from tests.invariance import invariance_data
 
 
@@ -115,7 +115,7 @@ def test_complex_file_is_refused(pair, capsys):
 
 
 def test_nothing_computed_exits_non_zero(pair, tmp_path, capsys):
-    """A script must be able to tell that no measure was computed (issue #13)."""
+    """A script must be able to tell that no measure was computed."""
     d, _, _ = pair
     rc, _, err = run([str(d / "a.npy"), str(d / "b.npy"), "--measures", ""], capsys)
     assert rc == 2 and "--measures names no measure" in err
@@ -129,8 +129,8 @@ def test_nothing_computed_exits_non_zero(pair, tmp_path, capsys):
 
 def test_kendall_skip_follows_the_library_limit():
     """The CLI skips Kendall exactly where the library would refuse it (one limit, not two)."""
-    from experiments.compare import _select, kendall_max_n
-    from similarity.rsa import KENDALL_MAX_ENTRIES
+    from funsim.experiments.compare import _select, kendall_max_n
+    from funsim.similarity.rsa import KENDALL_MAX_ENTRIES
 
     n = kendall_max_n()
     assert n * (n - 1) // 2 <= KENDALL_MAX_ENTRIES < (n + 1) * n // 2

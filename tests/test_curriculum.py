@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import models
-from experiments import curriculum as cur
-from experiments import data
-from models.train import TrainConfig, train
+from funsim import models
+from funsim.experiments import curriculum as cur
+from funsim.experiments import data
+from funsim.models.train import TrainConfig, train
 
 
 def _gauss():
@@ -109,8 +109,7 @@ def _bil(seed=0):
 
 
 def test_train_stages_counts_steps_globally_and_resumes(tmp_path):
-    import similarity
-
+    from funsim import similarity
     ds = _gauss()
     x01, y01 = cur.select_classes(ds.x_train, ds.y_train, [0, 1])
     stages = [cur.Stage("first two", 6, x01, y01), cur.Stage("all", 4, ds.x_train, ds.y_train)]

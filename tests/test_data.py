@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from experiments import data
+from funsim.experiments import data
 
 os.environ["TFDS_DISABLE_DOWNLOAD"] = "1"
 

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-import similarity
-from experiments import cli
-from experiments import forgetting as fg
-from similarity import BilinearLayer, LinearLayer
+from funsim import similarity
+from funsim.experiments import cli
+from funsim.experiments import forgetting as fg
+from funsim.similarity import BilinearLayer, LinearLayer
 
 
 def test_one_layer_network_folds_into_one_bilinear_layer_exactly(rng):

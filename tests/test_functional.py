@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.functional import functional_similarity
-from similarity import fit_stitcher, resize_spatial, stitch_representation
+from funsim.experiments.functional import functional_similarity
+from funsim.similarity import fit_stitcher, resize_spatial, stitch_representation
 from tests._stitch_models import (  # digits, models: shared module-scoped fixtures
     MLP,
     Bottleneck,
@@ -203,7 +203,7 @@ def test_with_a_flax_models_mlp(digits):
     """A real `models` network (Flax NNX): its tail is split into graphdef + state and traced."""
     from flax import nnx
 
-    from models import MLP as NnxMLP
+    from funsim.models import MLP as NnxMLP
 
     a = NnxMLP(64, 10, widths=(16,), rngs=nnx.Rngs(0))
     b = NnxMLP(64, 10, widths=(16,), rngs=nnx.Rngs(1))

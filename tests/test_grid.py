@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import similarity as sim
-from similarity.grid import compare_grid
+import funsim.similarity as sim
+from funsim.similarity.grid import compare_grid
 
 N = 36
 STITCH = [f"stitch/{fam}{fig}" for fam in ("affine", "scaled_orthogonal", "orthogonal") for fig in ("", "/in_sample")]
@@ -160,7 +160,7 @@ def test_ridge_is_part_of_the_name(grid):
 
 def test_compiles_once_per_shape_and_measure_set(grid):
     """A second call with the same shapes and measures reuses every compiled program."""
-    from similarity import grid as G
+    from funsim.similarity import grid as G
 
     a, b, _ = grid
     ms = ["stitch/affine", "stitch/orthogonal/in_sample", "nbs", "pwcca"]
@@ -175,7 +175,7 @@ def test_compiles_once_per_shape_and_measure_set(grid):
 
 def test_moment_programs_have_unbatched_svds(grid, monkeypatch):
     """The compiled moment evaluator runs every SVD unbatched on the CPU (see similarity._linalg)."""
-    from similarity import grid as G
+    from funsim.similarity import grid as G
     from tests.test_linalg import _gesdd_operands
 
     seen, real = [], G._moment_evaluator
@@ -196,7 +196,7 @@ def test_moment_programs_have_unbatched_svds(grid, monkeypatch):
 
 def test_user_registered_moment_measure(grid):
     """A measure registered with MomentStats is computed (and streamed) from the moments by the grid."""
-    from similarity.registry import _REGISTRY
+    from funsim.similarity.registry import _REGISTRY
 
     a, b, g = grid
 
@@ -244,7 +244,7 @@ def test_generic_non_finite_entry_is_an_error(grid):
     bad = dict(a, l1=np.repeat(np.arange(N, dtype=float)[:, None], 5, axis=1))
     with pytest.raises(ValueError, match="rows\\[1\\] = 'l1'.*not finite"):
         compare_grid(bad, b, measures=["rsa/correlation/pearson"])
-    from similarity.registry import _REGISTRY
+    from funsim.similarity.registry import _REGISTRY
 
     try:  # a directed measure undefined when its second argument has 5 features (A's layer l1)
         sim.register("tmp/undef5", lambda x, y: jnp.asarray(np.nan if y.shape[1] == 5 else 0.0), kind="score",
@@ -332,7 +332,7 @@ SHARDED = textwrap.dedent(
     import jax
     jax.config.update("jax_enable_x64", True)
     import numpy as np
-    from similarity.grid import _make_plan, _put_pairs, compare_grid
+    from funsim.similarity.grid import _make_plan, _put_pairs, compare_grid
     assert len(jax.devices()) == 4, jax.devices()
     ia, = _put_pairs(_make_plan(None), np.arange(5))
     assert len(ia.sharding.device_set) == 4 and ia.shape == (8,)  # padded to a multiple of 4

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import similarity
-from experiments import cli, grokking
-from experiments.data import modular_addition
+from funsim import similarity
+from funsim.experiments import cli, grokking
+from funsim.experiments.data import modular_addition
 
 
 # --------------------------------------------------------------------------- data
@@ -45,8 +45,7 @@ def test_modular_addition_exact_counts_and_disjoint_split(p, fraction):
 def test_token_pairs_equal_the_one_hot_model():
     from flax import nnx
 
-    import models
-
+    from funsim import models
     p = 7
     m = models.BilinearMLP(2 * p, p, d_hidden=5, n_layers=1, residual=False, embed=False, head=False, bias=True,
                            rngs=nnx.Rngs(0))

@@ -1,4 +1,4 @@
-"""One input policy for every public function (similarity._validate, issue #13).
+"""One input policy for every public function (similarity._validate).
 
 * float16 / bfloat16 are promoted to float32 for the computation (result float32);
 * complex input is refused with a TypeError naming the argument;
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import similarity as sim
+import funsim.similarity as sim
 from tests._tensor_nets import bilinear, deep
 
 HALF = (np.float16, jnp.bfloat16)

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments import language
+from funsim.experiments import language
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from jax.test_util import check_grads
 
-from similarity._linalg import lstsq, svd
+from funsim.similarity._linalg import lstsq, svd
 
 SHAPES = [(7, 3), (3, 7), (5, 5), (1, 4), (4, 1)]
 
@@ -77,7 +77,7 @@ def test_vmapped_svd_kernels_are_unbatched_on_cpu(rng):
 
 def test_library_programs_have_unbatched_svds(rng):
     """The comparison grid and the batched stitcher fit, compiled: only unbatched SVDs."""
-    from similarity.grid import compare_grid
+    from funsim.similarity.grid import compare_grid
 
     xs = [rng.normal(size=(40, 9)) for _ in range(3)]
     ys = [rng.normal(size=(40, 9)) for _ in range(3)]
@@ -85,7 +85,7 @@ def test_library_programs_have_unbatched_svds(rng):
     for key in ("nbs", "procrustes", "stitch/orthogonal", "svcca"):
         assert np.all(np.isfinite(g.tables[key]))
     # fit_stitchers' stacked path, traced the way it runs
-    from similarity import stitching as S
+    from funsim.similarity import stitching as S
 
     args = (jnp.asarray(np.stack(xs)), jnp.asarray(np.stack(ys)))
     fit = lambda a, b: S._fit_stacked(a, b, family="orthogonal", ridge=0.0, normalize=True)[0]  # noqa: E731
@@ -132,7 +132,7 @@ def test_full_size_grid_does_not_hang():
     code = textwrap.dedent(
         """
         import numpy as np
-        from similarity.grid import compare_grid
+        from funsim.similarity.grid import compare_grid
         rng = np.random.default_rng(0)
         a = [rng.standard_normal((2000, (64, 128)[i % 2])).astype(np.float32) for i in range(12)]
         b = [rng.standard_normal((2000, (128, 64)[i % 2])).astype(np.float32) for i in range(12)]

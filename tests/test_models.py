@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import models
-from models import flatten, flatten_features, get_model
-from similarity.multilinear import BilinearLayer, LinearLayer, apply_network
+from funsim import models
+from funsim.models import flatten, flatten_features, get_model
+from funsim.similarity.multilinear import BilinearLayer, LinearLayer, apply_network
 
 IMG = (8, 8, 1)
 
@@ -200,7 +200,7 @@ def test_transformer_mlp_network_and_no_to_network_with_mlp():
 
 
 def test_attention_only_transformer_to_network_equals_model():
-    from similarity import AttentionNetwork, apply_attention_network
+    from funsim.similarity import AttentionNetwork, apply_attention_network
 
     model = models.BilinearTransformer(7, 5, d_model=8, n_layers=2, n_heads=2, d_head=4, mlp=False,
                                        rngs=nnx.Rngs(7))

@@ -1,4 +1,4 @@
-"""Lifting, folding, interaction tensors, differences and network validation (DESIGN.md §4).
+"""Lifting, folding, interaction tensors, differences and network validation (docs/design.md §4).
 
 References: ``apply_layer`` / ``apply_network`` (direct evaluation) and the
 tensors built in NumPy from the layer definitions in tests/_tensor_nets.py.
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from similarity import (
+from funsim.similarity import (
     BilinearLayer,
     LinearLayer,
     apply_layer,

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-import similarity
-from experiments import cli
-from experiments.quickstart import TINY
+from funsim import similarity
+from funsim.experiments import cli
+from funsim.experiments.quickstart import TINY
 
 
 def test_quickstart_tiny_end_to_end(tmp_path, capsys):
@@ -56,7 +56,7 @@ def test_smoke_run_flag_only_before_the_backend_starts_and_never_over_the_users(
 
     import jax
 
-    from experiments import quickstart as Q
+    from funsim.experiments import quickstart as Q
 
     # Once the backend runs the flag would be ignored, so it is not set.
     jax.numpy.zeros(1).block_until_ready()

@@ -1,4 +1,4 @@
-"""Every ```python block in README.md runs as written (issue #13), so the README cannot drift.
+"""Every ```python block in README.md runs as written, so the README cannot drift.
 
 Each block runs in a fresh namespace, from the repository root, as its own test named after
 its line. A statement that is a bare expression with a number as its comment, e.g.

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import similarity
-from similarity import INVARIANCES, list_measures, measure, register
-from similarity.registry import _REGISTRY
+from funsim import similarity
+from funsim.similarity import INVARIANCES, list_measures, measure, register
+from funsim.similarity.registry import _REGISTRY
 from tests.invariance import invariance_data, random_transform
 
 NAMES = list_measures()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from similarity import linear_regression_r2
+from funsim.similarity import linear_regression_r2
 
 
 def ref_r2(x, y, ridge=0.0):

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from scipy.spatial.distance import pdist, squareform
 from scipy.stats import kendalltau, pearsonr, rankdata, spearmanr
 
-from similarity import cka, rank_average, rdm, rsa
-from similarity.rsa import COMPARISONS, RDM_METRICS
+from funsim.similarity import cka, rank_average, rdm, rsa
+from funsim.similarity.rsa import COMPARISONS, RDM_METRICS
 
 
 def ref_rdm(x, metric):
@@ -164,7 +164,7 @@ def test_bad_input(call, match):
 
 def test_kendall_refuses_huge_rdms():
     """Kendall's tau-a is O(m^2) in the RDM entries: past the limit it raises instead of hanging."""
-    from similarity.rsa import KENDALL_MAX_ENTRIES, compare_vectors
+    from funsim.similarity.rsa import KENDALL_MAX_ENTRIES, compare_vectors
 
     v = np.zeros((KENDALL_MAX_ENTRIES + 1,))
     with pytest.raises(ValueError, match="spearman"):
@@ -188,7 +188,7 @@ def test_rank_average_exact_on_ties_and_near_ties(dtype, long_run):
     """Every path of the rank transform equals scipy's average ranks, including values one ulp
     apart: float32 keys sort exactly; float64 near-ties are resolved in a window, and a run of
     12 (> _WINDOW) distinct values sharing a coarse key takes the sort-and-search fallback."""
-    from similarity.rsa import _WINDOW, _order_key, _ranks_by_search
+    from funsim.similarity.rsa import _WINDOW, _order_key, _ranks_by_search
 
     assert _WINDOW < 12
     v = _near_ties(np.random.default_rng(3), 5000, dtype, long_run=long_run)

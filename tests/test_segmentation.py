@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import similarity
-from similarity import change_points, segment_costs
+from funsim import similarity
+from funsim.similarity import change_points, segment_costs
 
 
 def _segment_cost_ref(s, a, b, cost):

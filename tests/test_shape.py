@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.linalg import orthogonal_procrustes
 
-from similarity import nbs, partial_whiten, procrustes_distance, shape_distance
+from funsim.similarity import nbs, partial_whiten, procrustes_distance, shape_distance
 
 
 def netrep_whiten(xc, alpha, eigval_tol=1e-7):
@@ -77,7 +77,7 @@ def test_euclidean_padding_counts_in_the_variance():
     x = r.normal(size=(50, 8))
     y = np.tanh(x[:, :6] @ r.normal(size=(6, 6))) + 0.3 * r.normal(size=(50, 6))
     ref = ref_shape(x, y, 0.0, "euclidean")
-    # whitening each side in its own width, then padding (our definition before issue 12)
+    # whitening each side in its own width, then padding (our earlier definition, before following netrep)
     xw, yw = ref_whiten(x, 0.0), np.pad(ref_whiten(y, 0.0), ((0, 0), (0, 2)))
     q, _ = orthogonal_procrustes(yw, xw)
     assert abs(np.linalg.norm(xw - yw @ q) - ref) > 1e-2 * ref

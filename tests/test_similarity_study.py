@@ -4,10 +4,10 @@ mathematical claims per pair, and resumption after an interruption."""
 import numpy as np
 import pytest
 
-from experiments import cli, similarity_study as S
-from experiments import usable_information as ui
-from experiments import zoo as zoo_lib
-from experiments.io import read_json
+from funsim.experiments import cli, similarity_study as S
+from funsim.experiments import usable_information as ui
+from funsim.experiments import zoo as zoo_lib
+from funsim.experiments.io import read_json
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("claim1_asymmetry.png", "claim2_monotonicity.png", "claim3_r2.png", "claim4_granularity.png",

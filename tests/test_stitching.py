@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sklearn.linear_model import LinearRegression
 
-import similarity as sim
-from similarity.stitching import (
+import funsim.similarity as sim
+from funsim.similarity.stitching import (
     apply_stitcher,
     fit_stitcher,
     fit_stitchers,

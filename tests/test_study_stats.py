@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from experiments import study_stats as st
+from funsim.experiments import study_stats as st
 
 
 @pytest.fixture

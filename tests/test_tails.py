@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models import CNN, MLP, split_tail, stack_tails
+from funsim.models import CNN, MLP, split_tail, stack_tails
 
 
 def test_split_tail_equals_model_tail_and_is_equal_across_seeds():

@@ -15,7 +15,7 @@ import pytest
 import scipy.linalg
 from jax.test_util import check_grads
 
-from similarity import (
+from funsim.similarity import (
     OPTIMIZERS,
     Stitcher,
     TrainedStitcher,
@@ -27,8 +27,8 @@ from similarity import (
     train_stitcher,
     train_stitchers,
 )
-from similarity._stitch_param import cayley, complete_orthogonal
-from similarity._stitch_train import fit_loop, objective
+from funsim.similarity._stitch_param import cayley, complete_orthogonal
+from funsim.similarity._stitch_train import fit_loop, objective
 from tests._stitch_models import (  # digits, models: shared module-scoped fixtures
     CompileCounter,
     digits,
@@ -271,7 +271,7 @@ def test_closed_form_init_is_fit_stitcher(models, digits):
 def _nnx_pair(seed_a, seed_b, widths=(16, 8)):
     from flax import nnx
 
-    from models import MLP as NnxMLP
+    from funsim.models import MLP as NnxMLP
 
     return (NnxMLP(64, 10, widths=widths, rngs=nnx.Rngs(seed_a)),
             NnxMLP(64, 10, widths=widths, rngs=nnx.Rngs(seed_b)))
@@ -280,7 +280,7 @@ def _nnx_pair(seed_a, seed_b, widths=(16, 8)):
 def test_second_call_with_equal_tail_and_new_optimizer_compiles_nothing(digits):
     """Fresh-but-equal tails (another NNX model of the architecture, or the same one re-split,
     or a module-level function with new parameters) and new hyperparameters: no compilation."""
-    from models import split_tail
+    from funsim.models import split_tail
 
     x, y = jnp.asarray(digits[0][:200], jnp.float32), digits[1][:200]
     a, b = _nnx_pair(0, 1)
@@ -317,7 +317,7 @@ def test_second_call_with_equal_tail_and_new_optimizer_compiles_nothing(digits):
 
 
 def test_stacked_tails_equal_separate_calls(digits):
-    from models import split_tail, stack_tails
+    from funsim.models import split_tail, stack_tails
 
     x, y = jnp.asarray(digits[0][:200], jnp.float32), digits[1][:200]
     a, b = _nnx_pair(0, 1)

@@ -1,4 +1,4 @@
-"""Tensor similarity of multilinear networks (DESIGN.md §4).
+"""Tensor similarity of multilinear networks (docs/design.md §4).
 
 References, all independent of the lifted/folded algebra under test:
 exact Gauss–Hermite quadrature and Monte Carlo on ``apply_network``
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 
-from similarity import (
+from funsim.similarity import (
     BilinearLayer,
     apply_network,
     behavioral_similarity,
@@ -276,8 +276,8 @@ def test_closure_step_is_exact_for_gaussian_inputs_with_any_moments():
     # An affine embedding of x ~ N(0, I) is Gaussian with mean and correlated moments
     # M = W~ W~^T; the closure's one-layer formula must then be exact (checked against
     # quadrature of the embedded networks).
-    from similarity.multilinear import lift, lift_linear
-    from similarity.tensor_similarity import _closure_kernel
+    from funsim.similarity.multilinear import lift, lift_linear
+    from funsim.similarity.tensor_similarity import _closure_kernel
 
     rng = np.random.default_rng(17)
     emb_a, emb_b = linear(rng, 2, 3), linear(rng, 2, 3)

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import models
-from experiments import data
-from experiments.io import read_json
-from models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
+from funsim import models
+from funsim.experiments import data
+from funsim.experiments.io import read_json
+from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -102,9 +102,9 @@ SCRIPT = textwrap.dedent(
     """
     import sys, time, numpy as np, jax
     from flax import nnx
-    import models
-    from experiments import data
-    from models.train import TrainConfig, train
+    from funsim import models
+    from funsim.experiments import data
+    from funsim.models.train import TrainConfig, train
     slow = sys.argv[1] == "slow"
     ds = data.gaussian_task(n_train=256, n_test=64, dim=6, n_classes=3)
     cfg = TrainConfig(steps=40, batch_size=16, learning_rate=1e-2, eval_every=5, checkpoint_every=10)
@@ -153,7 +153,7 @@ def test_random_crop_flip_against_numpy():
     import jax
     import jax.numpy as jnp
 
-    from models.train import random_crop_flip
+    from funsim.models.train import random_crop_flip
 
     x = np.random.default_rng(0).normal(size=(16, 5, 6, 2)).astype(np.float32)
     out = np.asarray(random_crop_flip(jax.random.key(3), jnp.asarray(x), pad=2))
@@ -197,7 +197,7 @@ def test_augmented_chunked_training_and_old_runs_resume(tmp_path):
     ident = read_json(tmp_path / "train_config.json")
     for k in ("augment", "eval_batch_size"):
         del ident["config"][k]
-    from experiments.io import write_json_atomic
+    from funsim.experiments.io import write_json_atomic
 
     write_json_atomic(tmp_path / "train_config.json", ident)
     again = train(make(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=TrainConfig(**base), workdir=tmp_path,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-import similarity as sim
-from similarity.usable_info import (
+import funsim.similarity as sim
+from funsim.similarity.usable_info import (
     conditional_v_information,
     pointwise_v_information,
     v_entropy,

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from similarity import BilinearLayer, LinearLayer, monte_carlo_inner, quadrature_inner
+from funsim.similarity import BilinearLayer, LinearLayer, monte_carlo_inner, quadrature_inner
 from tests._tensor_nets import bilinear, deep
 
 SQUARE = BilinearLayer(np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)))  # x -> x^2

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import models
-import models.train
-from experiments import cli, data, zoo
-from experiments.io import read_json, to_jsonable
+from funsim import models
+import funsim.models.train
+from funsim.experiments import cli, data, zoo
+from funsim.experiments.io import read_json, to_jsonable
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
