@@ -52,7 +52,7 @@ import time
 import numpy as np
 
 from funsim.experiments.io import load_config as io_load_config
-from funsim.experiments.io import read_json, results_dir, to_jsonable, write_json_atomic, write_text_atomic
+from funsim.experiments.io import open_run, read_json, releases_run_locks, write_json_atomic, write_text_atomic
 
 PAPER_CLAIM = (
     "tensor similarity shows sharp transitions and block structure across training checkpoints "
@@ -394,21 +394,6 @@ def _save_npz(path: pathlib.Path, **arrays):
     tmp.replace(path)
 
 
-def _check_config(out: pathlib.Path, cfg: LanguageConfig):
-    path = out / "config.json"
-    now = to_jsonable(cfg)
-    if path.exists():
-        saved = read_json(path)
-        diffs = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in now.items() if saved.get(k) != v]
-        if diffs:
-            raise ValueError(
-                f"Refusing to resume {out}: it was run with a different config:\n  " + "\n  ".join(diffs)
-                + "\nUse another --run name, or the original config."
-            )
-    else:
-        write_json_atomic(path, now)
-
-
 def _matrix_figure(panels, steps, path, *, suptitle):
     """Heatmaps (title -> (matrix, boundary indices)) with the K-block boundaries drawn."""
     from funsim.experiments import plotting
@@ -475,6 +460,7 @@ def _stage(name, out, fn, bar):
         return {k: f[k] for k in f.files}
 
 
+@releases_run_locks
 def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, progress: bool = True,
         log=print) -> dict:
     """Train, compare every pair of checkpoints, write ``root/language/<run>/``; return the metrics."""
@@ -486,8 +472,7 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
     from funsim.models.train import train
     from funsim.similarity import attention_inner, attention_similarity_matrix
 
-    out = results_dir("language", run_name, root=root)
-    _check_config(out, cfg)
+    out = open_run("language", run_name, root=root, config=cfg)  # locked; a changed config is refused
     ds = data_lib.load("shakespeare", seq_len=cfg.seq_len, max_chars=cfg.max_chars)
     vocab = ds.n_classes
     log(f"language: {ds.x_train.shape[0]} training windows of {cfg.seq_len} characters; results in {out}")

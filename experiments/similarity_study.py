@@ -62,8 +62,8 @@ from typing import Any
 
 import numpy as np
 
-from funsim.experiments.io import (config_overrides, config_type, read_json, results_dir, to_jsonable, write_atomic,
-                            write_json_atomic, write_text_atomic)
+from funsim.experiments.io import (config_overrides, config_type, open_run, read_json, releases_run_locks, write_atomic,
+                                  write_json_atomic, write_text_atomic)
 
 __all__ = [
     "StudyConfig", "CONFIGS", "COLUMNS", "CoarseTail", "config_from_dict", "run", "read_table",
@@ -165,10 +165,7 @@ def config_from_dict(d: Mapping[str, Any]) -> StudyConfig:
       >>> config_from_dict({"base": "smoke", "n_rows": 64}).n_rows
       64
     """
-    d, base = config_overrides(d, StudyConfig, "study")
-    for k in ("datasets", "measures", "families", "stitch_families", "coarse_groupings"):
-        if d.get(k) is not None:
-            d[k] = tuple(d[k])
+    d, base = config_overrides(d, StudyConfig, "study")  # typed: lists become tuples
     if base is not None:
         if base not in CONFIGS:
             raise ValueError(f"Unknown base config {base!r}; valid: {', '.join(CONFIGS)}.")
@@ -533,6 +530,7 @@ def read_table(path: str | pathlib.Path) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------------------- run
 
 
+@releases_run_locks
 def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log: Callable[[str], None] = print) -> dict:
     """Run (or resume) the study; returns the metrics dict.
@@ -548,15 +546,8 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     _check_config(cfg)
     t0 = time.time()
     zoo_dir = _zoo_dir(cfg, root)
-    manifest = zoo_lib._manifest(zoo_dir)
-    out = results_dir("similarity_study", run_name or cfg.name, root=root)
-    cfg_json = to_jsonable(cfg)
-    if (out / "config.json").is_file() and read_json(out / "config.json") != cfg_json:
-        old = read_json(out / "config.json")
-        diffs = [f"{k}: saved {old.get(k)!r}, now {v!r}" for k, v in cfg_json.items() if old.get(k) != v]
-        raise ValueError(f"Refusing to continue study run {out}: it was run with another config:\n  "
-                         + "\n  ".join(diffs) + "\nUse a new --run name, or restore the original config.")
-    write_json_atomic(out / "config.json", cfg)
+    manifest = zoo_lib.read_manifest(zoo_dir)
+    out = open_run("similarity_study", run_name or cfg.name, root=root, config=cfg)  # locked; a changed config is refused
     available = [k for k, d in manifest["datasets"].items() if d["status"] == "ok"]
     ds_list = available if cfg.datasets is None else list(cfg.datasets)
     missing = sorted(set(ds_list) - set(available))
@@ -590,7 +581,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
 
 def _layer_pairs(zoo_lib, zoo_dir, ds) -> int:
     """Layer pairs across the model pairs of ``ds`` (each unordered pair once)."""
-    m = zoo_lib._manifest(zoo_dir)["models"]
+    m = zoo_lib.read_manifest(zoo_dir)["models"]
     sizes = [len(e["layers"]) for e in m.values() if e["dataset"] == ds]
     return (sum(sizes) ** 2 - sum(s * s for s in sizes)) // 2
 

@@ -1,0 +1,256 @@
+"""Run folders and the files in them: config mistakes, fast subcommand help, the one changed-config
+check, run locks, checkpoint checksums and damaged result files."""
+
+import ast
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from funsim.experiments import cli
+from funsim.experiments import io as xio
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _status(capsys, argv):
+    """``funsim ARGV``'s exit status and stderr (argparse's own errors exit through SystemExit)."""
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:
+        rc = e.code
+    return rc, capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- config mistakes
+
+# every driver that reads --config: (subcommand, an integer field of its config)
+CONFIG_DRIVERS = [("zoo", "n_checkpoints"), ("similarity-study", "n_rows"), ("forgetting", "seed"),
+                  ("backdoor", "seed"), ("grokking", "seed"), ("language", "seed")]
+
+
+@pytest.mark.parametrize("command,int_field", CONFIG_DRIVERS)
+def test_config_mistakes_print_the_real_error_with_the_file_name(tmp_path, capsys, command, int_field):
+    cases = {
+        "typo.json": ('{"base": "smoke", "not_a_field": 1}' if command in ("zoo", "similarity-study")
+                      else '{"not_a_field": 1}', ["not_a_field"]),
+        "broken.json": ('{"seed": 1', ["not valid JSON", "line 1"]),
+        "wrongtype.json": (json.dumps({int_field: "12"}), [f"'{int_field}'", "must be an integer", '"12"']),
+        "fraction.json": (json.dumps({int_field: 1.7}), [f"'{int_field}'", "must be an integer", "1.7"]),
+        "notanobject.json": ("[1, 2]", ["JSON object"]),
+    }
+    for name, (text, expected) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        rc, err = _status(capsys, [command, "--config", str(path), "--root", str(tmp_path / "results")])
+        assert rc == 2, (name, err)
+        assert str(path) in err and "Traceback" not in err and "invalid parse value" not in err, (name, err)
+        for e in expected:
+            assert e in err, (name, e, err)
+    assert not (tmp_path / "results").exists()  # nothing was run, nothing written
+
+
+def test_types_are_checked_against_the_config_annotations():
+    from funsim.experiments import similarity_study, zoo
+
+    for bad, msg in [({"seeds": "12"}, r"field 'seeds' must be a list of integers, got the string \"12\""),
+                     ({"seeds": [1.7]}, r"field 'seeds\[0\]' must be an integer, got the number 1.7"),
+                     ({"seeds": [True]}, r"field 'seeds\[0\]' must be an integer, got the boolean true"),
+                     ({"download": "yes"}, r"field 'download' must be true or false"),
+                     ({"datasets": [{"name": "digits", "n_train": "5"}]},
+                      r"field 'datasets\[0\].n_train' must be an integer or null"),
+                     ({"datasets": [{"name": "digits", "n_trian": 5}]},
+                      r"unknown DataSpec fields \['n_trian'\] in 'datasets\[0\]'"),
+                     ({"models": "mlp"}, r"field 'models' must be a list, each an object with ModelSpec fields"),
+                     ({"train": [1]}, r"field 'train' must be an object")]:
+        with pytest.raises(xio.ConfigError, match=msg):
+            zoo.config_from_dict({"base": "smoke", **bad})
+    cfg = zoo.config_from_dict({"base": "smoke", "seeds": [3, 4], "datasets": [{"name": "digits", "n_train": None}]})
+    assert cfg.seeds == (3, 4) and cfg.datasets == (zoo.DataSpec("digits"),)
+    # a number field takes an integer; a list of strings becomes a tuple; null where None is allowed
+    s = similarity_study.config_from_dict({"base": "smoke", "split": 1, "measures": ["cka/linear"], "datasets": None})
+    assert s.split == 1 and s.measures == ("cka/linear",) and s.datasets is None
+    with pytest.raises(xio.ConfigError, match=r"field 'measures\[1\]' must be a string, got the integer 3"):
+        similarity_study.config_from_dict({"base": "smoke", "measures": ["cka/linear", 3]})
+    # the training options of a zoo are checked against TrainConfig when the zoo is set up
+    bad = zoo.config_from_dict({"base": "smoke", "train": {"steps": "16"}})
+    with pytest.raises(xio.ConfigError, match=r"Training options of the zoo config.*field 'steps' must be an integer"):
+        zoo._train_config(bad, bad.datasets[0], bad.models[0], 0)
+
+
+def test_load_config_round_trips_a_saved_config_and_names_the_file(tmp_path):
+    from funsim.experiments import forgetting
+
+    cfg = forgetting.CONFIGS["smoke"]
+    path = tmp_path / "saved.json"
+    xio.write_json_atomic(path, cfg)  # how config.json is written
+    assert xio.load_config(forgetting.ForgettingConfig, {}, str(path)) == cfg  # nested tuples come back
+    path.write_text(json.dumps({"curriculum": "base"}))
+    with pytest.raises(xio.ConfigError, match=rf"{path}: field 'curriculum' must be a list"):
+        xio.load_config(forgetting.ForgettingConfig, {}, str(path))
+
+
+def test_subcommand_help_does_not_import_jax():
+    """`funsim COMMAND --help` answers without importing jax, flax or matplotlib (as fast as `funsim --help`)."""
+    code = textwrap.dedent("""
+        import contextlib, io, sys
+        from funsim.experiments import cli
+        for name in cli.SUBCOMMANDS:
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                try:
+                    cli.main([name, "--help"])
+                except SystemExit:
+                    pass
+            heavy = sorted(m for m in ("jax", "flax", "optax", "orbax", "matplotlib", "funsim.models",
+                                       "funsim.similarity") if m in sys.modules)
+            print(name, "usage: funsim " + name in buf.getvalue(), heavy)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == len(cli.SUBCOMMANDS)
+    for line in lines:
+        assert line.endswith(" True []"), line
+
+
+# ----------------------------------------------------------------------------- one changed-config check
+
+
+def test_one_changed_config_check(tmp_path):
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        a: int = 1
+        b: tuple = ((1, (2, 3)),)
+        new: str = "x"
+
+    assert xio.check_run_config(tmp_path, Cfg()) is True
+    assert xio.check_run_config(tmp_path, Cfg()) is False
+    with pytest.raises(xio.SetupMismatchError, match=r"different config(.|\n)*a: saved 1, now 2(.|\n)*b: saved"):
+        xio.check_run_config(tmp_path, Cfg(a=2, b=()))
+    # a run saved before a field existed resumes when the field is at its default, and only then
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["new"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert xio.check_run_config(tmp_path, Cfg()) is False
+    with pytest.raises(ValueError, match="new: saved 'x', now 'y'"):
+        xio.check_run_config(tmp_path, Cfg(new="y"))
+
+
+def test_no_private_names_imported_across_these_modules():
+    """The zoo's and the study's shared helpers are public: no ``module._name`` from another funsim module."""
+    for name in ("zoo", "similarity_study", "curriculum", "language", "grokking", "forgetting", "backdoor",
+                 "quickstart", "usable_information", "report", "cli", "io"):
+        tree = ast.parse((ROOT / "experiments" / f"{name}.py").read_text())
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("funsim"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, (name, node.module, private)
+                modules |= {a.asname or a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                modules |= {a.asname or a.name for a in node.names if a.name.startswith("funsim")}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and isinstance(node.value, ast.Name) and node.value.id in modules):
+                raise AssertionError(f"experiments/{name}.py uses {node.value.id}.{node.attr}")
+
+
+# ----------------------------------------------------------------------------- run locks
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from funsim.experiments.io import acquire_run_lock
+    for d in sys.argv[1:]:
+        acquire_run_lock(d)
+    print("locked", flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.fixture
+def held(tmp_path):
+    """Run folders locked by a live second process; yields (folders, process)."""
+    names = ("zoo/smoke", "similarity_study/smoke", "forgetting/smoke", "backdoor/smoke", "grokking/smoke",
+             "language/smoke", "quickstart/smoke")
+    dirs = [tmp_path / n for n in names]
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, *map(str, dirs)], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        yield dirs, proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_second_run_into_a_locked_folder_is_refused_before_it_writes_anything(tmp_path, held, capsys):
+    from funsim.experiments import backdoor, forgetting, grokking, language, quickstart, similarity_study, zoo
+    from funsim.experiments import usable_information as ui
+
+    dirs, proc = held
+    # the study reads its zoo's manifest first: give it one
+    xio.write_json_atomic(tmp_path / "zoo" / "smoke" / "zoo.json", {"datasets": {}, "models": {}})
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    runs = [(zoo.run, zoo.CONFIGS["smoke"]), (similarity_study.run, similarity_study.CONFIGS["smoke"]),
+            (forgetting.run, forgetting.CONFIGS["smoke"]), (backdoor.run, backdoor.CONFIGS["smoke"]),
+            (grokking.run, grokking.CONFIGS["smoke"]), (language.run, language.CONFIGS["smoke"]),
+            (quickstart.run, quickstart.TINY)]
+    for fn, cfg in runs:
+        with pytest.raises(xio.RunLockedError, match=rf"in use by another run \(pid {proc.pid} on .*run\.lock"):
+            fn(cfg, root=tmp_path, run_name="smoke", progress=False, log=lambda *a: None)
+    (dirs[1] / "comparisons.csv").write_text("x\n")
+    before[dirs[1] / "comparisons.csv"] = b"x\n"
+    with pytest.raises(xio.RunLockedError):
+        ui.report(dirs[1], log=lambda *a: None)
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before  # not one file written, changed or removed (config.json included)
+    # through the command line: one line naming the holder and the lock file, exit status 1
+    rc, err = _status(capsys, ["zoo", "--config", "smoke", "--root", str(tmp_path), "--no-progress"])
+    assert rc == 1 and f"pid {proc.pid}" in err and str(dirs[0] / "run.lock") in err and "Traceback" not in err
+
+
+def test_a_stale_lock_is_taken_over_with_a_warning_and_locks_are_released(tmp_path):
+    d = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(d)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout.readline().strip() == "locked"
+    with pytest.raises(xio.RunLockedError):
+        xio.acquire_run_lock(d)
+    proc.send_signal(signal.SIGKILL)  # killed: its lock file stays behind
+    proc.wait()
+    assert json.loads((d / "run.lock").read_text())["pid"] == proc.pid
+    with pytest.warns(RuntimeWarning, match=rf"Taking over the lock {d / 'run.lock'}.*pid {proc.pid}"):
+        xio.acquire_run_lock(d)
+    assert json.loads((d / "run.lock").read_text())["pid"] == os.getpid()
+    xio.acquire_run_lock(d)  # nests within this process
+    xio.release_run_lock(d)
+    assert (d / "run.lock").exists()
+    xio.release_run_lock(d)
+    assert not (d / "run.lock").exists()
+
+    @xio.releases_run_locks
+    def run(fail):
+        xio.open_run("exp", "r", root=tmp_path)
+        assert (tmp_path / "exp" / "r" / "run.lock").exists()
+        if fail:
+            raise KeyError("boom")
+
+    run(False)
+    assert not (tmp_path / "exp" / "r" / "run.lock").exists()
+    with pytest.raises(KeyError):
+        run(True)
+    assert not (tmp_path / "exp" / "r" / "run.lock").exists()
+    # a lock released by this process is free for another one at once
+    other = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "exp" / "r")], stdout=subprocess.PIPE,
+                             text=True, cwd=ROOT)
+    try:
+        assert other.stdout.readline().strip() == "locked"
+    finally:
+        other.kill()
+        other.wait()
