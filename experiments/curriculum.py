@@ -285,16 +285,23 @@ def cached_arrays(path: str | pathlib.Path, key: np.ndarray, compute: Callable[[
     """``compute()`` (a dict of arrays), saved to ``path`` (.npz, atomically) and reused while ``key`` matches.
 
     ``key`` identifies the inputs (e.g. the checkpoint steps); a file saved for
-    another key is recomputed and replaced.
+    another key is recomputed and replaced, and so is a damaged file (truncated, or
+    bytes changed), with a warning naming it.
     """
-    from funsim.models.io import write_atomic
+    import warnings
+
+    from funsim.experiments.io import DamagedFileError, read_npz, write_atomic
 
     path = pathlib.Path(path)
     key = np.asarray(key)
     if path.exists():
-        with np.load(path) as f:
+        try:
+            f = read_npz(path, fix="Recomputing it.")
+        except DamagedFileError as e:
+            warnings.warn(str(e), RuntimeWarning, stacklevel=2)
+        else:
             if "_key" in f and np.array_equal(f["_key"], key):
-                return {k: f[k] for k in f.files if k != "_key"}
+                return {k: v for k, v in f.items() if k != "_key"}
     arrays = {k: np.asarray(v) for k, v in compute().items()}
     write_atomic(path, lambda f: np.savez(f, _key=key, **arrays))  # a file object: no ".npz" appended
     return arrays

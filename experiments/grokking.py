@@ -43,7 +43,8 @@ import time
 
 import numpy as np
 
-from funsim.experiments.io import load_config, open_run, releases_run_locks, write_json_atomic, write_text_atomic
+from funsim.experiments.io import (load_config, open_run, releases_run_locks, write_atomic, write_json_atomic,
+                                  write_text_atomic)
 
 __all__ = [
     "GrokkingConfig",
@@ -632,7 +633,8 @@ def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: 
     log(f"[3/5] checkpoint x checkpoint similarity ({len(steps)} x {len(steps)}): tensor and baselines")
     pick = np.random.default_rng(cfg.data_seed).choice(len(ds.x_test), size=min(cfg.n_eval, len(ds.x_test)), replace=False)
     matrices = checkpoint_matrices(nets, ds.x_test[np.sort(pick)])
-    np.savez(out / "matrices.npz", steps=np.asarray(steps), **{k.replace(" ", "_"): v for k, v in matrices.items()})
+    write_atomic(out / "matrices.npz", lambda f: np.savez(f, steps=np.asarray(steps),
+                                                           **{k.replace(" ", "_"): v for k, v in matrices.items()}))
 
     log(f"[4/5] phases: {cfg.n_segments} segments of every matrix (costs: pairwise, kernel)")
     segs = _segment(matrices, cfg.n_segments)
@@ -643,7 +645,7 @@ def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: 
     spectra = operand_spectra(nets, cfg.p)
     summaries = {k: spectrum_summary(v, n_top=cfg.n_top_frequencies) for k, v in spectra.items()}
     spectra = {k: v.sum(axis=-2) for k, v in spectra.items()}  # the layer's spectrum: (n, K)
-    np.savez(out / "spectra.npz", steps=np.asarray(steps), **spectra)
+    write_atomic(out / "spectra.npz", lambda f: np.savez(f, steps=np.asarray(steps), **spectra))
 
     after = _after_generalisation(cfg, steps, events, matrices, summaries)
     metrics = {

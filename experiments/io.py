@@ -16,6 +16,10 @@
   (:func:`check_run_config`, the one such check of the drivers). A driver's ``run``
   is decorated with :func:`releases_run_locks`, which releases the lock when it
   returns or raises.
+* **Damaged files.** Every reader names the file it cannot read
+  (``DamagedFileError``, from :func:`read_json` and :func:`read_npz`); tables are
+  written with a manifest (row count, size, SHA-256: :func:`write_table_atomic`)
+  and checked against it before they are used (:func:`verify_table`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from typing import Any
 __all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "write_text_atomic", "read_json", "results_dir",
            "ConfigError", "coerce_fields", "config_type", "config_overrides", "load_config", "check_run_config",
            "RunLockedError", "LOCK_FILE", "acquire_run_lock", "release_run_lock", "releases_run_locks", "open_run",
-           "DamagedFileError", "SetupMismatchError", "fingerprint", "setup_diff"]
+           "DamagedFileError", "SetupMismatchError", "fingerprint", "setup_diff", "read_npz", "table_manifest_path",
+           "write_table_atomic", "verify_table"]
 
 # names of funsim.models.io served from here, imported when first used (PEP 562)
 _FROM_MODELS_IO = ("DamagedFileError", "SetupMismatchError", "fingerprint", "setup_diff", "check_setup")
@@ -481,7 +486,7 @@ def acquire_run_lock(out: str | os.PathLike) -> pathlib.Path:
         f = open(path, "a+")
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             f.close()
             info = _read_lock_info(path)
             raise RunLockedError(
@@ -489,6 +494,9 @@ def acquire_run_lock(out: str | os.PathLike) -> pathlib.Path:
                 f"mix their files. Wait for it to finish, or use another --run name. If no such run is alive, delete "
                 f"{path}."
             ) from None
+        except OSError as e:  # a file system without locks (some network mounts)
+            warnings.warn(f"Cannot lock {path} ({e}): a second run into {out} would not be detected.", RuntimeWarning,
+                          stacklevel=2)
         try:
             same = os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -577,3 +585,91 @@ def open_run(experiment: str, run: str | None = None, *, root: str | os.PathLike
             release_run_lock(out)
             raise
     return out
+
+
+# ----------------------------------------------------------------------------- result files
+
+
+def read_npz(path: str | os.PathLike, *, fix: str = "Delete it and rerun the command that wrote it (it is "
+                                                        "recomputed).") -> dict:
+    """Every array of an ``.npz`` file, read now; a truncated or damaged file is a ``DamagedFileError`` naming it.
+
+    ``np.savez`` stores a CRC-32 per array, so changed bytes are caught as well as a cut file.
+    ``fix`` is the error's last sentence: what the user (or the caller) does about it.
+
+    Examples:
+      >>> import tempfile, pathlib, numpy as np
+      >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.npz"
+      >>> _ = write_atomic(p, lambda f: np.savez(f, x=np.arange(3)))
+      >>> read_npz(p)["x"].tolist()
+      [0, 1, 2]
+      >>> _ = p.write_bytes(p.read_bytes()[:100])
+      >>> try:
+      ...     read_npz(p)
+      ... except ValueError as e:
+      ...     print(type(e).__name__, str(e).startswith(f"{p} is damaged"))
+      DamagedFileError True
+    """
+    import zipfile
+    import zlib
+
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, KeyError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise _models_io().DamagedFileError(
+            f"{path} is damaged: it is not a complete .npz file ({type(e).__name__}: {e}). {fix}"
+        ) from None
+
+
+def table_manifest_path(path: str | os.PathLike) -> pathlib.Path:
+    """Where the manifest of the table ``path`` is: ``comparisons.csv`` -> ``comparisons.manifest.json``."""
+    path = pathlib.Path(path)
+    return path.with_name(path.stem + ".manifest.json")
+
+
+def write_table_atomic(path: str | os.PathLike, data: bytes, rows: int) -> pathlib.Path:
+    """Write a table (e.g. a CSV) atomically, then its manifest: the row count, the size and the SHA-256.
+
+    A reader checks the table against the manifest (:func:`verify_table`), so a
+    table cut short, even at a line boundary, is refused instead of read.
+    """
+    import hashlib
+
+    path = pathlib.Path(path)
+    write_atomic(path, lambda f: f.write(data))
+    write_json_atomic(table_manifest_path(path), {"file": path.name, "rows": int(rows), "bytes": len(data),
+                                                  "sha256": hashlib.sha256(data).hexdigest()})
+    return path
+
+
+def verify_table(path: str | os.PathLike, *, fix: str) -> dict:
+    """The manifest of the table ``path``, after checking the table against it.
+
+    Args:
+      path: the table.
+      fix: what the user can do about a damaged table (the error's last sentence).
+
+    Raises:
+      DamagedFileError: (a ``ValueError``) the manifest is missing or unreadable, or the
+        table's size or SHA-256 differs from it (a truncated or changed table).
+    """
+    import hashlib
+
+    path = pathlib.Path(path)
+    mpath = table_manifest_path(path)
+    DamagedFileError = _models_io().DamagedFileError
+    if not mpath.is_file():
+        raise DamagedFileError(f"{path} has no manifest {mpath}, so its rows cannot be checked. {fix}")
+    manifest = read_json(mpath)
+    data = path.read_bytes()
+    if len(data) != manifest.get("bytes") or hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+        raise DamagedFileError(
+            f"{path} does not match its manifest {mpath}: {len(data)} bytes where {manifest.get('bytes')} "
+            f"({manifest.get('rows')} rows) were written" + (" with other contents" if len(data) == manifest.get("bytes")
+                                                             else "") + f": it is truncated or changed. {fix}")
+    return manifest

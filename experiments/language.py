@@ -169,7 +169,7 @@ def _pairwise(nets, inner, cache: pathlib.Path, bar):
     n = len(nets)
     gram = np.full((n, n), np.nan)
     if cache.exists():
-        gram = np.load(cache)["partial"]
+        gram = _read_cache(cache).get("partial", gram)
     for i in range(n):
         if not np.isnan(gram[i, n - 1]):
             continue
@@ -389,9 +389,9 @@ def block_summary(sim, steps, ks):
 
 
 def _save_npz(path: pathlib.Path, **arrays):
-    tmp = path.with_name(f".{path.name}.tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
+    from funsim.experiments.io import write_atomic
+
+    write_atomic(path, lambda f: np.savez(f, **arrays))
 
 
 def _matrix_figure(panels, steps, path, *, suptitle):
@@ -446,18 +446,32 @@ def _curves_figure(steps, series, path, *, title, ylabel):
 # ---------------------------------------------------------------------------
 
 
+def _read_cache(path: pathlib.Path) -> dict:
+    """A cached ``.npz`` (every array), or ``{}`` if it is damaged (with a warning naming it: it is recomputed)."""
+    import warnings
+
+    from funsim.experiments.io import DamagedFileError, read_npz
+
+    try:
+        return read_npz(path, fix="Recomputing it.")
+    except DamagedFileError as e:
+        warnings.warn(str(e), RuntimeWarning, stacklevel=2)
+        return {}
+
+
 def _stage(name, out, fn, bar):
-    """Run ``fn() -> dict of arrays`` once; its result is cached in ``analysis/<name>.npz``."""
+    """Run ``fn() -> dict of arrays`` once; its result is cached in ``analysis/<name>.npz`` (a damaged cache is redone)."""
     path = out / "analysis" / f"{name}.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
+    cached = _read_cache(path) if path.exists() else {}
+    if not cached:
         bar.set_description(name)
         start = time.time()
-        result = fn()
-        _save_npz(path, seconds=time.time() - start, **result)
+        cached = {k: np.asarray(v) for k, v in fn().items()}
+        cached["seconds"] = np.asarray(time.time() - start)
+        _save_npz(path, **cached)
     bar.update(1)
-    with np.load(path) as f:
-        return {k: f[k] for k in f.files}
+    return cached
 
 
 @releases_run_locks

@@ -57,13 +57,14 @@ import dataclasses
 import io
 import pathlib
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from funsim.experiments.io import (config_overrides, config_type, open_run, read_json, releases_run_locks, write_atomic,
-                                  write_json_atomic, write_text_atomic)
+from funsim.experiments.io import (config_overrides, config_type, open_run, read_json, releases_run_locks,
+                                  write_json_atomic, write_table_atomic, write_text_atomic)
 
 __all__ = [
     "StudyConfig", "CONFIGS", "COLUMNS", "CoarseTail", "config_from_dict", "run", "read_table",
@@ -323,7 +324,7 @@ def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pat
 
     pdir = out / "pairs" / ds
     pairs = _model_pairs(models)
-    todo = [(a, b) for a, b in pairs if not (pdir / f"{_slug(a.id)}__{_slug(b.id)}.json").is_file()]
+    todo = [(a, b) for a, b in pairs if not _unit_done(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json")]
     if not todo:
         log(f"      {ds}: all {len(pairs)} model pairs compared before")
         return {"pairs": len(pairs), "computed": 0, "seconds": 0.0}
@@ -456,7 +457,7 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
     tasks = {"fine": None, **{f"coarse:{g}": m for g, m in groupings.items()}}
     jobs = [(fam, name, lt, srcs) for fam in cfg.stitch_families for name, lt, srcs in targets_all]
     path = lambda task, fam, name, lt: out / "stitch" / ds / task.replace(":", "_") / fam / f"{name}__{lt}.json"  # noqa: E731
-    todo = [(j, job) for j, job in enumerate(jobs) if not all(path(t, *job[:3]).is_file() for t in tasks)]
+    todo = [(j, job) for j, job in enumerate(jobs) if not all([_unit_done(path(t, *job[:3])) for t in tasks])]
     n_pairs = sum(len(s) for _, _, _, s in jobs)
     if not todo:
         log(f"      {ds}: all {len(jobs)} stitching targets done before")
@@ -490,6 +491,23 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
 # ----------------------------------------------------------------------------- the table
 
 
+def _unit_done(path: pathlib.Path) -> bool:
+    """Whether the unit file ``path`` is written and reads back; a damaged one is removed, with a warning
+    naming it, so that the rerun recomputes it."""
+    from funsim.experiments.io import DamagedFileError
+
+    if not path.is_file():
+        return False
+    try:
+        ok = isinstance(read_json(path).get("rows"), list)
+    except (DamagedFileError, AttributeError):
+        ok = False
+    if not ok:
+        warnings.warn(f"{path} is damaged (truncated or changed); recomputing it.", RuntimeWarning, stacklevel=2)
+        path.unlink()
+    return ok
+
+
 def _unit_files(out: pathlib.Path, ds_list: list[str]) -> list[pathlib.Path]:
     files = []
     for ds in ds_list:
@@ -507,24 +525,68 @@ def _write_table(out: pathlib.Path, files: list[pathlib.Path]) -> int:
         for r in read_json(f)["rows"]:
             w.writerow({**r, "value": repr(float(r["value"]))})
             n += 1
-    data = buf.getvalue().encode()
-    write_atomic(out / "comparisons.csv", lambda f: f.write(data))
+    write_table_atomic(out / "comparisons.csv", buf.getvalue().encode(), n)  # with its manifest: rows, SHA-256
     return n
 
 
-def read_table(path: str | pathlib.Path) -> dict[str, np.ndarray]:
-    """``comparisons.csv`` as columns: ``{column: (n,) array}`` (strings, or floats for depths and values)."""
+def _rerun_hint(path: pathlib.Path) -> str:
+    run = path.parent
+    return (f"Rerun the similarity study that wrote it (`funsim similarity-study --config {run / 'config.json'} "
+            f"--run {run.name} --root {run.parent.parent}`, or the command you ran): it keeps every finished unit "
+            "and rewrites the table.")
+
+
+def read_table(path: str | pathlib.Path, *, verify: bool = True) -> dict[str, np.ndarray]:
+    """``comparisons.csv`` as columns: ``{column: (n,) array}`` (strings, or floats for depths and values).
+
+    Args:
+      path: the table.
+      verify: check it against its manifest (``comparisons.manifest.json``: the row
+        count, size and SHA-256 written with it) first, so that a table cut short
+        (even at a line boundary) or changed is refused, not read.
+
+    Raises:
+      DamagedFileError: (a ``ValueError``) the table does not match its manifest, or
+        a row is cut or malformed; the message names the file (and line) and says
+        how to rewrite it.
+      ValueError: the file is not a similarity-study table.
+    """
+    from funsim.experiments.io import DamagedFileError, verify_table
+
+    path = pathlib.Path(path)
+    manifest = verify_table(path, fix=_rerun_hint(path)) if verify else None
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        raise ValueError(f"{path} has no comparisons.")
-    missing = set(COLUMNS) - set(rows[0])
+        header, *rows = list(csv.reader(f)) or [[]]
+    missing = set(COLUMNS) - set(header)
     if missing:
         raise ValueError(f"{path} lacks the columns {sorted(missing)}; it is not a similarity-study table.")
-    out = {c: np.array([r[c] for r in rows]) for c in COLUMNS}
+    if not rows:
+        raise ValueError(f"{path} has no comparisons.")
+    for i, r in enumerate(rows):
+        if len(r) != len(header):
+            raise DamagedFileError(f"{path}, line {i + 2}: {len(r)} fields where the header has {len(header)}: the "
+                                   f"row is cut or malformed. {_rerun_hint(path)}")
+    if manifest is not None and len(rows) != manifest.get("rows"):
+        raise DamagedFileError(f"{path} has {len(rows)} rows where its manifest says {manifest.get('rows')}. "
+                               f"{_rerun_hint(path)}")
+    col = {c: header.index(c) for c in COLUMNS}
+    out = {c: np.array([r[col[c]] for r in rows]) for c in COLUMNS}
     for c in ("depth_a", "depth_b", "value"):
-        out[c] = out[c].astype(np.float64)
+        try:
+            out[c] = out[c].astype(np.float64)
+        except ValueError:
+            bad = next(i for i, v in enumerate(out[c]) if not _is_float(v))
+            raise DamagedFileError(f"{path}, line {bad + 2}: column {c} holds {out[c][bad]!r}, not a number. "
+                                   f"{_rerun_hint(path)}") from None
     return out
+
+
+def _is_float(v: str) -> bool:
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- run

@@ -390,11 +390,12 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
     from tqdm.auto import tqdm
 
     from funsim.experiments import plotting
+    from funsim.models.io import checkpoint_problem
 
     t0 = time.time()
     out = open_run("zoo", run_name or cfg.name, root=root)  # locked: a second run into it is refused
     path = out / MANIFEST
-    previous = read_json(path) if path.exists() else {"datasets": {}, "models": {}}
+    previous = _previous_manifest(path, log)
     # the manifest lists the current config's data sets and models, in config order
     manifest = {"experiment": "zoo", "config": to_jsonable(cfg), "complete": False, "datasets": {}, "models": {}}
 
@@ -423,6 +424,10 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
     for job in bar:
         bar.set_postfix_str(job.id)
         entry = previous["models"].get(job.id)
+        damaged = entry is not None and checkpoint_problem(job.workdir)
+        if damaged:  # training sets the damaged checkpoint aside and resumes from the last good one
+            log(f"      {job.id}: its final checkpoint is damaged ({damaged}); retraining it from its last good one")
+            entry = None
         if entry is not None:
             log(f"      {job.id}: done before (test accuracy {entry['test_accuracy']:.3f}), not retrained")
         else:
@@ -460,6 +465,21 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
     log(f"[done] {metrics['n_models']} models in {out}/ (zoo.json, summary.md, {len(figures)} figures); "
         f"{seconds:.0f} s this invocation")
     return {**metrics, "out": str(out), "figures": [str(f) for f in figures]}
+
+
+def _previous_manifest(path: pathlib.Path, log: Callable[[str], None]) -> dict:
+    """The manifest of the run being resumed; a damaged one is rebuilt (its models' trainings resume at their end)."""
+    from funsim.models.io import DamagedFileError
+
+    empty = {"datasets": {}, "models": {}}
+    if not path.exists():
+        return empty
+    try:
+        return read_json(path)
+    except DamagedFileError as e:
+        log(f"[zoo] {e.args[0].split(': it is')[0]}: rebuilding it; finished models are loaded from their last "
+            "checkpoints, not retrained")
+        return empty
 
 
 def summary(cfg: ZooConfig, manifest: dict, metrics: dict) -> str:
@@ -571,10 +591,20 @@ def read_manifest(run_dir: str | pathlib.Path) -> dict:
       FileNotFoundError: no manifest (the zoo was not trained there).
       DamagedFileError: (a ``ValueError``) the manifest is not valid JSON; the message says what to rerun.
     """
-    path = pathlib.Path(run_dir) / MANIFEST
+    from funsim.models.io import DamagedFileError
+
+    run_dir = pathlib.Path(run_dir)
+    path = run_dir / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"No zoo manifest {path}: train the zoo first (funsim zoo --config ... --run ...).")
-    return read_json(path)
+    try:
+        return read_json(path)
+    except DamagedFileError as e:
+        raise DamagedFileError(
+            f"{e.args[0].split(' Delete it')[0]} Rerun `funsim zoo --config {run_dir / 'config.json'} --run "
+            f"{run_dir.name} --root {run_dir.parent.parent}` (or the command you ran): it rebuilds the manifest "
+            "without retraining the finished models."
+        ) from None
 
 
 def load_zoo(run_dir: str | pathlib.Path, *, datasets: tuple[str, ...] | None = None, step: int | None = None,
@@ -594,6 +624,7 @@ def load_zoo(run_dir: str | pathlib.Path, *, datasets: tuple[str, ...] | None = 
     import jax
     from flax import nnx
 
+    from funsim.models.io import DamagedFileError
     from funsim.models.train import load_checkpoint
 
     run_dir = pathlib.Path(run_dir)
@@ -612,7 +643,15 @@ def load_zoo(run_dir: str | pathlib.Path, *, datasets: tuple[str, ...] | None = 
         if datasets is not None and e["dataset"] not in datasets:
             continue
         # abstract first: the checkpoint overwrites every parameter
-        model = load_checkpoint(nnx.eval_shape(lambda e=e: _build(e["build"])), run_dir / e["workdir"], step)
+        try:
+            model = load_checkpoint(nnx.eval_shape(lambda e=e: _build(e["build"])), run_dir / e["workdir"], step)
+        except DamagedFileError as err:
+            rerun = (f"`funsim zoo --config {run_dir / 'config.json'} --run {run_dir.name} --root "
+                     f"{run_dir.parent.parent}` (or the command you ran)")
+            fix = (f"For this zoo, rerun {rerun}: it sets the damaged checkpoint aside and retrains {mid} from its last "
+                   "good one." if step is None else
+                   f"For this zoo, delete {run_dir / e['workdir']} and rerun {rerun} to retrain {mid}.")
+            raise DamagedFileError(f"Model {mid} of the zoo in {run_dir}: {err} {fix}") from None
         if any(isinstance(v, jax.ShapeDtypeStruct) for v in jax.tree.leaves(nnx.state(model))):
             raise ValueError(f"{mid}: its checkpoint does not hold every variable of the rebuilt model.")
         out[mid] = ZooModel(

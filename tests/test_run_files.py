@@ -254,3 +254,184 @@ def test_a_stale_lock_is_taken_over_with_a_warning_and_locks_are_released(tmp_pa
     finally:
         other.kill()
         other.wait()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+class Crash(Exception):
+    """A simulated interruption (a killed process) in the middle of training."""
+
+
+ONE_MODEL = {"base": "smoke", "name": "one", "models": [{"name": "linear", "arch": "linear"}], "seeds": [0],
+             "n_checkpoints": 4}  # checkpoints at steps 1, 4, 9, 16
+
+
+def _params(zoo_dir):
+    import jax
+    from flax import nnx
+
+    from funsim.experiments import zoo
+
+    m = zoo.load_zoo(zoo_dir).models["digits/linear_s0"].model
+    return [jax.device_get(a) for a in jax.tree.leaves(nnx.state(m, nnx.Param))]
+
+
+@pytest.fixture(scope="module")
+def reference_zoo(tmp_path_factory):
+    """The uninterrupted one-model zoo and its trained parameters."""
+    from funsim.experiments import zoo
+
+    root = tmp_path_factory.mktemp("reference")
+    zoo.run(zoo.config_from_dict(ONE_MODEL), root=root, progress=False, log=lambda s: None)
+    out = root / "zoo" / "one"
+    return out, _params(out)
+
+
+def _damage(step_dir, how):
+    """Flip a byte in, or cut, the largest array file of a checkpoint."""
+    victim = max((p for p in step_dir.rglob("*") if p.is_file() and p.parent.name == "d"), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    if how == "flip":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    victim.write_bytes(bytes(data))
+    return victim
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_a_damaged_newest_checkpoint_of_an_interrupted_zoo_is_set_aside(tmp_path, monkeypatch, reference_zoo, how):
+    """The rerun falls back to the previous good checkpoint, with a warning naming the damaged one, and
+    finishes with exactly the uninterrupted run's parameters (it used to resume from the damaged one)."""
+    import numpy as np
+
+    import funsim.models.train
+    from funsim.experiments import zoo
+
+    real = funsim.models.train.train
+
+    def interrupted(*args, **kw):
+        def crash(step, metrics):
+            if step == 12:  # checkpoints 1, 4 and 9 are on disk
+                raise Crash("killed")
+        return real(*args, callback=crash, **kw)
+
+    cfg = zoo.config_from_dict(ONE_MODEL)
+    monkeypatch.setattr(funsim.models.train, "train", interrupted)
+    with pytest.raises(Crash):
+        zoo.run(cfg, root=tmp_path, progress=False, log=lambda s: None)
+    monkeypatch.setattr(funsim.models.train, "train", real)
+    wd = tmp_path / "zoo" / "one" / "models" / "digits" / "linear_s0"
+    assert sorted(int(p.name) for p in (wd / "checkpoints").iterdir()) == [1, 4, 9]
+    assert all((wd / "checkpoints" / s / "funsim_checksums.json").is_file() for s in ("1", "4", "9"))
+    victim = _damage(wd / "checkpoints" / "9", how)
+    with pytest.warns(RuntimeWarning, match=rf"Checkpoint {wd / 'checkpoints' / '9'} is damaged: {victim}.*"
+                                            rf"damaged_checkpoints.*resuming from step 4"):
+        zoo.run(cfg, root=tmp_path, progress=False, log=lambda s: None)
+    assert (wd / "damaged_checkpoints" / "9").is_dir()  # kept for inspection, out of the way
+    ref_dir, ref_params = reference_zoo
+    for a, b in zip(_params(tmp_path / "zoo" / "one"), ref_params):
+        np.testing.assert_array_equal(a, b)  # bit for bit the uninterrupted run
+    assert read_metrics(tmp_path) == read_metrics(ref_dir.parent.parent)
+
+
+def read_metrics(root):
+    m = xio.read_json(root / "zoo" / "one" / "zoo.json")["models"]["digits/linear_s0"]
+    return {k: m[k] for k in ("test_accuracy", "test_loss", "train_accuracy", "train_loss")}
+
+
+def test_load_zoo_refuses_a_damaged_checkpoint_and_the_zoo_rerun_repairs_it(tmp_path, reference_zoo, capsys):
+    import shutil
+
+    import numpy as np
+
+    from funsim.experiments import zoo
+
+    ref_dir, ref_params = reference_zoo
+    out = tmp_path / "zoo" / "one"
+    shutil.copytree(ref_dir, out)
+    wd = out / "models" / "digits" / "linear_s0"
+    victim = _damage(wd / "checkpoints" / "16", "flip")
+    with pytest.raises(xio.DamagedFileError, match=rf"(?s)Model digits/linear_s0 of the zoo in {out}: Checkpoint "
+                                                   rf"{wd / 'checkpoints' / '16'} is damaged: {victim} does not match"
+                                                   r".*rerun `funsim zoo --config"):
+        zoo.load_zoo(out)
+    # an earlier checkpoint still loads; the study's command line reports the damage in one line
+    zoo.load_zoo(out, step=9)
+    rc, err = _status(capsys, ["similarity-study", "--config", "smoke", "--zoo", str(out), "--root", str(tmp_path),
+                               "--no-progress"])
+    assert rc == 1 and str(victim) in err and "Traceback" not in err
+    # the zoo's rerun retrains the damaged model from its last good checkpoint: the same parameters
+    logs = []
+    with pytest.warns(RuntimeWarning, match=rf"Checkpoint {wd / 'checkpoints' / '16'} is damaged.*resuming from step 9"):
+        zoo.run(zoo.config_from_dict(ONE_MODEL), root=tmp_path, progress=False, log=logs.append)
+    assert any("final checkpoint is damaged" in line for line in logs)
+    for a, b in zip(_params(out), ref_params):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_checkpoints_saved_without_checksums_still_load_and_a_damaged_one_is_named(tmp_path, reference_zoo):
+    import shutil
+
+    from flax import nnx
+
+    from funsim import models
+    from funsim.models.train import load_checkpoint
+
+    ref_dir, _ = reference_zoo
+    wd = tmp_path / "wd"
+    shutil.copytree(ref_dir / "models" / "digits" / "linear_s0", wd)
+    for f in wd.rglob("funsim_checksums.json"):
+        f.unlink()  # as saved before checksums were recorded
+    build = xio.read_json(ref_dir / "zoo.json")["models"]["digits/linear_s0"]["build"]
+    template = lambda: nnx.eval_shape(  # noqa: E731
+        lambda: models.get_model(build["arch"], tuple(build["input_shape"]), build["n_classes"]))
+    load_checkpoint(template(), wd)
+    _damage(wd / "checkpoints" / "16", "truncate")
+    with pytest.raises(xio.DamagedFileError, match=rf"Checkpoint {wd / 'checkpoints' / '16'} cannot be read"):
+        load_checkpoint(template(), wd)
+    assert not list((ref_dir / "models").rglob("checkpoints.incoming/*"))  # every save was moved into place
+
+
+# ----------------------------------------------------------------------------- result files
+
+
+def test_cached_arrays_recompute_a_damaged_file(tmp_path):
+    import numpy as np
+
+    from funsim.experiments import curriculum as cur
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"m": np.arange(1000.0).reshape(10, 100)}
+
+    path = tmp_path / "similarity.npz"
+    first = cur.cached_arrays(path, np.arange(3), compute)
+    assert cur.cached_arrays(path, np.arange(3), compute)["m"].tolist() == first["m"].tolist() and len(calls) == 1
+    good = path.read_bytes()
+    for damaged in (good[: len(good) // 2], good[:200] + bytes([good[200] ^ 0xFF]) + good[201:]):
+        path.write_bytes(damaged)  # half-written; one byte of an array changed
+        with pytest.raises(xio.DamagedFileError, match=rf"{path} is damaged"):
+            xio.read_npz(path)
+        with pytest.warns(RuntimeWarning, match=rf"{path} is damaged.*Recomputing it"):
+            again = cur.cached_arrays(path, np.arange(3), compute)
+        np.testing.assert_array_equal(again["m"], first["m"])
+        assert path.read_bytes() == good
+    assert len(calls) == 3
+
+
+def test_damaged_json_is_named():
+    import tempfile
+
+    path = pathlib.Path(tempfile.mkdtemp()) / "zoo.json"
+    path.write_text('{"models": {"a": 1')
+    with pytest.raises(xio.DamagedFileError, match=rf"{path} is not valid JSON"):
+        xio.read_json(path)
+    from funsim.experiments import zoo
+
+    with pytest.raises(xio.DamagedFileError, match=rf"{path} is not valid JSON.*Rerun `funsim zoo --config "
+                                                   rf"{path.parent / 'config.json'}.*rebuilds the manifest"):
+        zoo.read_manifest(path.parent)
