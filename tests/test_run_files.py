@@ -371,6 +371,29 @@ def test_load_zoo_refuses_a_damaged_checkpoint_and_the_zoo_rerun_repairs_it(tmp_
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_damaged_zoo_manifest_is_rebuilt_without_retraining(tmp_path, reference_zoo):
+    import shutil
+
+    import numpy as np
+
+    from funsim.experiments import zoo
+
+    ref_dir, ref_params = reference_zoo
+    out = tmp_path / "zoo" / "one"
+    shutil.copytree(ref_dir, out)
+    (out / "zoo.json").write_bytes((ref_dir / "zoo.json").read_bytes()[:300])
+    with pytest.raises(xio.DamagedFileError, match=rf"{out / 'zoo.json'} is not valid JSON"):
+        zoo.load_zoo(out)
+    logs = []
+    zoo.run(zoo.config_from_dict(ONE_MODEL), root=tmp_path, progress=False, log=logs.append)
+    assert any(f"{out / 'zoo.json'} is not valid JSON: rebuilding it" in line for line in logs)
+    entry = xio.read_json(out / "zoo.json")["models"]["digits/linear_s0"]
+    assert entry["resumed_from"] == 16  # loaded from its final checkpoint, not retrained
+    assert read_metrics(tmp_path) == read_metrics(ref_dir.parent.parent)
+    for a, b in zip(_params(out), ref_params):
+        np.testing.assert_array_equal(a, b)
+
+
 LOAD = textwrap.dedent("""
     import json, sys
     from flax import nnx
