@@ -51,12 +51,10 @@ import dataclasses
 import pathlib
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from funsim.experiments import checkpoint_similarity as cs
 from funsim.experiments import curriculum as cur
+from funsim.experiments.io import releases_run_locks
 
 #: the paper's block gaps (tdooms/tensor-similarity, SVHN backdoor bundle)
 PAPER = {
@@ -116,6 +114,8 @@ def stamp(x, mask, /, *, value: float):
       >>> stamp(np.zeros((1, 2, 2, 1)), np.array([[True, False], [False, False]]), value=1.0)[0, :, :, 0].tolist()
       [[1.0, 0.0], [0.0, 0.0]]
     """
+    import jax.numpy as jnp
+
     return jnp.where(jnp.asarray(mask)[None, :, :, None], jnp.asarray(value, jnp.asarray(x).dtype), x)
 
 
@@ -134,6 +134,9 @@ def poison_batch(key: jax.Array, x, y, /, *, rate: float, mask, value: float, ta
     Returns:
       ``(x, y, poisoned)`` with ``poisoned (n,)`` bool.
     """
+    import jax
+    import jax.numpy as jnp
+
     n = x.shape[0]
     k = int(round(rate * n))
     poisoned = jnp.zeros((n,), bool).at[jax.random.permutation(key, n)[:k]].set(True)
@@ -163,6 +166,8 @@ class PoisonTransform:
                             margin=self.margin)
 
     def __call__(self, key, x, y):
+        import jax
+
         k_poison, k_noise = jax.random.split(key)
         if self.rate > 0:
             x, y, _ = poison_batch(k_poison, x, y, rate=self.rate, mask=self.mask(), value=self.value, target=self.target)
@@ -244,9 +249,11 @@ def attack_success(logits, y, /, *, target: int) -> np.ndarray:
     return (np.asarray(logits)[:, keep].argmax(-1) == target).mean(1)
 
 
+@releases_run_locks
 def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log=print) -> dict:
     """Run the experiment; returns the metrics (also written to metrics.json)."""
+    from funsim.experiments import checkpoint_similarity as cs
     from funsim.models.train import TrainConfig
 
     t0 = time.time()
@@ -335,6 +342,7 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
 
 
 def _figures(cfg, out, res, steps, mats, slice_gaps, gaps):
+    from funsim.experiments import checkpoint_similarity as cs
     from funsim.experiments import plotting
 
     figs = [cs.curves_over_steps(

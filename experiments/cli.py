@@ -3,7 +3,13 @@
 ``SUBCOMMANDS`` is the one place to add a subcommand: ``"name": ("module", "one-line
 help")``. The module defines ``add_arguments(parser)`` and ``main(args) -> int``. It is
 imported only when its subcommand runs (or shows its own ``--help``), so ``funsim
---help`` answers without importing jax or flax.
+--help`` answers without importing jax or flax; the driver modules import jax and
+flax inside their functions, so ``funsim COMMAND --help`` does not either.
+
+Mistakes a user can fix are printed as one line, ``funsim COMMAND: error: ...``,
+without a traceback: a bad config file (exit status 2, as argparse's own errors),
+a run folder in use by another run, or a damaged result file or checkpoint (exit
+status 1); each message names the file and the fix.
 """
 
 from __future__ import annotations
@@ -47,6 +53,20 @@ def _command(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def _user_error_status(e: BaseException) -> int | None:
+    """The exit status of an error the user can fix (printed without a traceback), or None."""
+    from funsim.experiments.io import ConfigError, RunLockedError
+
+    if isinstance(e, ConfigError):
+        return 2
+    if isinstance(e, RunLockedError):
+        return 1
+    models_io = sys.modules.get("funsim.models.io")  # imported if and only if it can have raised
+    if models_io is not None and isinstance(e, models_io.DamagedFileError):
+        return 1
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command(argv))
@@ -54,7 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return int(args._main(args) or 0)
+    try:
+        return int(args._main(args) or 0)
+    except Exception as e:
+        status = _user_error_status(e)
+        if status is None:
+            raise
+        print(f"funsim {args.command}: error: {e}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

@@ -264,48 +264,44 @@ def load_images(name: str, *, grayscale: bool = False, n_train: int | None = Non
 
 
 def prepare_run(experiment: str, cfg, *, root, run_name: str | None) -> pathlib.Path:
-    """Create ``root/experiment/run`` and write ``config.json``, or check it against the saved one.
+    """Create and lock ``root/experiment/run``, and write ``config.json`` or check it against the saved one.
 
-    A rerun with the same run name resumes (each stage of training resumes
-    from its last checkpoint, finished steps are skipped); a rerun with a
-    different config is refused, listing the differences.
+    :func:`experiments.io.open_run`: a second run into the same folder is refused
+    before it writes anything; a rerun with the same run name resumes (each stage
+    of training resumes from its last checkpoint, finished steps are skipped); a
+    rerun with a different config is refused, listing the differences. Decorate
+    the driver's ``run`` with :func:`experiments.io.releases_run_locks`.
 
     Raises:
+      RunLockedError: another live run writes into the folder.
       ValueError: when the run directory holds a different config.
     """
-    from funsim.experiments.io import read_json, results_dir, to_jsonable, write_json_atomic
+    from funsim.experiments.io import open_run
 
-    out = results_dir(experiment, run_name, root=root)
-    now = to_jsonable(cfg)
-    path = out / "config.json"
-    if path.exists():
-        saved = read_json(path)
-        diffs = [f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in sorted(set(saved) | set(now))
-                 if saved.get(k) != now.get(k)]
-        if diffs:
-            raise ValueError(
-                f"{out} holds a run with a different config:\n  " + "\n  ".join(diffs)
-                + "\nChoose another --run name, or restore the original config to resume it."
-            )
-    else:
-        write_json_atomic(path, now)
-    return out
+    return open_run(experiment, run_name, root=root, config=cfg)
 
 
 def cached_arrays(path: str | pathlib.Path, key: np.ndarray, compute: Callable[[], dict], /) -> dict:
     """``compute()`` (a dict of arrays), saved to ``path`` (.npz, atomically) and reused while ``key`` matches.
 
     ``key`` identifies the inputs (e.g. the checkpoint steps); a file saved for
-    another key is recomputed and replaced.
+    another key is recomputed and replaced, and so is a damaged file (truncated, or
+    bytes changed), with a warning naming it.
     """
-    from funsim.models.io import write_atomic
+    import warnings
+
+    from funsim.experiments.io import DamagedFileError, read_npz, write_atomic
 
     path = pathlib.Path(path)
     key = np.asarray(key)
     if path.exists():
-        with np.load(path) as f:
+        try:
+            f = read_npz(path, fix="Recomputing it.")
+        except DamagedFileError as e:
+            warnings.warn(str(e), RuntimeWarning, stacklevel=2)
+        else:
             if "_key" in f and np.array_equal(f["_key"], key):
-                return {k: f[k] for k in f.files if k != "_key"}
+                return {k: v for k, v in f.items() if k != "_key"}
     arrays = {k: np.asarray(v) for k, v in compute().items()}
     write_atomic(path, lambda f: np.savez(f, _key=key, **arrays))  # a file object: no ".npz" appended
     return arrays

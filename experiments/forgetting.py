@@ -43,8 +43,8 @@ import time
 
 import numpy as np
 
-from funsim.experiments import checkpoint_similarity as cs
 from funsim.experiments import curriculum as cur
+from funsim.experiments.io import releases_run_locks
 
 #: the paper's curriculum: (stage name, digits trained on)
 CURRICULUM = (
@@ -206,9 +206,12 @@ def _per_class_accuracy(logits, y, n_classes):
                      for c in range(n_classes)], 1)
 
 
+@releases_run_locks
 def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log=print) -> dict:
     """Run the experiment; returns the metrics (also written to metrics.json)."""
+    from funsim.experiments import checkpoint_similarity as cs
+
     t0 = time.time()
     stamp = lambda msg: log(f"{msg}  [{time.time() - t0:.0f} s]")
     names = [n for n, _ in cfg.curriculum]
@@ -310,6 +313,8 @@ def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name
 
 
 def _figures(cfg, out, res, steps, mats, curves, slices, difference, names):
+    from funsim.experiments import checkpoint_similarity as cs
+
     figs = []
     figs.append(cs.heatmap_panels(
         {"tensor similarity (gaussian)": mats["tensor/gaussian"],

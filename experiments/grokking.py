@@ -37,16 +37,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import pathlib
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-from tqdm.auto import tqdm
 
-from funsim.experiments.io import load_config, results_dir, write_json_atomic, write_text_atomic
+from funsim.experiments.io import (load_config, open_run, releases_run_locks, write_atomic, write_json_atomic,
+                                  write_text_atomic)
 
 __all__ = [
     "GrokkingConfig",
@@ -183,18 +181,25 @@ def checkpoint_matrices(nets, x_eval, /) -> dict[str, np.ndarray]:
     return out
 
 
-@jax.jit
-def _evaluate(nets, x, y):
+@functools.cache
+def _evaluate():
+    """The jitted ``evaluate(nets, x, y) -> (loss, correct)`` (built on first use: importing this module stays jax-free)."""
+    import jax
+    import jax.numpy as jnp
     import optax
 
     from funsim.similarity.multilinear import apply_network
 
-    def one(net):
-        logits = apply_network(net, x)
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-        return loss, jnp.sum(jnp.argmax(logits, axis=-1) == y)  # a count: a float32 mean of 1s can fall short of 1
+    @jax.jit
+    def evaluate(nets, x, y):
+        def one(net):
+            logits = apply_network(net, x)
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+            return loss, jnp.sum(jnp.argmax(logits, axis=-1) == y)  # a count: a float32 mean of 1s can fall short of 1
 
-    return jax.lax.map(one, nets)
+        return jax.lax.map(one, nets)
+
+    return evaluate
 
 
 def evaluate_checkpoints(nets, x, y, /) -> dict[str, np.ndarray]:
@@ -208,7 +213,9 @@ def evaluate_checkpoints(nets, x, y, /) -> dict[str, np.ndarray]:
     Returns:
       ``{"loss": (n,), "accuracy": (n,)}``.
     """
-    loss, correct = _evaluate(nets, jnp.asarray(x), jnp.asarray(y))
+    import jax.numpy as jnp
+
+    loss, correct = _evaluate()(nets, jnp.asarray(x), jnp.asarray(y))
     return {"loss": np.asarray(loss, np.float64), "accuracy": np.asarray(correct, np.float64) / len(y)}
 
 
@@ -372,6 +379,8 @@ def _token_pair_logits(layer, tokens, p: int):
     scatter-add): a full-batch AdamW step at p = 113 ran 2.6x faster
     (``benchmarks/bench_grokking.py``).
     """
+    import jax.numpy as jnp
+
     cols = jnp.stack([tokens[:, 0], tokens[:, 1] + p], axis=1)  # (n, 2) columns of the one-hot
 
     def project(w, b):
@@ -382,33 +391,55 @@ def _token_pair_logits(layer, tokens, p: int):
     return out if layer.down_bias is None else out + layer.down_bias[None, :]
 
 
-class TokenPairs(nnx.Module):
-    """A one-bilinear-layer :class:`models.BilinearMLP` on one-hot ``(a, b)``, fed the tokens instead.
+@functools.cache
+def _token_pairs_class() -> type:
+    """:class:`TokenPairs`, defined on first use: it subclasses flax's ``nnx.Module``, and importing
+    this module (``funsim grokking --help``) must not import flax and jax."""
+    import jax.numpy as jnp
+    from flax import nnx
 
-    ``TokenPairs(m, p)(tokens) == m(one_hot(tokens))`` (:func:`_token_pair_logits`);
-    the parameters, the optimiser state and the checkpoints are those of ``m``
-    (attribute ``model``), so ``model.to_network()`` is the trained network.
-    """
+    class TokenPairs(nnx.Module):
+        """A one-bilinear-layer :class:`models.BilinearMLP` on one-hot ``(a, b)``, fed the tokens instead.
 
-    def __init__(self, model, p: int):
-        if model.embed is not None or model.head is not None or len(model.layers) != 1 or model.layers[0].residual:
-            raise ValueError("TokenPairs needs BilinearMLP(..., n_layers=1, residual=False, embed=False, head=False).")
-        self.model = model
-        self.p = int(p)
+        ``TokenPairs(m, p)(tokens) == m(one_hot(tokens))`` (:func:`_token_pair_logits`);
+        the parameters, the optimiser state and the checkpoints are those of ``m``
+        (attribute ``model``), so ``model.to_network()`` is the trained network.
+        """
 
-    def __call__(self, tokens):
-        (layer,) = self.model.to_network()
-        return _token_pair_logits(layer, jnp.asarray(tokens), self.p)
+        def __init__(self, model, p: int):
+            if model.embed is not None or model.head is not None or len(model.layers) != 1 or model.layers[0].residual:
+                raise ValueError("TokenPairs needs BilinearMLP(..., n_layers=1, residual=False, embed=False, head=False).")
+            self.model = model
+            self.p = int(p)
+
+        def __call__(self, tokens):
+            (layer,) = self.model.to_network()
+            return _token_pair_logits(layer, jnp.asarray(tokens), self.p)
+
+    TokenPairs.__module__, TokenPairs.__qualname__ = __name__, "TokenPairs"
+    return TokenPairs
 
 
-def _model(cfg: GrokkingConfig, seed: int) -> TokenPairs:
+def __getattr__(name: str):
+    if name == "TokenPairs":  # the public name of the class built by _token_pairs_class
+        return _token_pairs_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _model(cfg: GrokkingConfig, seed: int):
+    from flax import nnx
+
     from funsim import models
-    return TokenPairs(models.BilinearMLP(2 * cfg.p, cfg.p, d_hidden=cfg.d_hidden, n_layers=1, residual=False,
-                                         embed=False, head=False, rngs=nnx.Rngs(seed)), cfg.p)
+    return _token_pairs_class()(models.BilinearMLP(2 * cfg.p, cfg.p, d_hidden=cfg.d_hidden, n_layers=1,
+                                                   residual=False, embed=False, head=False, rngs=nnx.Rngs(seed)), cfg.p)
 
 
 def _train(cfg: GrokkingConfig, tokens, workdir: pathlib.Path, progress: bool, log):
     """Train (or resume); returns (TrainResult, checkpoint steps incl. 0, stacked networks, seconds)."""
+    import jax
+    import jax.numpy as jnp
+    from tqdm.auto import tqdm
+
     from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
 
     model = _model(cfg, cfg.seed)
@@ -564,6 +595,8 @@ def _figure_fourier(spectra, summaries, steps, events, path, title):
 
 
 def _segment(matrices, n_segments: int) -> dict[str, dict[str, list[int]]]:
+    import jax
+
     from funsim import similarity
     out = {}
     with jax.enable_x64(True):  # costs of long segments nearly tie in float32
@@ -575,6 +608,7 @@ def _segment(matrices, n_segments: int) -> dict[str, dict[str, list[int]]]:
     return out
 
 
+@releases_run_locks
 def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log=print) -> dict:
     """Run the grokking experiment; returns the metrics (also written to metrics.json)."""
@@ -583,8 +617,7 @@ def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: 
     t0 = time.time()
     _log = log
     log = lambda msg: _log(f"{msg}  [{time.time() - t0:.0f} s]")
-    out = results_dir("grokking", run_name, root=root)
-    write_json_atomic(out / "config.json", cfg)
+    out = open_run("grokking", run_name, root=root, config=cfg)  # locked; a changed config is refused
     ds = data_lib.modular_addition(p=cfg.p, train_fraction=cfg.train_fraction, seed=cfg.data_seed, onehot=True)
     tokens = data_lib.modular_addition(p=cfg.p, train_fraction=cfg.train_fraction, seed=cfg.data_seed)  # same split
     log(f"[1/5] training: p={cfg.p}, {len(ds.x_train)} train / {len(ds.x_test)} held-out pairs, "
@@ -600,7 +633,8 @@ def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: 
     log(f"[3/5] checkpoint x checkpoint similarity ({len(steps)} x {len(steps)}): tensor and baselines")
     pick = np.random.default_rng(cfg.data_seed).choice(len(ds.x_test), size=min(cfg.n_eval, len(ds.x_test)), replace=False)
     matrices = checkpoint_matrices(nets, ds.x_test[np.sort(pick)])
-    np.savez(out / "matrices.npz", steps=np.asarray(steps), **{k.replace(" ", "_"): v for k, v in matrices.items()})
+    write_atomic(out / "matrices.npz", lambda f: np.savez(f, steps=np.asarray(steps),
+                                                           **{k.replace(" ", "_"): v for k, v in matrices.items()}))
 
     log(f"[4/5] phases: {cfg.n_segments} segments of every matrix (costs: pairwise, kernel)")
     segs = _segment(matrices, cfg.n_segments)
@@ -611,7 +645,7 @@ def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: 
     spectra = operand_spectra(nets, cfg.p)
     summaries = {k: spectrum_summary(v, n_top=cfg.n_top_frequencies) for k, v in spectra.items()}
     spectra = {k: v.sum(axis=-2) for k, v in spectra.items()}  # the layer's spectrum: (n, K)
-    np.savez(out / "spectra.npz", steps=np.asarray(steps), **spectra)
+    write_atomic(out / "spectra.npz", lambda f: np.savez(f, steps=np.asarray(steps), **spectra))
 
     after = _after_generalisation(cfg, steps, events, matrices, summaries)
     metrics = {

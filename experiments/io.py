@@ -1,8 +1,25 @@
-"""Results on disk: ``results/<experiment>/<run>/`` directories, and the atomic writers.
+"""Results on disk: ``results/<experiment>/<run>/`` directories, their configs and locks, and the atomic writers.
 
-The atomic JSON/file writers live in :mod:`models.io` (so that :mod:`models.train`
-need not import :mod:`experiments`: the layering is similarity <- models <- experiments);
-they are re-exported here.
+* **Writers and readers.** The atomic JSON/file writers and the JSON reader live in
+  :mod:`funsim.models.io` (so that :mod:`funsim.models.train` need not import
+  :mod:`funsim.experiments`: the layering is similarity <- models <- experiments);
+  they are forwarded here, imported on first use, so that ``funsim <command> --help``
+  never waits for jax and flax.
+* **Configs.** :func:`load_config`, :func:`config_type` and :func:`config_overrides`
+  read a driver's config from a name or a JSON file and check every field against
+  the config dataclass's annotations (:func:`coerce_fields`): an unknown field, a
+  wrong type (``"seeds": "12"``, ``[1.7]`` for integers) or broken JSON is a
+  :class:`ConfigError` that names the file and the field.
+* **Runs.** :func:`open_run` creates ``root/experiment/run``, takes its lock
+  (:func:`acquire_run_lock`: a second run into the same folder is refused before it
+  writes anything) and, given a config, refuses a rerun with a changed config
+  (:func:`check_run_config`, the one such check of the drivers). A driver's ``run``
+  is decorated with :func:`releases_run_locks`, which releases the lock when it
+  returns or raises.
+* **Damaged files.** Every reader names the file it cannot read
+  (``DamagedFileError``, from :func:`read_json` and :func:`read_npz`); tables are
+  written with a manifest (row count, size, SHA-256: :func:`write_table_atomic`)
+  and checked against it before they are used (:func:`verify_table`).
 """
 
 from __future__ import annotations
@@ -10,18 +27,61 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import pathlib
+import socket
+import sys
+import types
+import typing
+import warnings
 from collections.abc import Callable, Mapping
-
-from funsim.models.io import read_json as read_json
-from funsim.models.io import to_jsonable as to_jsonable
-from funsim.models.io import write_atomic as write_atomic
-from funsim.models.io import write_json_atomic as write_json_atomic
+from typing import Any
 
 __all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "write_text_atomic", "read_json", "results_dir",
-           "config_type", "config_overrides", "load_config"]
+           "ConfigError", "coerce_fields", "config_type", "config_overrides", "load_config", "check_run_config",
+           "RunLockedError", "LOCK_FILE", "acquire_run_lock", "release_run_lock", "releases_run_locks", "open_run",
+           "DamagedFileError", "SetupMismatchError", "fingerprint", "setup_diff", "read_npz", "table_manifest_path",
+           "write_table_atomic", "verify_table"]
+
+# names of funsim.models.io served from here, imported when first used (PEP 562)
+_FROM_MODELS_IO = ("DamagedFileError", "SetupMismatchError", "fingerprint", "setup_diff", "check_setup")
+
+
+def __getattr__(name: str):
+    if name in _FROM_MODELS_IO:
+        from funsim.models import io as models_io
+
+        return getattr(models_io, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _models_io():
+    from funsim.models import io as models_io
+
+    return models_io
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Numpy/jax scalars and arrays, tuples, paths and dataclasses as JSON types (:func:`funsim.models.io.to_jsonable`)."""
+    return _models_io().to_jsonable(obj)
+
+
+def write_atomic(path: str | os.PathLike, write: Callable) -> pathlib.Path:
+    """Write ``path`` atomically: ``write(f)`` fills a binary temp file that replaces ``path``
+    (:func:`funsim.models.io.write_atomic`)."""
+    return _models_io().write_atomic(path, write)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
+    """Write ``obj`` as JSON to ``path`` atomically (:func:`funsim.models.io.write_json_atomic`)."""
+    return _models_io().write_json_atomic(path, obj)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Read a JSON file; a damaged one is a ``DamagedFileError`` naming it (:func:`funsim.models.io.read_json`)."""
+    return _models_io().read_json(path)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> pathlib.Path:
@@ -45,65 +105,571 @@ def results_dir(experiment: str, run: str | None = None, *, root: str | os.PathL
     return d
 
 
+# ----------------------------------------------------------------------------- configs
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used: broken JSON, an unknown field or a value of the wrong type.
+
+    The message names the file (when there is one) and the field. The ``funsim``
+    command prints it without a traceback (exit status 2).
+    """
+
+
+def _type_name(tp: Any) -> str:
+    """How a JSON value of annotation ``tp`` is described in an error message."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(parts) + (" or null" if type(None) in args else "")
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if tp is dict or origin is dict:
+        return "an object ({...})"
+    if tp is tuple or tp is list:
+        return "a list"
+    if origin in (tuple, list):
+        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
+            plural = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}.get(args[0])
+            return f"a list of {plural}" if plural else f"a list, each {_type_name(args[0])}"
+        return f"a list of {len(args)}: " + ", ".join(_type_name(a) for a in args)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(json.dumps(a) for a in args)
+    if dataclasses.is_dataclass(tp):
+        return f"an object with {tp.__name__} fields"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it in JSON, with its kind."""
+    kind = {str: "the string", bool: "the boolean", int: "the integer", float: "the number", list: "the list",
+            tuple: "the list", dict: "the object", type(None): "null"}.get(type(value), type(value).__name__)
+    if value is None:
+        return "null"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return f"{kind} {text[:80]}"
+
+
+def _deep_tuple(v: Any) -> Any:
+    return tuple(_deep_tuple(u) for u in v) if isinstance(v, (list, tuple)) else v
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """``value`` (from JSON) as annotation ``tp`` wants it (lists become tuples), or a :class:`ConfigError`.
+
+    ``where`` is the field's path in the config, e.g. ``seeds[0]`` or ``datasets[1].n_train``.
+    """
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+
+    def bad():
+        return ConfigError(f"field '{where}' must be {_type_name(tp)}, got {_show(value)}.")
+
+    if tp is Any or tp is object or isinstance(tp, (str, typing.ForwardRef)):
+        return _deep_tuple(value)  # not checkable: lists become tuples, as before
+    if tp is type(None):
+        if value is None:
+            return None
+        raise bad()
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            if type(None) in args:
+                return None
+            raise bad()
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ConfigError:
+                continue
+        raise bad()
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad()
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad()
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value in ("inf", "-inf"):  # how to_jsonable writes infinities
+            return float(value)
+        raise bad()
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad()
+    if tp is dict or origin is dict:
+        if not isinstance(value, Mapping):
+            raise bad()
+        if len(args) == 2:
+            return {_coerce(k, args[0], f"{where} (a key)"): _coerce(v, args[1], f"{where}[{k!r}]")
+                    for k, v in value.items()}
+        return dict(value)
+    if tp in (tuple, list) or origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise bad()
+        container = list if (tp is list or origin is list) else tuple
+        if not args:
+            return container(_deep_tuple(v) for v in value)
+        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
+            return container(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise bad()
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise bad()
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise bad()
+        return tp(**coerce_fields(tp, value, path=where))
+    return value  # an annotation this checker does not know: taken as given
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # annotations that do not resolve (e.g. a class defined in a function): unchecked
+        return {f.name: f.type for f in dataclasses.fields(cls)}
+
+
+def coerce_fields(cls: type, d: Mapping[str, Any], *, path: str = "") -> dict[str, Any]:
+    """The fields ``d`` (from JSON) of the dataclass ``cls``, checked against its annotations.
+
+    Lists become tuples where the annotation is a tuple; nested dataclasses are
+    built from objects; an integer is accepted where a number is expected.
+
+    Args:
+      cls: a dataclass.
+      d: field values (a subset of the fields).
+      path: where ``d`` sits in a larger config, for messages (e.g. ``"datasets[0]"``).
+
+    Raises:
+      ConfigError: an unknown field (naming the valid ones) or a value of the
+        wrong type (naming the field, what it must be and what it is).
+
+    Examples:
+      >>> @dataclasses.dataclass
+      ... class C:
+      ...     seeds: tuple[int, ...] = (0,)
+      ...     rate: float = 0.1
+      >>> coerce_fields(C, {"seeds": [1, 2], "rate": 1})
+      {'seeds': (1, 2), 'rate': 1}
+      >>> coerce_fields(C, {"seeds": "12"})
+      Traceback (most recent call last):
+        ...
+      funsim.experiments.io.ConfigError: field 'seeds' must be a list of integers, got the string "12".
+      >>> coerce_fields(C, {"seeds": [1.7]})
+      Traceback (most recent call last):
+        ...
+      funsim.experiments.io.ConfigError: field 'seeds[0]' must be an integer, got the number 1.7.
+    """
+    where = f" in '{path}'" if path else ""
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"a {cls.__name__} config{where} must be a JSON object ({{\"field\": value, ...}}), "
+                          f"got {_show(d)}.")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - fields)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} fields {unknown}{where}; valid fields: {sorted(fields)}.")
+    types_ = _field_types(cls)
+    return {k: _coerce(v, types_.get(k, Any), f"{path}.{k}" if path else k) for k, v in d.items()}
+
+
+def _read_config_file(path: pathlib.Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the config file ({e}).") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}.") from None
+
+
+def _in_file(path: pathlib.Path, e: Exception) -> ConfigError:
+    msg = str(e)
+    return ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}")
+
+
 def config_type(configs: Mapping[str, object], from_dict: Callable[[dict], object]) -> Callable[[str], object]:
     """An argparse ``type`` for ``--config``: a name in ``configs``, or a ``.json`` file read by ``from_dict``.
 
-    A JSON file without a ``"name"`` is named after the file's stem.
+    A JSON file without a ``"name"`` is named after the file's stem. Any problem
+    with the file (broken JSON, an unknown field, a wrong type) is reported by
+    argparse with the file name and the real reason (``argparse.ArgumentTypeError``).
     """
 
     def parse(value: str):
         if value in configs:
             return configs[value]
         path = pathlib.Path(value)
-        if path.suffix == ".json" and path.is_file():
-            d = json.loads(path.read_text())
-            d.setdefault("name", path.stem)
+        if not (path.suffix == ".json" and path.is_file()):
+            raise argparse.ArgumentTypeError(
+                f"--config must be one of {', '.join(configs)} or an existing .json file, got {value!r}."
+            )
+        try:
+            d = _read_config_file(path)
+            if isinstance(d, dict):
+                d.setdefault("name", path.stem)
             return from_dict(d)
-        raise argparse.ArgumentTypeError(
-            f"--config must be one of {', '.join(configs)} or an existing .json file, got {value!r}."
-        )
+        except (ValueError, TypeError) as e:
+            raise argparse.ArgumentTypeError(str(_in_file(path, e))) from None
 
     return parse
 
 
 def config_overrides(d: Mapping[str, object], cls: type, what: str) -> tuple[dict, str | None]:
-    """``(fields, base)``: a JSON config ``d`` split into its ``"base"`` name and the other fields.
+    """``(fields, base)``: a JSON config ``d`` split into its ``"base"`` name and the other fields, type-checked.
 
     Raises:
-      ValueError: a field that ``cls`` (a dataclass) does not have, naming the valid ones.
+      ConfigError: a field that ``cls`` (a dataclass) does not have (naming the valid
+        ones), or a value of the wrong type for its annotation (:func:`coerce_fields`).
     """
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"A {what} config must be a JSON object ({{\"field\": value, ...}}), got {_show(d)}.")
     d = dict(d)
     base = d.pop("base", None)
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"field 'base' must be a string (a config name), got {_show(base)}.")
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - fields)
     if unknown:
-        raise ValueError(f"Unknown {what} config fields {unknown}; valid fields: {sorted(fields)} (and 'base').")
-    return d, base
+        raise ConfigError(f"Unknown {what} config fields {unknown}; valid fields: {sorted(fields)} (and 'base').")
+    return coerce_fields(cls, d), base
 
 
 def load_config(cls: type, configs: Mapping[str, object], name_or_path: str):
     """A driver config: a name in ``configs`` or a JSON file of the dataclass ``cls``'s fields.
 
-    Lists in the JSON become tuples (nested lists: tuples of tuples), so a saved
-    ``config.json`` loads back into an equal config.
+    Every field is checked against ``cls``'s annotations (:func:`coerce_fields`);
+    lists become tuples where the annotation is a tuple, so a saved ``config.json``
+    loads back into an equal config.
 
     Raises:
-      ValueError: neither a known name nor a file, or a field ``cls`` does not have (naming the valid ones).
+      ConfigError: neither a known name nor a file; broken JSON; a field ``cls`` does
+        not have (naming the valid ones); a value of the wrong type. The message
+        names the file.
     """
     if name_or_path in configs:
         return configs[name_or_path]
     path = pathlib.Path(name_or_path)
     if not path.is_file():
-        raise ValueError(
-            f"--config {name_or_path!r} is neither one of {', '.join(configs)} nor a JSON file."
-        )
-    raw = json.loads(path.read_text())
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - fields)
-    if unknown:
-        raise ValueError(f"{path}: unknown {cls.__name__} fields {unknown}; valid fields: {sorted(fields)}.")
+        raise ConfigError(f"--config {name_or_path!r} is neither one of {', '.join(configs)} nor a JSON file.")
+    raw = _read_config_file(path)
+    try:
+        return cls(**coerce_fields(cls, raw))
+    except ConfigError as e:
+        raise _in_file(path, e) from None
 
-    def tup(v):
-        return tuple(tup(u) for u in v) if isinstance(v, list) else v
 
-    return cls(**{k: tup(v) for k, v in raw.items()})
+def _config_defaults(cfg: Any) -> dict:
+    """The JSON form of the defaults of a config dataclass's fields (what a config saved before a field existed means)."""
+    if not (dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)):
+        return {}
+    out = {}
+    for f in dataclasses.fields(cfg):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return to_jsonable(out)
+
+
+def check_run_config(out: str | os.PathLike, cfg: Any) -> bool:
+    """Write ``out/config.json``, or refuse a rerun whose config differs from the saved one.
+
+    The drivers' one "refuse a changed config" check (built on
+    :func:`funsim.models.io.check_setup`, which :func:`funsim.models.train.train`
+    uses for its own ``train_config.json``). Fields added to the config class since
+    the run was saved count as their defaults.
+
+    Returns:
+      True if ``config.json`` was written (a new run), False if it matched.
+
+    Raises:
+      SetupMismatchError: (a ``ValueError``) the saved config differs; every difference is listed.
+    """
+    out = pathlib.Path(out)
+    return _models_io().check_setup(
+        out / "config.json", to_jsonable(cfg), defaults=_config_defaults(cfg),
+        refusal=f"Refusing to resume {out} with a different config; the run there has another config",
+        fix="Use another --run name, or restore the original config to resume it.",
+    )
+
+
+# ----------------------------------------------------------------------------- run locks
+
+
+LOCK_FILE = "run.lock"
+"""The lock file of a run folder: JSON with the pid, host, start time and command of the run holding it."""
+
+
+class RunLockedError(RuntimeError):
+    """Another live process is writing into the same run folder; the message names it and the lock file."""
+
+
+# lock path -> (open file holding the OS lock, depth): re-entrant within this process
+_HELD: dict[str, list] = {}
+
+
+def _lock_key(out: pathlib.Path) -> str:
+    return str((out / LOCK_FILE).resolve())
+
+
+def _describe_holder(info: Any) -> str:
+    if not isinstance(info, dict):
+        return "an unknown process"
+    cmd = " ".join(str(a) for a in info.get("argv", []))[:120]
+    return (f"pid {info.get('pid')} on {info.get('host')}, since {info.get('since')}"
+            + (f" ({cmd})" if cmd else ""))
+
+
+def _read_lock_info(path: pathlib.Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError, TypeError):
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def acquire_run_lock(out: str | os.PathLike) -> pathlib.Path:
+    """Lock the run folder ``out`` for this process (``out/run.lock``, with the pid and host), or refuse.
+
+    The lock is an OS lock (``flock``) on the file, so it ends with the process,
+    however that ends; the file's JSON says who holds it. A lock left behind by a
+    process that is gone (killed) is taken over with a warning naming it. Taking the
+    lock again in the same process nests (see :func:`release_run_lock`).
+
+    Returns:
+      the lock file.
+
+    Raises:
+      RunLockedError: another live process holds the lock; nothing has been written.
+    """
+    import fcntl
+
+    out = pathlib.Path(out)
+    key = _lock_key(out)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        return out / LOCK_FILE
+    path = out / LOCK_FILE
+    out.mkdir(parents=True, exist_ok=True)
+    for _ in range(10):
+        f = open(path, "a+")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            info = _read_lock_info(path)
+            raise RunLockedError(
+                f"{out} is in use by another run ({_describe_holder(info)}): two runs writing into one folder would "
+                f"mix their files. Wait for it to finish, or use another --run name. If no such run is alive, delete "
+                f"{path}."
+            ) from None
+        except OSError as e:  # a file system without locks (some network mounts)
+            warnings.warn(f"Cannot lock {path} ({e}): a second run into {out} would not be detected.", RuntimeWarning,
+                          stacklevel=2)
+        try:
+            same = os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:  # the holder released it (deleting the file) between our open and lock: retry
+            f.close()
+            continue
+        f.seek(0)
+        old = f.read().strip()
+        if old:
+            info = _read_lock_info(path)
+            alive = isinstance(info, dict) and info.get("host") == socket.gethostname() and _pid_alive(info.get("pid"))
+            warnings.warn(
+                f"Taking over the lock {path} left by a run that is no longer running ({_describe_holder(info)}"
+                + ("; that pid is now another process" if alive else "") + "): it was interrupted, and this run "
+                "resumes its work.", RuntimeWarning, stacklevel=2)
+        me = {"pid": os.getpid(), "host": socket.gethostname(),
+              "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "argv": [pathlib.Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else []}
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(me) + "\n")
+        f.flush()
+        _HELD[key] = [f, 1]
+        return path
+    raise RunLockedError(f"Could not lock {path}: other processes keep taking it.")
+
+
+def release_run_lock(out: str | os.PathLike) -> None:
+    """Release this process's lock on the run folder ``out`` (the outermost release deletes ``run.lock``)."""
+    import fcntl
+
+    out = pathlib.Path(out)
+    key = _lock_key(out)
+    held = _HELD.get(key)
+    if held is None:
+        return
+    held[1] -= 1
+    if held[1] > 0:
+        return
+    del _HELD[key]
+    f = held[0]
+    try:
+        os.unlink(out / LOCK_FILE)  # before unlocking: a waiting process then sees the file gone and retries
+    except FileNotFoundError:
+        pass
+    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    f.close()
+
+
+def releases_run_locks(fn: Callable) -> Callable:
+    """Decorate a driver's ``run``: the run locks it takes (:func:`open_run`) are released when it returns or raises."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        before = {k: v[1] for k, v in _HELD.items()}
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for key, held in list(_HELD.items()):
+                for _ in range(held[1] - before.get(key, 0)):
+                    release_run_lock(pathlib.Path(key).parent)
+
+    return wrapper
+
+
+def open_run(experiment: str, run: str | None = None, *, root: str | os.PathLike = "results",
+             config: Any = None) -> pathlib.Path:
+    """Create ``root/experiment/run``, lock it, and (given ``config``) write or check its ``config.json``.
+
+    The first thing a driver's ``run`` does: a second run into the same folder is
+    refused here, before it writes anything (:func:`acquire_run_lock`), and a rerun
+    with a changed config is refused before any work (:func:`check_run_config`).
+    Decorate ``run`` with :func:`releases_run_locks`.
+
+    Raises:
+      RunLockedError: another live run holds the folder.
+      SetupMismatchError: (a ``ValueError``) the folder holds a run with another config.
+    """
+    out = results_dir(experiment, run, root=root)
+    acquire_run_lock(out)
+    if config is not None:
+        try:
+            check_run_config(out, config)
+        except BaseException:
+            release_run_lock(out)
+            raise
+    return out
+
+
+# ----------------------------------------------------------------------------- result files
+
+
+def read_npz(path: str | os.PathLike, *, fix: str = "Delete it and rerun the command that wrote it (it is "
+                                                        "recomputed).") -> dict:
+    """Every array of an ``.npz`` file, read now; a truncated or damaged file is a ``DamagedFileError`` naming it.
+
+    ``np.savez`` stores a CRC-32 per array, so changed bytes are caught as well as a cut file.
+    ``fix`` is the error's last sentence: what the user (or the caller) does about it.
+
+    Examples:
+      >>> import tempfile, pathlib, numpy as np
+      >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.npz"
+      >>> _ = write_atomic(p, lambda f: np.savez(f, x=np.arange(3)))
+      >>> read_npz(p)["x"].tolist()
+      [0, 1, 2]
+      >>> _ = p.write_bytes(p.read_bytes()[:100])
+      >>> try:
+      ...     read_npz(p)
+      ... except ValueError as e:
+      ...     print(type(e).__name__, str(e).startswith(f"{p} is damaged"))
+      DamagedFileError True
+    """
+    import zipfile
+    import zlib
+
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, KeyError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise _models_io().DamagedFileError(
+            f"{path} is damaged: it is not a complete .npz file ({type(e).__name__}: {e}). {fix}"
+        ) from None
+
+
+def table_manifest_path(path: str | os.PathLike) -> pathlib.Path:
+    """Where the manifest of the table ``path`` is: ``comparisons.csv`` -> ``comparisons.manifest.json``."""
+    path = pathlib.Path(path)
+    return path.with_name(path.stem + ".manifest.json")
+
+
+def write_table_atomic(path: str | os.PathLike, data: bytes, rows: int) -> pathlib.Path:
+    """Write a table (e.g. a CSV) atomically, then its manifest: the row count, the size and the SHA-256.
+
+    A reader checks the table against the manifest (:func:`verify_table`), so a
+    table cut short, even at a line boundary, is refused instead of read.
+    """
+    import hashlib
+
+    path = pathlib.Path(path)
+    write_atomic(path, lambda f: f.write(data))
+    write_json_atomic(table_manifest_path(path), {"file": path.name, "rows": int(rows), "bytes": len(data),
+                                                  "sha256": hashlib.sha256(data).hexdigest()})
+    return path
+
+
+def verify_table(path: str | os.PathLike, *, fix: str) -> dict:
+    """The manifest of the table ``path``, after checking the table against it.
+
+    Args:
+      path: the table.
+      fix: what the user can do about a damaged table (the error's last sentence).
+
+    Raises:
+      DamagedFileError: (a ``ValueError``) the manifest is missing or unreadable, or the
+        table's size or SHA-256 differs from it (a truncated or changed table).
+    """
+    import hashlib
+
+    path = pathlib.Path(path)
+    mpath = table_manifest_path(path)
+    DamagedFileError = _models_io().DamagedFileError
+    if not mpath.is_file():
+        raise DamagedFileError(f"{path} has no manifest {mpath}, so its rows cannot be checked. {fix}")
+    manifest = read_json(mpath)
+    data = path.read_bytes()
+    if len(data) != manifest.get("bytes") or hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+        raise DamagedFileError(
+            f"{path} does not match its manifest {mpath}: {len(data)} bytes where {manifest.get('bytes')} "
+            f"({manifest.get('rows')} rows) were written" + (" with other contents" if len(data) == manifest.get("bytes")
+                                                             else "") + f": it is truncated or changed. {fix}")
+    return manifest

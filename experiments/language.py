@@ -52,7 +52,7 @@ import time
 import numpy as np
 
 from funsim.experiments.io import load_config as io_load_config
-from funsim.experiments.io import read_json, results_dir, to_jsonable, write_json_atomic, write_text_atomic
+from funsim.experiments.io import open_run, read_json, releases_run_locks, write_json_atomic, write_text_atomic
 
 PAPER_CLAIM = (
     "tensor similarity shows sharp transitions and block structure across training checkpoints "
@@ -169,7 +169,7 @@ def _pairwise(nets, inner, cache: pathlib.Path, bar):
     n = len(nets)
     gram = np.full((n, n), np.nan)
     if cache.exists():
-        gram = np.load(cache)["partial"]
+        gram = _read_cache(cache).get("partial", gram)
     for i in range(n):
         if not np.isnan(gram[i, n - 1]):
             continue
@@ -389,24 +389,9 @@ def block_summary(sim, steps, ks):
 
 
 def _save_npz(path: pathlib.Path, **arrays):
-    tmp = path.with_name(f".{path.name}.tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
+    from funsim.experiments.io import write_atomic
 
-
-def _check_config(out: pathlib.Path, cfg: LanguageConfig):
-    path = out / "config.json"
-    now = to_jsonable(cfg)
-    if path.exists():
-        saved = read_json(path)
-        diffs = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in now.items() if saved.get(k) != v]
-        if diffs:
-            raise ValueError(
-                f"Refusing to resume {out}: it was run with a different config:\n  " + "\n  ".join(diffs)
-                + "\nUse another --run name, or the original config."
-            )
-    else:
-        write_json_atomic(path, now)
+    write_atomic(path, lambda f: np.savez(f, **arrays))
 
 
 def _matrix_figure(panels, steps, path, *, suptitle):
@@ -461,20 +446,35 @@ def _curves_figure(steps, series, path, *, title, ylabel):
 # ---------------------------------------------------------------------------
 
 
+def _read_cache(path: pathlib.Path) -> dict:
+    """A cached ``.npz`` (every array), or ``{}`` if it is damaged (with a warning naming it: it is recomputed)."""
+    import warnings
+
+    from funsim.experiments.io import DamagedFileError, read_npz
+
+    try:
+        return read_npz(path, fix="Recomputing it.")
+    except DamagedFileError as e:
+        warnings.warn(str(e), RuntimeWarning, stacklevel=2)
+        return {}
+
+
 def _stage(name, out, fn, bar):
-    """Run ``fn() -> dict of arrays`` once; its result is cached in ``analysis/<name>.npz``."""
+    """Run ``fn() -> dict of arrays`` once; its result is cached in ``analysis/<name>.npz`` (a damaged cache is redone)."""
     path = out / "analysis" / f"{name}.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
+    cached = _read_cache(path) if path.exists() else {}
+    if not cached:
         bar.set_description(name)
         start = time.time()
-        result = fn()
-        _save_npz(path, seconds=time.time() - start, **result)
+        cached = {k: np.asarray(v) for k, v in fn().items()}
+        cached["seconds"] = np.asarray(time.time() - start)
+        _save_npz(path, **cached)
     bar.update(1)
-    with np.load(path) as f:
-        return {k: f[k] for k in f.files}
+    return cached
 
 
+@releases_run_locks
 def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, progress: bool = True,
         log=print) -> dict:
     """Train, compare every pair of checkpoints, write ``root/language/<run>/``; return the metrics."""
@@ -486,8 +486,7 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
     from funsim.models.train import train
     from funsim.similarity import attention_inner, attention_similarity_matrix
 
-    out = results_dir("language", run_name, root=root)
-    _check_config(out, cfg)
+    out = open_run("language", run_name, root=root, config=cfg)  # locked; a changed config is refused
     ds = data_lib.load("shakespeare", seq_len=cfg.seq_len, max_chars=cfg.max_chars)
     vocab = ds.n_classes
     log(f"language: {ds.x_train.shape[0]} training windows of {cfg.seq_len} characters; results in {out}")

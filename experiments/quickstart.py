@@ -29,16 +29,13 @@ import dataclasses
 import pathlib
 import time
 
-import jax
 import numpy as np
-from flax import nnx
 
-from funsim import models
-from funsim import similarity
 from funsim.experiments import data as data_lib
-from funsim.experiments import plotting
-from funsim.experiments.io import results_dir, write_json_atomic
-from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
+from funsim.experiments.io import open_run, releases_run_locks, write_json_atomic
+
+# jax, flax, funsim.models, funsim.similarity and matplotlib are imported inside the
+# functions that use them, so that `funsim quickstart --help` answers at once.
 
 # One or more of each family, chosen to keep `make demo` near a minute on 2 cores.
 # (svcca and regression/r2 are slower per call; affine stitching below *is* the
@@ -86,6 +83,11 @@ TINY = QuickstartConfig(
 
 
 def _train_models(cfg: QuickstartConfig, ds, out: pathlib.Path, progress: bool):
+    from flax import nnx
+
+    from funsim import models
+    from funsim.models.train import TrainConfig, power_schedule, train
+
     trained, histories = {}, {}
     for kind in ("mlp", "bilinear"):
         for seed in cfg.seeds:
@@ -108,6 +110,8 @@ def _train_models(cfg: QuickstartConfig, ds, out: pathlib.Path, progress: bool):
 def _stitch_names(cfg) -> dict:
     """{family: registry name} of the held-out stitching scores. The affine stitcher has a small
     ridge: dead ReLU units make its fit singular."""
+    from funsim import similarity
+
     ridge = f"/ridge={cfg.stitch_ridge:g}" if cfg.stitch_ridge else ""
     return {fam: f"stitch/{fam}" + (ridge if fam == "affine" else "") for fam in similarity.FAMILIES}
 
@@ -116,6 +120,10 @@ def _moment_tables(cfg, feats_a, feats_b) -> similarity.GridResult:
     """One :func:`similarity.compare_grid` call per model pair: the moment measures among
     ``cfg.measures`` and the three stitching families (both directions, ``reverse=True``)
     share its per-layer moments (and its compilation)."""
+    import jax
+
+    from funsim import similarity
+
     names = [m for m in cfg.measures if m in similarity.MOMENT_MEASURES]
     names += list(_stitch_names(cfg).values())
     return similarity.compare_grid(feats_a, feats_b, measures=names, reverse=True, split=cfg.stitch_split,
@@ -130,6 +138,8 @@ def _rep_grid(cfg, feats_a, feats_b, undefined: list, tables: dict):
     undefined (e.g. CCA on rank-deficient ReLU layers) is NaN, with the reason
     appended to ``undefined``.
     """
+    from funsim import similarity
+
     out = {m: tables[m] for m in cfg.measures if m in tables}
     for name in cfg.measures:
         if name in out:
@@ -156,6 +166,12 @@ def _stitch_grid(cfg, g: similarity.GridResult):
 
 
 def _tensor_step(cfg, trained, out):
+    from flax import nnx
+
+    from funsim import models
+    from funsim import similarity
+    from funsim.models.train import list_checkpoints, load_checkpoint
+
     ts = similarity.tensor_similarity
     a, b = (trained[f"bilinear_s{s}"] for s in cfg.seeds[:2])
     net_a, net_b = a.to_network(), b.to_network()
@@ -173,13 +189,18 @@ def _tensor_step(cfg, trained, out):
     return res
 
 
+@releases_run_locks
 def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log=print) -> dict:
     """Run the quickstart; returns the metrics dict (also written to metrics.json)."""
+    from funsim import models
+    from funsim import similarity
+    from funsim.experiments import plotting
+
     t0 = time.time()
     _log = log
     log = lambda msg: _log(f"{msg}  [{time.time() - t0:.0f} s]" if msg.startswith("[") else msg)
-    out = results_dir("quickstart", run_name, root=root)
+    out = open_run("quickstart", run_name, root=root)  # locked: a second run into it is refused
     write_json_atomic(out / "config.json", cfg)
     ds = data_lib.load(cfg.dataset)
     if cfg.n_train is not None:
@@ -314,6 +335,8 @@ def _compile_for_a_smoke_run() -> bool:
 def main(args: argparse.Namespace) -> int:
     if args.tiny:
         _compile_for_a_smoke_run()
+    from funsim import similarity
+
     cfg = TINY if args.tiny else QuickstartConfig()
     cfg = dataclasses.replace(
         cfg, dataset=args.dataset,

@@ -57,13 +57,14 @@ import dataclasses
 import io
 import pathlib
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from funsim.experiments.io import (config_overrides, config_type, read_json, results_dir, to_jsonable, write_atomic,
-                            write_json_atomic, write_text_atomic)
+from funsim.experiments.io import (config_overrides, config_type, open_run, read_json, releases_run_locks,
+                                  write_json_atomic, write_table_atomic, write_text_atomic)
 
 __all__ = [
     "StudyConfig", "CONFIGS", "COLUMNS", "CoarseTail", "config_from_dict", "run", "read_table",
@@ -165,10 +166,7 @@ def config_from_dict(d: Mapping[str, Any]) -> StudyConfig:
       >>> config_from_dict({"base": "smoke", "n_rows": 64}).n_rows
       64
     """
-    d, base = config_overrides(d, StudyConfig, "study")
-    for k in ("datasets", "measures", "families", "stitch_families", "coarse_groupings"):
-        if d.get(k) is not None:
-            d[k] = tuple(d[k])
+    d, base = config_overrides(d, StudyConfig, "study")  # typed: lists become tuples
     if base is not None:
         if base not in CONFIGS:
             raise ValueError(f"Unknown base config {base!r}; valid: {', '.join(CONFIGS)}.")
@@ -326,7 +324,7 @@ def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pat
 
     pdir = out / "pairs" / ds
     pairs = _model_pairs(models)
-    todo = [(a, b) for a, b in pairs if not (pdir / f"{_slug(a.id)}__{_slug(b.id)}.json").is_file()]
+    todo = [(a, b) for a, b in pairs if not _unit_done(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json")]
     if not todo:
         log(f"      {ds}: all {len(pairs)} model pairs compared before")
         return {"pairs": len(pairs), "computed": 0, "seconds": 0.0}
@@ -459,7 +457,7 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
     tasks = {"fine": None, **{f"coarse:{g}": m for g, m in groupings.items()}}
     jobs = [(fam, name, lt, srcs) for fam in cfg.stitch_families for name, lt, srcs in targets_all]
     path = lambda task, fam, name, lt: out / "stitch" / ds / task.replace(":", "_") / fam / f"{name}__{lt}.json"  # noqa: E731
-    todo = [(j, job) for j, job in enumerate(jobs) if not all(path(t, *job[:3]).is_file() for t in tasks)]
+    todo = [(j, job) for j, job in enumerate(jobs) if not all([_unit_done(path(t, *job[:3])) for t in tasks])]
     n_pairs = sum(len(s) for _, _, _, s in jobs)
     if not todo:
         log(f"      {ds}: all {len(jobs)} stitching targets done before")
@@ -493,6 +491,23 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
 # ----------------------------------------------------------------------------- the table
 
 
+def _unit_done(path: pathlib.Path) -> bool:
+    """Whether the unit file ``path`` is written and reads back; a damaged one is removed, with a warning
+    naming it, so that the rerun recomputes it."""
+    from funsim.experiments.io import DamagedFileError
+
+    if not path.is_file():
+        return False
+    try:
+        ok = isinstance(read_json(path).get("rows"), list)
+    except (DamagedFileError, AttributeError):
+        ok = False
+    if not ok:
+        warnings.warn(f"{path} is damaged (truncated or changed); recomputing it.", RuntimeWarning, stacklevel=2)
+        path.unlink()
+    return ok
+
+
 def _unit_files(out: pathlib.Path, ds_list: list[str]) -> list[pathlib.Path]:
     files = []
     for ds in ds_list:
@@ -510,29 +525,74 @@ def _write_table(out: pathlib.Path, files: list[pathlib.Path]) -> int:
         for r in read_json(f)["rows"]:
             w.writerow({**r, "value": repr(float(r["value"]))})
             n += 1
-    data = buf.getvalue().encode()
-    write_atomic(out / "comparisons.csv", lambda f: f.write(data))
+    write_table_atomic(out / "comparisons.csv", buf.getvalue().encode(), n)  # with its manifest: rows, SHA-256
     return n
 
 
-def read_table(path: str | pathlib.Path) -> dict[str, np.ndarray]:
-    """``comparisons.csv`` as columns: ``{column: (n,) array}`` (strings, or floats for depths and values)."""
+def _rerun_hint(path: pathlib.Path) -> str:
+    run = path.parent
+    return (f"Rerun the similarity study that wrote it (`funsim similarity-study --config {run / 'config.json'} "
+            f"--run {run.name} --root {run.parent.parent}`, or the command you ran): it keeps every finished unit "
+            "and rewrites the table.")
+
+
+def read_table(path: str | pathlib.Path, *, verify: bool = True) -> dict[str, np.ndarray]:
+    """``comparisons.csv`` as columns: ``{column: (n,) array}`` (strings, or floats for depths and values).
+
+    Args:
+      path: the table.
+      verify: check it against its manifest (``comparisons.manifest.json``: the row
+        count, size and SHA-256 written with it) first, so that a table cut short
+        (even at a line boundary) or changed is refused, not read.
+
+    Raises:
+      DamagedFileError: (a ``ValueError``) the table does not match its manifest, or
+        a row is cut or malformed; the message names the file (and line) and says
+        how to rewrite it.
+      ValueError: the file is not a similarity-study table.
+    """
+    from funsim.experiments.io import DamagedFileError, verify_table
+
+    path = pathlib.Path(path)
+    manifest = verify_table(path, fix=_rerun_hint(path)) if verify else None
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        raise ValueError(f"{path} has no comparisons.")
-    missing = set(COLUMNS) - set(rows[0])
+        header, *rows = list(csv.reader(f)) or [[]]
+    missing = set(COLUMNS) - set(header)
     if missing:
         raise ValueError(f"{path} lacks the columns {sorted(missing)}; it is not a similarity-study table.")
-    out = {c: np.array([r[c] for r in rows]) for c in COLUMNS}
+    if not rows:
+        raise ValueError(f"{path} has no comparisons.")
+    for i, r in enumerate(rows):
+        if len(r) != len(header):
+            raise DamagedFileError(f"{path}, line {i + 2}: {len(r)} fields where the header has {len(header)}: the "
+                                   f"row is cut or malformed. {_rerun_hint(path)}")
+    if manifest is not None and len(rows) != manifest.get("rows"):
+        raise DamagedFileError(f"{path} has {len(rows)} rows where its manifest says {manifest.get('rows')}. "
+                               f"{_rerun_hint(path)}")
+    col = {c: header.index(c) for c in COLUMNS}
+    out = {c: np.array([r[col[c]] for r in rows]) for c in COLUMNS}
     for c in ("depth_a", "depth_b", "value"):
-        out[c] = out[c].astype(np.float64)
+        try:
+            out[c] = out[c].astype(np.float64)
+        except ValueError:
+            bad = next(i for i, v in enumerate(out[c]) if not _is_float(v))
+            raise DamagedFileError(f"{path}, line {bad + 2}: column {c} holds {out[c][bad]!r}, not a number. "
+                                   f"{_rerun_hint(path)}") from None
     return out
+
+
+def _is_float(v: str) -> bool:
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- run
 
 
+@releases_run_locks
 def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log: Callable[[str], None] = print) -> dict:
     """Run (or resume) the study; returns the metrics dict.
@@ -548,15 +608,8 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     _check_config(cfg)
     t0 = time.time()
     zoo_dir = _zoo_dir(cfg, root)
-    manifest = zoo_lib._manifest(zoo_dir)
-    out = results_dir("similarity_study", run_name or cfg.name, root=root)
-    cfg_json = to_jsonable(cfg)
-    if (out / "config.json").is_file() and read_json(out / "config.json") != cfg_json:
-        old = read_json(out / "config.json")
-        diffs = [f"{k}: saved {old.get(k)!r}, now {v!r}" for k, v in cfg_json.items() if old.get(k) != v]
-        raise ValueError(f"Refusing to continue study run {out}: it was run with another config:\n  "
-                         + "\n  ".join(diffs) + "\nUse a new --run name, or restore the original config.")
-    write_json_atomic(out / "config.json", cfg)
+    manifest = zoo_lib.read_manifest(zoo_dir)
+    out = open_run("similarity_study", run_name or cfg.name, root=root, config=cfg)  # locked; a changed config is refused
     available = [k for k, d in manifest["datasets"].items() if d["status"] == "ok"]
     ds_list = available if cfg.datasets is None else list(cfg.datasets)
     missing = sorted(set(ds_list) - set(available))
@@ -590,7 +643,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
 
 def _layer_pairs(zoo_lib, zoo_dir, ds) -> int:
     """Layer pairs across the model pairs of ``ds`` (each unordered pair once)."""
-    m = zoo_lib._manifest(zoo_dir)["models"]
+    m = zoo_lib.read_manifest(zoo_dir)["models"]
     sizes = [len(e["layers"]) for e in m.values() if e["dataset"] == ds]
     return (sum(sizes) ** 2 - sum(s * s for s in sizes)) // 2
 

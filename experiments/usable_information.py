@@ -37,7 +37,7 @@ from collections.abc import Callable
 import numpy as np
 
 from funsim.experiments import study_stats as st
-from funsim.experiments.io import read_json, write_json_atomic, write_text_atomic
+from funsim.experiments.io import acquire_run_lock, read_json, releases_run_locks, write_json_atomic, write_text_atomic
 
 __all__ = ["PAPER", "ReportOptions", "report", "ridge_slack"]
 
@@ -467,6 +467,7 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions) -> 
 # ----------------------------------------------------------------------------- entry point
 
 
+@releases_run_locks
 def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOptions(),
            log: Callable[[str], None] = print) -> dict:
     """Write ``run_dir/usable_information/`` (figures, metrics.json, summary.md); returns the metrics.
@@ -484,6 +485,7 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     path = run_dir / "comparisons.csv"
     if not path.is_file():
         raise FileNotFoundError(f"No {path}: run `funsim similarity-study` first (or pass its run directory).")
+    acquire_run_lock(run_dir)  # the study must not be writing its table while we read it
     cfg = read_json(run_dir / "config.json")
     metrics_study = read_json(run_dir / "metrics.json") if (run_dir / "metrics.json").is_file() else {}
     zoo_dir = pathlib.Path(metrics_study.get("zoo", ""))

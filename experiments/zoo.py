@@ -41,12 +41,12 @@ from typing import Any
 import numpy as np
 
 from funsim.experiments import data as data_lib
-from funsim.experiments.io import (config_overrides, config_type, read_json, results_dir, to_jsonable, write_json_atomic,
-                            write_text_atomic)
+from funsim.experiments.io import (ConfigError, coerce_fields, config_overrides, config_type, open_run, read_json,
+                                  releases_run_locks, to_jsonable, write_json_atomic, write_text_atomic)
 
 __all__ = [
     "DataSpec", "ModelSpec", "ZooConfig", "CONFIGS", "config_from_dict", "run",
-    "ZooModel", "ZooData", "Zoo", "load_zoo", "load_zoo_data", "add_arguments", "main",
+    "ZooModel", "ZooData", "Zoo", "read_manifest", "load_zoo", "load_zoo_data", "add_arguments", "main",
 ]
 
 MANIFEST = "zoo.json"
@@ -216,13 +216,7 @@ def config_from_dict(d: Mapping[str, Any]) -> ZooConfig:
       >>> config_from_dict({"base": "smoke", "seeds": [0]}).seeds
       (0,)
     """
-    d, base = config_overrides(d, ZooConfig, "zoo")
-    if "datasets" in d:
-        d["datasets"] = tuple(DataSpec(**x) if isinstance(x, Mapping) else x for x in d["datasets"])
-    if "models" in d:
-        d["models"] = tuple(ModelSpec(**x) if isinstance(x, Mapping) else x for x in d["models"])
-    if "seeds" in d:
-        d["seeds"] = tuple(int(s) for s in d["seeds"])
+    d, base = config_overrides(d, ZooConfig, "zoo")  # typed: data sets and models become DataSpec / ModelSpec
     if base is not None:
         if base not in CONFIGS:
             raise ValueError(f"Unknown base config {base!r}; valid: {', '.join(CONFIGS)}.")
@@ -250,9 +244,9 @@ def _load(spec: DataSpec, options: dict, grouping: str | None = None) -> data_li
 
 
 def _fingerprint(ds: data_lib.Dataset) -> str:
-    from funsim.models.train import _fingerprint as sha1
+    from funsim.models.io import fingerprint
 
-    return sha1(ds.x_train, ds.y_train, ds.x_test, ds.y_test)
+    return fingerprint(ds.x_train, ds.y_train, ds.x_test, ds.y_test)
 
 
 def _dataset_entry(spec: DataSpec, options: dict, ds: data_lib.Dataset) -> dict:
@@ -288,9 +282,14 @@ def _train_config(cfg: ZooConfig, dspec: DataSpec, mspec: ModelSpec, seed: int):
             f"Unknown training options {sorted(set(fields) - valid)} in the zoo config (train of the config, of "
             f"{dspec.name!r} or of {mspec.name!r}); valid: {sorted(valid - {'seed'})}."
         )
+    try:
+        fields = coerce_fields(TrainConfig, fields)
+    except ConfigError as e:
+        raise ConfigError(f"Training options of the zoo config (train of the config, of {dspec.name!r} or of "
+                          f"{mspec.name!r}): {e}") from None
     steps = int(fields.get("steps", TrainConfig.steps))
     fields.setdefault("checkpoint_steps", power_schedule(steps, cfg.n_checkpoints, power=2.0))
-    return TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    return TrainConfig(**fields)
 
 
 def _build(build: Mapping[str, Any]):
@@ -327,11 +326,11 @@ def _jobs(cfg: ZooConfig, loaded: dict, sha1: dict, out: pathlib.Path) -> list[_
 
 def _check_resumable(jobs: list[_Job], previous: dict, out: pathlib.Path) -> None:
     """Refuse, before anything is written, a rerun whose finished models had another setup."""
-    from funsim.models.train import _diff
+    from funsim.models.io import setup_diff
 
     for job in jobs:
         old = previous.get(job.id)
-        diffs = [] if old is None else _diff(old["spec"], job.spec)
+        diffs = [] if old is None else setup_diff(old["spec"], job.spec)
         if diffs:
             raise ValueError(
                 f"Refusing to continue zoo run {out}: model {job.id} was trained with a different setup:\n  "
@@ -379,6 +378,7 @@ def _train_one(job: _Job, ds: data_lib.Dataset, out: pathlib.Path, progress: boo
     }
 
 
+@releases_run_locks
 def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log: Callable[[str], None] = print) -> dict:
     """Train the zoo (resuming a previous run of the same name); returns the metrics dict.
@@ -390,11 +390,12 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
     from tqdm.auto import tqdm
 
     from funsim.experiments import plotting
+    from funsim.models.io import checkpoint_problem
 
     t0 = time.time()
-    out = results_dir("zoo", run_name or cfg.name, root=root)
+    out = open_run("zoo", run_name or cfg.name, root=root)  # locked: a second run into it is refused
     path = out / MANIFEST
-    previous = read_json(path) if path.exists() else {"datasets": {}, "models": {}}
+    previous = _previous_manifest(path, log)
     # the manifest lists the current config's data sets and models, in config order
     manifest = {"experiment": "zoo", "config": to_jsonable(cfg), "complete": False, "datasets": {}, "models": {}}
 
@@ -423,6 +424,10 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
     for job in bar:
         bar.set_postfix_str(job.id)
         entry = previous["models"].get(job.id)
+        damaged = entry is not None and checkpoint_problem(job.workdir)
+        if damaged:  # training sets the damaged checkpoint aside and resumes from the last good one
+            log(f"      {job.id}: its final checkpoint is damaged ({damaged}); retraining it from its last good one")
+            entry = None
         if entry is not None:
             log(f"      {job.id}: done before (test accuracy {entry['test_accuracy']:.3f}), not retrained")
         else:
@@ -460,6 +465,21 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
     log(f"[done] {metrics['n_models']} models in {out}/ (zoo.json, summary.md, {len(figures)} figures); "
         f"{seconds:.0f} s this invocation")
     return {**metrics, "out": str(out), "figures": [str(f) for f in figures]}
+
+
+def _previous_manifest(path: pathlib.Path, log: Callable[[str], None]) -> dict:
+    """The manifest of the run being resumed; a damaged one is rebuilt (its models' trainings resume at their end)."""
+    from funsim.models.io import DamagedFileError
+
+    empty = {"datasets": {}, "models": {}}
+    if not path.exists():
+        return empty
+    try:
+        return read_json(path)
+    except DamagedFileError as e:
+        log(f"[zoo] {e.args[0].split(': it is')[0]}: rebuilding it; finished models are loaded from their last "
+            "checkpoints, not retrained")
+        return empty
 
 
 def summary(cfg: ZooConfig, manifest: dict, metrics: dict) -> str:
@@ -564,11 +584,27 @@ class Zoo:
         return load_zoo_data(self.run_dir, name)
 
 
-def _manifest(run_dir: pathlib.Path) -> dict:
-    path = pathlib.Path(run_dir) / MANIFEST
+def read_manifest(run_dir: str | pathlib.Path) -> dict:
+    """A zoo run's manifest (``zoo.json``): its config, data sets and models (see the module docstring).
+
+    Raises:
+      FileNotFoundError: no manifest (the zoo was not trained there).
+      DamagedFileError: (a ``ValueError``) the manifest is not valid JSON; the message says what to rerun.
+    """
+    from funsim.models.io import DamagedFileError
+
+    run_dir = pathlib.Path(run_dir)
+    path = run_dir / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"No zoo manifest {path}: train the zoo first (funsim zoo --config ... --run ...).")
-    return read_json(path)
+    try:
+        return read_json(path)
+    except DamagedFileError as e:
+        raise DamagedFileError(
+            f"{e.args[0].split(' Delete it')[0]} Rerun `funsim zoo --config {run_dir / 'config.json'} --run "
+            f"{run_dir.name} --root {run_dir.parent.parent}` (or the command you ran): it rebuilds the manifest "
+            "without retraining the finished models."
+        ) from None
 
 
 def load_zoo(run_dir: str | pathlib.Path, *, datasets: tuple[str, ...] | None = None, step: int | None = None,
@@ -588,10 +624,11 @@ def load_zoo(run_dir: str | pathlib.Path, *, datasets: tuple[str, ...] | None = 
     import jax
     from flax import nnx
 
+    from funsim.models.io import DamagedFileError
     from funsim.models.train import load_checkpoint
 
     run_dir = pathlib.Path(run_dir)
-    manifest = _manifest(run_dir)
+    manifest = read_manifest(run_dir)
     if not manifest.get("complete") and not allow_incomplete:
         raise ValueError(
             f"The zoo in {run_dir} is incomplete ({len(manifest['models'])} models so far): rerun the same "
@@ -606,7 +643,15 @@ def load_zoo(run_dir: str | pathlib.Path, *, datasets: tuple[str, ...] | None = 
         if datasets is not None and e["dataset"] not in datasets:
             continue
         # abstract first: the checkpoint overwrites every parameter
-        model = load_checkpoint(nnx.eval_shape(lambda e=e: _build(e["build"])), run_dir / e["workdir"], step)
+        try:
+            model = load_checkpoint(nnx.eval_shape(lambda e=e: _build(e["build"])), run_dir / e["workdir"], step)
+        except DamagedFileError as err:
+            rerun = (f"`funsim zoo --config {run_dir / 'config.json'} --run {run_dir.name} --root "
+                     f"{run_dir.parent.parent}` (or the command you ran)")
+            fix = (f"For this zoo, rerun {rerun}: it sets the damaged checkpoint aside and retrains {mid} from its last "
+                   "good one." if step is None else
+                   f"For this zoo, delete {run_dir / e['workdir']} and rerun {rerun} to retrain {mid}.")
+            raise DamagedFileError(f"Model {mid} of the zoo in {run_dir}: {err} {fix}") from None
         if any(isinstance(v, jax.ShapeDtypeStruct) for v in jax.tree.leaves(nnx.state(model))):
             raise ValueError(f"{mid}: its checkpoint does not hold every variable of the rebuilt model.")
         out[mid] = ZooModel(
@@ -627,7 +672,7 @@ def load_zoo_data(run_dir: str | pathlib.Path, dataset: str) -> ZooData:
     Raises:
       ValueError: the data set is not in the zoo, was skipped, or differs from the trained one.
     """
-    manifest = _manifest(pathlib.Path(run_dir))
+    manifest = read_manifest(run_dir)
     d = manifest["datasets"].get(dataset)
     if d is None or d["status"] != "ok":
         why = "was not in its config" if d is None else f"was skipped: {d['reason']}"

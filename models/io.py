@@ -1,21 +1,25 @@
-"""Files on disk for models and runs: atomic writes, JSON, and orbax checkpoints.
+"""Files on disk for models and runs: atomic writes, JSON, run setups, checksums and orbax checkpoints.
 
 Everything here writes atomically (a temp file in the same directory, then
 ``os.replace``), so a reader never sees a partial file even if the writer is
 killed, and every file gets the usual permissions (``0666 & ~umask``, e.g.
-``0644``), not the ``0600`` of the temp file. :mod:`experiments.io` re-exports
-these names; :mod:`models.train` uses them, so the layering runs
-``similarity <- models <- experiments``.
+``0644``), not the ``0600`` of the temp file. Readers name the file they cannot
+read (:class:`DamagedFileError`). Checkpoints carry a checksum manifest, written
+before they become visible and verified before they are restored
+(:class:`CheckpointManager`). :mod:`experiments.io` re-exports these names;
+:mod:`models.train` uses them, so the layering runs ``similarity <- models <- experiments``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
 import tempfile
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 import numpy as np
@@ -25,7 +29,20 @@ __all__ = [
     "write_atomic",
     "write_json_atomic",
     "read_json",
+    "DamagedFileError",
+    "SetupMismatchError",
+    "fingerprint",
+    "setup_diff",
+    "check_setup",
+    "CHECKSUMS",
+    "sha256_file",
+    "directory_checksums",
+    "write_directory_checksums",
+    "directory_problem",
+    "has_checksums",
+    "CheckpointManager",
     "checkpoint_manager",
+    "checkpoint_problem",
 ]
 
 
@@ -99,17 +116,365 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
     return write_atomic(path, lambda f: f.write(text.encode()))
 
 
+class DamagedFileError(ValueError):
+    """A result file or checkpoint that is truncated, corrupted or unreadable.
+
+    The message names the file and says how to recover (what to delete, or what
+    to rerun). A :class:`ValueError`, so code that catches bad input catches it too.
+    """
+
+
+class SetupMismatchError(ValueError):
+    """A resume refused because the saved setup (config, model or data) differs; the message lists the differences."""
+
+
 def read_json(path: str | os.PathLike) -> Any:
-    """Read a JSON file."""
-    with open(path) as f:
-        return json.load(f)
+    """Read a JSON file; a truncated or damaged one is a :class:`DamagedFileError` naming it.
+
+    Examples:
+      >>> import tempfile, pathlib
+      >>> p = pathlib.Path(tempfile.mkdtemp()) / "cut.json"
+      >>> _ = p.write_text('{"rows": [1, 2')
+      >>> try:
+      ...     read_json(p)
+      ... except DamagedFileError as e:
+      ...     print(str(e).split(" is ")[0] == str(p), "not valid JSON" in str(e))
+      True True
+    """
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DamagedFileError(
+            f"{path} is not valid JSON: it is truncated or damaged ({e}). Delete it and rerun the command that "
+            "wrote it (a rerun recomputes what is missing)."
+        ) from None
 
 
-def checkpoint_manager(workdir: str | os.PathLike):
-    """An orbax ``CheckpointManager`` for ``workdir/checkpoints`` (synchronous, keeps every step)."""
-    import orbax.checkpoint as ocp
+# ----------------------------------------------------------------------------- run identity
 
-    return ocp.CheckpointManager(
-        (pathlib.Path(workdir) / "checkpoints").absolute(),
-        options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True, enable_async_checkpointing=False),
-    )
+
+def fingerprint(*arrays: Any) -> str:
+    """SHA-1 of arrays' shapes, dtypes and bytes: the identity of data or parameters in a run's setup.
+
+    Examples:
+      >>> fingerprint(np.arange(3)) == fingerprint(np.arange(3)) != fingerprint(np.arange(3.0))
+      True
+    """
+    h = hashlib.sha1()
+    for a in arrays:
+        a = np.ascontiguousarray(np.asarray(a))
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def setup_diff(saved: Mapping, now: Mapping, prefix: str = "") -> list[str]:
+    """The differences between two setups (JSON-like dicts), one line per differing key, nested keys dotted.
+
+    Examples:
+      >>> setup_diff({"config": {"lr": 0.1, "steps": 5}}, {"config": {"lr": 0.2, "steps": 5}, "seed": 1})
+      ['config.lr: saved 0.1, now 0.2', "seed: saved '<absent>', now 1"]
+    """
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        a, b = saved.get(k, "<absent>"), now.get(k, "<absent>")
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += setup_diff(a, b, prefix + k + ".")
+        elif a != b:
+            out.append(f"{prefix}{k}: saved {a!r}, now {b!r}")
+    return out
+
+
+def _with_defaults(saved: Any, defaults: Any) -> Any:
+    """``saved`` with the keys of ``defaults`` it lacks added (recursively): settings introduced after it was saved."""
+    if not isinstance(saved, Mapping) or not isinstance(defaults, Mapping):
+        return saved
+    out = dict(saved)
+    for k, v in defaults.items():
+        out[k] = _with_defaults(out[k], v) if k in out else v
+    return out
+
+
+def check_setup(path: str | os.PathLike, now: Mapping, *, refusal: str, fix: str,
+                defaults: Mapping | None = None) -> bool:
+    """Write the setup ``now`` to ``path`` (JSON), or refuse if ``path`` holds a different one.
+
+    The one "refuse a changed setup" check: :func:`models.train.train` uses it for
+    its ``train_config.json``, the drivers (through ``experiments.io``) for their
+    ``config.json``. Keys of ``defaults`` missing from the saved setup (options
+    added since it was written) count as their default values.
+
+    Args:
+      path: the saved setup.
+      now: this run's setup (JSON-like: see :func:`to_jsonable`).
+      refusal: the error's first line, e.g. ``"Refusing to resume the run in W"``.
+      fix: the error's last line: what the user can do.
+      defaults: values of settings that older saved setups may lack.
+
+    Returns:
+      True if the setup was written (a fresh run), False if it matched the saved one.
+
+    Raises:
+      SetupMismatchError: the saved setup differs; every difference is listed.
+      DamagedFileError: the saved setup is not valid JSON.
+
+    Examples:
+      >>> import tempfile, pathlib
+      >>> p = pathlib.Path(tempfile.mkdtemp()) / "config.json"
+      >>> check_setup(p, {"a": 1}, refusal="No", fix="Fix it."), check_setup(p, {"a": 1}, refusal="No", fix="Fix it.")
+      (True, False)
+      >>> try:
+      ...     check_setup(p, {"a": 2}, refusal="No", fix="Fix it.")
+      ... except SetupMismatchError as e:
+      ...     print(e)
+      No:
+        a: saved 1, now 2
+      Fix it.
+    """
+    path = pathlib.Path(path)
+    now = to_jsonable(now)
+    if not path.exists():
+        write_json_atomic(path, now)
+        return True
+    saved = read_json(path)
+    diffs = setup_diff(_with_defaults(saved, to_jsonable(defaults or {})), now)
+    if diffs:
+        raise SetupMismatchError(f"{refusal}:\n  " + "\n  ".join(diffs) + f"\n{fix}")
+    return False
+
+
+# ----------------------------------------------------------------------------- checksums
+
+
+CHECKSUMS = "funsim_checksums.json"
+"""The name of the checksum manifest inside a checkpoint directory (and beside result files)."""
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes (hex)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def directory_checksums(directory: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"bytes": size, "sha256": hex}}`` of every file under ``directory`` but :data:`CHECKSUMS`."""
+    directory = pathlib.Path(directory)
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        if p.is_file() and p.name != CHECKSUMS:
+            out[p.relative_to(directory).as_posix()] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    return out
+
+
+def write_directory_checksums(directory: str | os.PathLike) -> pathlib.Path:
+    """Hash every file of ``directory`` into ``directory/funsim_checksums.json`` (atomically)."""
+    directory = pathlib.Path(directory)
+    return write_json_atomic(directory / CHECKSUMS, {"format": 1, "files": directory_checksums(directory)})
+
+
+def directory_problem(directory: str | os.PathLike) -> str | None:
+    """Why ``directory`` does not match its checksum manifest (a missing, truncated or changed file), or None.
+
+    A directory without a manifest (saved before checksums were recorded) has no
+    problem that can be seen: None.
+    """
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        return f"{directory} is missing"
+    manifest = directory / CHECKSUMS
+    if not manifest.is_file():
+        return None
+    try:
+        files = read_json(manifest)["files"]
+    except (DamagedFileError, KeyError, TypeError):
+        return f"its checksum manifest {manifest} is unreadable"
+    for rel, want in files.items():
+        p = directory / rel
+        if not p.is_file():
+            return f"{p} is missing"
+        size = p.stat().st_size
+        if size != want["bytes"]:
+            return f"{p} is {size} bytes, {want['bytes']} when it was saved (truncated or overwritten)"
+        if sha256_file(p) != want["sha256"]:
+            return f"{p} does not match the SHA-256 recorded when it was saved (its bytes changed)"
+    return None
+
+
+def has_checksums(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` carries a checksum manifest (everything saved by this version does)."""
+    return (pathlib.Path(directory) / CHECKSUMS).is_file()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+class CheckpointManager:
+    """orbax checkpoints of one training workdir (``workdir/checkpoints/<step>/``), each with its checksums.
+
+    * :meth:`save` writes the checkpoint with orbax into ``workdir/checkpoints.incoming/``,
+      hashes its files into ``<step>/funsim_checksums.json`` and only then moves it
+      to ``checkpoints/<step>`` (one rename): a checkpoint that is visible carries its
+      checksums, even if the process is killed at any moment.
+    * :meth:`restore` verifies the checksums first; a damaged checkpoint raises
+      :class:`DamagedFileError` naming the file and what to delete, instead of
+      loading wrong parameters (or failing deep inside orbax).
+    * :meth:`latest_step` (what a resumed run starts from) is the newest checkpoint
+      that verifies: newer damaged ones are moved to ``workdir/damaged_checkpoints/``
+      with a warning naming them, and training redoes their steps.
+
+    Checkpoints saved before checksums were recorded load as before, unverified.
+    """
+
+    def __init__(self, workdir: str | os.PathLike):
+        import orbax.checkpoint as ocp
+
+        self.workdir = pathlib.Path(workdir).absolute()
+        self.directory = self.workdir / "checkpoints"
+        self._ocp = ocp
+        self._options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True, enable_async_checkpointing=False)
+        self._manager = self._open(self.directory)
+        self._incoming = None
+        self._verified: set[int] = set()
+
+    def _open(self, directory: pathlib.Path):
+        try:
+            return self._ocp.CheckpointManager(directory, options=self._options)
+        except Exception as e:  # orbax reads every step's metadata here
+            raise DamagedFileError(
+                f"The checkpoints in {directory} cannot be listed ({type(e).__name__}: {str(e)[:300]}). Move the "
+                f"damaged step directory out of {directory} (or delete {self.workdir} to start this training afresh)."
+            ) from None
+
+    def step_dir(self, step: int) -> pathlib.Path:
+        """The directory of checkpoint ``step``."""
+        return self.directory / str(int(step))
+
+    def all_steps(self) -> list[int]:
+        """Every saved step (sorted), verified or not."""
+        return sorted(int(s) for s in self._manager.all_steps())
+
+    def problem(self, step: int) -> str | None:
+        """Why checkpoint ``step`` is damaged, or None (unverifiable legacy checkpoints: None)."""
+        if int(step) in self._verified:
+            return None
+        why = directory_problem(self.step_dir(step))
+        if why is None and has_checksums(self.step_dir(step)):
+            self._verified.add(int(step))
+        return why
+
+    def verify(self, step: int) -> None:
+        """Raise :class:`DamagedFileError` (naming the file and the fix) if checkpoint ``step`` is damaged."""
+        why = self.problem(step)
+        if why is not None:
+            d = self.step_dir(step)
+            raise DamagedFileError(
+                f"Checkpoint {d} is damaged: {why}. Delete {d} and rerun the training that wrote it (it resumes from "
+                "the previous checkpoint and writes this one again), or restore it from a backup."
+            )
+
+    def set_aside(self, step: int) -> pathlib.Path:
+        """Move checkpoint ``step`` to ``workdir/damaged_checkpoints/`` (kept for inspection); returns where."""
+        dest_root = self.workdir / "damaged_checkpoints"
+        dest_root.mkdir(parents=True, exist_ok=True)
+        dest, k = dest_root / str(int(step)), 1
+        while dest.exists():
+            dest, k = dest_root / f"{int(step)}.{k}", k + 1
+        os.replace(self.step_dir(step), dest)
+        self._verified.discard(int(step))
+        self._manager.reload()
+        return dest
+
+    def latest_step(self) -> int | None:
+        """The newest checkpoint that verifies; newer damaged ones are set aside with a warning."""
+        for step in reversed(self.all_steps()):
+            why = self.problem(step)
+            if why is None:
+                return step
+            d = self.step_dir(step)
+            dest = self.set_aside(step)
+            older = [s for s in self.all_steps() if s < step]
+            then = f"resuming from step {older[-1]}" if older else "no earlier checkpoint: starting afresh"
+            warnings.warn(f"Checkpoint {d} is damaged: {why}. Moved it to {dest}; {then}.", RuntimeWarning,
+                          stacklevel=2)
+        return None
+
+    def save(self, step: int, *, args: Any) -> None:
+        """Save checkpoint ``step`` (orbax ``args``), with its checksums, then make it visible."""
+        import shutil
+
+        step = int(step)
+        incoming = self.workdir / "checkpoints.incoming"
+        if (incoming / str(step)).exists():  # left by a process killed mid-save
+            shutil.rmtree(incoming / str(step))
+        if self._incoming is None:
+            self._incoming = self._ocp.CheckpointManager(incoming, options=self._options)
+        else:
+            self._incoming.reload()
+        self._incoming.save(step, args=args, force=True)
+        self._incoming.wait_until_finished()
+        write_directory_checksums(incoming / str(step))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        os.replace(incoming / str(step), self.step_dir(step))
+        _fsync_dir(self.directory)
+        self._incoming.reload()
+        self._manager.reload()
+        self._verified.add(step)
+
+    def restore(self, step: int, *, args: Any) -> Any:
+        """Verify checkpoint ``step``, then restore it (orbax ``args``, e.g. ``StandardRestore(template)``)."""
+        self.verify(step)
+        try:
+            return self._manager.restore(int(step), args=args)
+        except Exception as e:
+            d = self.step_dir(step)
+            if has_checksums(d):  # the bytes are as saved: the template (the model) does not fit
+                raise
+            raise DamagedFileError(
+                f"Checkpoint {d} cannot be read ({type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}); it was "
+                f"saved without checksums, so it is damaged or of a different model. Delete {d} and rerun the training "
+                "that wrote it (it resumes from the previous checkpoint)."
+            ) from None
+
+    def wait_until_finished(self) -> None:
+        """Saves are synchronous: nothing to wait for (kept for orbax's interface)."""
+
+    def close(self) -> None:
+        self._manager.close()
+        if self._incoming is not None:
+            self._incoming.close()
+
+
+def checkpoint_manager(workdir: str | os.PathLike) -> CheckpointManager:
+    """The :class:`CheckpointManager` of ``workdir/checkpoints`` (synchronous, keeps every step, checksummed)."""
+    return CheckpointManager(workdir)
+
+
+def checkpoint_problem(workdir: str | os.PathLike, step: int | None = None) -> str | None:
+    """Why checkpoint ``step`` (default: the newest) of ``workdir`` is damaged or missing, or None.
+
+    Checkpoints saved before checksums were recorded cannot be verified: None.
+    """
+    directory = pathlib.Path(workdir) / "checkpoints"
+    if step is None:
+        steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()] if directory.is_dir() else []
+        if not steps:
+            return f"{directory} holds no checkpoint"
+        step = max(steps)
+    return directory_problem(directory / str(int(step)))

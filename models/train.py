@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +36,9 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from funsim.models.io import checkpoint_manager as _checkpoint_manager
+from funsim.models.io import fingerprint as _fingerprint
 from funsim.models.io import read_json, to_jsonable, write_json_atomic
+from funsim.models.io import setup_diff as _diff
 
 __all__ = [
     "TrainConfig", "TrainResult", "train", "power_schedule", "list_checkpoints", "load_checkpoint", "random_crop_flip",
@@ -238,15 +239,6 @@ def _evaluate_chunked(graphdef, params, rest, chunk, x_test, y_test, x_train, y_
     return out
 
 
-def _fingerprint(*arrays) -> str:
-    h = hashlib.sha1()
-    for a in arrays:
-        a = np.ascontiguousarray(np.asarray(a))
-        h.update(f"{a.shape}{a.dtype}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
 def _loss_and_accuracy(logits, y):
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
     acc = (jnp.argmax(logits, axis=-1) == y).mean()
@@ -294,17 +286,6 @@ def _with_new_defaults(saved: dict) -> dict:
     fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     config = {**to_jsonable(fields), **saved.get("config", {})}
     return {**saved, "config": config}
-
-
-def _diff(saved: dict, now: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k in sorted(set(saved) | set(now)):
-        a, b = saved.get(k, "<absent>"), now.get(k, "<absent>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _diff(a, b, prefix + k + ".")
-        elif a != b:
-            out.append(f"{prefix}{k}: saved {a!r}, now {b!r}")
-    return out
 
 
 def train(

@@ -153,6 +153,51 @@ def test_interrupted_study_resumes_to_the_same_table(tiny, monkeypatch):
         S.run(S.config_from_dict({**TINY, "n_rows": 64}), root=root, run_name="resumed", progress=False)
 
 
+def test_damaged_result_files_are_named_refused_and_recomputed(tiny, capsys):
+    """A cut table is refused (mid-line and at a line boundary), a damaged unit is recomputed, every reader
+    names its file; the study's rerun repairs the table."""
+    import shutil
+
+    from funsim.experiments.io import DamagedFileError
+
+    root, run = tiny
+    out = root / "similarity_study" / "damaged"
+    shutil.copytree(run, out)
+    table = out / "comparisons.csv"
+    good = table.read_bytes()
+    n_rows = good.count(b"\n") - 1
+    cut_mid_line = good[: good.index(b"\n", len(good) // 2) + 10]
+    cut_at_line = good[: good.index(b"\n", len(good) // 2) + 1]
+    for cut in (cut_mid_line, cut_at_line):
+        table.write_bytes(cut)
+        with pytest.raises(DamagedFileError, match=rf"{table} does not match its manifest.*\({n_rows} rows\).*"
+                                                   r"Rerun the similarity study"):
+            S.read_table(table)
+        with pytest.raises(DamagedFileError, match=str(table)):
+            ui.report(out, options=ui.ReportOptions(n_resamples=10, n_permutations=10), log=lambda s: None)
+        assert cli.main(["report", "usable-information", "--run", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert str(table) in err and "Traceback" not in err
+    # read without the manifest, a row cut mid-line is still named (it used to be a TypeError in the report)
+    table.write_bytes(cut_mid_line)
+    last_line = cut_mid_line.count(b"\n") + 1
+    with pytest.raises(DamagedFileError, match=rf"{table}, line {last_line}: \d+ fields where the header has 12"):
+        S.read_table(table, verify=False)
+    # a truncated unit file is recomputed by the rerun, which rewrites the table: identical to the original
+    unit = sorted((out / "pairs" / "digits").glob("*.json"))[0]
+    unit.write_bytes(unit.read_bytes()[:50])
+    with pytest.raises(DamagedFileError, match=rf"{unit} is not valid JSON"):
+        read_json(unit)
+    with pytest.warns(RuntimeWarning, match=rf"{unit} is damaged.*recomputing it"):
+        S.run(S.config_from_dict(TINY), root=root, run_name="damaged", progress=False, log=lambda s: None)
+    assert table.read_bytes() == good
+    assert S.read_table(table)["value"].shape == (n_rows,)
+    # the report names a damaged metrics.json too
+    (out / "metrics.json").write_text('{"zoo": ')
+    with pytest.raises(DamagedFileError, match=rf"{out / 'metrics.json'} is not valid JSON"):
+        ui.report(out, log=lambda s: None)
+
+
 def test_bad_config_and_missing_zoo(tmp_path):
     for cfg in S.CONFIGS.values():  # every shipped config is valid (measures, families, options)
         S._check_config(cfg)
