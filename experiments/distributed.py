@@ -179,6 +179,9 @@ def initialize(env: Mapping[str, str] | None = None) -> Setup:
     Call it once, first thing, before any other JAX call (JAX fixes its device
     list on first use). A second call is a no-op. On the CPU it turns on gloo
     collectives, so that jitted programs over the global mesh work across processes.
+    In a multi-process run an uncaught exception ends the process at once
+    (status 1) instead of waiting at JAX's shutdown barrier for the others, so
+    that they stop too.
 
     Args:
       env: the environment to read (default ``os.environ``); see :func:`setup_from_env`.
@@ -200,6 +203,7 @@ def initialize(env: Mapping[str, str] | None = None) -> Setup:
     timeouts = dict(initialization_timeout=setup.init_timeout_s,
                     heartbeat_timeout_seconds=setup.heartbeat_timeout_s,
                     shutdown_timeout_seconds=setup.shutdown_timeout_s)
+    _exit_at_once_on_uncaught_exceptions()
     if setup.mode == "explicit":
         jax.distributed.initialize(coordinator_address=setup.coordinator, num_processes=setup.num_processes,
                                    process_id=setup.process_id, coordinator_bind_address=setup.bind_address,
@@ -207,6 +211,36 @@ def initialize(env: Mapping[str, str] | None = None) -> Setup:
     else:
         jax.distributed.initialize(**timeouts)
     return setup
+
+
+def _exit_at_once_on_uncaught_exceptions() -> None:
+    """After an uncaught exception, print it and end the process at once.
+
+    At exit JAX waits at a shutdown barrier until every process gets there (up to
+    ``shutdown_timeout_s``): a process that crashed would sit there while the
+    others keep computing, and neither ``funsim launch`` nor the others would
+    notice. Ending it at once (status 1; 130 for Ctrl-C) lets the launcher stop
+    the others and the coordination service tell them that a process died.
+    Results are written atomically, so nothing half-written is left behind.
+    """
+    import sys
+
+    previous = sys.excepthook
+    if getattr(previous, "_funsim_exits_at_once", False):
+        return
+
+    def hook(kind, value, tb):
+        try:
+            previous(kind, value, tb)
+            print(f"{log_prefix()}funsim: this process failed with {kind.__name__}; ending it now so that the "
+                  "other processes of the run stop too.", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(130 if issubclass(kind, KeyboardInterrupt) else 1)
+
+    hook._funsim_exits_at_once = True
+    sys.excepthook = hook
 
 
 def is_initialized() -> bool:
