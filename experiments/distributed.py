@@ -264,7 +264,7 @@ def process_index() -> int:
 
 
 def process_count() -> int:
-    """The number of processes: ``jax.process_count()`` after :func:`initialize`, else :data:`ENV_NUM_PROCESSES` or 1."""
+    """The number of processes: ``jax.process_count()`` after :func:`initialize`, else the environment's or 1."""
     import jax
 
     if jax.distributed.is_initialized():
