@@ -305,10 +305,11 @@ def rows_across_processes(local: Any, /) -> Any:
     """One global array from each process's own rows: process 0's rows first, then process 1's, ...
 
     For a process that holds only its share of the samples: pass the result to
-    :func:`funsim.similarity.compare_grid` (moment measures), and each device
-    holds only its rows; the per-layer statistics are summed across processes by
-    XLA's collectives. In a single process it is the rows themselves, on the
-    default device.
+    :func:`funsim.similarity.compare_grid` (moment measures only). Each layer's
+    means and second moments are summed across processes by XLA's collectives;
+    the cross moments of layer pairs gather each chunk of rows onto every device
+    (``chunk_size`` bounds it). In a single process it is the rows themselves,
+    on the default device.
 
     Args:
       local: ``(n_local, ...)`` this process's rows (numpy or jax). Every process

@@ -11,8 +11,9 @@ identical NaN patterns.
   global mesh, every process gets the full tables (12 measures: every family,
   moment and per-layer-statistics measures, both directions).
 * Each process holds only its own rows (``distributed.rows_across_processes``):
-  the sample axis is sharded, the moment measures' statistics are summed by
-  collectives; a measure that needs every row in one place is refused with a clear error.
+  the sample axis is sharded, the moment measures' per-layer sums are added up
+  by collectives; a measure that needs every row in one place is refused with a
+  clear error.
 
 Only the first test runs in ``make test``; the rest are marked slow.
 """
@@ -246,7 +247,7 @@ def test_undefined_cells_same_as_one_process(pair_with_a_dead_unit, tmp_path):
 @pytest.mark.parametrize("n, devices, chunk", [(2, 1, None), (3, 1, None), (2, 2, None), (2, 1, 10)],
                          ids=["2proc", "3proc", "2proc-2dev", "2proc-chunked"])
 def test_local_rows_same_tables_as_one_process(model_pair, tmp_path, n, devices, chunk):
-    """Each process loads only its rows; the moment measures sum their statistics across processes."""
+    """Each process loads only its rows (sample axis sharded); the moment measures give one process's tables."""
     from funsim import similarity
 
     measures = similarity.MOMENT_MEASURES
