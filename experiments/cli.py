@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "language": ("funsim.experiments.language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
     "similarity-study": ("funsim.experiments.similarity_study", "every measure on every layer pair of every model pair of a zoo"),
     "report": ("funsim.experiments.report", "reports over finished runs, e.g. `funsim report usable-information --run DIR`"),
+    "launch": ("funsim.experiments.launch", "run a subcommand or script as N local processes of one multi-process run"),
 }
 
 

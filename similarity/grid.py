@@ -217,6 +217,28 @@ def _replicate(plan: _Plan, tree):
     return jax.device_put(tree, NamedSharding(plan.mesh, P()))
 
 
+def _replicate_computed(plan: _Plan, tree):
+    """Replicate statistics that every process computed from the same checked inputs.
+
+    Across processes, ``jax.device_put`` onto a global mesh first checks that
+    every process passes equal values; NaN (the statistic of an undefined cell,
+    e.g. a rank-deficient layer) never equals itself and fails that check, and
+    so would last-bit differences between hosts. The inputs themselves still go
+    through :func:`_replicate` and its check; each process places its own copy
+    of what it derived from them.
+    """
+    if plan.mesh is None or jax.process_count() == 1:
+        return _replicate(plan, tree)
+    sharding = NamedSharding(plan.mesh, P())
+
+    def place(t):
+        if isinstance(t, jax.Array) and not t.is_fully_addressable:  # already global: reshard, no value check
+            return jax.device_put(t, sharding)
+        return jax.make_array_from_process_local_data(sharding, np.asarray(t), np.shape(t))
+
+    return jax.tree.map(place, tree)
+
+
 def _to_host(x) -> np.ndarray:
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
@@ -471,7 +493,7 @@ def _cross_moments(lay: _Layers, mo: _Moments, means: dict, lms: dict, da: int, 
     shard = None if plan.mesh is None else NamedSharding(plan.mesh, P(None, "pairs"))
     acc = None
     for lo, hi in mo.chunks:
-        rest = _replicate(plan, (ma_tr, mb_tr, ma_all, mb_all, *mo.weights(lo, hi), pad_a))
+        rest = _replicate_computed(plan, (ma_tr, mb_tr, ma_all, mb_all, *mo.weights(lo, hi), pad_a))
         acc = _add(acc, _acc_cross(_replicate(plan, _chunk(lay, lay.va, idx_a, lo, hi)),
                                    _replicate(plan, _chunk(lay, lay.vb, lay.groups_b[db], lo, hi)),
                                    *rest, sharding=shard, **mo.acc_flags))
@@ -607,8 +629,8 @@ def _moment_tables(lay: _Layers, moment, *, reverse, weights, chunk_size, plan):
         pg = _pair_group(lay, da, db, plan.ndev)
         pairs = _cross_moments(lay, mo, means, lms, da, db, pg, plan)
         ia_s, jb_s = _put_pairs(plan, pg.ia, pg.jb)
-        res_f, res_r = evaluate(*_replicate(plan, (lms["a", da], lms["b", db], extras["a", da], extras["b", db])),
-                                ia_s, jb_s, pairs)
+        stats = _replicate_computed(plan, (lms["a", da], lms["b", db], extras["a", da], extras["b", db]))
+        res_f, res_r = evaluate(*stats, ia_s, jb_s, pairs)
         rows = np.asarray(lay.groups_a[da])[pg.ia[: pg.n_real]]
         cols = np.asarray(lay.groups_b[db])[pg.jb[: pg.n_real]]
         for out, res in ((fwd, res_f), (rev, res_r)):
@@ -671,7 +693,8 @@ def _generic_table(lay: _Layers, m: Measure, *, reverse, plan, stats_budget, sta
     st = m.stats if _stats_fit(m.stats, lay.n, widths, lay.dtype, stats_budget) else None
     if st is not None:  # per-layer work once per layer
         layer = _map_layers_seq_jit(st.layer)
-        src = {(side, d): _replicate(plan, layer(stacks(side, d))) for side in "ab" for d in lay.side(side)[1]}
+        src = {(side, d): _replicate_computed(plan, layer(stacks(side, d)))
+               for side in "ab" for d in lay.side(side)[1]}
         pair = _map_pairs_jit(st.pair)
     else:
         src = {(side, d): stacks(side, d) for side in "ab" for d in lay.side(side)[1]}
@@ -703,6 +726,28 @@ def _check_finite(name: str, t: np.ndarray, lay: _Layers, *, moment: bool, rever
             f" Undefined for those layers: call similarity.measure({name!r})(a, b) on that pair to see which "
             "input check fails.")
     raise ValueError(f"{name}{' (reverse)' if reverse else ''}: the entry for {args} is not finite.{hint}")
+
+
+def _refuse_process_sharded(reps_a, reps_b, measure_name: str) -> None:
+    """Raise for a layer spread over several processes when a measure needs all of its rows in one place.
+
+    Moment measures sum over rows, so a layer whose rows are sharded across
+    processes (a ``jax.Array`` that is not fully addressable) works for them;
+    the others build per-layer statistics over all samples (RDMs, kernels, bases).
+    """
+    for name, reps in (("reps_a", reps_a), ("reps_b", reps_b)):
+        if reps is None:
+            continue
+        keys, vals = _as_layers(reps, name)
+        for k, z in enumerate(vals):
+            if isinstance(z, jax.Array) and not z.is_fully_addressable:
+                raise ValueError(
+                    f"{name}[{k}] ({keys[k]!r}, shape {tuple(z.shape)}) is spread over several processes, and "
+                    f"measure {measure_name!r} needs every row of a layer in each process. With rows sharded "
+                    f"across processes use the moment measures only (similarity.MOMENT_MEASURES, e.g. "
+                    f"{', '.join(MOMENT_MEASURES[:3])}), or gather the rows first: "
+                    "jax.experimental.multihost_utils.process_allgather(x, tiled=True)."
+                )
 
 
 # ----------------------------------------------------------------------------- public
@@ -779,6 +824,8 @@ def compare_grid(
     reverse = V.check_bool(reverse, "reverse")
     measures = [measures] if isinstance(measures, str) else list(measures)
     moment, generic = _resolve(measures, streaming=streaming)
+    if generic:
+        _refuse_process_sharded(reps_a, reps_b, generic[0][0])
     # Generic measures need the eager value checks; the moment measures check
     # values inside their first pass (cheaper, and possible while streaming).
     lay = _prepare(reps_a, reps_b, eager_values=bool(generic), streaming=streaming)

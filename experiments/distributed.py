@@ -1,0 +1,360 @@
+"""One process or many: the multi-process set-up every driver calls first.
+
+JAX's multi-controller runtime runs one Python process per host (or per
+accelerator), all executing the same program; ``jax.distributed.initialize``
+connects them, after which ``jax.devices()`` lists every process's devices and a
+jitted computation over a global mesh spans all of them. :func:`initialize` is
+the one call a driver makes, before any other JAX call, to join such a run:
+
+* started by ``funsim launch -n N``: the launcher sets :data:`ENV_COORDINATOR`,
+  :data:`ENV_NUM_PROCESSES` and :data:`ENV_PROCESS_ID` (and a loopback bind
+  address); :func:`initialize` passes them to ``jax.distributed.initialize``;
+* on a SLURM job step (``srun``) or a Cloud TPU pod slice, with
+  ``FUNSIM_DISTRIBUTED=1`` in the environment: ``jax.distributed.initialize()``
+  with no arguments (JAX reads the cluster's own environment);
+* otherwise (one process): nothing happens, and the driver runs as before.
+
+On the CPU the processes exchange data through gloo
+(``jax_cpu_collectives_implementation="gloo"``), which :func:`initialize` turns on.
+
+A process that dies is noticed by the others through the coordination
+service's heartbeats: after ``heartbeat_timeout_s`` seconds without one the
+survivors stop with an error naming the missing task, instead of waiting
+forever in a collective. ``funsim launch`` also stops the other processes as
+soon as one exits with an error.
+
+:func:`is_main_process` (process 0) is the one that shows progress bars and
+writes shared files; :func:`log_prefix` labels each process's log lines.
+
+See ``docs/distributed.md`` for the commands (``funsim launch``, ``srun``,
+``gcloud compute tpus tpu-vm ssh --worker=all``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "ENV_COORDINATOR",
+    "ENV_BIND_ADDRESS",
+    "ENV_NUM_PROCESSES",
+    "ENV_PROCESS_ID",
+    "ENV_HEARTBEAT_TIMEOUT",
+    "ENV_INIT_TIMEOUT",
+    "ENV_SHUTDOWN_TIMEOUT",
+    "ENV_CLUSTER",
+    "Setup",
+    "setup_from_env",
+    "initialize",
+    "is_initialized",
+    "process_index",
+    "process_count",
+    "is_main_process",
+    "log_prefix",
+    "show_progress",
+    "rows_across_processes",
+]
+
+ENV_COORDINATOR = "FUNSIM_COORDINATOR"
+"""``host:port`` of process 0's coordination service (set by ``funsim launch``)."""
+ENV_BIND_ADDRESS = "FUNSIM_COORDINATOR_BIND"
+"""``host:port`` process 0's coordination service binds to (default: the coordinator's own address)."""
+ENV_NUM_PROCESSES = "FUNSIM_NUM_PROCESSES"
+"""The number of processes of the run."""
+ENV_PROCESS_ID = "FUNSIM_PROCESS_ID"
+"""This process's index, ``0 .. N - 1``."""
+ENV_HEARTBEAT_TIMEOUT = "FUNSIM_HEARTBEAT_TIMEOUT"
+"""Seconds without a heartbeat after which a process counts as dead (default :data:`HEARTBEAT_TIMEOUT_S`)."""
+ENV_INIT_TIMEOUT = "FUNSIM_INIT_TIMEOUT"
+"""Seconds to wait for every process to connect (default :data:`INIT_TIMEOUT_S`)."""
+ENV_SHUTDOWN_TIMEOUT = "FUNSIM_SHUTDOWN_TIMEOUT"
+"""Seconds a finished process waits at exit for the others to finish (default :data:`SHUTDOWN_TIMEOUT_S`)."""
+ENV_CLUSTER = "FUNSIM_DISTRIBUTED"
+"""``1``: call ``jax.distributed.initialize()`` with no arguments (SLURM, Cloud TPU pods)."""
+
+# JAX's defaults are 100 s (heartbeat) and 300 s (connect, shutdown). The
+# heartbeat bound is how long the survivors of a dead process wait before they
+# stop; a minute is long enough for a busy host to keep sending heartbeats.
+HEARTBEAT_TIMEOUT_S = 60
+INIT_TIMEOUT_S = 300
+SHUTDOWN_TIMEOUT_S = 300
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """How this process joins a run, as read from the environment.
+
+    Attributes:
+      mode: ``"single"`` (one process, nothing to do), ``"explicit"``
+        (coordinator, count and index given, e.g. by ``funsim launch``) or
+        ``"cluster"`` (``jax.distributed.initialize()`` detects them).
+      coordinator: ``host:port`` of the coordination service (``"explicit"`` only).
+      bind_address: ``host:port`` the service binds to on process 0 (``"explicit"`` only).
+      num_processes, process_id: the run's size and this process's index (``"explicit"`` only).
+      heartbeat_timeout_s, init_timeout_s, shutdown_timeout_s: the coordination timeouts in seconds.
+    """
+
+    mode: str
+    coordinator: str | None = None
+    bind_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S
+    init_timeout_s: int = INIT_TIMEOUT_S
+    shutdown_timeout_s: int = SHUTDOWN_TIMEOUT_S
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int | None, *, minimum: int) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer; set it to an integer "
+                         f">= {minimum} or unset it.") from None
+    if value < minimum:
+        raise ValueError(f"environment variable {name}={value} must be >= {minimum}.")
+    return value
+
+
+def setup_from_env(env: Mapping[str, str] | None = None) -> Setup:
+    """Read how this process joins a run from ``env`` (default ``os.environ``); no side effects.
+
+    Raises:
+      ValueError: an incomplete or inconsistent set of variables (the message names them and the fix).
+
+    Examples:
+      >>> setup_from_env({}).mode
+      'single'
+      >>> s = setup_from_env({"FUNSIM_COORDINATOR": "127.0.0.1:4000", "FUNSIM_NUM_PROCESSES": "2",
+      ...                     "FUNSIM_PROCESS_ID": "1"})
+      >>> s.mode, s.num_processes, s.process_id, s.bind_address
+      ('explicit', 2, 1, '127.0.0.1:4000')
+      >>> setup_from_env({"FUNSIM_DISTRIBUTED": "1"}).mode
+      'cluster'
+    """
+    env = os.environ if env is None else env
+    timeouts = dict(
+        heartbeat_timeout_s=_env_int(env, ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_S, minimum=1),
+        init_timeout_s=_env_int(env, ENV_INIT_TIMEOUT, INIT_TIMEOUT_S, minimum=1),
+        shutdown_timeout_s=_env_int(env, ENV_SHUTDOWN_TIMEOUT, SHUTDOWN_TIMEOUT_S, minimum=1),
+    )
+    explicit = {k: env.get(k) for k in (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)}
+    given = [k for k, v in explicit.items() if v]
+    if given:
+        missing = [k for k, v in explicit.items() if not v]
+        if missing:
+            raise ValueError(f"{', '.join(given)} set but {', '.join(missing)} not: a multi-process run needs all "
+                             f"three of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID} (funsim launch "
+                             "sets them), or none.")
+        coord = explicit[ENV_COORDINATOR]
+        host, sep, port = coord.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"{ENV_COORDINATOR}={coord!r} must be host:port, e.g. 127.0.0.1:12345.")
+        n = _env_int(env, ENV_NUM_PROCESSES, None, minimum=1)
+        i = _env_int(env, ENV_PROCESS_ID, None, minimum=0)
+        if i >= n:
+            raise ValueError(f"{ENV_PROCESS_ID}={i} must be below {ENV_NUM_PROCESSES}={n}.")
+        if env.get(ENV_CLUSTER, "").lower() in _TRUE:
+            raise ValueError(f"both {ENV_COORDINATOR} and {ENV_CLUSTER} are set; set the coordinator variables "
+                             f"(funsim launch) or {ENV_CLUSTER}=1 (SLURM, Cloud TPU), not both.")
+        return Setup("explicit", coord, env.get(ENV_BIND_ADDRESS) or coord, n, i, **timeouts)
+    flag = env.get(ENV_CLUSTER, "").lower()
+    if flag in _TRUE:
+        return Setup("cluster", **timeouts)
+    if flag not in ("", "0", "false", "no", "off"):
+        raise ValueError(f"{ENV_CLUSTER}={env[ENV_CLUSTER]!r}: use 1 (join the cluster's run) or 0.")
+    return Setup("single", **timeouts)
+
+
+def initialize(env: Mapping[str, str] | None = None) -> Setup:
+    """Join the multi-process run this process belongs to, or do nothing for a single process.
+
+    Call it once, first thing, before any other JAX call (JAX fixes its device
+    list on first use). A second call is a no-op. On the CPU it turns on gloo
+    collectives, so that jitted programs over the global mesh work across processes.
+    In a multi-process run an uncaught exception ends the process at once
+    (status 1) instead of waiting at JAX's shutdown barrier for the others, so
+    that they stop too.
+
+    Args:
+      env: the environment to read (default ``os.environ``); see :func:`setup_from_env`.
+
+    Returns:
+      The :class:`Setup` that was applied.
+
+    Raises:
+      ValueError: inconsistent environment variables.
+      RuntimeError: (from JAX) JAX computed something before this call, or the
+        other processes did not connect within ``init_timeout_s``.
+    """
+    setup = setup_from_env(env)
+    import jax
+
+    if setup.mode == "single" or jax.distributed.is_initialized():
+        return setup
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    timeouts = dict(initialization_timeout=setup.init_timeout_s,
+                    heartbeat_timeout_seconds=setup.heartbeat_timeout_s,
+                    shutdown_timeout_seconds=setup.shutdown_timeout_s)
+    _exit_at_once_on_uncaught_exceptions()
+    if setup.mode == "explicit":
+        jax.distributed.initialize(coordinator_address=setup.coordinator, num_processes=setup.num_processes,
+                                   process_id=setup.process_id, coordinator_bind_address=setup.bind_address,
+                                   **timeouts)
+    else:
+        jax.distributed.initialize(**timeouts)
+    return setup
+
+
+def _exit_at_once_on_uncaught_exceptions() -> None:
+    """After an uncaught exception, print it and end the process at once.
+
+    At exit JAX waits at a shutdown barrier until every process gets there (up to
+    ``shutdown_timeout_s``): a process that crashed would sit there while the
+    others keep computing, and neither ``funsim launch`` nor the others would
+    notice. Ending it at once (status 1; 130 for Ctrl-C) lets the launcher stop
+    the others and the coordination service tell them that a process died.
+    Results are written atomically, so nothing half-written is left behind.
+    """
+    import sys
+
+    previous = sys.excepthook
+    if getattr(previous, "_funsim_exits_at_once", False):
+        return
+
+    def hook(kind, value, tb):
+        try:
+            previous(kind, value, tb)
+            print(f"{log_prefix()}funsim: this process failed with {kind.__name__}; ending it now so that the "
+                  "other processes of the run stop too.", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(130 if issubclass(kind, KeyboardInterrupt) else 1)
+
+    hook._funsim_exits_at_once = True
+    sys.excepthook = hook
+
+
+def is_initialized() -> bool:
+    """Whether this process has joined a multi-process run (``jax.distributed.is_initialized()``)."""
+    import jax
+
+    return jax.distributed.is_initialized()
+
+
+def process_index() -> int:
+    """This process's index: ``jax.process_index()`` after :func:`initialize`, else :data:`ENV_PROCESS_ID` or 0.
+
+    Before :func:`initialize` it reads the environment instead of JAX, so that
+    logging early does not fix JAX's device list.
+    """
+    import jax
+
+    if jax.distributed.is_initialized():
+        return jax.process_index()
+    return _env_int(os.environ, ENV_PROCESS_ID, 0, minimum=0)
+
+
+def process_count() -> int:
+    """The number of processes: ``jax.process_count()`` after :func:`initialize`, else the environment's or 1."""
+    import jax
+
+    if jax.distributed.is_initialized():
+        return jax.process_count()
+    return _env_int(os.environ, ENV_NUM_PROCESSES, 1, minimum=1)
+
+
+def is_main_process() -> bool:
+    """True on process 0 (and in a single-process run): the process that shows progress and writes shared files."""
+    return process_index() == 0
+
+
+def log_prefix() -> str:
+    """``"[p<i>/<N>] "`` in a multi-process run, ``""`` in a single process: put it before each log line.
+
+    Examples:
+      >>> log_prefix()
+      ''
+    """
+    n = process_count()
+    return f"[p{process_index()}/{n}] " if n > 1 else ""
+
+
+def show_progress(requested: bool = True) -> bool:
+    """Whether to show a progress bar: ``requested`` and this is the main process.
+
+    Examples:
+      >>> show_progress(True), show_progress(False)
+      (True, False)
+    """
+    return bool(requested) and is_main_process()
+
+
+_MAX_NDIM = 8
+
+
+def rows_across_processes(local: Any, /) -> Any:
+    """One global array from each process's own rows: process 0's rows first, then process 1's, ...
+
+    For a process that holds only its share of the samples: pass the result to
+    :func:`funsim.similarity.compare_grid` (moment measures only). Each layer's
+    means and second moments are summed across processes by XLA's collectives;
+    the cross moments of layer pairs gather each chunk of rows onto every device
+    (``chunk_size`` bounds it). In a single process it is the rows themselves,
+    on the default device.
+
+    Args:
+      local: ``(n_local, ...)`` this process's rows (numpy or jax). Every process
+        must pass the same number of rows, a multiple of its number of local
+        devices, with the same trailing shape and dtype.
+
+    Returns:
+      ``(n_local * process_count(), ...)`` ``jax.Array`` sharded on its first
+      axis over every device (ordered by process).
+
+    Raises:
+      ValueError: the processes' shapes differ or do not divide over the local
+        devices (the message lists every process's shape and the fix).
+    """
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    local = np.asarray(local)
+    if not 1 <= local.ndim <= _MAX_NDIM:
+        raise ValueError(f"local must have 1 to {_MAX_NDIM} axes (rows first), got shape {local.shape}.")
+    if jax.process_count() == 1:
+        return jax.numpy.asarray(local)
+    # A fixed-size description of every process's array, exchanged first: the
+    # data exchange itself needs identical shapes and would fail obscurely otherwise.
+    desc = np.zeros(_MAX_NDIM + 2, np.int64)
+    desc[0], desc[1] = local.ndim, np.dtype(local.dtype).num
+    desc[2:2 + local.ndim] = local.shape
+    every = np.asarray(multihost_utils.process_allgather(desc)).reshape(jax.process_count(), -1)
+    shapes = [tuple(int(v) for v in row[2:2 + row[0]]) for row in every]
+    if any((row != every[0]).any() for row in every):
+        names = {np.dtype(t).num: np.dtype(t).name for t in ("bool", "int8", "int16", "int32", "int64", "uint8",
+                                                             "uint16", "uint32", "uint64", "float16", "float32",
+                                                             "float64", "complex64", "complex128")}
+        listed = ", ".join(f"process {i}: {sh} {names.get(int(row[1]), 'dtype #' + str(int(row[1])))}"
+                           for i, (sh, row) in enumerate(zip(shapes, every)))
+        raise ValueError(f"rows_across_processes needs the same shape and dtype in every process; got {listed}. "
+                         "Give every process the same number of rows (drop or pad the remainder) with the same "
+                         "features and dtype.")
+    ndev = jax.local_device_count()
+    if local.shape[0] % ndev:
+        raise ValueError(f"rows_across_processes: {local.shape[0]} rows per process do not divide over this "
+                         f"process's {ndev} local devices; use a multiple of {ndev} rows per process.")
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    sharding = NamedSharding(Mesh(np.array(devices), ("rows",)), PartitionSpec("rows"))
+    return jax.make_array_from_process_local_data(sharding, local,
+                                                  (local.shape[0] * jax.process_count(), *local.shape[1:]))
