@@ -21,6 +21,25 @@ has no such problem); :func:`jax.lax.platform_dependent` picks the branch
 when the program is lowered. The derivative is the standard SVD derivative
 (Townsend 2016, for distinct non-zero singular values), written in terms of
 :func:`svd` itself so that ``vmap(grad(...))`` stays safe too.
+
+**Degenerate singular values.** Where two singular values coincide (to
+rounding, ``|s_i^2 - s_j^2| <= 64 eps s_max^2``) the singular vectors are not
+unique and their derivative is undefined; the textbook formula divides by
+``s_j^2 - s_i^2`` and returns Inf, NaN or, with a rounding-sized denominator,
+an arbitrary large number. Here that pair's coupling is set to zero (the
+vectors are held fixed within the degenerate subspace), and the
+out-of-span term is dropped for singular values at rounding level (a
+pseudo-inverse). Every function of the SVD that does not depend on the choice
+of basis within a degenerate subspace (sums of singular values, projectors,
+the polar factor ``u vt`` of a full-rank matrix, PWCCA at canonical
+correlations that are all 1) then gets its exact derivative; a function that
+does depend on that choice has no derivative there.
+
+:func:`sqrt_floor` and :func:`arccos_unit` are ``sqrt`` and ``arccos`` whose
+derivative at the kink of a distance (``sqrt(0)``, ``arccos(1)``: a distance
+of zero, where the one-sided derivatives differ by direction) is the
+subgradient 0 instead of Inf or NaN. :func:`pow2_scale` is the power of two
+at a side's largest magnitude, for exact normalisation before products.
 """
 
 from __future__ import annotations
@@ -29,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["lstsq", "svd"]
+__all__ = ["arccos_unit", "lstsq", "pow2_at", "pow2_scale", "row_hash", "shared_rows", "sqrt_floor", "svd"]
 
 
 def _plain(x: jax.Array, compute_uv: bool):
@@ -88,8 +107,14 @@ def _tangents(x, dx):
     ds = jnp.diagonal(ut_dx_v)
     si, sj = s[:, None], s[None, :]
     eye = jnp.eye(s.shape[0], dtype=x.dtype)
-    # f_ij = 1 / (s_j^2 - s_i^2) off the diagonal, 0 on it.
-    f = (1.0 - eye) / (sj * sj - si * si + eye)
+    # f_ij = 1 / (s_j^2 - s_i^2) off the diagonal, 0 on it and for degenerate pairs.
+    gap = sj * sj - si * si
+    s_max = jnp.max(s)
+    degenerate = (jnp.abs(gap) <= 64.0 * jnp.finfo(x.dtype).eps * s_max * s_max) | (eye > 0)
+    f = jnp.where(degenerate, 0.0, 1.0 / jnp.where(degenerate, 1.0, gap))
+    # 1 / s_j for the out-of-span terms; 0 for singular values at rounding level
+    live = s > jnp.finfo(x.dtype).eps * max(x.shape[-2:]) * s_max
+    inv_s = jnp.where(live, 1.0 / jnp.where(live, s, 1.0), 0.0)[None, :]
     sym = ut_dx_v * sj + _h(ut_dx_v) * si  # P_ij s_j + P_ji s_i
     sym_v = ut_dx_v * si + _h(ut_dx_v) * sj
     du = u @ (f * sym)  # real input: u^T du is antisymmetric with zero diagonal
@@ -97,10 +122,10 @@ def _tangents(x, dx):
     m, k = x.shape[-2:]
     if m > k:  # component of dx outside the column space of u
         dxv = dx @ v
-        du = du + (dxv - u @ (_h(u) @ dxv)) / sj
+        du = du + (dxv - u @ (_h(u) @ dxv)) * inv_s
     if k > m:
         dxtu = _h(dx) @ u
-        dv = dv + (dxtu - v @ (vt @ dxtu)) / sj
+        dv = dv + (dxtu - v @ (vt @ dxtu)) * inv_s
     return (u, s, vt), (du, ds, _h(dv))
 
 
@@ -156,3 +181,123 @@ def lstsq(a: jax.Array, b: jax.Array, /) -> jax.Array:
     keep = s > tol
     s_inv = jnp.where(keep, 1.0 / jnp.where(keep, s, 1.0), 0.0)
     return jnp.einsum("rk,r,mr,me->ke", vt, s_inv, u, b)
+
+
+
+@jax.custom_jvp
+def sqrt_floor(a: jax.Array, floor: jax.Array) -> jax.Array:
+    """``sqrt(max(a, 0))`` whose derivative is 0 where ``a <= floor`` (the kink of a distance at 0).
+
+    ``floor`` (>= 0, not differentiated) is the rounding level of ``a``: below
+    it, ``a`` is a distance of zero up to rounding, where the one-sided
+    derivatives differ by direction and 0 is the minimum-norm subgradient.
+
+    Examples:
+      >>> float(jax.grad(lambda a: sqrt_floor(a, 0.0))(0.0))
+      0.0
+      >>> float(jax.grad(lambda a: sqrt_floor(a, 0.0))(4.0))
+      0.25
+    """
+    return jnp.sqrt(jnp.maximum(a, 0.0))
+
+
+@sqrt_floor.defjvp
+def _sqrt_floor_jvp(primals, tangents):
+    a, floor = primals
+    da, _ = tangents
+    out = sqrt_floor(a, floor)
+    live = a > jnp.maximum(floor, 0.0)
+    return out, jnp.where(live, da / (2.0 * jnp.where(live, out, 1.0)), 0.0)
+
+
+@jax.custom_jvp
+def arccos_unit(c: jax.Array) -> jax.Array:
+    """``arccos(clip(c, -1, 1))`` whose derivative is 0 within rounding of ``c = +-1``.
+
+    At ``c = 1`` (an angle of zero between two points that coincide) the
+    one-sided derivatives of the angle differ by direction and 0 is the
+    minimum-norm subgradient; within ``64 eps`` of it the textbook derivative
+    ``-1/sqrt(1 - c^2)`` would multiply rounding noise by up to ``1e7``.
+
+    Examples:
+      >>> abs(float(jax.grad(arccos_unit)(1.0))), round(float(jax.grad(arccos_unit)(0.0)), 6)
+      (0.0, -1.0)
+    """
+    return jnp.arccos(jnp.clip(c, -1.0, 1.0))
+
+
+@arccos_unit.defjvp
+def _arccos_unit_jvp(primals, tangents):
+    (c,), (dc,) = primals, tangents
+    out = arccos_unit(c)
+    one_minus = 1.0 - jnp.abs(c)
+    live = one_minus > 64.0 * jnp.finfo(jnp.result_type(c)).eps
+    rate = -1.0 / jnp.sqrt(jnp.where(live, (1.0 - c) * (1.0 + c), 1.0))
+    return out, jnp.where(live, rate * dc, 0.0)
+
+
+def pow2_scale(x: jax.Array) -> jax.Array:
+    """The largest power of two not above ``max |x|`` (1 for an all-zero ``x``), with no gradient.
+
+    Dividing by it is exact (no rounding) and brings the largest magnitude
+    into ``[1, 2)``, so sums of squares neither overflow (data near 1e20 in
+    float32) nor underflow (data near 1e-20). For a scale-invariant measure it
+    changes nothing, gradients included (the factor is piecewise constant).
+
+    Examples:
+      >>> float(pow2_scale(jnp.array([3.0, -5.0])))
+      4.0
+    """
+    return pow2_at(jnp.max(jnp.abs(x)))
+
+
+def pow2_at(max_abs: jax.Array) -> jax.Array:
+    """:func:`pow2_scale` from a precomputed ``max |x|`` (e.g. the value checks' pass), no gradient."""
+    m = jax.lax.stop_gradient(max_abs)
+    _, e = jnp.frexp(jnp.where(m > 0, m, jnp.ones((), m.dtype)))
+    return jnp.ldexp(jnp.ones((), m.dtype), e - 1)
+
+
+_MIX = (0x85EBCA6B, 0xC2B2AE35)  # murmur3's finaliser constants
+
+
+def _fmix32(h: jax.Array) -> jax.Array:
+    """murmur3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(_MIX[0])
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(_MIX[1])
+    return h ^ (h >> 16)
+
+
+def row_hash(x: jax.Array, seed: int) -> jax.Array:
+    """A ``uint32`` hash ``(n,)`` of each row's exact bit pattern (``-0.0`` and ``0.0`` equal).
+
+    Independent of the reduction order, so the same in every program; two
+    different seeds give independent hashes. Equal rows always hash equal;
+    different rows collide with probability about ``2^-32`` per pair and seed.
+    """
+    n = x.shape[0]
+    z = jnp.where(x == 0, jnp.zeros((), x.dtype), x)
+    bits = jax.lax.bitcast_convert_type(z, jnp.uint32).reshape(n, -1)  # (n, d) or (n, 2d) for float64
+    col = _fmix32(jnp.arange(bits.shape[1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9) + jnp.uint32(seed))
+    return _fmix32(jnp.sum(_fmix32(bits ^ col[None, :]), axis=1, dtype=jnp.uint32))
+
+
+def shared_rows(x: jax.Array, in_a: jax.Array, in_b: jax.Array) -> jax.Array:
+    """How many rows in ``b`` equal (bit for bit) some row in ``a``, in ``O(n log n)``.
+
+    ``in_a``, ``in_b``: ``(n,)`` bool masks of the two row sets. Rows are
+    matched by two independent 32-bit hashes (:func:`row_hash`); a hash
+    collision can only add a spurious match with probability about ``n 2^-64``,
+    and a row whose first hash collides with another ``a`` row's may be missed
+    (about ``n 2^-32``): the count is for a warning, not for a computation.
+    """
+    h1, h2 = row_hash(x, 0x3C6EF372), row_hash(x, 0xA54FF53A)
+    big = jnp.iinfo(jnp.uint32).max
+    key = jnp.where(in_a, h1, big)
+    order = jnp.argsort(key)
+    sk, s2, sa = key[order], h2[order], in_a[order]
+    pos = jnp.clip(jnp.searchsorted(sk, h1), 0, x.shape[0] - 1)
+    hit = in_b & sa[pos] & (sk[pos] == h1) & (s2[pos] == h2)
+    return jnp.sum(hit)

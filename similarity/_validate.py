@@ -1,23 +1,34 @@
-"""Input checks that raise clear errors before any math runs.
+"""Input checks that raise clear errors, and the in-program value checks behind them.
 
 Every public function in :mod:`similarity` validates its inputs with these
-helpers *before* it computes anything. Messages name the argument, the shape
-and what to do about it.
+helpers. Messages name the argument, the shape and what to do about it.
 
-Shape, rank and dtype checks are static, so they also run under ``jax.jit``
-and ``jax.vmap``. Value checks (NaN/Inf, constant representations, too-small
-denominators) need concrete values: they run eagerly when the inputs are
-concrete arrays, and are skipped when the inputs are tracers (inside a user's
-``jit``/``vmap``/``grad``). Under tracing, degenerate input propagates as NaN
-in the result, exactly as ``jnp`` arithmetic does; validate eagerly first, or
-wrap the call with ``jax.experimental.checkify``, if that matters to you.
+Shape, rank and dtype checks are static: they run on the host before anything
+is computed, also under ``jax.jit`` and ``jax.vmap``. **Value checks** (NaN/Inf,
+constant representations, rank, non-positive denominators) are computed *inside*
+each measure's compiled program, as a few flags beside the result
+(:func:`rep_flags`), so checking costs no extra pass over the data on the host.
+With concrete inputs the function raises from those flags after the program
+returns (:func:`raise_pair_flags`). Inside a user's ``jit``/``vmap``/``grad`` the
+flags are tracers and cannot raise: there every measure returns NaN for input
+that fails a value check (:func:`nan_unless`), never a number, so degenerate
+input is visible in the result; validate eagerly first, or wrap the call with
+``jax.experimental.checkify``, if you need the message.
+
+A representation is **constant** when no entry differs from the first row's by
+more than ``CONSTANT_RTOL`` (1e-12) times its largest magnitude: a relative rule,
+so data at any scale (``x * 1e-15`` as much as ``x * 1e18``) is judged the same.
 
 **Input dtypes (one policy for every public function).** float32 and float64
 are computed as given. Half precision (float16, bfloat16) is promoted to
 float32 for the computation, and the result is float32: the sums of squares
 behind every measure overflow float16 beyond about 6e4 and lose all but two or
 three digits in bfloat16. Integers and booleans are promoted to the default
-float dtype (float64 with x64 enabled, else float32). Complex input is refused
+float dtype (float64 with x64 enabled, else float32). float64 input while JAX's
+x64 mode is off is computed in float32 (JAX has no float64 then); the first
+time this happens a :class:`PrecisionWarning` says so (filter it with
+``warnings.filterwarnings("ignore", category=PrecisionWarning)``, or enable x64
+with ``jax.config.update("jax_enable_x64", True)``). Complex input is refused
 with a ``TypeError``: every measure here is defined on real arrays, and a
 silent cast would drop the imaginary part. Boolean options accept ``True`` and
 ``False`` (Python or NumPy bools) only.
@@ -26,6 +37,7 @@ silent cast would drop the imaginary part. Boolean options accept ``True`` and
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -46,7 +58,40 @@ __all__ = [
     "check_bool",
     "compute_dtype",
     "HALF_DTYPES",
+    "CONSTANT_RTOL",
+    "PrecisionWarning",
+    "rep_flags",
+    "flags_ok",
+    "nan_unless",
+    "fetch_flags",
+    "raise_rep_flags",
+    "raise_pair_flags",
+    "check_option_positive",
 ]
+
+CONSTANT_RTOL = 1e-12
+
+
+class PrecisionWarning(UserWarning):
+    """float64 input computed in float32 because JAX's x64 mode is off (warned once per process)."""
+
+
+_warned_x64 = False
+
+
+def _warn_float64_without_x64(name: str) -> None:
+    global _warned_x64
+    if _warned_x64:
+        return
+    _warned_x64 = True
+    warnings.warn(
+        f"{name} is float64 but JAX's x64 mode is off, so it is computed in float32 (about 7 "
+        "significant digits). Enable x64 with jax.config.update('jax_enable_x64', True) before "
+        "creating arrays for a float64 computation, or pass float32 to silence this warning "
+        "(it is shown once per process; filter PrecisionWarning to hide it).",
+        PrecisionWarning,
+        stacklevel=4,
+    )
 
 # Promoted to float32 for the computation (see the module docstring).
 HALF_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
@@ -100,6 +145,11 @@ def as_float_array(x: ArrayLike, name: str) -> jax.Array:
             f"{name} must be an array (numpy or jax), got {type(x).__name__}."
         )
     dt = compute_dtype(x.dtype, name)
+    if dt == jnp.dtype(jnp.float64) and not jax.config.jax_enable_x64:
+        _warn_float64_without_x64(name)
+        dt = jnp.dtype(jnp.float32)
+        if isinstance(x, np.ndarray) or jnp.dtype(x.dtype) != dt:
+            return jnp.asarray(np.asarray(x, dtype=np.float32))
     if jnp.dtype(x.dtype) != dt:
         x = jnp.asarray(x).astype(dt)
     return jnp.asarray(x)
@@ -216,19 +266,28 @@ def check_pair(
     return x, y
 
 
+def _constant_message(name: str, shape: tuple, what: str) -> str:
+    return (
+        f"{name} of shape {tuple(shape)} is constant across samples (zero variance "
+        f"after centring), so {what} is undefined (0/0). Check that the layer is not "
+        "dead and that the samples differ."
+    )
+
+
 def check_not_constant(x: jax.Array, name: str, *, what: str = "similarity") -> None:
-    """Raise if every row of a concrete ``x`` is the same (zero centred variance)."""
+    """Raise if every row of a concrete ``x`` is the same, to ``CONSTANT_RTOL`` of its scale (host pass).
+
+    Measures check this inside their program instead (:func:`rep_flags`); this host
+    version serves callers that hold the data on the host anyway.
+    """
     if not is_concrete(x):
         return
     arr = np.asarray(x, dtype=np.float64)
-    centred = arr - arr.mean(axis=0, keepdims=True)
-    scale = max(float(np.abs(arr).max()), 1.0)
-    if float(np.abs(centred).max()) <= 1e-12 * scale:
-        raise ValueError(
-            f"{name} of shape {tuple(arr.shape)} is constant across samples (zero variance "
-            f"after centring), so {what} is undefined (0/0). Check that the layer is not "
-            "dead and that the samples differ."
-        )
+    if arr.shape[0] == 0:
+        return
+    spread = float(np.abs(arr - arr[:1]).max())
+    if not spread > CONSTANT_RTOL * float(np.abs(arr).max()):
+        raise ValueError(_constant_message(name, arr.shape, what))
 
 
 def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
@@ -256,6 +315,102 @@ def check_positive_result(value: jax.Array, what: str, cause: str) -> jax.Array:
         if not np.all(arr > 0):
             raise ValueError(f"{what} = {arr.min()!r} is not positive: {cause}")
     return value
+
+
+def check_option_positive(value: Any, name: str, *, why: str = "") -> float:
+    """A float option that must be finite and > 0 (e.g. a bandwidth), as a Python float.
+
+    Examples:
+      >>> check_option_positive(0.5, "rbf_scale")
+      0.5
+      >>> check_option_positive(0.0, "rbf_scale", why="the RBF bandwidth is rbf_scale x the median distance")
+      Traceback (most recent call last):
+      ...
+      ValueError: rbf_scale must be a finite number > 0, got 0.0 (the RBF bandwidth is rbf_scale x the median distance).
+    """
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not ok or not 0 < float(value) < np.inf:
+        reason = f" ({why})" if why else ""
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}{reason}.")
+    return float(value)
+
+
+# ----------------------------------------------------------------- in-program value checks
+
+
+def rep_flags(x: jax.Array) -> dict[str, jax.Array]:
+    """In-program value checks of one representation ``(n, d)`` (pure, jit-able), in one pass.
+
+    From the column minima and maxima alone: NaN or Inf anywhere makes them
+    non-finite, and the data is constant when no column's range exceeds
+    ``CONSTANT_RTOL`` times its largest magnitude (the range of an exactly
+    constant column is exactly 0 in any dtype: no rounding from a mean).
+
+    Returns:
+      ``{"finite": bool, "varies": bool, "max_abs": ()}`` as arrays; see
+      :func:`raise_rep_flags` and :func:`flags_ok`. ``max_abs`` is there for a
+      caller that also needs the scale (e.g. :func:`similarity._linalg.pow2_scale`).
+    """
+    lo, hi = jnp.min(x, axis=0), jnp.max(x, axis=0)
+    finite = jnp.all(jnp.isfinite(lo)) & jnp.all(jnp.isfinite(hi))
+    max_abs = jnp.maximum(jnp.max(jnp.abs(lo)), jnp.max(jnp.abs(hi)))
+    return {"finite": finite, "varies": jnp.max(hi - lo) > CONSTANT_RTOL * max_abs, "max_abs": max_abs}
+
+
+def flags_ok(*flags: dict[str, jax.Array]) -> jax.Array:
+    """``()`` bool: every check in these :func:`rep_flags` dicts passed."""
+    ok = jnp.ones((), bool)
+    for f in flags:
+        ok = ok & f["finite"] & f["varies"]
+    return ok
+
+
+def nan_unless(ok: jax.Array, out: Any) -> Any:
+    """Every floating leaf of ``out`` where ``ok``, else NaN (so failed checks never return a number)."""
+
+    def one(v):
+        v = jnp.asarray(v)
+        if not jnp.issubdtype(v.dtype, jnp.floating):
+            return v
+        return jnp.where(ok, v, jnp.full((), jnp.nan, v.dtype))
+
+    return jax.tree.map(one, out)
+
+
+def fetch_flags(flags: Any) -> Any | None:
+    """The flags as NumPy values (one transfer), or ``None`` under tracing (nothing to raise)."""
+    leaves = jax.tree.leaves(flags)
+    if not is_concrete(*leaves):
+        return None
+    return jax.device_get(flags)
+
+
+def raise_rep_flags(flags: dict | None, x: jax.Array, name: str, *, what: str = "similarity",
+                    constant: bool = True, shape: tuple | None = None) -> None:
+    """Raise the message :func:`check_finite` / :func:`check_not_constant` would, from fetched flags.
+
+    Only on failure is ``x`` read on the host (to count its NaN and Inf values).
+    ``shape`` overrides the shape shown for a constant ``x`` (e.g. its train rows).
+    """
+    if flags is None:
+        return
+    if not flags["finite"]:
+        check_finite(x, name)
+        raise AssertionError(f"{name}: non-finite flag without NaN/Inf")  # pragma: no cover
+    if constant and not bool(flags["varies"]):
+        raise ValueError(_constant_message(name, x.shape if shape is None else shape, what))
+
+
+def raise_pair_flags(fx: dict | None, fy: dict | None, x: jax.Array, y: jax.Array,
+                     names: tuple[str, str] = ("x", "y"), *, what: str = "similarity",
+                     constant: bool = True) -> None:
+    """NaN/Inf of ``x`` then ``y``, then a constant ``x`` then ``y`` (the order of the eager checks)."""
+    nx, ny = names
+    raise_rep_flags(fx, x, nx, constant=False)
+    raise_rep_flags(fy, y, ny, constant=False)
+    if constant:
+        raise_rep_flags(fx, x, nx, what=what)
+        raise_rep_flags(fy, y, ny, what=what)
 
 
 def check_int_labels(y: ArrayLike, name: str, *, n_classes: int | None = None) -> jax.Array:

@@ -13,12 +13,19 @@
   neurons, with its rule for near-zero-variance neurons (see :func:`pwcca`).
 
 Rank: CCA needs each centred representation to have full column rank, so
-``d < n`` (centring removes one dimension). :func:`cca`, :func:`cca_r2`,
-:func:`cca_mean` and :func:`pwcca` raise a ``ValueError`` when a side is
-rank-deficient (``d >= n``, duplicated or collinear features), telling you to
-reduce it first, e.g. with :func:`svcca`, which handles any rank (directions
-with zero variance are never kept). Under a user's ``jit`` the rank check is
-skipped and a rank-deficient side gives meaningless correlations near 1.
+``d < n`` (centring removes one dimension); with ``d >= n`` every canonical
+correlation is 1 whatever the data. :func:`cca`, :func:`cca_r2`, :func:`cca_mean`,
+:func:`svcca` and :func:`pwcca` raise a ``ValueError`` for ``d >= n``;
+all but :func:`svcca` (which keeps only directions with variance, so it handles
+duplicated or collinear features) also refuse a rank-deficient side. The rank
+is checked inside the compiled program (from the singular values of the QR
+factor ``R``, or of the data for PWCCA) and raised after it returns; under a
+user's ``jit``/``vmap``/``grad`` a rank-deficient, non-finite or constant side
+gives NaN, never the meaningless correlations near 1 it would otherwise give.
+
+Scale: each side is divided by the power of two at its largest magnitude
+before anything is computed (exact; every measure here is scale invariant), so
+float32 data at 1e-20 or 1e20 gives the value it gives at 1.
 """
 
 from __future__ import annotations
@@ -28,11 +35,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity._layer_stats import LayerStats
+from funsim.similarity._linalg import pow2_scale
 from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["cca", "cca_r2", "cca_mean", "svcca", "pwcca", "cca_layer_stats", "svcca_layer_stats",
@@ -43,40 +50,45 @@ def _centre(x: jax.Array) -> jax.Array:
     return x - jnp.mean(x, axis=0, keepdims=True)
 
 
-def _rank_tol(dtype, n: int, d: int) -> float:
+def _rank_tol(dtype, n: int, d) -> float:
     return max(n, d) * float(jnp.finfo(dtype).eps) * 10.0
 
 
-def _check_full_rank(x: jax.Array, name: str) -> None:
+def _unit(x: jax.Array) -> jax.Array:
+    """``x`` divided by the power of two at its largest magnitude (exact)."""
+    return x / pow2_scale(x)
+
+
+_WIDE = (
+    "{name} has shape {shape}: CCA needs more samples than features (d < n; centring uses one "
+    "degree of freedom), otherwise every canonical correlation is 1. Reduce {name} first "
+    "({hint}), or pass more samples."
+)
+
+
+def _check_shape(x: jax.Array, name: str, hint: str = "svcca does this after keeping d < n directions") -> None:
     n, d = x.shape
     if d >= n:
+        raise ValueError(_WIDE.format(name=name, shape=tuple(x.shape), hint=hint))
+
+
+def _rank_flag(sv: jax.Array, n: int, d, dtype) -> dict[str, jax.Array]:
+    """Whether singular values ``sv`` (descending) of a centred ``(n, d)`` side are full rank, and the rank."""
+    tol = _rank_tol(dtype, n, d) * sv[0]
+    return {"full": sv[-1] > tol, "rank": jnp.sum(sv > tol)}
+
+
+def _raise_rank(flag, name: str, shape) -> None:
+    if not flag["full"]:
         raise ValueError(
-            f"{name} has shape {tuple(x.shape)}: CCA needs more samples than features (d < n; "
-            "centring uses one degree of freedom), otherwise every canonical correlation is 1. "
-            f"Reduce {name} first (svcca does this), or pass more samples."
-        )
-    if not V.is_concrete(x):
-        return
-    a = np.asarray(x, dtype=np.float64)
-    s = np.linalg.svd(a - a.mean(axis=0), compute_uv=False)
-    if s[-1] <= _rank_tol(x.dtype, n, d) * s[0]:
-        rank = int(np.sum(s > _rank_tol(x.dtype, n, d) * s[0]))
-        raise ValueError(
-            f"{name} of shape {tuple(x.shape)} has centred rank {rank} < {d} features "
+            f"{name} of shape {tuple(shape)} has centred rank {int(flag['rank'])} < {shape[1]} features "
             "(duplicated, collinear or constant features), so CCA is not defined. Remove "
             "the redundant features, or use svcca, which keeps only directions with variance."
         )
 
 
-def _validate(x, y):
-    x, y = V.check_pair(x, y, min_samples=3, why="CCA")
-    _check_full_rank(x, "x")
-    _check_full_rank(y, "y")
-    return x, y
-
-
 def _qr_basis(x: jax.Array) -> jax.Array:
-    q, _ = jnp.linalg.qr(_centre(x), mode="reduced")
+    q, _ = jnp.linalg.qr(_centre(_unit(x)), mode="reduced")
     return q
 
 
@@ -85,15 +97,38 @@ def _rho_from_bases(qx: jax.Array, qy: jax.Array) -> jax.Array:
     return jnp.clip(_svd(jnp.einsum("ni,nj->ij", qx, qy), compute_uv=False), 0.0, 1.0)
 
 
-def _cca_core(x: jax.Array, y: jax.Array) -> jax.Array:
-    return _rho_from_bases(_qr_basis(x), _qr_basis(y))
-
-
 # the summaries of the canonical correlations, by registry name
-_REDUCE = {"r2": lambda rho: jnp.mean(rho**2), "mean": jnp.mean}
+_REDUCE = {"r2": lambda rho: jnp.mean(rho**2), "mean": jnp.mean, "all": lambda rho: rho}
 
 
-_cca_jit = jax.jit(_cca_core)
+@functools.partial(jax.jit, static_argnames=("reduce",))
+def _cca_program(x, y, *, reduce: str):
+    """Canonical correlations (summarised by ``reduce``) and the value checks: ``(value, flags)``.
+
+    The rank of each side comes from the singular values of its QR factor ``R``
+    (those of the centred data), a ``d x d`` SVD beside the ``n x d`` QR.
+    """
+    flags, bases = {}, []
+    for name, z in (("x", x), ("y", y)):
+        q, r = jnp.linalg.qr(_centre(_unit(z)), mode="reduced")
+        bases.append(q)
+        flags[name] = V.rep_flags(z)
+        flags[f"rank_{name}"] = _rank_flag(_svd(r, compute_uv=False), *z.shape, z.dtype)
+    ok = V.flags_ok(flags["x"], flags["y"]) & flags["rank_x"]["full"] & flags["rank_y"]["full"]
+    return V.nan_unless(ok, _REDUCE[reduce](_rho_from_bases(*bases))), flags
+
+
+def _cca_checked(x, y, reduce: str) -> jax.Array:
+    x, y = V.check_pair(x, y, min_samples=3, why="CCA", finite=False)
+    _check_shape(x, "x")
+    _check_shape(y, "y")
+    out, flags = _cca_program(x, y, reduce=reduce)
+    flags = V.fetch_flags(flags)
+    if flags is not None:
+        V.raise_pair_flags(flags["x"], flags["y"], x, y, what="CCA", constant=False)
+        _raise_rank(flags["rank_x"], "x", x.shape)
+        _raise_rank(flags["rank_y"], "y", y.shape)
+    return out
 
 
 def cca(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
@@ -115,8 +150,7 @@ def cca(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
       >>> np.round(np.asarray(cca(x, x @ np.array([[1.0, 2, 0], [0, 1, 0], [3, 0, 1]]))), 6).tolist()
       [1.0, 1.0, 1.0]
     """
-    x, y = _validate(x, y)
-    return _cca_jit(x, y)
+    return _cca_checked(x, y, "all")
 
 
 def cca_r2(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
@@ -135,12 +169,7 @@ def cca_r2(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
       >>> round(float(cca_r2(x, 2 * x + 1)), 6)
       1.0
     """
-    x, y = _validate(x, y)
-    return _cca_r2_jit(x, y)
-
-
-_cca_r2_jit = jax.jit(lambda x, y: _REDUCE["r2"](_cca_core(x, y)))
-_cca_mean_jit = jax.jit(lambda x, y: _REDUCE["mean"](_cca_core(x, y)))
+    return _cca_checked(x, y, "r2")
 
 
 def cca_mean(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
@@ -152,8 +181,7 @@ def cca_mean(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
       >>> round(float(cca_mean(x, -x)), 6)
       1.0
     """
-    x, y = _validate(x, y)
-    return _cca_mean_jit(x, y)
+    return _cca_checked(x, y, "mean")
 
 
 class _PwccaLayer(NamedTuple):
@@ -166,17 +194,19 @@ class _PwccaLayer(NamedTuple):
     kept: jax.Array  # () number of neurons kept
 
 
-def _pwcca_keep(var, epsilon: float):
+def _pwcca_keep(var, epsilon):
     """The reference's rule: keep neuron j iff ``var_j >= epsilon * max(var)``."""
     return var >= epsilon * jnp.max(var)
 
 
-def _pwcca_layer(x: jax.Array, epsilon: float) -> _PwccaLayer:
-    xc = _centre(x)
+def _pwcca_layer(x: jax.Array, epsilon) -> _PwccaLayer:
+    """``epsilon`` may be traced; ``epsilon = 0`` keeps every neuron and does not regularise."""
+    xc = _centre(_unit(x))
     var = jnp.sum(xc * xc, axis=0)
     keep = _pwcca_keep(var, epsilon)
     u, s, vt = _svd(jnp.where(keep[None, :], xc, 0.0))
-    damp = jnp.ones_like(s) if epsilon == 0 else s / jnp.sqrt(s * s + epsilon * jnp.max(var))
+    denom = jnp.sqrt(s * s + epsilon * jnp.max(var))
+    damp = jnp.where(epsilon > 0, s / jnp.where(denom > 0, denom, 1.0), 1.0)
     return _PwccaLayer(u, s, vt, damp, jnp.sum(keep))
 
 
@@ -200,19 +230,34 @@ def _pwcca_pair(lx: _PwccaLayer, ly: _PwccaLayer) -> jax.Array:
     return jnp.sum(w * jnp.clip(rho, 0.0, 1.0)) / jnp.sum(w)
 
 
-@functools.partial(jax.jit, static_argnames=("epsilon",))
-def _pwcca_core(x: jax.Array, y: jax.Array, epsilon: float) -> jax.Array:
-    return _pwcca_pair(_pwcca_layer(x, epsilon), _pwcca_layer(y, epsilon))
+@jax.jit
+def _pwcca_program(x: jax.Array, y: jax.Array, epsilon: jax.Array):
+    """PWCCA and its value checks, ``epsilon`` traced: ``(value, flags)``.
+
+    The rank of each side's kept neurons comes from the singular values the
+    computation needs anyway (those of the centred side with dropped neurons zeroed).
+    """
+    lx, ly = _pwcca_layer(x, epsilon), _pwcca_layer(y, epsilon)
+    flags = {}
+    for name, z, lay in (("x", x, lx), ("y", y, ly)):
+        n = z.shape[0]
+        smallest = jnp.take(lay.s, jnp.clip(lay.kept - 1, 0, lay.s.shape[0] - 1))
+        tol = jnp.maximum(n, lay.kept) * (10.0 * jnp.finfo(z.dtype).eps) * lay.s[0]
+        flags[name] = V.rep_flags(z)
+        flags[f"rank_{name}"] = {"full": (smallest > tol) & (lay.kept < n), "rank": jnp.sum(lay.s > tol),
+                                 "kept": lay.kept}
+    ok = V.flags_ok(flags["x"], flags["y"]) & flags["rank_x"]["full"] & flags["rank_y"]["full"]
+    return V.nan_unless(ok, _pwcca_pair(lx, ly)), flags
 
 
-def _check_pwcca_side(x: jax.Array, name: str, epsilon: float) -> None:
-    if epsilon == 0 or not V.is_concrete(x):
-        _check_full_rank(x, name)
+def _raise_pwcca_rank(flag, name: str, n: int, d: int, epsilon: float) -> None:
+    if flag["full"]:
         return
-    a = np.asarray(x, dtype=np.float64)
-    var = ((a - a.mean(axis=0)) ** 2).sum(axis=0)
-    kept = np.asarray(_pwcca_keep(var, epsilon))
-    _check_full_rank(x[:, np.flatnonzero(kept)], f"{name} (its {int(kept.sum())} kept neurons)")
+    k = int(flag["kept"])
+    what = name if epsilon == 0 else f"{name} (its {k} kept neurons)"
+    if k >= n:
+        raise ValueError(_WIDE.format(name=what, shape=(n, k), hint="svcca does this after keeping d < n directions"))
+    _raise_rank(flag, what, (n, k))
 
 
 def pwcca(x: ArrayLike, y: ArrayLike, /, *, epsilon: float = 0.0) -> jax.Array:
@@ -257,7 +302,7 @@ def pwcca(x: ArrayLike, y: ArrayLike, /, *, epsilon: float = 0.0) -> jax.Array:
     Args:
       x: ``(n, d1)`` with ``d1 < n`` and full column rank after centring (its kept neurons).
       y: ``(n, d2)`` likewise.
-      epsilon: relative variance below which a neuron is dropped, in [0, 1) (static);
+      epsilon: relative variance below which a neuron is dropped, in [0, 1) (traced);
         also the ridge added to the normalised covariances. ``epsilon > 0``
         (e.g. 1e-10) handles dead (constant) units.
 
@@ -278,12 +323,17 @@ def pwcca(x: ArrayLike, y: ArrayLike, /, *, epsilon: float = 0.0) -> jax.Array:
     epsilon = float(epsilon)
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"epsilon must be in [0, 1) (a variance relative to the largest), got {epsilon!r}.")
-    x, y = V.check_pair(x, y, min_samples=3, why="CCA")
-    V.check_not_constant(x, "x", what="PWCCA")
-    V.check_not_constant(y, "y", what="PWCCA")
-    _check_pwcca_side(x, "x", epsilon)
-    _check_pwcca_side(y, "y", epsilon)
-    return _pwcca_core(x, y, epsilon)
+    x, y = V.check_pair(x, y, min_samples=3, why="CCA", finite=False)
+    if epsilon == 0:
+        _check_shape(x, "x")
+        _check_shape(y, "y")
+    out, flags = _pwcca_program(x, y, jnp.asarray(epsilon, x.dtype))
+    flags = V.fetch_flags(flags)
+    if flags is not None:
+        V.raise_pair_flags(flags["x"], flags["y"], x, y, what="PWCCA")
+        _raise_pwcca_rank(flags["rank_x"], "x", *x.shape, epsilon)
+        _raise_pwcca_rank(flags["rank_y"], "y", *y.shape, epsilon)
+    return out
 
 
 def pwcca_layer_stats(*, epsilon: float = 0.0) -> LayerStats:
@@ -294,9 +344,9 @@ def pwcca_layer_stats(*, epsilon: float = 0.0) -> LayerStats:
     return LayerStats(functools.partial(_pwcca_layer, epsilon=float(epsilon)), _pwcca_pair)
 
 
-def _svcca_basis(a: jax.Array, keep_variance: float) -> tuple[jax.Array, jax.Array]:
+def _svcca_basis(a: jax.Array, keep_variance) -> tuple[jax.Array, jax.Array]:
     """The top-SVD directions of ``a: (n, d)`` that SVCCA keeps: ``(u masked (n, r), count)``."""
-    u, s, _ = _svd(_centre(a))
+    u, s, _ = _svd(_centre(_unit(a)))
     var = s * s
     frac = jnp.cumsum(var) / jnp.sum(var)
     # keep direction i iff the directions before it explain < keep_variance
@@ -306,9 +356,12 @@ def _svcca_basis(a: jax.Array, keep_variance: float) -> tuple[jax.Array, jax.Arr
     return u * keep[None, :].astype(u.dtype), jnp.sum(keep)
 
 
-@functools.partial(jax.jit, static_argnames=("keep_variance",))
-def _svcca_core(x: jax.Array, y: jax.Array, keep_variance: float) -> jax.Array:
-    return _svcca_pair(_svcca_basis(x, keep_variance), _svcca_basis(y, keep_variance))
+@jax.jit
+def _svcca_program(x: jax.Array, y: jax.Array, keep_variance: jax.Array):
+    """SVCCA and its value checks, ``keep_variance`` traced: ``(value, flags)``."""
+    fx, fy = V.rep_flags(x), V.rep_flags(y)
+    out = _svcca_pair(_svcca_basis(x, keep_variance), _svcca_basis(y, keep_variance))
+    return V.nan_unless(V.flags_ok(fx, fy), out), dict(x=fx, y=fy)
 
 
 def _svcca_pair(bx, by) -> jax.Array:
@@ -323,33 +376,46 @@ def svcca(x: ArrayLike, y: ArrayLike, /, *, keep_variance: float = 0.99) -> jax.
 
     Each side keeps its fewest top singular directions (of the centred data)
     that explain at least ``keep_variance`` of its variance; directions with
-    zero variance are never kept, so any rank and ``d >= n`` are fine. The
-    score is the mean of the ``min(k1, k2)`` canonical correlations. Shapes are
-    static under ``jit``: kept directions are selected by a mask.
+    zero variance are never kept, so duplicated or collinear features are fine.
+    Each side needs ``d < n``, as for :func:`cca`: with ``d >= n`` the kept
+    directions span nearly all of the ``n - 1`` centred dimensions and the
+    canonical correlations are near 1 even for pure noise. The score is the
+    mean of the ``min(k1, k2)`` canonical correlations. Shapes are static under
+    ``jit``: kept directions are selected by a mask.
 
     Args:
-      x: ``(n, d1)``.
-      y: ``(n, d2)``.
-      keep_variance: fraction in (0, 1].
+      x: ``(n, d1)`` with ``d1 < n``.
+      y: ``(n, d2)`` with ``d2 < n``.
+      keep_variance: fraction in (0, 1] (traced: a new value compiles nothing).
 
     Returns:
       ``()`` in [0, 1]; symmetric.
 
     Raises:
-      ValueError: bad shapes, NaN/Inf, a constant side, keep_variance outside (0, 1].
+      ValueError: bad shapes, ``d >= n``, NaN/Inf, a constant side,
+        keep_variance outside (0, 1].
 
     Examples:
       >>> import numpy as np
-      >>> x = np.random.default_rng(0).normal(size=(30, 40))
+      >>> x = np.random.default_rng(0).normal(size=(30, 12))
       >>> round(float(svcca(x, 2 * x + 1)), 4)
       1.0
+      >>> svcca(x[:10], x[:10])  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      ValueError: x has shape (10, 12): CCA needs more samples than features ...
     """
     if not 0.0 < float(keep_variance) <= 1.0:
         raise ValueError(f"keep_variance must be in (0, 1], got {keep_variance!r}.")
-    x, y = V.check_pair(x, y, min_samples=3, why="SVCCA")
-    V.check_not_constant(x, "x", what="SVCCA")
-    V.check_not_constant(y, "y", what="SVCCA")
-    return _svcca_core(x, y, float(keep_variance))
+    x, y = V.check_pair(x, y, min_samples=3, why="SVCCA", finite=False)
+    hint = "e.g. PCA to fewer than n components"
+    _check_shape(x, "x", hint)
+    _check_shape(y, "y", hint)
+    out, flags = _svcca_program(x, y, jnp.asarray(float(keep_variance), x.dtype))
+    flags = V.fetch_flags(flags)
+    if flags is not None:
+        V.raise_pair_flags(flags["x"], flags["y"], x, y, what="SVCCA")
+    return out
 
 
 def cca_layer_stats(*, reduce: str) -> LayerStats:

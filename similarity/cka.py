@@ -25,10 +25,15 @@ stream minibatch CKA (Nguyen et al. 2021) over data that does not fit in
 memory; its state is a pytree of sums, so states from several devices add up
 with ``jax.lax.psum(state, axis_name)`` or :func:`cka_merge`.
 
-Validation: shapes are always checked; NaN/Inf and constant representations
-are checked eagerly when the inputs are concrete. Under a user's ``jit`` or
-``vmap`` those value checks are skipped and degenerate input gives NaN
-(see :mod:`similarity._validate`).
+Scale: each side is divided by the power of two at its largest magnitude
+before any product is formed (exact, and CKA is scale invariant), so float32
+data at 1e-20 or 1e20 gives the same value as at 1.
+
+Validation: shapes are checked on the host; NaN/Inf, constant
+representations, a zero RBF bandwidth and a non-positive self-HSIC are
+checked inside the compiled program and raised after it returns. Under a
+user's ``jit``/``vmap``/``grad`` such input gives NaN (see
+:mod:`similarity._validate`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from jax.typing import ArrayLike, DTypeLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity._layer_stats import LayerStats, MomentPair, MomentStats
+from funsim.similarity._linalg import pow2_at, pow2_scale
 
 __all__ = [
     "KERNELS",
@@ -83,8 +89,9 @@ def centre_features(x: ArrayLike, /) -> jax.Array:
     """Centre the columns of ``x`` and scale it to unit Frobenius norm.
 
     CKA is invariant to both operations; doing them first keeps float32 sums
-    of products well scaled. Pure and vmap-able; a constant ``x`` gives NaN
-    (validate first).
+    of products well scaled (the data is first divided by the power of two at
+    its largest magnitude, exactly, so that the norm itself cannot overflow).
+    Pure and vmap-able; a constant ``x`` gives NaN (validate first).
 
     Args:
       x: ``(n, d)``.
@@ -99,6 +106,7 @@ def centre_features(x: ArrayLike, /) -> jax.Array:
       [[-0.707107, 0.0], [0.707107, 0.0]]
     """
     x = V.as_float_array(x, "x")
+    x = x / pow2_scale(x)
     xc = x - jnp.mean(x, axis=0, keepdims=True)
     return xc / jnp.sqrt(jnp.sum(xc * xc))
 
@@ -129,24 +137,55 @@ def _sq_dists(x: jax.Array) -> jax.Array:
     return jnp.where(jnp.eye(n, dtype=bool), 0.0, jnp.maximum(d2, 0.0))
 
 
-def _median_nonneg(a: jax.Array) -> jax.Array:
-    """``jnp.median`` of a non-negative array, by sorting its bit patterns as integers.
+def _median_lo_hi(v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The two middle order statistics of a non-negative vector, by sorting its bit patterns.
 
     Non-negative floats order like their bit patterns, and XLA's CPU backend sorts
     integers several times faster than floats (NaN-aware comparisons).
     """
-    v = a.reshape(-1)
-    it = {4: jnp.int32, 8: jnp.int64}.get(v.dtype.itemsize)
-    if it is None:
-        return jnp.median(v)
+    it = {4: jnp.int32, 8: jnp.int64}[v.dtype.itemsize]
     s = jnp.sort(jax.lax.bitcast_convert_type(jnp.where(v == 0, jnp.zeros((), v.dtype), v), it))
     m = v.shape[0]
-    lo, hi = (jax.lax.bitcast_convert_type(s[i], v.dtype) for i in ((m - 1) // 2, m // 2))
+    return tuple(jax.lax.bitcast_convert_type(s[i], v.dtype) for i in ((m - 1) // 2, m // 2))
+
+
+@jax.custom_jvp
+def _median_flat(v: jax.Array) -> jax.Array:
+    lo, hi = _median_lo_hi(v)
     return lo + (hi - lo) / 2
 
 
-def _rbf_gram_and_median(x: jax.Array, scale: float) -> tuple[jax.Array, jax.Array]:
-    d2 = _sq_dists(x)
+@_median_flat.defjvp
+def _median_flat_jvp(primals, tangents):
+    """The median moves with the entries it is made of: the mean tangent of the entries equal to
+    each middle value (equal entries are the same distance counted twice, ``d_ij = d_ji``)."""
+    (v,), (dv,) = primals, tangents
+    lo, hi = _median_lo_hi(v)
+
+    def at(value):
+        hit = v == value
+        return jnp.sum(jnp.where(hit, dv, 0.0)) / jnp.maximum(jnp.sum(hit), 1)
+
+    return lo + (hi - lo) / 2, (at(lo) + at(hi)) / 2
+
+
+def _median_nonneg(a: jax.Array) -> jax.Array:
+    """``jnp.median`` of a non-negative array, differentiable (its gradient flows to the middle entries).
+
+    The RBF bandwidth is a median of squared distances; CKA with that bandwidth is
+    invariant to scaling the data, and its gradient is only right if the bandwidth's
+    own gradient flows (along ``x`` itself the two cancel exactly).
+    """
+    v = a.reshape(-1)
+    if v.dtype.itemsize not in (4, 8):
+        return jnp.median(v)
+    return _median_flat(v)
+
+
+def _rbf_gram_and_median(x: jax.Array, scale) -> tuple[jax.Array, jax.Array]:
+    """The RBF kernel and the median squared distance of ``x`` divided by its power-of-two scale
+    (the kernel does not depend on that scale; the median is in the scaled units)."""
+    d2 = _sq_dists(x / pow2_scale(x))
     med = _median_nonneg(d2)
     return jnp.exp(-d2 / (2.0 * scale**2 * med)), med
 
@@ -166,12 +205,19 @@ def rbf_gram(x: ArrayLike, /, *, scale: float = 0.5) -> jax.Array:
     Returns:
       ``(n, n)``.
 
+    Raises:
+      ValueError: ``scale`` not a finite number > 0.
+
     Examples:
       >>> k = rbf_gram(jnp.array([[0.0], [1.0], [3.0]]), scale=1.0)
       >>> k.shape
       (3, 3)
     """
+    scale = V.check_option_positive(scale, "scale", why=_RBF_SCALE_WHY)
     return _rbf_gram_and_median(V.as_float_array(x, "x"), scale)[0]
+
+
+_RBF_SCALE_WHY = "the RBF bandwidth is this factor times the median pairwise distance"
 
 
 def centre_gram(k: ArrayLike, /) -> jax.Array:
@@ -433,28 +479,54 @@ def cka_layer_stats(*, kernel: str, debiased: bool, rbf_scale: float = 0.5) -> L
 # ------------------------------------------------------------------------------ CKA
 
 
-@functools.partial(jax.jit, static_argnames=("kernel", "debiased", "rbf_scale", "method"))
-def _cka_parts(x, y, kernel: str, debiased: bool, rbf_scale: float, method: str):
-    """(HSIC(x, y), HSIC(x, x), HSIC(y, y), RBF median of x, of y (1 for linear))."""
+@functools.partial(jax.jit, static_argnames=("kernel", "debiased", "method"))
+def _cka_program(x, y, rbf_scale, *, kernel: str, debiased: bool, method: str):
+    """CKA and its value checks in one program: ``(value, flags)``.
+
+    ``rbf_scale`` is traced (a new bandwidth factor compiles nothing). ``flags``
+    holds each side's :func:`similarity._validate.rep_flags`, whether each RBF
+    median is positive, and the two self-HSICs (which must be positive).
+    """
+    fx, fy = V.rep_flags(x), V.rep_flags(y)
     if kernel == "linear":
-        sx = linear_stats(x, debiased=debiased, method=method)
-        sy = linear_stats(y, debiased=debiased, method=method)
-        one = jnp.ones((), x.dtype)
-        xy = linear_hsic_cross(sx, sy, debiased=debiased, method=method)
-        return xy, sx.self_hsic, sy.self_hsic, one, one
-    k, mx = _rbf_gram_and_median(x, rbf_scale)
-    l, my = _rbf_gram_and_median(y, rbf_scale)
-    hs = _hsic_gram(k, l, debiased), _hsic_gram(k, k, debiased), _hsic_gram(l, l, debiased)
-    return (*hs, mx, my)
+        # centred, divided by a power of two (exact); not normalised: every ratio below is scale free
+        xc = (x - jnp.mean(x, axis=0, keepdims=True)) / pow2_at(fx["max_abs"])
+        yc = (y - jnp.mean(y, axis=0, keepdims=True)) / pow2_at(fy["max_abs"])
+        if method == "auto":
+            method = "features" if max(x.shape[1], y.shape[1]) <= x.shape[0] else "gram"
+        n = x.shape[0]
+        c_xy, c_xx, c_yy = _cross_sq(xc, yc, method), _cross_sq(xc, xc, method), _cross_sq(yc, yc, method)
+        if debiased:
+            kx, ky = jnp.sum(xc * xc, axis=1), jnp.sum(yc * yc, axis=1)
+            xy, xx, yy = (_hsic_from_terms(c, a, b, n, True) for c, a, b in
+                          ((c_xy, kx, ky), (c_xx, kx, kx), (c_yy, ky, ky)))
+        else:  # the common 1 / (n - 1)^2 cancels
+            xy, xx, yy = c_xy, c_xx, c_yy
+        med_ok = jnp.ones((), bool), jnp.ones((), bool)
+    else:
+        k, mx = _rbf_gram_and_median(x, rbf_scale)
+        l, my = _rbf_gram_and_median(y, rbf_scale)
+        xy, xx, yy = _hsic_gram(k, l, debiased), _hsic_gram(k, k, debiased), _hsic_gram(l, l, debiased)
+        med_ok = mx > 0, my > 0
+    flags = dict(x=fx, y=fy, med_x=med_ok[0], med_y=med_ok[1], xx=xx, yy=yy)
+    ok = V.flags_ok(fx, fy) & med_ok[0] & med_ok[1] & (xx > 0) & (yy > 0)
+    return V.nan_unless(ok, xy / (jnp.sqrt(xx) * jnp.sqrt(yy))), flags
 
 
-def _check_rbf_median(med: jax.Array, x: jax.Array, name: str) -> None:
-    if V.is_concrete(med) and not float(med) > 0:
-        raise ValueError(
-            f"{name} of shape {tuple(x.shape)} has a zero median squared pairwise distance "
-            "(at least half of its sample pairs coincide), so the RBF bandwidth is zero. "
-            "Deduplicate the samples or use kernel='linear'."
-        )
+def _raise_cka_flags(flags, x, y) -> None:
+    if flags is None:
+        return
+    V.raise_pair_flags(flags["x"], flags["y"], x, y, what="CKA")
+    for name, shape in (("x", x.shape), ("y", y.shape)):
+        if not flags[f"med_{name}"]:
+            raise ValueError(
+                f"{name} of shape {tuple(shape)} has a zero median squared pairwise distance "
+                "(at least half of its sample pairs coincide), so the RBF bandwidth is zero. "
+                "Deduplicate the samples or use kernel='linear'."
+            )
+    for key, what in (("xx", "HSIC(x, x)"), ("yy", "HSIC(y, y)")):
+        if not flags[key] > 0:
+            raise ValueError(f"{what} = {flags[key]!r} is not positive: {_CONSTANT_CAUSE}")
 
 
 def cka(
@@ -475,7 +547,8 @@ def cka(
       kernel: "linear" or "rbf" (bandwidth by :func:`rbf_gram`'s median rule).
       debiased: use the unbiased HSIC (Song et al. 2012); needs n >= 4. The
         debiased value can be slightly negative for unrelated representations.
-      rbf_scale: RBF bandwidth relative to the median distance.
+      rbf_scale: RBF bandwidth relative to the median distance, > 0 (traced:
+        a new value compiles nothing).
       method: linear kernel only: "features" (``O(n d^2)``), "gram"
         (``O(n^2 d)``) or "auto" (features when ``max(d1, d2) <= n``). Both
         give the same value.
@@ -485,7 +558,7 @@ def cka(
 
     Raises:
       ValueError: rank != 2, different sample counts, too few samples, NaN/Inf,
-        a constant representation, or an unknown option.
+        a constant representation, ``rbf_scale <= 0``, or an unknown option.
 
     Examples:
       >>> import numpy as np
@@ -500,17 +573,14 @@ def cka(
     debiased = V.check_bool(debiased, "debiased")
     if kernel == "rbf" and method == "features":
         raise ValueError("method='features' is only available for kernel='linear'; use 'auto'.")
+    rbf_scale = V.check_option_positive(rbf_scale, "rbf_scale", why=_RBF_SCALE_WHY)
     need = 4 if debiased else 2
     why = "the unbiased (debiased) HSIC" if debiased else "CKA"
-    x, y = V.check_pair(x, y, min_samples=need, why=why)
-    V.check_not_constant(x, "x", what="CKA")
-    V.check_not_constant(y, "y", what="CKA")
-    xy, xx, yy, mx, my = _cka_parts(x, y, kernel, debiased, float(rbf_scale), method)
-    _check_rbf_median(mx, x, "x")
-    _check_rbf_median(my, y, "y")
-    V.check_positive_result(xx, "HSIC(x, x)", _CONSTANT_CAUSE)
-    V.check_positive_result(yy, "HSIC(y, y)", _CONSTANT_CAUSE)
-    return xy / jnp.sqrt(xx * yy)
+    x, y = V.check_pair(x, y, min_samples=need, why=why, finite=False)
+    out, flags = _cka_program(x, y, jnp.asarray(rbf_scale, x.dtype), kernel=kernel, debiased=debiased,
+                              method=method)
+    _raise_cka_flags(V.fetch_flags(flags), x, y)
+    return out
 
 
 # ------------------------------------------------------------------- minibatch CKA

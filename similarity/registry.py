@@ -93,6 +93,13 @@ class Measure:
         function of centred second moments (a *moment measure*), and
         :func:`similarity.compare_grid` computes it from per-layer and per-pair
         moments (streamed, sharded, one large matrix product for all pairs).
+      differentiable: whether ``jax.grad`` of ``fn`` gives the measure's
+        gradient (checked against finite differences for every registered
+        measure). A measure that is not differentiable raises a ``ValueError``
+        under differentiation, never returns zeros.
+      gradient: one line on the gradient: why it is not differentiable and what
+        to use instead, or what it is at the measure's kinks (e.g. the
+        subgradient 0 at a distance of zero). Empty when there is nothing to say.
     """
 
     name: str
@@ -104,6 +111,8 @@ class Measure:
     bounds: tuple = (-math.inf, math.inf)
     stats: LayerStats | None = dataclasses.field(default=None, compare=False, repr=False)
     moments: MomentStats | None = dataclasses.field(default=None, compare=False, repr=False)
+    differentiable: bool = True
+    gradient: str = ""
 
     def __call__(self, x, y, /) -> jax.Array:
         return self.fn(x, y)
@@ -125,6 +134,8 @@ def make_measure(
     bounds: tuple[float, float] = (-math.inf, math.inf),
     stats: LayerStats | None = None,
     moments: MomentStats | None = None,
+    differentiable: bool = True,
+    gradient: str = "",
 ) -> Measure:
     """Build and validate a :class:`Measure` without registering it (for :func:`register_family` builders).
 
@@ -141,12 +152,20 @@ def make_measure(
       moments: optional ``MomentStats(moments, finish, ...)`` for a measure
         that is a function of centred second moments (see
         :mod:`similarity._layer_stats`); ``fn`` must equal it.
+      differentiable: whether ``jax.grad(fn)`` is the measure's gradient
+        (default True: the gradient test then checks it against finite
+        differences). Declare False for a measure without a useful gradient and
+        make ``fn`` raise under differentiation (e.g. a ``jax.custom_jvp``
+        whose rule raises), never return zeros.
+      gradient: one line: required when ``differentiable`` is False (why, and
+        what to use instead); otherwise what the gradient is at kinks, if any.
 
     Returns:
       The :class:`Measure`.
 
     Raises:
-      ValueError: an unknown kind, invariance or moment kind.
+      ValueError: an unknown kind, invariance or moment kind; a non-differentiable
+        measure without a ``gradient`` note.
       TypeError: ``fn`` not callable, ``stats`` or ``moments`` of the wrong type.
 
     Examples:
@@ -171,8 +190,16 @@ def make_measure(
                 f"{type(moments).__name__}."
             )
         V.check_choice(moments.moments, "MomentStats.moments", MOMENT_KINDS)
+    differentiable = V.check_bool(differentiable, "differentiable")
+    if not isinstance(gradient, str) or "\n" in gradient:
+        raise TypeError(f"gradient for measure {name!r} must be a one-line str, got {gradient!r}.")
+    if not differentiable and not gradient:
+        raise ValueError(
+            f"measure {name!r} is declared not differentiable: say why and what to use instead in "
+            "gradient='...' (one line)."
+        )
     return Measure(name, fn, kind, V.check_bool(symmetric, "symmetric"), inv, description, (lo, hi), stats,
-                   moments)
+                   moments, differentiable, gradient)
 
 
 def register(name: str, fn: Callable[..., jax.Array], *, overwrite: bool = False, **spec) -> Measure:
@@ -183,7 +210,8 @@ def register(name: str, fn: Callable[..., jax.Array], *, overwrite: bool = False
       fn: ``fn(x, y) -> ()`` array.
       overwrite: replace an existing entry instead of raising.
       **spec: ``kind``, ``symmetric``, ``invariances``, ``description`` (required),
-        ``bounds``, ``stats``, ``moments``: see :func:`make_measure`.
+        ``bounds``, ``stats``, ``moments``, ``differentiable``, ``gradient``: see
+        :func:`make_measure`.
 
     Returns:
       The registered :class:`Measure`.
@@ -312,6 +340,8 @@ for _deb in (False, True):
             + (" (RBF bandwidth 0.5 x median distance)" if _k == "rbf" else ""),
             stats=cka_layer_stats(kernel=_k, debiased=_deb),
             moments=linear_cka_moment_stats() if (_k, _deb) == ("linear", False) else None,
+            gradient="the median bandwidth is differentiated too (it moves with its middle entries)"
+            if _k == "rbf" else "",
         )
 
 _RDM_INV = {
@@ -320,6 +350,7 @@ _RDM_INV = {
     "sqeuclidean": set(_ALL_BUT_LINEAR),
     "cosine": {"rotation", "isotropic_scale", "permutation"},
 }
+_RANKED = ("spearman", "kendall")
 for _metric in RDM_METRICS:
     for _cmp in COMPARISONS:
         register(
@@ -332,6 +363,9 @@ for _metric in RDM_METRICS:
             description=f"RSA: {_metric} RDMs compared by {_cmp}"
             + (" (sqeuclidean + cosine_cov = linear CKA)" if _cmp == "cosine_cov" else ""),
             stats=rsa_layer_stats(rdm_metric=_metric, compare=_cmp),
+            differentiable=_cmp not in _RANKED,
+            gradient="ranks are piecewise constant: grad raises; use compare='pearson', 'cosine' or "
+            "'cosine_cov'" if _cmp in _RANKED else "",
         )
 
 register("cca/r2", cca_r2, bounds=(0.0, 1.0), kind="score", symmetric=True,
@@ -342,12 +376,15 @@ register("cca/mean", cca_mean, bounds=(0.0, 1.0), kind="score", symmetric=True,
          invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
          description="mean canonical correlation (needs d < n)", stats=cca_layer_stats(reduce="mean"))
 register("svcca", svcca, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
-         description="SVCCA: mean CCA of the top-SVD subspaces keeping 99% variance",
-         stats=svcca_layer_stats())
+         description="SVCCA: mean CCA of the top-SVD subspaces keeping 99% variance (needs d < n)",
+         stats=svcca_layer_stats(),
+         gradient="the number of kept directions is held fixed (it changes only in steps)")
 _PWCCA_INV = {"translation", "isotropic_scale", "permutation"}
 _PWCCA_WHAT = "projection-weighted CCA as google/svcca computes it (weights from the narrower side, x on a tie)"
+_PWCCA_GRAD = ("where canonical correlations coincide their directions are held fixed: exact when all are 1 "
+               "(y = x Q, y = s x)")
 register("pwcca", pwcca, bounds=(0.0, 1.0), kind="score", symmetric=False, invariances=_PWCCA_INV,
-         description=f"{_PWCCA_WHAT}; needs d < n", stats=pwcca_layer_stats())
+         description=f"{_PWCCA_WHAT}; needs d < n", stats=pwcca_layer_stats(), gradient=_PWCCA_GRAD)
 register("nbs", nbs, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
          description="normalised Bures similarity ||Xc^T Yc||_* / (||Xc|| ||Yc||)", moments=nbs_moment_stats())
 register("procrustes", procrustes_distance, bounds=(0.0, 2.0), kind="distance", symmetric=True,
@@ -357,7 +394,8 @@ register("procrustes", procrustes_distance, bounds=(0.0, 2.0), kind="distance", 
 register("regression/r2", linear_regression_r2, bounds=(0.0, 1.0), kind="score", symmetric=False,
          invariances=_ALL_BUT_LINEAR,
          description="directed linear-regression R^2 of the second argument from the first",
-         stats=regression_layer_stats())
+         stats=regression_layer_stats(),
+         gradient="directions below the rank tolerance stay in the null space (the rank is held fixed)")
 
 
 def _pwcca_builder(epsilon: float) -> Measure:
@@ -367,7 +405,7 @@ def _pwcca_builder(epsilon: float) -> Measure:
         f"pwcca/epsilon={_fmt(epsilon)}", functools.partial(pwcca, epsilon=epsilon), kind="score",
         symmetric=False, invariances=_PWCCA_INV, bounds=(0.0, 1.0),
         description=f"{_PWCCA_WHAT}; neurons below epsilon={_fmt(epsilon)} x the largest variance dropped",
-        stats=pwcca_layer_stats(epsilon=epsilon),
+        stats=pwcca_layer_stats(epsilon=epsilon), gradient=_PWCCA_GRAD,
     )
 
 
@@ -392,6 +430,7 @@ def _shape_builder(distance: str) -> Callable[[float], Measure]:
             description=f"{distance} shape metric, alpha={_fmt(alpha)} ({what}; equals netrep's LinearMetric)",
             stats=shape_layer_stats(alpha=alpha, distance=distance),
             moments=shape_moment_stats(alpha=alpha, distance=distance),
+            gradient="at a distance of zero (y = x Q) the subgradient 0",
         )
 
     return build

@@ -12,6 +12,14 @@ With ``Xc = U S V^T`` the fitted values are ``U diag(f) U^T Yc`` with
 projection (``numpy.linalg.lstsq`` semantics): directions with
 ``s <= max(n, d) * eps * s_max`` are treated as the null space of ``X``,
 exactly as a pseudo-inverse does, so duplicated or collinear features are fine.
+
+``ridge`` is traced (a new value compiles nothing). Scale: each side is
+computed divided by the power of two at its largest magnitude; the predictor's
+singular values are scaled back for the ridge (in the data's units) and the
+shrinkage is formed as ``1 / (1 + ridge / s^2)``, so float32 data at 1e-20 or
+1e20 neither overflows nor underflows. Value checks (NaN/Inf, a constant side)
+run inside the compiled program; under a user's ``jit``/``vmap``/``grad`` such
+input gives NaN.
 """
 
 from __future__ import annotations
@@ -24,31 +32,44 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity._layer_stats import LayerStats
+from funsim.similarity._linalg import pow2_scale
 from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["linear_regression_r2", "regression_layer_stats"]
 
 
+def _centred_unit(z):
+    c = pow2_scale(z)
+    return z / c - jnp.mean(z / c, axis=0, keepdims=True), c
+
+
 def _layer(z):
-    """``(u (n, r), s (r,), centred z (n, d))``: what a layer contributes as predictor or target."""
-    zc = z - jnp.mean(z, axis=0, keepdims=True)
+    """``(u (n, r), s (r,), centred z / c (n, d))``: what a layer contributes as predictor or target.
+
+    ``s`` are the singular values of the centred ``z`` in its own units; the centred
+    data is returned divided by ``c`` (the power of two at ``max |z|``), which the
+    R^2 of a target does not depend on.
+    """
+    zc, c = _centred_unit(z)
     u, s, _ = _svd(zc)
-    return u, s, zc
+    return u, s * c, zc
 
 
-@functools.partial(jax.jit, static_argnames=("ridge",))
-def _r2(x, y, ridge: float):
-    yc = y - jnp.mean(y, axis=0, keepdims=True)
-    return _r2_from_layers(_layer(x), (None, None, yc), ridge)
+@jax.jit
+def _r2_program(x, y, ridge):
+    fx, fy = V.rep_flags(x), V.rep_flags(y)
+    yc, _ = _centred_unit(y)
+    out = _r2_from_layers(_layer(x), (None, None, yc), ridge)
+    return V.nan_unless(V.flags_ok(fx, fy), out), dict(x=fx, y=fy)
 
 
-def _r2_from_layers(lx, ly, ridge: float):
+def _r2_from_layers(lx, ly, ridge):
+    """``ridge`` may be traced: 0 is least squares (a pseudo-inverse), > 0 shrinks by ``1 / (1 + ridge / s^2)``."""
     (u, s, xc), (_, _, yc) = lx, ly
-    if ridge == 0.0:
-        tol = max(xc.shape) * jnp.finfo(xc.dtype).eps * s[0]
-        f = (s > tol).astype(xc.dtype)
-    else:
-        f = s * s / (s * s + ridge)
+    tol = max(xc.shape) * jnp.finfo(xc.dtype).eps * s[0]
+    t2 = (jnp.sqrt(ridge) / jnp.where(s > 0, s, 1.0)) ** 2
+    shrink = jnp.where(s > 0, 1.0 / (1.0 + t2), 0.0)
+    f = jnp.where(ridge == 0, (s > tol).astype(xc.dtype), shrink)
     coef = jnp.einsum("nk,ne->ke", u, yc)
     resid = yc - jnp.einsum("nk,k,ke->ne", u, f, coef)
     return 1.0 - jnp.sum(resid * resid) / jnp.sum(yc * yc)
@@ -61,7 +82,7 @@ def linear_regression_r2(x: ArrayLike, y: ArrayLike, /, *, ridge: float = 0.0) -
       x: ``(n, d1)``, the predictor.
       y: ``(n, d2)``, the target.
       ridge: ``>= 0``; penalty ``ridge * ||W||_F^2`` added to the squared error
-        on centred data (static).
+        on centred data (traced: a new value compiles nothing).
 
     Returns:
       ``()`` in [0, 1] (in-sample).
@@ -79,10 +100,12 @@ def linear_regression_r2(x: ArrayLike, y: ArrayLike, /, *, ridge: float = 0.0) -
     ridge = float(ridge)
     if not ridge >= 0.0:
         raise ValueError(f"ridge must be >= 0, got {ridge!r}.")
-    x, y = V.check_pair(x, y, min_samples=2, why="regression")
-    V.check_not_constant(x, "x", what="the regression R^2")
-    V.check_not_constant(y, "y", what="the regression R^2")
-    return _r2(x, y, ridge)
+    x, y = V.check_pair(x, y, min_samples=2, why="regression", finite=False)
+    out, flags = _r2_program(x, y, jnp.asarray(ridge, x.dtype))
+    flags = V.fetch_flags(flags)
+    if flags is not None:
+        V.raise_pair_flags(flags["x"], flags["y"], x, y, what="the regression R^2")
+    return out
 
 
 def regression_layer_stats(*, ridge: float = 0.0) -> LayerStats:

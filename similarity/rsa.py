@@ -17,8 +17,16 @@ sort, ``O(m log m)``. Kendall tau-a compares all pairs of pairs,
 ``O(m^2) = O(n^4)`` time in ``O(m)`` memory, and is refused above
 ``KENDALL_MAX_ENTRIES`` entries (n of about 630).
 
-Validation follows :mod:`similarity._validate`: under a user's ``jit``/``vmap``
-the value checks are skipped and degenerate input gives NaN.
+Scale: :func:`rsa` computes each RDM from the data divided by the power of two
+at its largest magnitude (after the exact integer shift), which changes no
+comparison (each is invariant to scaling an RDM) and keeps float32 data at
+1e-20 or 1e20 from overflowing or underflowing.
+
+Validation follows :mod:`similarity._validate`: NaN/Inf, constant
+representations and degenerate rows are checked inside the compiled program
+and raised after it returns; under a user's ``jit``/``vmap``/``grad`` such
+input gives NaN. Spearman and Kendall comparisons are not differentiable (they
+see the data only through orderings): ``jax.grad`` through them raises.
 """
 
 from __future__ import annotations
@@ -32,29 +40,12 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity._layer_stats import LayerStats
+from funsim.similarity._linalg import pow2_scale, row_hash
 
 __all__ = ["RDM_METRICS", "COMPARISONS", "rdm", "rsa", "rank_average", "compare_vectors", "rsa_layer_stats"]
 
 RDM_METRICS = ("correlation", "euclidean", "sqeuclidean", "cosine")
 COMPARISONS = ("spearman", "pearson", "kendall", "cosine", "cosine_cov")
-
-
-_MIX = (0x85EBCA6B, 0xC2B2AE35)  # murmur3's finaliser constants
-
-
-def _fmix32(h: jax.Array) -> jax.Array:
-    """murmur3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(_MIX[0])
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(_MIX[1])
-    return h ^ (h >> 16)
-
-
-def _row_hash(bits: jax.Array, seed: int) -> jax.Array:
-    """A hash ``(n,)`` of each row of ``bits (n, k) uint32`` that is independent of reduction order."""
-    col = _fmix32(jnp.arange(bits.shape[1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9) + jnp.uint32(seed))
-    return _fmix32(jnp.sum(_fmix32(bits ^ col[None, :]), axis=1, dtype=jnp.uint32))
 
 
 def _first_equal_row(x: jax.Array) -> jax.Array:
@@ -65,10 +56,7 @@ def _first_equal_row(x: jax.Array) -> jax.Array:
     duplicate unmerged (its ties then rest on rounding), never merge distinct rows.
     """
     n = x.shape[0]
-    z = jnp.where(x == 0, jnp.zeros((), x.dtype), x)  # one bit pattern for +-0
-    bits = jax.lax.bitcast_convert_type(z, jnp.uint32)  # (n, d) or (n, d, 2) for float64
-    bits = bits.reshape(n, -1)
-    h1, h2 = _row_hash(bits, 0x3C6EF372), _row_hash(bits, 0xA54FF53A)
+    h1, h2 = row_hash(x, 0x3C6EF372), row_hash(x, 0xA54FF53A)
     same = (h1[:, None] == h1[None, :]) & (h2[:, None] == h2[None, :])
     rep = jnp.argmax(same, axis=1)  # the first True; the diagonal is always True
     ok = jnp.all(x[rep] == x, axis=1)
@@ -88,19 +76,25 @@ def _centre_exact(x: jax.Array) -> jax.Array:
     return x - jnp.where(integral, jnp.round(mean), mean)
 
 
-def _rdm(x: jax.Array, metric: str) -> jax.Array:
+def _rdm(x: jax.Array, metric: str, unit: bool = False) -> jax.Array:
     """``(n, n)`` RDM from one Gram matrix (a GEMM), exactly symmetric with a zero diagonal.
 
     Identical samples get exactly equal rows and columns and distance 0 between
     them (see :func:`_first_equal_row`), so rank comparisons see their ties.
+    With ``unit`` the data is divided by the power of two at its largest magnitude
+    first (after the exact integer shift), so the RDM is that of the rescaled data
+    (the same for "correlation" and "cosine", divided by a power of two otherwise).
     """
     if metric in ("correlation", "cosine"):
-        z = x - jnp.mean(x, axis=1, keepdims=True) if metric == "correlation" else x
+        x0 = x / pow2_scale(x)  # the correlation and cosine distances ignore the scale
+        z = x0 - jnp.mean(x0, axis=1, keepdims=True) if metric == "correlation" else x0
         g = jnp.einsum("id,jd->ij", z, z)
         inv = 1.0 / jnp.sqrt(jnp.sum(z * z, axis=1))
         d = 1.0 - g * inv[:, None] * inv[None, :]
     else:
         z = _centre_exact(x)
+        if unit:
+            z = z / pow2_scale(z)
         sq = jnp.sum(z * z, axis=1)
         g = jnp.einsum("id,jd->ij", z, z)
         d = jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * g, 0.0)
@@ -130,21 +124,36 @@ def _upper(d: jax.Array) -> jax.Array:
     return jnp.concatenate([e[:, : h - 1].reshape(-1), e[:h, h - 1]])
 
 
-def _check_rdm_input(x: jax.Array, name: str, metric: str) -> None:
-    if not V.is_concrete(x) or metric not in ("correlation", "cosine"):
+def _row_flags(x: jax.Array) -> dict[str, jax.Array]:
+    """Rows on which the correlation distance (constant across features) or the cosine distance
+    (all zero) is undefined, to ``CONSTANT_RTOL`` of ``max |x|``: ``{metric: (count, first row)}``."""
+    tol = V.CONSTANT_RTOL * jnp.max(jnp.abs(x))
+    out = {}
+    for metric, dev in (("correlation", jnp.abs(x - x[:, :1])), ("cosine", jnp.abs(x))):
+        bad = ~(jnp.max(dev, axis=1) > tol)
+        out[metric] = (jnp.sum(bad), jnp.argmax(bad))
+    return out
+
+
+def _raise_rows(flags, name: str, shape, metric: str) -> None:
+    if metric not in ("correlation", "cosine"):
         return
-    a = np.asarray(x, dtype=np.float64)
-    z = a - a.mean(axis=1, keepdims=True) if metric == "correlation" else a
-    norms = np.sqrt((z * z).sum(axis=1))
-    scale = max(float(np.abs(a).max()), 1.0)
-    bad = np.flatnonzero(norms <= 1e-12 * scale)
-    if bad.size:
+    count, first = (int(v) for v in flags[metric])
+    if count:
         what = "constant across features" if metric == "correlation" else "all zero"
         raise ValueError(
-            f"{name} of shape {tuple(a.shape)} has {bad.size} rows that are {what} "
-            f"(first: row {bad[0]}), so the {metric} distance is undefined for them. "
+            f"{name} of shape {tuple(shape)} has {count} rows that are {what} "
+            f"(first: row {first}), so the {metric} distance is undefined for them. "
             "Drop those samples or use metric='euclidean'."
         )
+
+
+_row_flags_jit = jax.jit(_row_flags)
+
+
+def _check_rdm_input(x: jax.Array, name: str, metric: str) -> None:
+    if metric in ("correlation", "cosine") and V.is_concrete(x):
+        _raise_rows(V.fetch_flags(_row_flags_jit(x)), name, x.shape, metric)
 
 
 def rdm(x: ArrayLike, /, *, metric: str = "correlation") -> jax.Array:
@@ -297,10 +306,24 @@ def rank_average(v: ArrayLike, /) -> jax.Array:
     return _ranks_jit(v)
 
 
+_NOT_DIFFERENTIABLE = (
+    "{what} is not differentiable: it depends on the data only through ranks (orderings), "
+    "which are piecewise constant, so its gradient is zero wherever it exists and undefined at "
+    "ties; jax.grad would silently return zeros. Differentiate a value-based comparison instead: "
+    "rsa(..., compare='pearson'), 'cosine' or 'cosine_cov' (all differentiable)."
+)
+
+
+@jax.custom_jvp
 def _ranks(v: jax.Array) -> jax.Array:
     k = _order_key(v)
     r = _ranks_by_packed_sort(k) if jax.config.jax_enable_x64 else _ranks_by_search(k)
     return r.astype(v.dtype)
+
+
+@_ranks.defjvp
+def _ranks_jvp(primals, tangents):
+    raise ValueError(_NOT_DIFFERENTIABLE.format(what="Spearman RSA (rsa(compare='spearman'), rank_average)"))
 
 
 _ranks_jit = jax.jit(_ranks)
@@ -343,12 +366,24 @@ def _kendall_tau_a(a: jax.Array, b: jax.Array) -> jax.Array:
             "(about 630 samples). Use compare='spearman', or subsample the rows."
         )
 
+    return _kendall_core(a, b)
+
+
+@jax.custom_jvp
+def _kendall_core(a: jax.Array, b: jax.Array) -> jax.Array:
+    m = a.shape[0]
+
     def row(ab):
         ai, bi = ab
         return jnp.sum(jnp.sign(ai - a) * jnp.sign(bi - b))
 
     total = jnp.sum(jax.lax.map(row, (a, b), batch_size=min(m, 256)))
     return total / (float(m) * (m - 1))  # a Python int would overflow int32 in jit
+
+
+@_kendall_core.defjvp
+def _kendall_jvp(primals, tangents):
+    raise ValueError(_NOT_DIFFERENTIABLE.format(what="Kendall RSA (rsa(compare='kendall'))"))
 
 
 def compare_vectors(a: ArrayLike, b: ArrayLike, /, *, compare: str = "spearman") -> jax.Array:
@@ -385,27 +420,35 @@ def _centre2(d: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("compare",))
-def _rsa_side(x: jax.Array, metric_index: jax.Array, compare: str) -> jax.Array:
-    """What :func:`rsa` compares of one side: the RDM's ``m`` entries (:func:`_upper`),
-    or for "cosine_cov" the double-centred full RDM. The metric is data (its index in
-    ``RDM_METRICS``), so one program per input shape serves all four metrics; a second
-    one only where the compare needs the full matrix."""
-    d = _rdm_by_index(x, metric_index)
-    return _centre2(d) if compare == "cosine_cov" else _upper(d)
+def _rsa_side(x: jax.Array, metric_index: jax.Array, compare: str):
+    """What :func:`rsa` compares of one side, and that side's value checks: ``(side, flags)``.
+
+    The side is the RDM's ``m`` entries (:func:`_upper`), or for "cosine_cov" the
+    double-centred full RDM. The metric is data (its index in ``RDM_METRICS``), so
+    one program per input shape serves all four metrics; a second one only where
+    the compare needs the full matrix."""
+    d = jax.lax.switch(metric_index, [functools.partial(_rdm, metric=m, unit=True) for m in RDM_METRICS], x)
+    rep, rows = V.rep_flags(x), _row_flags(x)
+    # which check applies is data too: degenerate rows (correlation, cosine) or a constant x
+    row_ok = [rows[m][0] == 0 if m in rows else rep["varies"] for m in RDM_METRICS]
+    ok = rep["finite"] & jnp.stack(row_ok)[metric_index]
+    return (_centre2(d) if compare == "cosine_cov" else _upper(d)), dict(rep=rep, rows=rows, ok=ok)
 
 
 @functools.partial(jax.jit, static_argnames=("compare",))
-def _rsa_compare(a: jax.Array, b: jax.Array, compare: str) -> jax.Array:
+def _rsa_compare(a: jax.Array, b: jax.Array, ok_a: jax.Array, ok_b: jax.Array, compare: str) -> jax.Array:
+    ok = ok_a & ok_b
     if compare == "cosine_cov":
         a, b = a.reshape(-1), b.reshape(-1)
-        return _dot(a, b) / jnp.sqrt(_dot(a, a) * _dot(b, b))
-    return compare_vectors(a, b, compare=compare)
+        return V.nan_unless(ok, _dot(a, b) / jnp.sqrt(_dot(a, a) * _dot(b, b)))
+    return V.nan_unless(ok, compare_vectors(a, b, compare=compare))
 
 
 def _rsa(x, y, rdm_metric: str, compare: str):
     side = "cosine_cov" if compare == "cosine_cov" else "upper"
     k = RDM_METRICS.index(rdm_metric)
-    return _rsa_compare(_rsa_side(x, k, side), _rsa_side(y, k, side), compare)
+    (a, fx), (b, fy) = _rsa_side(x, k, side), _rsa_side(y, k, side)
+    return _rsa_compare(a, b, fx["ok"], fy["ok"], compare), (fx, fy)
 
 
 def rsa(
@@ -439,17 +482,22 @@ def rsa(
     """
     V.check_choice(rdm_metric, "rdm_metric", RDM_METRICS)
     V.check_choice(compare, "compare", COMPARISONS)
-    x, y = V.check_pair(x, y, min_samples=3, why="RSA (an RDM needs at least 3 samples)")
+    x, y = V.check_pair(x, y, min_samples=3, why="RSA (an RDM needs at least 3 samples)", finite=False)
     for name, a in (("x", x), ("y", y)):
         if rdm_metric == "correlation" and a.shape[1] < 2:
             raise ValueError(
                 f"{name} has shape {tuple(a.shape)}: the correlation distance needs at least "
                 "2 features; use rdm_metric='euclidean'."
             )
-        _check_rdm_input(a, name, rdm_metric)
-        if rdm_metric != "correlation" and rdm_metric != "cosine":
-            V.check_not_constant(a, name, what="RSA")
-    out = _rsa(x, y, rdm_metric, compare)
+    out, flags = _rsa(x, y, rdm_metric, compare)
+    flags = V.fetch_flags(flags)
+    if flags is not None:
+        (fx, fy), ranked = flags, rdm_metric not in ("correlation", "cosine")
+        V.raise_pair_flags(fx["rep"], fy["rep"], x, y, what="RSA", constant=False)
+        for name, f, a in (("x", fx, x), ("y", fy, y)):
+            _raise_rows(f["rows"], name, a.shape, rdm_metric)
+            if ranked:
+                V.raise_rep_flags(f["rep"], a, name, what="RSA")
     if V.is_concrete(out) and not np.isfinite(np.asarray(out)):
         raise ValueError(
             f"RSA is undefined (0/0) for x.shape={tuple(x.shape)}, y.shape={tuple(y.shape)}: "
@@ -473,7 +521,7 @@ def rsa_layer_stats(*, rdm_metric: str, compare: str) -> LayerStats:
     """
 
     def layer(x):
-        d = _rdm(x, rdm_metric)
+        d = _rdm(x, rdm_metric, unit=True)
         if compare == "cosine_cov":
             return _unit(_centre2(d))
         v = _upper(d)

@@ -30,8 +30,14 @@ One documented difference from netrep: for ``alpha < 1`` a side whose centred
 covariance is singular (``d >= n``, duplicated features) raises a
 ``ValueError`` here, where netrep clips its zero eigenvalues and carries on.
 
-Under a user's ``jit``/``vmap`` the value checks are skipped and degenerate
-input gives NaN or Inf.
+Scale: each side is computed at unit scale (divided by the power of two at
+its largest magnitude, exactly) and enters the distance through a scalar
+factor, so float32 data at 1e-20 or 1e20 neither overflows nor underflows; the
+angular distances and NBS do not depend on the scale at all.
+
+Value checks (NaN/Inf, constant sides, a singular covariance for alpha < 1)
+run inside the compiled program; under a user's ``jit``/``vmap``/``grad``
+such input gives NaN.
 """
 
 from __future__ import annotations
@@ -41,11 +47,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity._layer_stats import LayerStats, MomentPair, MomentStats, full_pair
+from funsim.similarity._linalg import arccos_unit, pow2_scale, sqrt_floor
 from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["SHAPE_DISTANCES", "shape_distance", "nbs", "procrustes_distance", "partial_whiten",
@@ -64,38 +70,68 @@ def _whitens(alpha: float) -> bool:
     return alpha <= 1.0 - EIGVAL_FLOOR
 
 
-def _gain_sq(lam: jax.Array, alpha: float) -> jax.Array:
-    """``(alpha + (1 - alpha) lam^{-1/2})^2 lam``: the variance of a direction after whitening."""
-    return (alpha * jnp.sqrt(lam) + (1.0 - alpha)) ** 2
-
-
 class _Whitened(NamedTuple):
-    """One side, whitened in its own width before the variance-preserving scale."""
+    """One side, whitened in its own width, kept at unit scale (nothing overflows or underflows).
 
-    data: jax.Array  # (n, d) Xc V diag(alpha + (1 - alpha) lam^-1/2) V^T
-    total: jax.Array  # () sum of the clipped eigenvalues
-    new_total: jax.Array  # () sum of their _gain_sq
+    With ``c`` the unit the side is computed in (``x / c`` has its largest magnitude
+    near 1) and netrep's variance-preserving scale ``c_var``, the whitened side in
+    the data's units is ``c_var * factor * data``, and
+    ``c_var = c_over_h * sqrt((total + pad * floor) / (gain + pad * h_floor^2))``
+    for a side zero-padded by ``pad`` columns (see :func:`_scale`).
+    """
+
+    data: jax.Array  # (n, d) Xc V diag(alpha + (1 - alpha) lam^-1/2) V^T / factor, max |entry| in [1, 2)
+    factor: jax.Array  # ()
+    total: jax.Array  # () sum of the clipped eigenvalues of (x / c)'s covariance, every direction
+    gain: jax.Array  # () sum of h^2 / H^2, h = alpha sqrt(lam) + 1 - alpha (data units), H a power of two
+    c_over_h: jax.Array  # () c / H
+    floor: jax.Array  # () netrep's eigenvalue floor in the units of x / c
+    h_floor: jax.Array  # () h of a floored eigenvalue, / H
+    s_ratio: jax.Array  # () smallest / largest singular value of the centred side (1 without whitening)
 
 
-def _whiten_layer(x: jax.Array, alpha: float) -> _Whitened:
-    xc = _centre(x)
-    one = jnp.ones((), xc.dtype)
-    if not _whitens(alpha):
-        return _Whitened(xc, one, one)
-    lam, v = jnp.linalg.eigh(jnp.einsum("nd,ne->de", xc, xc))
-    lam = jnp.maximum(lam, EIGVAL_FLOOR)
-    dg = alpha + (1.0 - alpha) / jnp.sqrt(lam)
-    return _Whitened(jnp.einsum("nd,de,fe->nf", xc, v, v * dg[None, :]), jnp.sum(lam),
-                     jnp.sum(_gain_sq(lam, alpha)))
+_MIN_UNIT = 2.0**-12  # below sqrt(1e-7) every eigenvalue is floored anyway: no need to scale tiny data up
 
 
-def _scale(w: _Whitened, alpha: float, width: int) -> jax.Array:
-    """netrep's variance-preserving scale ``c`` of a side zero-padded to ``width`` columns."""
-    if not _whitens(alpha):
+def _whiten_layer(x: jax.Array, alpha, whiten: bool | None = None) -> _Whitened:
+    """Partial whitening of one side (netrep's, before its variance-preserving scale).
+
+    ``alpha`` may be traced; ``whiten`` (static) says whether ``alpha`` whitens at
+    all (default: from a concrete ``alpha``). The eigen-directions come from the SVD
+    of the centred data (``Xc^T Xc = V diag(s^2) V^T``), which is more accurate than
+    an eigendecomposition of the covariance and gives the rank check its singular values.
+    """
+    if whiten is None:
+        whiten = _whitens(float(alpha))
+    one = jnp.ones((), x.dtype)
+    if not whiten:
+        c = pow2_scale(x)
+        return _Whitened(_centre(x / c), c, one, one, one, one, one, one)
+    c = jnp.maximum(pow2_scale(x), _MIN_UNIT)
+    zc = _centre(x / c)  # exact: a power of two
+    d = zc.shape[1]
+    u, s, vt = _svd(zc)
+    floor = EIGVAL_FLOOR / c / c  # netrep's absolute floor, in the units of x / c
+    lam = jnp.maximum(s * s, floor)
+    root = jnp.sqrt(jnp.maximum(lam, jnp.finfo(zc.dtype).tiny))
+    g = alpha * c + (1.0 - alpha) / root  # c * (alpha + (1 - alpha) lam_x^-1/2), lam_x = c^2 lam
+    data = jnp.einsum("nr,r,rd->nd", u, s * g, vt)
+    p = pow2_scale(data)
+    h = alpha * c * root + (1.0 - alpha)  # sqrt of netrep's gain of each direction, in data units
+    big_h = pow2_scale(h)
+    h_floor = (alpha * EIGVAL_FLOOR**0.5 + (1.0 - alpha)) / big_h
+    null = d - s.shape[0]  # directions beyond the rank (d > n): eigenvalue 0, floored
+    ratio = s[-1] / s[0] if null == 0 else jnp.zeros((), zc.dtype)
+    return _Whitened(data / p, p, jnp.sum(lam) + null * floor, jnp.sum((h / big_h) ** 2) + null * h_floor**2,
+                     c / big_h, floor, h_floor, ratio)
+
+
+def _scale(w: _Whitened, alpha, width: int, whiten: bool | None = None) -> jax.Array:
+    """netrep's variance-preserving scale ``c_var`` of a side zero-padded to ``width`` columns."""
+    if not (_whitens(float(alpha)) if whiten is None else whiten):
         return jnp.ones((), w.data.dtype)
     pad = width - w.data.shape[1]
-    floor = jnp.asarray(EIGVAL_FLOOR, w.data.dtype)
-    return jnp.sqrt((w.total + pad * floor) / (w.new_total + pad * _gain_sq(floor, alpha)))
+    return w.c_over_h * jnp.sqrt((w.total + pad * w.floor) / (w.gain + pad * w.h_floor**2))
 
 
 def partial_whiten(x: ArrayLike, /, *, alpha: float = 1.0, width: int | None = None) -> jax.Array:
@@ -124,7 +160,7 @@ def partial_whiten(x: ArrayLike, /, *, alpha: float = 1.0, width: int | None = N
     if width < x.shape[1]:
         raise ValueError(f"width={width} is smaller than x's {x.shape[1]} columns; pass width >= d.")
     w = _whiten_layer(x, float(alpha))
-    return _pad(_scale(w, float(alpha), width) * w.data, width)
+    return _pad(_scale(w, float(alpha), width) * w.factor * w.data, width)
 
 
 def _pad(x: jax.Array, d: int) -> jax.Array:
@@ -137,40 +173,63 @@ def _nuclear(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def _distance(sxx: jax.Array, syy: jax.Array, nuc: jax.Array, distance: str) -> jax.Array:
-    """The shape distance from ``||X~||^2``, ``||Y~||^2`` and ``max_Q <X~, Y~ Q> = ||X~^T Y~||_*``."""
+    """The shape distance from ``||X~||^2``, ``||Y~||^2`` and ``max_Q <X~, Y~ Q> = ||X~^T Y~||_*``.
+
+    At a distance of zero (``y = x Q``) the gradient is the subgradient 0
+    (:func:`similarity._linalg.arccos_unit`, :func:`similarity._linalg.sqrt_floor`).
+    """
     if distance == "angular":
-        return jnp.arccos(jnp.clip(nuc / jnp.sqrt(sxx * syy), -1.0, 1.0))
-    return jnp.sqrt(jnp.maximum(sxx + syy - 2.0 * nuc, 0.0))
+        return arccos_unit(nuc / jnp.sqrt(sxx * syy))
+    total = sxx + syy
+    return sqrt_floor(total - 2.0 * nuc, 64.0 * jnp.finfo(total.dtype).eps * total)
 
 
-def _shape_pair(wx: _Whitened, wy: _Whitened, alpha: float, distance: str) -> jax.Array:
+def _shape_pair(wx: _Whitened, wy: _Whitened, alpha, distance: str, whiten: bool | None = None) -> jax.Array:
+    """The distance of two whitened sides; each enters as ``factor * scale * data`` with ``data`` at
+    unit scale, and the euclidean distance is formed relative to the larger side (no overflow)."""
     width = max(wx.data.shape[1], wy.data.shape[1])
-    cx, cy = _scale(wx, alpha, width), _scale(wy, alpha, width)
-    return _distance(cx**2 * jnp.sum(wx.data**2), cy**2 * jnp.sum(wy.data**2),
-                     cx * cy * _nuclear(wx.data, wy.data), distance)
+    nx2, ny2 = jnp.sum(wx.data**2), jnp.sum(wy.data**2)
+    cos = _nuclear(wx.data, wy.data) / jnp.sqrt(nx2 * ny2)
+    if distance == "angular":
+        return arccos_unit(cos)
+    a = _scale(wx, alpha, width, whiten) * wx.factor * jnp.sqrt(nx2)  # ||X~||
+    b = _scale(wy, alpha, width, whiten) * wy.factor * jnp.sqrt(ny2)
+    m = jax.lax.stop_gradient(jnp.maximum(a, b))
+    return m * _distance((a / m) ** 2, (b / m) ** 2, (a / m) * (b / m) * cos, distance)
 
 
-@functools.partial(jax.jit, static_argnames=("alpha", "distance"))
-def _shape(x, y, alpha: float, distance: str):
-    return _shape_pair(_whiten_layer(x, alpha), _whiten_layer(y, alpha), alpha, distance)
+def _rank_tol(dtype, n: int, d: int) -> float:
+    return max(n, d) * 10.0 * float(jnp.finfo(dtype).eps)
 
 
-def _check_whitenable(x: jax.Array, name: str) -> None:
+@functools.partial(jax.jit, static_argnames=("whiten", "distance"))
+def _shape_program(x, y, alpha, *, whiten: bool, distance: str):
+    """The shape distance and its value checks: ``(value, flags)`` (``alpha`` traced)."""
+    wx, wy = _whiten_layer(x, alpha, whiten), _whiten_layer(y, alpha, whiten)
+    fx, fy = V.rep_flags(x), V.rep_flags(y)
+    flags = dict(x=fx, y=fy,
+                 rank_x=wx.s_ratio > _rank_tol(x.dtype, *x.shape),
+                 rank_y=wy.s_ratio > _rank_tol(y.dtype, *y.shape))
+    ok = V.flags_ok(fx, fy) & flags["rank_x"] & flags["rank_y"]
+    return V.nan_unless(ok, _shape_pair(wx, wy, alpha, distance, whiten)), flags
+
+
+def _check_whitenable_shape(x: jax.Array, name: str) -> None:
     n, d = x.shape
     if d >= n:
         raise ValueError(
             f"{name} has shape {tuple(x.shape)}: partial whitening (alpha < 1) needs a full-rank "
             "covariance, so d < n. Use alpha=1, reduce the features (e.g. PCA), or add samples."
         )
-    if V.is_concrete(x):
-        a = np.asarray(x, dtype=np.float64)
-        s = np.linalg.svd(a - a.mean(axis=0), compute_uv=False)
-        if s[-1] <= max(n, d) * 10 * float(jnp.finfo(x.dtype).eps) * s[0]:
-            raise ValueError(
-                f"{name} of shape {tuple(x.shape)} has a singular covariance (duplicated or "
-                "collinear features), so partial whitening with alpha < 1 divides by zero. "
-                "Remove redundant features or use alpha=1."
-            )
+
+
+def _raise_singular(flags, name: str, shape) -> None:
+    if not flags[f"rank_{name}"]:
+        raise ValueError(
+            f"{name} of shape {tuple(shape)} has a singular covariance (duplicated or "
+            "collinear features), so partial whitening with alpha < 1 divides by zero. "
+            "Remove redundant features or use alpha=1."
+        )
 
 
 def shape_distance(
@@ -184,13 +243,14 @@ def shape_distance(
     Args:
       x: ``(n, d1)``.
       y: ``(n, d2)``; the narrower side is zero-padded.
-      alpha: partial-whitening strength in [0, 1] (static): 1 = Procrustes, 0 = CCA-like.
+      alpha: partial-whitening strength in [0, 1] (traced: a new value in [0, 1)
+        compiles nothing): 1 = Procrustes, 0 = CCA-like.
       distance: "angular" (radians, in [0, pi/2]) or "euclidean" (Frobenius norm
         of the aligned difference; each whitened side keeps its total variance,
         counted over the padded width as netrep does, see the module docstring).
 
     Returns:
-      ``()``.
+      ``()``. At a distance of zero its gradient is the subgradient 0.
 
     Raises:
       ValueError: bad shapes, NaN/Inf, a constant side, alpha outside [0, 1],
@@ -207,13 +267,18 @@ def shape_distance(
     alpha = float(alpha)
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1] (1 = Procrustes, 0 = CCA-like), got {alpha!r}.")
-    x, y = V.check_pair(x, y, min_samples=2, why="a shape metric")
-    V.check_not_constant(x, "x", what="the shape distance")
-    V.check_not_constant(y, "y", what="the shape distance")
-    if _whitens(alpha):
-        _check_whitenable(x, "x")
-        _check_whitenable(y, "y")
-    return _shape(x, y, alpha, distance)
+    x, y = V.check_pair(x, y, min_samples=2, why="a shape metric", finite=False)
+    whiten = _whitens(alpha)
+    if whiten:
+        _check_whitenable_shape(x, "x")
+        _check_whitenable_shape(y, "y")
+    out, flags = _shape_program(x, y, jnp.asarray(alpha, x.dtype), whiten=whiten, distance=distance)
+    flags = V.fetch_flags(flags)
+    if flags is not None:
+        V.raise_pair_flags(flags["x"], flags["y"], x, y, what="the shape distance")
+        _raise_singular(flags, "x", x.shape)
+        _raise_singular(flags, "y", y.shape)
+    return out
 
 
 def _nbs_finish(ctx: MomentPair) -> jax.Array:
@@ -231,7 +296,22 @@ def _procrustes_shape_finish(ctx: MomentPair, *, distance: str) -> jax.Array:
     return _distance(nx**2, ny**2, nx * ny * _nbs_finish(ctx), distance)
 
 
-_nbs = jax.jit(lambda x, y: _nbs_finish(full_pair(x, y)))
+@jax.jit
+def _nbs_program(x, y):
+    """NBS and its value checks; each side is first divided by its power-of-two scale (exact;
+    NBS is scale invariant), so the moments cannot overflow."""
+    fx, fy = V.rep_flags(x), V.rep_flags(y)
+    out = _nbs_finish(full_pair(x / pow2_scale(x), y / pow2_scale(y)))
+    return V.nan_unless(V.flags_ok(fx, fy), out), dict(x=fx, y=fy)
+
+
+def _nbs_checked(x, y, what: str) -> jax.Array:
+    x, y = V.check_pair(x, y, min_samples=2, why=what, finite=False)
+    out, flags = _nbs_program(x, y)
+    flags = V.fetch_flags(flags)
+    if flags is not None:
+        V.raise_pair_flags(flags["x"], flags["y"], x, y, what=what)
+    return out
 
 
 def nbs(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
@@ -256,10 +336,7 @@ def nbs(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
       >>> round(float(nbs(x, -2 * x)), 6)
       1.0
     """
-    x, y = V.check_pair(x, y, min_samples=2, why="NBS")
-    V.check_not_constant(x, "x", what="NBS")
-    V.check_not_constant(y, "y", what="NBS")
-    return _nbs(x, y)
+    return _nbs_checked(x, y, "NBS")
 
 
 def procrustes_distance(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
@@ -281,7 +358,7 @@ def procrustes_distance(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
       >>> abs(float(procrustes_distance(x, 3 * x))) < 1e-5
       True
     """
-    return 2.0 - 2.0 * nbs(x, y)
+    return 2.0 - 2.0 * _nbs_checked(x, y, "NBS")
 
 
 def nbs_moment_stats() -> MomentStats:
@@ -313,5 +390,5 @@ def shape_layer_stats(*, alpha: float, distance: str) -> LayerStats:
     is applied per pair.
     """
     alpha = float(alpha)
-    return LayerStats(functools.partial(_whiten_layer, alpha=alpha),
+    return LayerStats(functools.partial(_whiten_layer, alpha=alpha, whiten=_whitens(alpha)),
                       functools.partial(_shape_pair, alpha=alpha, distance=distance))

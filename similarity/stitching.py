@@ -33,6 +33,18 @@ Conventions used throughout this module:
   train statistics (means, norms, the fitted map) and ``SST`` is the held-out
   target's variance around its own mean (the usual out-of-sample ``R^2``).
 
+* **Scale.** Each side is divided by the power of two at its largest magnitude
+  before any product is formed (exact), and its norm is carried separately, so
+  float32 data at 1e-20 or 1e20 neither overflows nor underflows.
+* **Traced options.** ``ridge`` is data in every compiled program: a new value
+  compiles nothing.
+* **Value checks** (NaN/Inf, constant sides, a non-finite result) run inside
+  the compiled program and raise after it returns; under a user's
+  ``jit``/``vmap``/``grad`` such input gives NaN. A held-out score also counts
+  the held-out rows that repeat a train row exactly (duplicated inputs) and
+  warns (:class:`HeldOutOverlapWarning`): such rows make the held-out score
+  partly in-sample.
+
 Everything is written in terms of per-layer and per-pair second moments
 (:func:`layer_moments`, :func:`pair_moments`) so that the comparison grid
 (:mod:`similarity.grid`) can compute each layer's statistics once, stream
@@ -44,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -54,9 +67,14 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity._layer_stats import MomentPair, MomentStats
+from funsim.similarity._linalg import pow2_scale, shared_rows
 from funsim.similarity._linalg import svd as _svd
 
 FAMILIES = ("orthogonal", "scaled_orthogonal", "affine")
+
+
+class HeldOutOverlapWarning(UserWarning):
+    """Held-out rows that repeat a train row exactly: the held-out score is partly in-sample."""
 
 
 @jax.tree_util.register_dataclass
@@ -172,14 +190,15 @@ def layer_moments(
     Returns:
       A :class:`LayerMoments`.
     """
-    mean = _weighted_mean(z, w_train)
-    zc = z - mean[None, :]
+    c = pow2_scale(z)  # exact; the moments of z / c cannot overflow
+    mean = _weighted_mean(z / c, w_train)
+    zc = z / c - mean[None, :]
     g_tr = jnp.einsum("n,ni,nj->ij", w_train, zc, zc)
-    norm = jnp.sqrt(jnp.trace(g_tr)) if normalize else jnp.ones((), z.dtype)
+    norm = jnp.sqrt(jnp.trace(g_tr)) if normalize else 1.0 / c
     u = zc / norm
     return LayerMoments(
-        mean=mean,
-        norm=norm,
+        mean=mean * c,
+        norm=norm * c,
         gram_train=g_tr / norm**2,
         gram_test=jnp.einsum("n,ni,nj->ij", w_test, u, u),
         sum_test=jnp.einsum("n,ni->i", w_test, u),
@@ -371,19 +390,17 @@ def _check_fit_rows(n_fit: int, d_src: int, family: str, ridge: float, where: st
         )
 
 
-def _check_nonconstant_train(z: jax.Array, w_train: jax.Array, name: str) -> None:
-    if V.is_concrete(z, w_train):
-        zt = np.asarray(z)[np.asarray(w_train) > 0]
-        V.check_not_constant(zt, f"{name} (train rows)", what="the reconstruction score")
+def _raise_not_finite(what: str) -> None:
+    raise ValueError(
+        f"{what} is not finite: the normal equations are numerically singular "
+        "(collinear features, or float32 with an ill-conditioned source). Pass ridge > 0 "
+        "or use float64."
+    )
 
 
 def _check_finite_result(x: jax.Array, what: str) -> None:
     if V.is_concrete(x) and not np.all(np.isfinite(np.asarray(x))):
-        raise ValueError(
-            f"{what} is not finite: the normal equations are numerically singular "
-            "(collinear features, or float32 with an ill-conditioned source). Pass ridge > 0 "
-            "or use float64."
-        )
+        _raise_not_finite(what)
 
 
 def split_weights(
@@ -446,12 +463,14 @@ def _index_split(tr, te, n: int, dtype):
 
 
 def _fit_impl(x, y, mask_src, *, family, ridge, normalize):
-    mx, my = jnp.mean(x, axis=0), jnp.mean(y, axis=0)
-    xc, yc = x - mx[None, :], y - my[None, :]
+    cx, cy = pow2_scale(x), pow2_scale(y)  # exact; the sums of squares of x / c cannot overflow
+    mx, my = jnp.mean(x / cx, axis=0), jnp.mean(y / cy, axis=0)
+    xc, yc = x / cx - mx[None, :], y / cy - my[None, :]
     one = jnp.ones((), x.dtype)
-    nx = jnp.sqrt(jnp.sum(xc * xc)) if normalize else one
-    ny = jnp.sqrt(jnp.sum(yc * yc)) if normalize else one
+    nx = jnp.sqrt(jnp.sum(xc * xc)) if normalize else 1.0 / cx
+    ny = jnp.sqrt(jnp.sum(yc * yc)) if normalize else 1.0 / cy
     u, v = xc / nx, yc / ny
+    mx, my, nx, ny = mx * cx, my * cy, nx * cx, ny * cy
     # the orthogonal families only need tr(U^T U), not the Gram matrix
     gram = jnp.einsum("ni,nj->ij", u, u) if family == "affine" else jnp.sum(u * u)
     cross = jnp.einsum("ni,nj->ij", u, v)
@@ -465,7 +484,13 @@ def _fit_impl(x, y, mask_src, *, family, ridge, normalize):
     return weight, bias, scale
 
 
-_fit_core = jax.jit(_fit_impl, static_argnames=("family", "ridge", "normalize"))
+@functools.partial(jax.jit, static_argnames=("family", "normalize"))
+def _fit_program(x, y, ridge, *, family, normalize):
+    """One closed-form fit and its value checks: ``((weight, bias, scale), flags)``; ``ridge`` traced."""
+    fx, fy = V.rep_flags(x), V.rep_flags(y)
+    out = _fit_impl(x, y, None, family=family, ridge=ridge, normalize=normalize)
+    flags = dict(x=fx, y=fy, result=jnp.all(jnp.isfinite(out[0])))
+    return V.nan_unless(V.flags_ok(fx, fy), out), flags
 
 
 def fit_stitcher(
@@ -524,23 +549,44 @@ def fit_stitcher(
     """
     _check_options(family, ridge)
     normalize = V.check_bool(normalize, "normalize")
-    x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"))
+    x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"), finite=False)
     _check_fit_rows(x.shape[0], x.shape[1], family, ridge, "z_src")
-    V.check_not_constant(x, "z_src", what="the stitcher fit")
-    V.check_not_constant(y, "z_tgt", what="the stitcher fit")
-    weight, bias, scale = _fit_core(
-        x, y, None, family=family, ridge=float(ridge), normalize=bool(normalize)
+    (weight, bias, scale), flags = _fit_program(
+        x, y, jnp.asarray(float(ridge), x.dtype), family=family, normalize=bool(normalize)
     )
-    _check_finite_result(weight, "The fitted stitcher weight")
+    flags = V.fetch_flags(flags)
+    if flags is not None:
+        V.raise_pair_flags(flags["x"], flags["y"], x, y, ("z_src", "z_tgt"), what="the stitcher fit")
+        if not flags["result"]:
+            _raise_not_finite("The fitted stitcher weight")
     return Stitcher(weight=weight, bias=bias, scale=scale, family=family)
 
 
-@functools.partial(jax.jit, static_argnames=("family", "ridge"))
-def _score_core(x, y, w_tr, w_te, *, family, ridge):
+def _train_varies(z: jax.Array, w_tr: jax.Array) -> jax.Array:
+    """Whether the train rows of ``z`` are not all equal (to ``CONSTANT_RTOL`` of their largest magnitude)."""
+    train = w_tr > 0
+    first = z[jnp.argmax(train)]
+    spread = jnp.max(jnp.where(train[:, None], jnp.abs(z - first[None, :]), 0.0))
+    return spread > V.CONSTANT_RTOL * jnp.max(jnp.where(train[:, None], jnp.abs(z), 0.0))
+
+
+@functools.partial(jax.jit, static_argnames=("family",))
+def _score_program(x, y, w_tr, w_te, ridge, *, family):
+    """The reconstruction scores and their value checks: ``(scores, flags)``; ``ridge`` traced.
+
+    ``flags["shared"]`` counts held-out rows whose ``(z_src, z_tgt)`` repeats a train row.
+    """
     mx = layer_moments(x, w_tr, w_te)
     my = layer_moments(y, w_tr, w_te)
     pm = pair_moments(x, y, mx, my, w_tr, w_te)
-    return score_from_moments(mx, my, pm, family=family, ridge=ridge)
+    out = score_from_moments(mx, my, pm, family=family, ridge=ridge)
+    fx, fy = V.rep_flags(x), V.rep_flags(y)
+    fx["varies"], fy["varies"] = _train_varies(x, w_tr), _train_varies(y, w_tr)
+    rows = jnp.concatenate([x / pow2_scale(x), y / pow2_scale(y)], axis=1)
+    shared = shared_rows(rows, w_tr > 0, w_te > 0)
+    flags = dict(x=fx, y=fy, result=jnp.isfinite(out.held_out), shared=shared, n_test=jnp.sum(w_te > 0),
+                 n_rows=jnp.sum((w_tr > 0) | (w_te > 0)))
+    return V.nan_unless(V.flags_ok(fx, fy), out), flags
 
 
 def reconstruction_score(
@@ -588,14 +634,28 @@ def reconstruction_score(
       1.0 1.0
     """
     _check_options(family, ridge)
-    x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"))
+    x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"), finite=False)
     w_tr, w_te = split_weights(x.shape[0], split, key, x.dtype)
     _check_fit_rows(int(round(float(jnp.sum(w_tr)))) if V.is_concrete(w_tr) else x.shape[0],
                     x.shape[1], family, ridge, "the train split")
-    _check_nonconstant_train(x, w_tr, "z_src")
-    _check_nonconstant_train(y, w_tr, "z_tgt")
-    out = _score_core(x, y, w_tr, w_te, family=family, ridge=float(ridge))
-    _check_finite_result(out.held_out, "The reconstruction score")
+    out, flags = _score_program(x, y, w_tr, w_te, jnp.asarray(float(ridge), x.dtype), family=family)
+    flags = V.fetch_flags(flags)
+    if flags is not None:
+        V.raise_pair_flags(flags["x"], flags["y"], x, y, ("z_src", "z_tgt"), constant=False)
+        n_tr = (int(flags["n_rows"]) - int(flags["n_test"]),)
+        for nm, f, z in (("z_src", flags["x"], x), ("z_tgt", flags["y"], y)):
+            V.raise_rep_flags(f, z, f"{nm} (train rows)", what="the reconstruction score", shape=n_tr + z.shape[1:])
+        if not flags["result"]:
+            _raise_not_finite("The reconstruction score")
+        if flags["shared"]:
+            warnings.warn(
+                f"{int(flags['shared'])} of the {int(flags['n_test'])} held-out rows repeat a train row "
+                "exactly (the same z_src and z_tgt: duplicated inputs), so the held-out score is partly "
+                "in-sample and inflated. Deduplicate the inputs before splitting, or pass "
+                "split=(train_idx, test_idx) with each distinct input on one side only.",
+                HeldOutOverlapWarning,
+                stacklevel=2,
+            )
     return out
 
 
@@ -695,7 +755,7 @@ def fit_stitchers(
         raise ValueError(f"family has {len(fams)} entries but there are {b} problems.")
     for fam in fams:
         _check_options(fam, ridge)
-    opts = dict(ridge=float(ridge), normalize=V.check_bool(normalize, "normalize"))
+    normalize = V.check_bool(normalize, "normalize")
     out: list[Stitcher | None] = [None] * b
     if stacked:
         xs, ys = V.as_float_array(zs_src, "zs_src"), V.as_float_array(zs_tgt, "zs_tgt")
@@ -710,7 +770,8 @@ def fit_stitchers(
             _check_fit_rows(xs.shape[1], xs.shape[2], fam, ridge, "zs_src")
             sel = jnp.asarray(idx)
             weight, bias, scale, flags = _fit_stacked(
-                xs[sel].astype(dt), ys[sel].astype(dt), family=fam, **opts
+                xs[sel].astype(dt), ys[sel].astype(dt), jnp.asarray(float(ridge), dt), family=fam,
+                normalize=normalize,
             )
             _raise_flags(flags, idx)
             _check_finite_result(weight, "A fitted stitcher weight")
@@ -741,7 +802,8 @@ def fit_stitchers(
     for (fam, *_), idx in groups.items():
         xs = tuple(pairs[i][0].astype(dt) for i in idx)
         ys = tuple(pairs[i][1].astype(dt) for i in idx)
-        weights, biases, scale, flags = _fit_group(xs, ys, family=fam, **opts)
+        weights, biases, scale, flags = _fit_group(xs, ys, jnp.asarray(float(ridge), dt), family=fam,
+                                                   normalize=normalize)
         _raise_flags(flags, idx)
         for w in weights:
             _check_finite_result(w, "A fitted stitcher weight")
@@ -752,13 +814,9 @@ def fit_stitchers(
 
 def _flags(x, y):
     """Per-problem value checks: all finite, source not constant, target not constant."""
-
-    def spread(z):
-        dev = jnp.max(jnp.abs(z - jnp.mean(z, axis=0)[None, :]))
-        return dev > 1e-12 * jnp.maximum(jnp.max(jnp.abs(z)), 1.0)
-
-    finite = jnp.all(jnp.isfinite(x)) & jnp.all(jnp.isfinite(y))
-    return jnp.stack([finite, spread(x), spread(y)])
+    fx, fy = V.rep_flags(x), V.rep_flags(y)
+    finite = fx["finite"] & fy["finite"]
+    return jnp.stack([finite, fx["varies"], fy["varies"]])
 
 
 def _raise_flags(flags, idx) -> None:
@@ -778,8 +836,8 @@ def _raise_flags(flags, idx) -> None:
                 )
 
 
-@functools.partial(jax.jit, static_argnames=("family", "ridge", "normalize"))
-def _fit_group(xs, ys, *, family, ridge, normalize):
+@functools.partial(jax.jit, static_argnames=("family", "normalize"))
+def _fit_group(xs, ys, ridge, *, family, normalize):
     """Pad a tuple of problems to the group's widths, fit them vmapped, slice back."""
     d1 = max(x.shape[1] for x in xs)
     d2 = max(y.shape[1] for y in ys)
@@ -794,8 +852,8 @@ def _fit_group(xs, ys, *, family, ridge, normalize):
     return weights, biases, s, flags
 
 
-@functools.partial(jax.jit, static_argnames=("family", "ridge", "normalize"))
-def _fit_stacked(xs, ys, *, family, ridge, normalize):
+@functools.partial(jax.jit, static_argnames=("family", "normalize"))
+def _fit_stacked(xs, ys, ridge, *, family, normalize):
     fit = functools.partial(_fit_impl, mask_src=None, family=family, ridge=ridge, normalize=normalize)
     w, b, s = jax.vmap(lambda x, y: fit(x, y))(xs, ys)
     return w, b, s, jax.vmap(_flags)(xs, ys)

@@ -179,10 +179,9 @@ def _gaussian_loglik(z, y, w_tr):
     return -0.5 * k * jnp.log(2 * jnp.pi * var) - sq / (2 * var)
 
 
-@functools.partial(
-    jax.jit, static_argnames=("family", "n_classes", "l2", "hidden", "max_iter", "tol", "has_z")
-)
-def _loglik_core(z, y, w_tr, key, *, family, n_classes, l2, hidden, max_iter, tol, has_z):
+@functools.partial(jax.jit, static_argnames=("family", "n_classes", "hidden", "max_iter", "has_z"))
+def _loglik_core(z, y, w_tr, key, l2, tol, *, family, n_classes, hidden, max_iter, has_z):
+    """Per-row log-likelihoods; ``l2`` and ``tol`` are traced (a new value compiles nothing)."""
     if family == "gaussian_linear":
         return _gaussian_loglik(z if has_z else None, y, w_tr)
     if not has_z:
@@ -275,13 +274,15 @@ def _prepare(zs, y, *, family, split, key, n_classes, l2, hidden, max_iter, tol)
                     "so their held-out cross-entropy is infinite. Use a stratified split "
                     "(split=(train_idx, test_idx)) or more samples."
                 )
-    opts = dict(family=family, n_classes=n_classes, l2=float(l2), hidden=hidden,
-                max_iter=max_iter, tol=float(tol))
+    opts = dict(family=family, n_classes=n_classes, l2=jnp.asarray(float(l2), dt), hidden=hidden,
+                max_iter=max_iter, tol=jnp.asarray(float(tol), dt))
     return _Prepared(tuple(out), y, w_tr, w_te, k_init, opts)
 
 
 def _loglik(p: _Prepared, z):
-    ll = _loglik_core(z, p.y, p.w_tr, p.key, has_z=z is not None, **p.opts)
+    opts = dict(p.opts)
+    l2, tol = opts.pop("l2"), opts.pop("tol")
+    ll = _loglik_core(z, p.y, p.w_tr, p.key, l2, tol, has_z=z is not None, **opts)
     if V.is_concrete(ll) and not np.all(np.isfinite(np.asarray(ll))):
         raise ValueError(
             "A log-likelihood is not finite (degenerate fit: perfectly predicted regression "
@@ -306,9 +307,10 @@ _COMMON_ARGS = """      family: ``"linear"``, ``"mlp"`` (classification, integer
       split: train fraction in (0, 1) drawn with ``key``, or ``(train_idx, test_idx)``.
       key: PRNG key for the split and the MLP initialisation (default ``jax.random.key(0)``).
       n_classes: number of classes (inferred from ``y`` when concrete).
-      l2: L2 penalty on the weights (classification families).
+      l2: L2 penalty on the weights (classification families; traced: a new value
+        compiles nothing).
       hidden: MLP hidden width.
-      max_iter, tol: L-BFGS stopping rule (gradient norm below ``tol``)."""
+      max_iter, tol: L-BFGS stopping rule (gradient norm below ``tol``; ``tol`` is traced)."""
 
 
 def _doc(f):

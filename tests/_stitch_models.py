@@ -18,6 +18,8 @@ import scipy.special
 from sklearn.datasets import load_digits
 from sklearn.neural_network import MLPClassifier
 
+from tests._compiles import CompileCounter  # noqa: F401  (re-exported for the stitching tests)
+
 
 def _dense(x, w, b):
     return x @ w + b[None, :]
@@ -141,22 +143,3 @@ def np_adaptive_pool(z, size):
     return out
 
 
-class CompileCounter:
-    """Counts XLA backend compilations while active (``with CompileCounter() as c: ...``)."""
-
-    EVENT = "/jax/core/compile/backend_compile_duration"
-
-    def __init__(self):
-        self.count = 0
-
-    def _listen(self, event, duration, **kwargs):
-        if event == self.EVENT:
-            self.count += 1
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._listen)
-        return False

@@ -167,10 +167,15 @@ def test_svcca_matches_reference(kind):
 
 
 def test_svcca_wide_and_rank_deficient():
+    """Rank-deficient sides are fine (directions without variance are never kept); d >= n is
+    refused as for cca (it used to give values near 1 even on pure noise)."""
     rng = np.random.default_rng(3)
     x = rng.normal(size=(12, 4)) @ rng.normal(size=(4, 40))  # d > n, rank 4
     y = np.tanh(x[:, :20]) + 0.1 * rng.normal(size=(12, 20))
-    assert float(svcca(x, y)) == pytest.approx(ref_svcca(x, y), rel=1e-8)
+    with pytest.raises(ValueError, match=r"x has shape \(12, 40\): CCA needs more samples than features"):
+        svcca(x, y)
+    x8, y6 = x[:, :8], y[:, :6]  # rank 4 in 8 features, d < n
+    assert float(svcca(x8, y6)) == pytest.approx(ref_svcca(x8, y6), rel=1e-8)
 
 
 def test_identities():
@@ -227,3 +232,20 @@ X8 = np.random.default_rng(9).normal(size=(8, 3))
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_new_epsilon_and_keep_variance_compile_nothing():
+    """pwcca's epsilon and svcca's keep_variance are traced data (counted through jax.monitoring)."""
+    from tests._compiles import compiles
+
+    rng = np.random.default_rng(13)
+    x = rng.normal(size=(31, 5)) * np.array([5.0, 2.0, 1.0, 0.5, 0.01])
+    y = np.tanh(x[:, :3]) + 0.2 * rng.normal(size=(31, 3))
+    pwcca(x, y, epsilon=0.0)
+    n, got = compiles(pwcca, x, y, epsilon=1e-3)  # drops x's last neuron (variance 4e-6 of the largest)
+    assert n == 0
+    assert float(got) != float(pwcca(x, y))
+    svcca(x, y, keep_variance=0.99)
+    n, got = compiles(svcca, x, y, keep_variance=0.5)
+    assert n == 0
+    assert float(got) == pytest.approx(ref_svcca(x, y, 0.5), rel=1e-9)

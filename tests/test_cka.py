@@ -294,3 +294,25 @@ def test_rbf_median_by_integer_sort_equals_numpy(dtype):
         a = np.abs(rng.normal(size=(n, 3))).astype(dtype)
         a[0, 0] = 0.0
         assert float(_median_nonneg(a)) == float(np.median(a)), n
+
+
+def test_a_new_rbf_scale_compiles_nothing():
+    """rbf_scale is traced data: a second value reuses the compiled program (counted through
+    jax.monitoring's backend-compile events) and really changes the value."""
+    from tests._compiles import compiles
+
+    rng = np.random.default_rng(11)
+    x, y = rng.normal(size=(19, 3)), rng.normal(size=(19, 2))
+    a = float(cka(x, y, kernel="rbf", rbf_scale=0.5))
+    n, b = compiles(cka, x, y, kernel="rbf", rbf_scale=0.9)
+    assert n == 0
+    assert float(b) != a
+    k, l = ref_gram(x, "rbf", 0.9), ref_gram(y, "rbf", 0.9)
+    assert float(b) == pytest.approx(ref_hsic(k, l, False) / np.sqrt(ref_hsic(k, k, False) * ref_hsic(l, l, False)),
+                                     rel=1e-9)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), "0.5", True])
+def test_rbf_scale_must_be_positive(bad):
+    with pytest.raises(ValueError, match="rbf_scale must be a finite number > 0"):
+        cka(X8, X8, kernel="rbf", rbf_scale=bad)

@@ -87,3 +87,16 @@ X8 = np.random.default_rng(9).normal(size=(8, 3))
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_new_ridge_compiles_nothing():
+    """The ridge is traced data: 0 and every positive value share one program (jax.monitoring)."""
+    from tests._compiles import compiles
+
+    rng = np.random.default_rng(14)
+    x, y = rng.normal(size=(17, 3)), rng.normal(size=(17, 2))
+    linear_regression_r2(x, y, ridge=0.5)
+    for ridge in (0.0, 2.0):
+        n, got = compiles(linear_regression_r2, x, y, ridge=ridge)
+        assert n == 0, ridge
+        assert float(got) == pytest.approx(ref_r2(x, y, ridge), rel=1e-9)

@@ -172,3 +172,16 @@ def test_wide_procrustes_is_fine():
     rng = np.random.default_rng(6)
     x, y = rng.normal(size=(6, 10)), rng.normal(size=(6, 14))
     assert float(shape_distance(x, y)) == pytest.approx(ref_shape(x, y, 1.0, "angular"), rel=1e-9)
+
+
+def test_a_new_alpha_compiles_nothing():
+    """alpha is traced data: every alpha < 1 shares one program (counted through jax.monitoring)."""
+    from tests._compiles import compiles
+
+    rng = np.random.default_rng(12)
+    x, y = rng.normal(size=(21, 3)), rng.normal(size=(21, 2))
+    shape_distance(x, y, alpha=0.3, distance="euclidean")
+    for alpha in (0.0, 0.6, 0.95):
+        n, got = compiles(shape_distance, x, y, alpha=alpha, distance="euclidean")
+        assert n == 0, alpha
+        assert float(got) == pytest.approx(ref_shape(x, y, alpha, "euclidean"), rel=1e-9)

@@ -358,3 +358,28 @@ def test_bad_input(rng):
         fit_stitchers([x, bad], [y, y])
     with pytest.raises(ValueError, match=r"zs_tgt\[0\] is constant"):
         fit_stitchers([x], [np.ones_like(y)])
+
+
+def test_a_new_ridge_compiles_nothing():
+    """The stitching ridge is traced data in every program (fit, batched fit, score): a second
+    value compiles nothing (counted through jax.monitoring) and gives the ridge solution."""
+    from tests._compiles import compiles
+
+    rng = np.random.default_rng(15)
+    x, y = rng.normal(size=(27, 4)), rng.normal(size=(27, 3))
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    u, v = xc / np.linalg.norm(xc), yc / np.linalg.norm(yc)
+    sim.fit_stitcher(x, y, ridge=1e-3)
+    sim.fit_stitchers([x, x[:, :3]], [y, y], ridge=1e-3)
+    sim.reconstruction_score(x, y, ridge=1e-3)
+    for ridge in (0.0, 0.5):
+        n, s = compiles(sim.fit_stitcher, x, y, ridge=ridge)
+        assert n == 0, ridge
+        ref = np.linalg.solve(u.T @ u + ridge * np.eye(4), u.T @ v) * np.linalg.norm(yc) / np.linalg.norm(xc)
+        np.testing.assert_allclose(s.weight, ref, rtol=1e-9, atol=1e-12)
+        n, fits = compiles(sim.fit_stitchers, [x, x[:, :3]], [y, y], ridge=ridge)
+        assert n == 0, ridge
+        np.testing.assert_allclose(fits[0].weight, ref, rtol=1e-9, atol=1e-12)
+        n, score = compiles(sim.reconstruction_score, x, y, ridge=ridge)
+        assert n == 0, ridge
+        assert float(score.in_sample) != float(sim.reconstruction_score(x, y, ridge=1e-3).in_sample)

@@ -187,3 +187,20 @@ def test_bad_input():
         v_information(z, y_missing, split=SPLIT)
     with pytest.raises(ValueError, match="max_iter"):
         v_information(z, y, max_iter=0)
+
+
+def test_new_l2_and_tol_compile_nothing():
+    """l2 and tol are traced data (counted through jax.monitoring): a new penalty reuses the
+    program and still matches scikit-learn's logistic regression with that penalty."""
+    from tests._compiles import compiles
+
+    z, y = _cls(seed=3)
+    tr, te = SPLIT
+    v_entropy(z, y, family="linear", split=SPLIT, l2=1e-2, tol=1e-9)
+    n, got = compiles(v_entropy, z, y, family="linear", split=SPLIT, l2=0.1, tol=1e-10)
+    assert n == 0
+    zc = z - z[tr].mean(0)
+    h = np.linalg.solve(np.linalg.cholesky(np.cov(zc[tr].T, bias=True)), zc.T).T
+    lr = LogisticRegression(C=1.0 / (0.1 * len(tr)), tol=1e-12, max_iter=10_000).fit(h[tr], y[tr])
+    logp = lr.predict_log_proba(h)
+    np.testing.assert_allclose(got.held_out, -logp[te, y[te]].mean(), atol=1e-6)
