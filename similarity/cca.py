@@ -32,7 +32,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
-from funsim.similarity._layer_stats import LayerStats
+from funsim.similarity.moments import LayerStats
 from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["cca", "cca_r2", "cca_mean", "svcca", "pwcca", "cca_layer_stats", "svcca_layer_stats",

@@ -50,7 +50,7 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import stitching as S
-from funsim.similarity._layer_stats import FullMoments, MomentPair
+from funsim.similarity.moments import FullMoments, LayerMoments, MomentPair, PairMoments, split_weights
 from funsim.similarity.registry import Measure, list_measures
 from funsim.similarity.registry import measure as get_measure
 
@@ -434,7 +434,7 @@ def _finish_layers(sums, mean_tr, mean_all, w_te, n, *, split, full, derive) -> 
     if split:
         n_te = jnp.sum(w_te)
         norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
-        out["split"] = S.LayerMoments(
+        out["split"] = LayerMoments(
             mean=mean_tr.reshape(norm.shape[0], -1),
             norm=norm,
             gram_train=sums["g_tr"] / norm[:, None, None] ** 2,
@@ -496,7 +496,7 @@ def _finish_cross(acc, ma_tr, ma_all, mb_tr, mb_all, norms_a, norms_b, ia, jb, n
     out = {}
     if split:
         den = (norms_a["split"][ia] * norms_b["split"][jb])[:, None, None]
-        out["split"] = S.PairMoments(acc["c_tr"] / den, acc["c_te"] / den)
+        out["split"] = PairMoments(acc["c_tr"] / den, acc["c_te"] / den)
     if full:
         out["full"] = acc["c_all"] / (norms_a["full"][ia] * norms_b["full"][jb])[:, None, None]
     return out
@@ -782,7 +782,7 @@ def compare_grid(
     # Generic measures need the eager value checks; the moment measures check
     # values inside their first pass (cheaper, and possible while streaming).
     lay = _prepare(reps_a, reps_b, eager_values=bool(generic), streaming=streaming)
-    weights = S.split_weights(lay.n, split, key, lay.dtype)  # validates split even when no measure uses it
+    weights = split_weights(lay.n, split, key, lay.dtype)  # validates split even when no measure uses it
     plan = _make_plan(devices)
     fwd, rev = {}, {}
     if moment:

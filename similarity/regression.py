@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
-from funsim.similarity._layer_stats import LayerStats
+from funsim.similarity.moments import LayerStats
 from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["linear_regression_r2", "regression_layer_stats"]

@@ -31,7 +31,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
-from funsim.similarity._layer_stats import LayerStats
+from funsim.similarity.moments import LayerStats
 
 __all__ = ["RDM_METRICS", "COMPARISONS", "rdm", "rsa", "rank_average", "compare_vectors", "rsa_layer_stats"]
 

@@ -45,7 +45,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
-from funsim.similarity._layer_stats import LayerStats, MomentPair, MomentStats, full_pair
+from funsim.similarity.moments import LayerStats, MomentPair, MomentStats, full_pair
 from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["SHAPE_DISTANCES", "shape_distance", "nbs", "procrustes_distance", "partial_whiten",
