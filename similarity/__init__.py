@@ -136,4 +136,5 @@ from funsim.similarity.validate_numerics import attention_quadrature_inner as at
 # --- comparison grid ---
 from funsim.similarity.grid import MOMENT_MEASURES as MOMENT_MEASURES
 from funsim.similarity.grid import GridResult as GridResult
+from funsim.similarity.grid import UndefinedCellWarning as UndefinedCellWarning
 from funsim.similarity.grid import compare_grid as compare_grid

@@ -38,6 +38,7 @@ for every key it returns, and with ``reverse=True``
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -68,13 +69,26 @@ class GridResult(NamedTuple):
       cols: names of the ``reps_b`` layers.
       reverse: with ``reverse=True``, ``{name: (La, Lb) array}`` with
         ``reverse[name][i, j] == measure(name)(cols[j] layer, rows[i] layer)``
-        (for a symmetric measure, the same array as ``tables[name]``); else ``{}``.
+        (for a symmetric measure, the same array as ``tables[name]`` unless
+        the two directions differ in where they are defined); else ``{}``.
+      undefined: ``{name: {(i, j): reason}}`` for every measure: the cells of
+        ``tables[name]`` where the pairwise call ``measure(name)(A_i, B_j)``
+        raises a ``ValueError`` (they are NaN), with its message.
+      reverse_undefined: the same for ``reverse`` (``(i, j)`` indexes
+        ``reverse[name]``, i.e. the call ``measure(name)(B_j, A_i)``); ``{}``
+        without ``reverse=True``.
     """
 
     tables: dict[str, jax.Array]
     rows: tuple
     cols: tuple
     reverse: dict[str, jax.Array]
+    undefined: dict[str, dict[tuple[int, int], str]] = {}
+    reverse_undefined: dict[str, dict[tuple[int, int], str]] = {}
+
+
+class UndefinedCellWarning(UserWarning):
+    """:func:`compare_grid` left cells undefined (NaN); the reasons are in ``GridResult.undefined``."""
 
 
 # ----------------------------------------------------------------------------- layers
@@ -126,14 +140,15 @@ def _check_layer_lazily(z, name, streaming):
     return z
 
 
-def _check_layers(vals, name, *, eager_values, streaming):
-    """Shape and dtype checks; with ``eager_values`` also NaN/Inf and constant layers."""
+def _check_layers(vals, name, *, eager_values, streaming, strict):
+    """Shape and dtype checks; with ``eager_values`` also NaN/Inf (and with ``strict`` constant layers)."""
     out = []
     for k, z in enumerate(vals):
         nm = f"{name}[{k}]"
         if eager_values:
             z = V.check_rep(z, nm)
-            V.check_not_constant(z, nm, what="the comparison grid")
+            if strict:
+                V.check_not_constant(z, nm, what="the comparison grid")
         else:
             z = _check_layer_lazily(z, nm, streaming)
         out.append(z)
@@ -147,11 +162,11 @@ def _width_groups(vs) -> dict[int, list[int]]:
     return g
 
 
-def _prepare(reps_a, reps_b, *, eager_values, streaming) -> _Layers:
+def _prepare(reps_a, reps_b, *, eager_values, streaming, strict) -> _Layers:
     rows, va = _as_layers(reps_a, "reps_a")
     cols, vb = _as_layers(reps_a if reps_b is None else reps_b, "reps_b")
-    va = _check_layers(va, "reps_a", eager_values=eager_values, streaming=streaming)
-    vb = _check_layers(vb, "reps_b", eager_values=eager_values, streaming=streaming)
+    va = _check_layers(va, "reps_a", eager_values=eager_values, streaming=streaming, strict=strict)
+    vb = _check_layers(vb, "reps_b", eager_values=eager_values, streaming=streaming, strict=strict)
     n = va[0].shape[0]
     for nm, vs in (("reps_a", va), ("reps_b", vb)):
         for k, z in enumerate(vs):
@@ -227,6 +242,82 @@ def _to_host(x) -> np.ndarray:
 
 def _pick(tree, k):
     return jax.tree.map(lambda t: t[k], tree)
+
+
+# ----------------------------------------------------------------------------- undefined cells
+#
+# A cell is undefined where the pairwise call ``measure(name)(A_i, B_j)`` raises a
+# ValueError. The grid does not run that call on every pair (it would be the pair
+# loop again). It flags the layers where a measure can be undefined, cheaply and
+# generously, from statistics it has anyway: near-constant layers, numerically
+# rank-deficient ones (by NumPy's matrix_rank tolerance with a wide margin, on the
+# train rows for the reconstruction scores), sources a moment measure's own width
+# check refuses. Every cell of a flagged layer, and every cell that comes out
+# non-finite, is then computed by the pairwise call itself: its value, or NaN and
+# its message. Flagging too much costs only pairwise calls; every other cell is
+# the grid's own value.
+
+
+class _Suspects:
+    """Layers whose cells the pairwise call decides: ``layer[side]`` for every measure,
+    ``source[name][side]`` for one measure with that side as the source."""
+
+    def __init__(self, la: int, lb: int):
+        self.layer = {"a": np.zeros(la, bool), "b": np.zeros(lb, bool)}
+        self.source: dict[str, dict[str, np.ndarray]] = {}
+
+    def flag(self, side: str, idx, bad) -> None:
+        self.layer[side][np.asarray(idx)[np.asarray(bad, bool)]] = True
+
+    def flag_source(self, name: str, side: str, k: int) -> None:
+        src = self.source.setdefault(name, {s: np.zeros_like(v) for s, v in self.layer.items()})
+        src[side][k] = True
+
+    def cells(self, name: str, src_side: str, rows_side: str = "a") -> np.ndarray:
+        """``(La, Lb)`` mask of the suspect cells of ``name`` whose source is ``src_side``."""
+        bad_a, bad_b = self.layer["a"].copy(), self.layer["b"].copy()
+        if name in self.source:
+            (bad_a if src_side == "a" else bad_b)[:] |= self.source[name][src_side]
+        return bad_a[:, None] | bad_b[None, :]
+
+
+_CONST_TOL = 1e-6  # flag layers whose centred RMS is below this fraction of max(max|z|, 1)
+
+
+def _near_constant(rms, max_abs, dtype) -> np.ndarray:
+    """Generous constant-layer flags (a superset of the measures' own constant checks)."""
+    tol = max(_CONST_TOL, 1e4 * float(jnp.finfo(dtype).eps))
+    return ~(np.asarray(rms, np.float64) > tol * np.maximum(np.asarray(max_abs, np.float64), 1.0))
+
+
+def _rank_suspect(ratio, n: int, d: int, dtype) -> np.ndarray:
+    """Flags from ``lambda_min / lambda_max`` of each layer's centred Gram matrix.
+
+    NumPy's ``matrix_rank`` calls singular values below ``max(n, d) * eps * s_max``
+    zero; flag ten times that (squared, for eigenvalues), or rounding noise of the
+    Gram matrix itself (``100 d eps``), whichever is larger, and any ``d >= n``.
+    """
+    eps = float(jnp.finfo(dtype).eps)
+    tol = max((10.0 * max(n, d) * eps) ** 2, 100.0 * d * eps)
+    r = np.asarray(ratio, np.float64)
+    return ~(r > tol) | (d >= n)
+
+
+@jax.jit
+def _gram_ratio(gram):
+    """``lambda_min / lambda_max`` of each ``(L, d, d)`` symmetric matrix (unbatched LAPACK calls)."""
+    ev = jax.lax.map(jnp.linalg.eigvalsh, gram)
+    return ev[:, 0] / jnp.maximum(ev[:, -1], jnp.finfo(gram.dtype).tiny)
+
+
+@jax.jit
+def _layer_health(z):
+    """``(rms, max|z|, lambda_min / lambda_max)`` of each layer of a stack ``(L, n, d)``."""
+    zc = z - jnp.mean(z, axis=1, keepdims=True)
+    ss = jnp.sum(zc * zc, axis=(1, 2))
+    rms = jnp.sqrt(ss / (z.shape[1] * z.shape[2]))
+    g = jnp.einsum("lni,lnj->lij", zc, zc) / jnp.where(ss > 0, ss, 1.0)[:, None, None]
+    return rms, jnp.max(jnp.abs(z), axis=(1, 2)), _gram_ratio(g)
 
 
 # ----------------------------------------------------------------------------- moment passes
@@ -399,8 +490,12 @@ def _divide_means(s_tr, s_all, w_tr, n):
     return (None if s_tr is None else s_tr / jnp.sum(w_tr)), s_all / n
 
 
-def _layer_moments(lay: _Layers, mo: _Moments, means: dict) -> dict:
-    """Pass 2, per layer: ``{(side, d): {"split": LayerMoments, "full": FullMoments}}`` (stacked), checked."""
+def _layer_moments(lay: _Layers, mo: _Moments, means: dict, sus: _Suspects, *, strict: bool) -> dict:
+    """Pass 2, per layer: ``{(side, d): {"split": LayerMoments, "full": FullMoments}}`` (stacked).
+
+    Near-constant layers (and, with a split, layers rank-deficient on the train rows)
+    are flagged in ``sus``; with ``strict`` a constant layer raises.
+    """
     out = {}
     for side in "ab":
         vs, groups = lay.side(side)
@@ -413,11 +508,15 @@ def _layer_moments(lay: _Layers, mo: _Moments, means: dict) -> dict:
             out[side, d] = _finish_layers(acc, mean_tr, mean_all, mo.w_te, lay.n, split=mo.split, full=mo.full,
                                           derive=mo.derive_full)
             where = _SIDE_NAMES[side]
+            for kind, rows, what in (("split", mo.n_train, "the train rows"), ("full", lay.n, "samples")):
+                if kind in out[side, d]:
+                    norm = out[side, d][kind].norm
+                    if strict:
+                        _raise_constant(where, idx, max_abs, norm, rows, d, lay.dtype, what)
+                    sus.flag(side, idx, _near_constant(np.asarray(norm) / np.sqrt(rows * d), max_abs, lay.dtype))
             if mo.split:
-                _raise_constant(where, idx, max_abs, out[side, d]["split"].norm, mo.n_train, d,
-                                lay.dtype, "the train rows")
-            if mo.full:
-                _raise_constant(where, idx, max_abs, out[side, d]["full"].norm, lay.n, d, lay.dtype, "samples")
+                ratio = _gram_ratio(out[side, d]["split"].gram_train)
+                sus.flag(side, idx, _rank_suspect(ratio, int(round(mo.n_train)), d, lay.dtype))
     return out
 
 
@@ -434,18 +533,24 @@ def _finish_layers(sums, mean_tr, mean_all, w_te, n, *, split, full, derive) -> 
     if split:
         n_te = jnp.sum(w_te)
         norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
+        den = _safe(norm)  # a constant layer: zero moments, not 0/0 (its cells are decided pairwise)
         out["split"] = LayerMoments(
             mean=mean_tr.reshape(norm.shape[0], -1),
             norm=norm,
-            gram_train=sums["g_tr"] / norm[:, None, None] ** 2,
-            gram_test=sums["g_te"] / norm[:, None, None] ** 2,
-            sum_test=sums["s_te"] / norm[:, None],
+            gram_train=sums["g_tr"] / den[:, None, None] ** 2,
+            gram_test=sums["g_te"] / den[:, None, None] ** 2,
+            sum_test=sums["s_te"] / den[:, None],
             n_test=jnp.broadcast_to(n_te, norm.shape),
         )
     if full:
         norm = jnp.sqrt(jnp.trace(sums["g_all"], axis1=1, axis2=2))
-        out["full"] = FullMoments(norm, sums["g_all"] / norm[:, None, None] ** 2)
+        out["full"] = FullMoments(norm, sums["g_all"] / _safe(norm)[:, None, None] ** 2)
     return out
+
+
+def _safe(norm):
+    """``norm`` where positive, else 1: keeps the moments of a constant layer finite (zero)."""
+    return jnp.where(norm > 0, norm, jnp.ones_like(norm))
 
 
 class _PairGroup(NamedTuple):
@@ -495,10 +600,10 @@ def _finish_cross(acc, ma_tr, ma_all, mb_tr, mb_all, norms_a, norms_b, ia, jb, n
         acc = {**acc, "c_all": _shift_full(acc["c_tr"] + acc["c_te"], d_a, d_b, n)}
     out = {}
     if split:
-        den = (norms_a["split"][ia] * norms_b["split"][jb])[:, None, None]
+        den = (_safe(norms_a["split"])[ia] * _safe(norms_b["split"])[jb])[:, None, None]
         out["split"] = PairMoments(acc["c_tr"] / den, acc["c_te"] / den)
     if full:
-        out["full"] = acc["c_all"] / (norms_a["full"][ia] * norms_b["full"][jb])[:, None, None]
+        out["full"] = acc["c_all"] / (_safe(norms_a["full"])[ia] * _safe(norms_b["full"])[jb])[:, None, None]
     return out
 
 
@@ -570,11 +675,12 @@ def _moment_plan(lay: _Layers, entries, *, weights, chunk_size) -> _Moments:
     return _Moments(w_tr, w_te, n_train, chunks, need_split, need_full, derive)
 
 
-def _run_checks(lay: _Layers, entries, mo: _Moments, *, reverse: bool) -> None:
-    """Each measure's ``MomentStats.check`` on every source width it will see.
+def _run_checks(lay: _Layers, entries, mo: _Moments, sus: _Suspects, *, reverse: bool, strict: bool) -> None:
+    """Each measure's ``MomentStats.check`` on every source it will see.
 
     With ``reverse`` the ``reps_b`` layers are sources too, also for a symmetric
     measure (its reverse table is its own, but ``measure(name)(B_j, A_i)`` must be defined).
+    A refused source is flagged in ``sus`` (with ``strict``, the widest one raises).
     """
     n_tr = int(round(mo.n_train)) if mo.split else lay.n
     for e in entries:
@@ -584,20 +690,27 @@ def _run_checks(lay: _Layers, entries, mo: _Moments, *, reverse: bool) -> None:
         sides = ("a", "b") if reverse else ("a",)
         for side in sides:
             vs, _ = lay.side(side)
-            k = int(np.argmax([z.shape[1] for z in vs]))
-            e.spec.check(n_fit, int(vs[k].shape[1]), f"{e.name} with source {_SIDE_NAMES[side]}[{k}]")
+            if strict:
+                k = int(np.argmax([z.shape[1] for z in vs]))
+                e.spec.check(n_fit, int(vs[k].shape[1]), f"{e.name} with source {_SIDE_NAMES[side]}[{k}]")
+            for k, z in enumerate(vs):
+                try:
+                    e.spec.check(n_fit, int(z.shape[1]), f"{e.name} with source {_SIDE_NAMES[side]}[{k}]")
+                except ValueError:
+                    sus.flag_source(e.name, side, k)
 
 
-def _moment_tables(lay: _Layers, moment, *, reverse, weights, chunk_size, plan):
+def _moment_tables(lay: _Layers, moment, sus: _Suspects, *, reverse, weights, chunk_size, plan, strict):
     """``(tables, reverse tables)`` of the moment measures, as float numpy arrays.
 
-    ``weights``: the ``(n,)`` 0/1 train and test row weights of the split.
+    ``weights``: the ``(n,)`` 0/1 train and test row weights of the split. Layers
+    where a measure may be undefined are flagged in ``sus``.
     """
     entries = tuple(_Entry(name, m.moments, reverse and not m.symmetric) for name, m in moment)
     mo = _moment_plan(lay, entries, weights=weights, chunk_size=chunk_size)
-    _run_checks(lay, entries, mo, reverse=reverse)
+    _run_checks(lay, entries, mo, sus, reverse=reverse, strict=strict)
     means = _means(lay, mo)
-    lms = _layer_moments(lay, mo, means)
+    lms = _layer_moments(lay, mo, means, sus, strict=strict)
     hooks = _hooks(entries)
     extras = {k: tuple(_map_layers_jit(h)(v[kind]) for h, kind in hooks) for k, v in lms.items()}
     evaluate = _moment_evaluator(entries)
@@ -689,20 +802,114 @@ def _generic_table(lay: _Layers, m: Measure, *, reverse, plan, stats_budget, sta
     return fwd, rev
 
 
-# ----------------------------------------------------------------------------- checks
+# ----------------------------------------------------------------------------- undefined cells: settling
 
 
-def _check_finite(name: str, t: np.ndarray, lay: _Layers, *, moment: bool, reverse: bool) -> None:
-    if np.all(np.isfinite(t)):
+def _flag_generic_layers(lay: _Layers, stacks: _Stacks, sus: _Suspects) -> None:
+    """Near-constant and rank-suspect layers (all rows), for the measures without moments."""
+    for side in "ab":
+        for d, idx in lay.side(side)[1].items():
+            rms, max_abs, ratio = _layer_health(stacks(side, d))
+            sus.flag(side, idx, _near_constant(rms, max_abs, lay.dtype) | _rank_suspect(ratio, lay.n, d, lay.dtype))
+
+
+def _pairwise_cell(m: Measure, x, y, dtype) -> tuple[float | None, str | None]:
+    """``(value, None)`` of the pairwise call ``m(x, y)``, or ``(None, message)`` where it raises."""
+    try:
+        return float(m(jnp.asarray(x, dtype), jnp.asarray(y, dtype))), None
+    except ValueError as e:
+        return None, str(e)
+
+
+def _where(lay: _Layers, i: int, j: int, reverse: bool) -> str:
+    if reverse:
+        return f"(cols[{j}] = {lay.cols[j]!r}, rows[{i}] = {lay.rows[i]!r})"
+    return f"(rows[{i}] = {lay.rows[i]!r}, cols[{j}] = {lay.cols[j]!r})"
+
+
+def _undefined_error(name: str, lay: _Layers, i: int, j: int, reverse: bool, reason: str) -> ValueError:
+    hint = (" In compare_grid the ridge is part of the name: 'stitch/affine/ridge=0.001'."
+            if "normal equations" in reason and name.startswith("stitch/affine") else "")
+    return ValueError(f"{name}{' (reverse)' if reverse else ''}: the entry for {_where(lay, i, j, reverse)} is "
+                      f"not finite (undefined; on_undefined='raise'): {reason}{hint}")
+
+
+def _silent_non_finite(name: str, lay: _Layers, i: int, j: int, reverse: bool, value: float) -> ValueError:
+    return ValueError(
+        f"{name}{' (reverse)' if reverse else ''}: the entry for {_where(lay, i, j, reverse)} is not finite: "
+        f"similarity.measure({name!r}) returns {value} for that pair without raising. A measure must raise a "
+        "ValueError where it is undefined; fix the measure, or drop it or the layer."
+    )
+
+
+def _settle(name: str, m: Measure, table: np.ndarray, suspect: np.ndarray, lay: _Layers, *, reverse: bool,
+            strict: bool) -> dict:
+    """Decide the suspect (and non-finite) cells of ``table`` by the pairwise call, in place.
+
+    Returns ``{(i, j): reason}`` of the undefined cells (set to NaN). ``reverse``:
+    ``table[i, j]`` is ``m(B_j, A_i)``.
+    """
+    undefined = {}
+    for i, j in np.argwhere(suspect | ~np.isfinite(table)):
+        i, j = int(i), int(j)
+        x, y = (lay.vb[j], lay.va[i]) if reverse else (lay.va[i], lay.vb[j])
+        value, reason = _pairwise_cell(m, x, y, lay.dtype)
+        if reason is not None:
+            if strict:
+                raise _undefined_error(name, lay, i, j, reverse, reason)
+            table[i, j] = np.nan
+            undefined[i, j] = reason
+        elif not np.isfinite(value):
+            raise _silent_non_finite(name, lay, i, j, reverse, value)
+        else:
+            table[i, j] = value
+    return undefined
+
+
+def _settle_symmetric_reverse(name: str, m: Measure, table: np.ndarray, undefined: dict, suspect: np.ndarray,
+                              lay: _Layers, *, strict: bool) -> tuple[np.ndarray, dict]:
+    """The reverse table of a symmetric measure: ``table`` itself unless some ``m(B_j, A_i)``
+    is defined where ``m(A_i, B_j)`` is not, or the other way round (a directional input check)."""
+    rev, rev_undef = table, dict(undefined)
+    for i, j in np.argwhere(suspect | ~np.isfinite(table)):
+        i, j = int(i), int(j)
+        value, reason = _pairwise_cell(m, lay.vb[j], lay.va[i], lay.dtype)
+        if reason is not None and (i, j) in undefined:
+            rev_undef[i, j] = reason  # the reverse call's own message (it names its own arguments)
+        if (reason is None) == ((i, j) not in undefined):
+            continue
+        if rev is table:
+            rev = table.copy()
+        if reason is not None:
+            if strict:
+                raise _undefined_error(name, lay, i, j, True, reason)
+            rev[i, j] = np.nan
+            rev_undef[i, j] = reason
+        elif not np.isfinite(value):
+            raise _silent_non_finite(name, lay, i, j, True, value)
+        else:
+            rev[i, j] = value
+            del rev_undef[i, j]
+    return rev, rev_undef
+
+
+def _warn_undefined(undefined: dict, rev_undefined: dict, lay: _Layers) -> None:
+    counts = {k: len(v) + len(rev_undefined.get(k, {})) for k, v in undefined.items()}
+    counts = {k: c for k, c in counts.items() if c}
+    if not counts:
         return
-    i, j = np.argwhere(~np.isfinite(t))[0]
-    args = f"(cols[{j}] = {lay.cols[j]!r}, rows[{i}] = {lay.rows[i]!r})" if reverse else \
-        f"(rows[{i}] = {lay.rows[i]!r}, cols[{j}] = {lay.cols[j]!r})"
-    hint = (" Undefined for those layers: singular normal equations for an affine stitcher (use a ridge > 0, "
-            "e.g. the measure 'stitch/affine/ridge=0.001') or degenerate layers." if moment else
-            f" Undefined for those layers: call similarity.measure({name!r})(a, b) on that pair to see which "
-            "input check fails.")
-    raise ValueError(f"{name}{' (reverse)' if reverse else ''}: the entry for {args} is not finite.{hint}")
+    name = next(iter(counts))
+    first = undefined[name] or rev_undefined[name]
+    (i, j), reason = next(iter(first.items()))
+    direction = "" if undefined[name] else " (reverse)"
+    per = ", ".join(f"{k}: {c}" for k, c in counts.items())
+    warnings.warn(
+        f"compare_grid: {sum(counts.values())} cell(s) are undefined and set to NaN ({per}), e.g. "
+        f"{name}{direction} {_where(lay, i, j, bool(direction))}: {reason.split('. ')[0]}. Each reason is in "
+        "GridResult.undefined (and reverse_undefined); on_undefined='raise' stops at the first instead.",
+        UndefinedCellWarning,
+        stacklevel=3,
+    )
 
 
 # ----------------------------------------------------------------------------- public
@@ -720,6 +927,7 @@ def compare_grid(
     chunk_size: int | None = None,
     devices: Sequence[jax.Device] | None = None,
     stats_budget: float = 2.0 * 2**30,
+    on_undefined: str = "nan",
 ) -> GridResult:
     """Compare every layer of ``reps_a`` with every layer of ``reps_b``, for every measure by name.
 
@@ -729,6 +937,20 @@ def compare_grid(
     With ``reverse=True`` the same call also returns
     ``reverse[name][i, j] == measure(name)(B_j, A_i)``, reusing the same
     per-layer (and, for moment measures, per-pair) work.
+
+    **Undefined cells.** Where the pairwise call raises a ``ValueError`` for a
+    pair of valid layers (a constant layer, a rank-deficient one for CCA, PWCCA
+    or the whitened shape metrics, singular normal equations, a source wider
+    than the fitting rows), the cell is NaN and ``GridResult.undefined[name][(i, j)]``
+    holds the pairwise call's message (``reverse_undefined`` for the reverse
+    table); one :class:`UndefinedCellWarning` summarises them. The grid flags
+    the layers where that can happen from statistics it has anyway
+    (near-constant and numerically rank-deficient layers, widths a measure
+    refuses) and computes their cells, and any cell that comes out non-finite,
+    by the pairwise call itself, so the defined/undefined pattern and the
+    values are the pairwise ones. ``on_undefined="raise"`` raises instead, at
+    the first such layer or cell, naming it. Invalid input is an error either
+    way: NaN/Inf, mismatched sample counts, a bad split, unknown measures.
 
     The reconstruction scores are named by family, figure and ridge:
     ``"stitch/<family>"`` (held out), ``"stitch/<family>/in_sample"`` (the
@@ -755,15 +977,19 @@ def compare_grid(
         has them (``Measure.stats``: RDMs, kernel matrices, bases), all layers
         together. Within it, such a measure does its per-layer work once per
         layer; above it (e.g. ``n^2`` RDMs for large ``n``), once per pair.
+      on_undefined: ``"nan"`` (default): undefined cells are NaN, with their
+        reasons in the result and one warning; ``"raise"``: a ``ValueError`` at
+        the first constant layer, refused width or undefined cell.
 
     Returns:
-      :class:`GridResult` ``(tables, rows, cols, reverse)``; each table is ``(La, Lb)``.
+      :class:`GridResult` ``(tables, rows, cols, reverse, undefined,
+      reverse_undefined)``; each table is ``(La, Lb)``.
 
     Raises:
       ValueError: unknown measure, a measure without moments with ``chunk_size``,
-        mismatched sample counts, NaN/Inf, constant layers, a bad split, too few
-        train rows for an unregularised affine stitcher, or a non-finite entry
-        (named by its pair).
+        mismatched sample counts, NaN/Inf, a bad split, a measure that returns a
+        non-finite value without raising (named by its pair), or with
+        ``on_undefined="raise"`` an undefined cell.
 
     Examples:
       >>> import jax
@@ -772,35 +998,55 @@ def compare_grid(
       ...                  reverse=True)
       >>> g.tables["cka/linear"].shape, g.rows, sorted(g.reverse)
       ((2, 2), ('a', 'b'), ['cka/linear', 'stitch/affine'])
+
+      A dead layer (constant) leaves its cells undefined, not the grid:
+
+      >>> import warnings
+      >>> with warnings.catch_warnings(record=True) as w:
+      ...     warnings.simplefilter("always")
+      ...     g = compare_grid({"x": x, "dead": 0 * x}, [x], measures="cka/linear")
+      >>> g.tables["cka/linear"][:, 0].tolist()[1], list(g.undefined["cka/linear"]), w[0].category.__name__
+      (nan, [(1, 0)], 'UndefinedCellWarning')
     """
     streaming = chunk_size is not None
     if streaming and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
     reverse = V.check_bool(reverse, "reverse")
+    strict = V.check_choice(on_undefined, "on_undefined", ("nan", "raise")) == "raise"
     measures = [measures] if isinstance(measures, str) else list(measures)
     moment, generic = _resolve(measures, streaming=streaming)
     # Generic measures need the eager value checks; the moment measures check
     # values inside their first pass (cheaper, and possible while streaming).
-    lay = _prepare(reps_a, reps_b, eager_values=bool(generic), streaming=streaming)
+    lay = _prepare(reps_a, reps_b, eager_values=bool(generic), streaming=streaming, strict=strict)
     weights = split_weights(lay.n, split, key, lay.dtype)  # validates split even when no measure uses it
     plan = _make_plan(devices)
+    sus = _Suspects(len(lay.va), len(lay.vb))
     fwd, rev = {}, {}
     if moment:
-        fwd, rev = _moment_tables(lay, moment, reverse=reverse, weights=weights, chunk_size=chunk_size,
-                                  plan=plan)
+        fwd, rev = _moment_tables(lay, moment, sus, reverse=reverse, weights=weights, chunk_size=chunk_size,
+                                  plan=plan, strict=strict)
     stacks = _Stacks(lay, plan)
+    if generic:
+        _flag_generic_layers(lay, stacks, sus)
     for name, m in generic:
         fwd[name], r = _generic_table(lay, m, reverse=reverse and not m.symmetric, plan=plan,
                                       stats_budget=stats_budget, stacks=stacks)
         if r is not None:
             rev[name] = r
-    is_moment = {name for name, _ in moment}
-    for name, t in fwd.items():
-        _check_finite(name, t, lay, moment=name in is_moment, reverse=False)
-    for name, t in rev.items():
-        _check_finite(name, t, lay, moment=name in is_moment, reverse=True)
-    tables = {name: jnp.asarray(fwd[name]) for name in dict.fromkeys(measures)}
+    measures = list(dict.fromkeys(measures))
+    undefined, rev_undefined = {}, {}
+    for name in measures:
+        m = get_measure(name)
+        undefined[name] = _settle(name, m, fwd[name], sus.cells(name, "a"), lay, reverse=False, strict=strict)
+        if name in rev:
+            rev_undefined[name] = _settle(name, m, rev[name], sus.cells(name, "b"), lay, reverse=True,
+                                          strict=strict)
+        elif reverse:  # a symmetric measure is its own reverse, where both directions are defined
+            rev[name], rev_undefined[name] = _settle_symmetric_reverse(
+                name, m, fwd[name], undefined[name], sus.cells(name, "b"), lay, strict=strict)
+    _warn_undefined(undefined, rev_undefined, lay)
+    tables = {name: jnp.asarray(fwd[name]) for name in measures}
     rev_tables = {}
-    if reverse:  # a symmetric measure is its own reverse
-        rev_tables = {name: jnp.asarray(rev[name]) if name in rev else tables[name] for name in tables}
-    return GridResult(tables, lay.rows, lay.cols, rev_tables)
+    if reverse:
+        rev_tables = {name: tables[name] if rev[name] is fwd[name] else jnp.asarray(rev[name]) for name in measures}
+    return GridResult(tables, lay.rows, lay.cols, rev_tables, undefined, rev_undefined)
