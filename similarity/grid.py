@@ -24,6 +24,15 @@ for every key it returns, and with ``reverse=True``
 * **Batches by width.** Layers are grouped by width; the pairs of each
   ``(d_a, d_b)`` group are evaluated in one jit-compiled call, compiled once
   per shape and set of measures.
+* **Size buckets.** So that a grid of another architecture reuses the compiled
+  programs, sizes are padded up to the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24,
+  32, 48, ... (at most 1.5x per axis): for the moment measures each layer is
+  zero-padded to the bucket of its width (zero features leave every moment
+  measure unchanged; see :class:`similarity.MomentStats`), and the layer
+  counts of every width group and the pair counts are padded with repeats
+  whose results are dropped. The values equal the unpadded ones to rounding.
+  The other measures keep their exact widths (padding would change an RDM or
+  a CCA basis) and pad only the layer and pair counts.
 * **Sharding.** The pair axis is sharded over a 1-D ``jax.sharding.Mesh`` of
   the available devices (layer statistics are replicated), so the same call
   uses every GPU/TPU, or every host after ``jax.distributed.initialize()``;
@@ -94,8 +103,56 @@ class UndefinedCellWarning(UserWarning):
 # ----------------------------------------------------------------------------- layers
 
 
+def _bucket(k: int) -> int:
+    """The smallest size of the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (``2^m`` and ``3 * 2^m``) >= ``k``.
+
+    Widths and layer counts are padded up to it, so that grids of different
+    architectures share compiled programs; the padding costs at most 1.5x per axis.
+    """
+    if k <= 4:
+        return k
+    p = 1 << (k - 1).bit_length()
+    return p * 3 // 4 if p * 3 // 4 >= k else p
+
+
+class _Group(NamedTuple):
+    """Layers computed together: padded to one ``width`` (zero features) and a bucketed count.
+
+    ``idx`` are the real layers (indices into their side), ``pidx`` repeats the last
+    one up to the count bucket (dummy layers, whose results are dropped), and
+    ``widths`` are the real widths of ``pidx``.
+    """
+
+    width: int
+    idx: tuple
+    pidx: tuple
+    widths: np.ndarray
+
+    def mask(self, dtype) -> np.ndarray:
+        """``(len(pidx), width)``: 1 on each layer's real features, 0 on its padding."""
+        return (np.arange(self.width)[None, :] < self.widths[:, None]).astype(dtype)
+
+
+def _groups(vs, *, buckets: bool) -> dict[int, _Group]:
+    """Moment-measure groups by (bucketed) width, in order of first appearance."""
+    by: dict[int, list[int]] = {}
+    for k, z in enumerate(vs):
+        d = int(z.shape[1])
+        by.setdefault(_bucket(d) if buckets else d, []).append(k)
+    out = {}
+    for w, idx in by.items():
+        pidx = tuple(idx) + (idx[-1],) * ((_bucket(len(idx)) if buckets else len(idx)) - len(idx))
+        out[w] = _Group(w, tuple(idx), pidx, np.array([int(vs[k].shape[1]) for k in pidx]))
+    return out
+
+
 class _Layers(NamedTuple):
-    """The checked inputs: ``va``/``vb`` lists of ``(n, d)`` arrays, grouped by width."""
+    """The checked inputs: ``va``/``vb`` lists of ``(n, d)`` arrays, grouped by width.
+
+    ``groups_*``: exact width -> layer indices (the generic measures); ``mgroups_*``:
+    (bucketed) width -> :class:`_Group` (the moment measures). ``cache``: padded
+    device copies of whole layers, made once per call.
+    """
 
     rows: tuple
     cols: tuple
@@ -105,12 +162,28 @@ class _Layers(NamedTuple):
     groups_b: dict
     n: int
     dtype: Any
+    mgroups_a: dict
+    mgroups_b: dict
+    buckets: bool
+    cache: dict
 
     def side(self, side: str):
         return (self.va, self.groups_a) if side == "a" else (self.vb, self.groups_b)
 
+    def mgroups(self, side: str) -> dict[int, _Group]:
+        return self.mgroups_a if side == "a" else self.mgroups_b
+
     def pair_groups(self):
+        """The ``(w_a, w_b)`` pairs of moment-measure groups."""
+        return [(da, db) for da in self.mgroups_a for db in self.mgroups_b]
+
+    def exact_pair_groups(self):
+        """The ``(d_a, d_b)`` pairs of exact-width groups (the generic measures)."""
         return [(da, db) for da in self.groups_a for db in self.groups_b]
+
+    def count(self, k: int) -> int:
+        """``k`` layers or pairs, padded up to its bucket (with ``buckets``)."""
+        return _bucket(k) if self.buckets else k
 
 
 _SIDE_NAMES = {"a": "reps_a", "b": "reps_b"}
@@ -162,7 +235,7 @@ def _width_groups(vs) -> dict[int, list[int]]:
     return g
 
 
-def _prepare(reps_a, reps_b, *, eager_values, streaming, strict) -> _Layers:
+def _prepare(reps_a, reps_b, *, eager_values, streaming, strict, buckets) -> _Layers:
     rows, va = _as_layers(reps_a, "reps_a")
     cols, vb = _as_layers(reps_a if reps_b is None else reps_b, "reps_b")
     va = _check_layers(va, "reps_a", eager_values=eager_values, streaming=streaming, strict=strict)
@@ -176,7 +249,8 @@ def _prepare(reps_a, reps_b, *, eager_values, streaming, strict) -> _Layers:
                     f"{nm}[{k}] has shape {tuple(z.shape)}."
                 )
     dt = functools.reduce(jnp.promote_types, [V.compute_dtype(z.dtype, "reps") for z in va + vb])
-    return _Layers(rows, cols, va, vb, _width_groups(va), _width_groups(vb), n, dt)
+    return _Layers(rows, cols, va, vb, _width_groups(va), _width_groups(vb), n, dt,
+                   _groups(va, buckets=buckets), _groups(vb, buckets=buckets), buckets, {})
 
 
 def _resolve(measures, *, streaming) -> tuple[list[tuple[str, Measure]], list[tuple[str, Measure]]]:
@@ -304,8 +378,15 @@ def _rank_suspect(ratio, n: int, d: int, dtype) -> np.ndarray:
 
 
 @jax.jit
-def _gram_ratio(gram):
-    """``lambda_min / lambda_max`` of each ``(L, d, d)`` symmetric matrix (unbatched LAPACK calls)."""
+def _gram_ratio(gram, mask=None):
+    """``lambda_min / lambda_max`` of each ``(L, d, d)`` symmetric matrix (unbatched LAPACK calls).
+
+    ``mask`` ``(L, d)``: the real features of zero-padded layers; the padded
+    coordinates get the mean real eigenvalue on the diagonal, which leaves the ratio as it is.
+    """
+    if mask is not None:
+        fill = jnp.trace(gram, axis1=1, axis2=2) / jnp.sum(mask, axis=1)
+        gram = gram + jax.vmap(jnp.diag)((1.0 - mask) * fill[:, None])
     ev = jax.lax.map(jnp.linalg.eigvalsh, gram)
     return ev[:, 0] / jnp.maximum(ev[:, -1], jnp.finfo(gram.dtype).tiny)
 
@@ -432,10 +513,29 @@ class _Moments(NamedTuple):
         return self.w_tr[lo:hi], self.w_te[lo:hi]
 
 
-def _chunk(lay: _Layers, vs, idx, lo, hi):
-    """Rows ``lo:hi`` of layers ``idx`` of ``vs``, as a tuple of ``(c, d)`` device arrays."""
+def _chunk(lay: _Layers, side: str, idx, width: int, lo, hi):
+    """Rows ``lo:hi`` of layers ``idx`` of one side, zero-padded to ``width``: a tuple of ``(c, width)``
+    device arrays. The padding is done on the host, so no program is compiled per real width."""
+    vs = lay.side(side)[0]
     whole = (lo, hi) == (0, lay.n)
-    return tuple(jnp.asarray(vs[k] if whole else vs[k][lo:hi], dtype=lay.dtype) for k in idx)
+    out = []
+    for k in idx:
+        if whole and (side, k) in lay.cache:
+            out.append(lay.cache[side, k])
+            continue
+        z = vs[k] if whole else vs[k][lo:hi]
+        if z.shape[1] < width:
+            zp = np.zeros((z.shape[0], width), dtype=lay.dtype)
+            zp[:, : z.shape[1]] = np.asarray(z)
+            z = jax.device_put(zp)
+        elif isinstance(z, jax.Array):
+            z = z if z.dtype == lay.dtype else z.astype(lay.dtype)
+        else:
+            z = jax.device_put(np.asarray(z, dtype=lay.dtype))
+        if whole:
+            lay.cache[side, k] = z
+        out.append(z)
+    return tuple(out)
 
 
 def _raise_non_finite(side_name, idx, finite) -> None:
@@ -461,26 +561,26 @@ def _raise_constant(side_name, idx, max_abs, norm, n, d, dtype, where) -> None:
     bad = np.flatnonzero(~(rms > tol * np.asarray(max_abs, np.float64)))
     if bad.size:
         raise ValueError(
-            f"{side_name}[{idx[bad[0]]}] (width {d}) is constant across {where} (zero variance "
+            f"{side_name}[{idx[bad[0]]}] (width {np.broadcast_to(d, rms.shape)[bad[0]]}) is constant across "
+            f"{where} (zero variance "
             "after centring), so its scores are undefined (0/0). Check that the layer is not "
             "dead and that the samples differ."
         )
 
 
 def _means(lay: _Layers, mo: _Moments) -> dict:
-    """Pass 1: ``{(side, d): (train mean or None, all-rows mean, max |z|)}``, each ``(L*d,)``; NaN/Inf checks."""
+    """Pass 1: ``{(side, w): (train mean or None, all-rows mean, max |z|)}``, each ``(L*w,)``; NaN/Inf checks."""
     means = {}
     for side in "ab":
-        vs, groups = lay.side(side)
-        for d, idx in groups.items():
+        for w, g in lay.mgroups(side).items():
             acc, mx, ok = None, None, None
             for lo, hi in mo.chunks:
-                s_tr, s_all, m_abs, fin = _acc_means(_chunk(lay, vs, idx, lo, hi), mo.weights(lo, hi)[0])
+                s_tr, s_all, m_abs, fin = _acc_means(_chunk(lay, side, g.pidx, w, lo, hi), mo.weights(lo, hi)[0])
                 acc = _add(acc, (s_tr, s_all))
                 mx = m_abs if mx is None else jnp.maximum(mx, m_abs)
                 ok = fin if ok is None else ok & fin
-            _raise_non_finite(_SIDE_NAMES[side], idx, ok)
-            means[side, d] = (*_divide_means(acc[0], acc[1], mo.w_tr, lay.n), mx)
+            _raise_non_finite(_SIDE_NAMES[side], g.pidx, ok)
+            means[side, w] = (*_divide_means(acc[0], acc[1], mo.w_tr, lay.n), mx)
     return means
 
 
@@ -498,25 +598,29 @@ def _layer_moments(lay: _Layers, mo: _Moments, means: dict, sus: _Suspects, *, s
     """
     out = {}
     for side in "ab":
-        vs, groups = lay.side(side)
-        for d, idx in groups.items():
-            mean_tr, mean_all, max_abs = means[side, d]
+        for w, g in lay.mgroups(side).items():
+            mean_tr, mean_all, max_abs = means[side, w]
             acc = None
             for lo, hi in mo.chunks:
-                acc = _add(acc, _acc_layer(_chunk(lay, vs, idx, lo, hi), mean_tr, mean_all, *mo.weights(lo, hi),
-                                           **mo.acc_flags))
-            out[side, d] = _finish_layers(acc, mean_tr, mean_all, mo.w_te, lay.n, split=mo.split, full=mo.full,
+                acc = _add(acc, _acc_layer(_chunk(lay, side, g.pidx, w, lo, hi), mean_tr, mean_all,
+                                           *mo.weights(lo, hi), **mo.acc_flags))
+            out[side, w] = _finish_layers(acc, mean_tr, mean_all, mo.w_te, lay.n, split=mo.split, full=mo.full,
                                           derive=mo.derive_full)
-            where = _SIDE_NAMES[side]
+            where, real, d = _SIDE_NAMES[side], len(g.idx), g.widths
+            max_abs = np.asarray(max_abs)[:real]
             for kind, rows, what in (("split", mo.n_train, "the train rows"), ("full", lay.n, "samples")):
-                if kind in out[side, d]:
-                    norm = out[side, d][kind].norm
+                if kind in out[side, w]:
+                    norm = np.asarray(out[side, w][kind].norm)[:real]
                     if strict:
-                        _raise_constant(where, idx, max_abs, norm, rows, d, lay.dtype, what)
-                    sus.flag(side, idx, _near_constant(np.asarray(norm) / np.sqrt(rows * d), max_abs, lay.dtype))
+                        _raise_constant(where, g.idx, max_abs, norm, rows, d[:real], lay.dtype, what)
+                    sus.flag(side, g.idx, _near_constant(norm / np.sqrt(rows * d[:real]), max_abs, lay.dtype))
             if mo.split:
-                ratio = _gram_ratio(out[side, d]["split"].gram_train)
-                sus.flag(side, idx, _rank_suspect(ratio, int(round(mo.n_train)), d, lay.dtype))
+                # with buckets always masked (also when nothing is padded), so that the program is the same
+                mask = jnp.asarray(g.mask(lay.dtype)) if lay.buckets else None
+                ratio = _gram_ratio(out[side, w]["split"].gram_train, mask)
+                ratio = np.asarray(ratio)[:real]
+                for k, dk in enumerate(d[:real]):
+                    sus.flag(side, [g.idx[k]], _rank_suspect(ratio[k:k + 1], int(round(mo.n_train)), int(dk), lay.dtype))
     return out
 
 
@@ -554,31 +658,36 @@ def _safe(norm):
 
 
 class _PairGroup(NamedTuple):
-    """The pairs of one ``(d_a, d_b)`` width group, source-major, source layers padded to a device multiple."""
+    """The pairs of one ``(w_a, w_b)`` width group, source-major, over the padded layer counts, the
+    source layers padded further to a device multiple."""
 
-    ia: np.ndarray  # (P,) position in the group's a layers
-    jb: np.ndarray  # (P,) position in the group's b layers
-    n_real: int  # the first n_real pairs are real; the rest repeat the last source layer
+    ia: np.ndarray  # (P,) position in the group's padded a layers
+    jb: np.ndarray  # (P,) position in the group's padded b layers
+    real: np.ndarray  # (P,) whether the pair is one of real layers (not a repeat)
 
 
-def _pair_group(lay: _Layers, da: int, db: int, ndev: int) -> _PairGroup:
-    la, lb = len(lay.groups_a[da]), len(lay.groups_b[db])
+def _pair_group(ga: _Group, gb: _Group, ndev: int) -> _PairGroup:
+    la, lb = len(ga.pidx), len(gb.pidx)
     pad_a = np.minimum(np.arange(la + (-la) % ndev), la - 1)
-    return _PairGroup(np.repeat(pad_a, lb), np.tile(np.arange(lb), len(pad_a)), la * lb)
+    ia, jb = np.repeat(pad_a, lb), np.tile(np.arange(lb), len(pad_a))
+    real = (np.repeat(np.arange(len(pad_a)), lb) < len(ga.idx)) & (jb < len(gb.idx))
+    return _PairGroup(ia, jb, real)
 
 
-def _cross_moments(lay: _Layers, mo: _Moments, means: dict, lms: dict, da: int, db: int, pg: _PairGroup, plan):
-    """Pass 2, per pair: ``{"split": PairMoments, "full": (P, da, db)}`` normalised cross moments."""
-    pad_a = pg.ia[:: len(lay.groups_b[db])]
-    idx_a = [lay.groups_a[da][k] for k in pad_a]
+def _cross_moments(lay: _Layers, mo: _Moments, means: dict, lms: dict, ga: _Group, gb: _Group, pg: _PairGroup,
+                   plan):
+    """Pass 2, per pair: ``{"split": PairMoments, "full": (P, wa, wb)}`` normalised cross moments."""
+    da, db = ga.width, gb.width
+    pad_a = pg.ia[:: len(gb.pidx)]
+    idx_a = [ga.pidx[k] for k in pad_a]
     ma_tr, ma_all, _ = means["a", da]
     mb_tr, mb_all, _ = means["b", db]
     shard = None if plan.mesh is None else NamedSharding(plan.mesh, P(None, "pairs"))
     acc = None
     for lo, hi in mo.chunks:
         rest = _replicate(plan, (ma_tr, mb_tr, ma_all, mb_all, *mo.weights(lo, hi), pad_a))
-        acc = _add(acc, _acc_cross(_replicate(plan, _chunk(lay, lay.va, idx_a, lo, hi)),
-                                   _replicate(plan, _chunk(lay, lay.vb, lay.groups_b[db], lo, hi)),
+        acc = _add(acc, _acc_cross(_replicate(plan, _chunk(lay, "a", idx_a, da, lo, hi)),
+                                   _replicate(plan, _chunk(lay, "b", gb.pidx, db, lo, hi)),
                                    *rest, sharding=shard, **mo.acc_flags))
     norms = lambda side, d: {k: v.norm for k, v in lms[side, d].items()}
     return _finish_cross(acc, ma_tr, ma_all, mb_tr, mb_all, norms("a", da), norms("b", db), pg.ia, pg.jb, lay.n,
@@ -629,8 +738,22 @@ def _hooks(entries) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _map_layers_jit(fn):
-    """``fn`` over the leading (layer) axis of a stacked pytree, jit-compiled once per function and shape."""
-    return jax.jit(jax.vmap(fn))
+    """``fn`` over the leading (layer) axis of a stacked pytree, jit-compiled once per function and shape.
+
+    With a ``mask`` ``(L, d)`` of real features, ``fn`` sees each Gram matrix with a
+    unit diagonal on the zero-padded coordinates (see :class:`similarity.MomentStats`).
+    """
+
+    def run(moments, mask):
+        if mask is not None:
+            unit = jax.vmap(jnp.diag)(1.0 - mask)
+            if isinstance(moments, LayerMoments):
+                moments = moments._replace(gram_train=moments.gram_train + unit, gram_test=moments.gram_test + unit)
+            else:
+                moments = moments._replace(gram=moments.gram + unit)
+        return jax.vmap(fn)(moments)
+
+    return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=64)
@@ -712,21 +835,27 @@ def _moment_tables(lay: _Layers, moment, sus: _Suspects, *, reverse, weights, ch
     means = _means(lay, mo)
     lms = _layer_moments(lay, mo, means, sus, strict=strict)
     hooks = _hooks(entries)
-    extras = {k: tuple(_map_layers_jit(h)(v[kind]) for h, kind in hooks) for k, v in lms.items()}
+    extras = {}
+    for (side, w), v in lms.items():
+        g = lay.mgroups(side)[w]
+        mask = jnp.asarray(g.mask(lay.dtype)) if lay.buckets else None
+        extras[side, w] = tuple(_map_layers_jit(h)(v[kind], mask) for h, kind in hooks)
     evaluate = _moment_evaluator(entries)
     fwd = {e.name: np.full((len(lay.va), len(lay.vb)), np.nan, dtype=lay.dtype) for e in entries}
     rev = {e.name: np.full_like(fwd[e.name], np.nan) for e in entries if e.reverse}
     for da, db in lay.pair_groups():
-        pg = _pair_group(lay, da, db, plan.ndev)
-        pairs = _cross_moments(lay, mo, means, lms, da, db, pg, plan)
+        ga, gb = lay.mgroups_a[da], lay.mgroups_b[db]
+        pg = _pair_group(ga, gb, plan.ndev)
+        pairs = _cross_moments(lay, mo, means, lms, ga, gb, pg, plan)
         ia_s, jb_s = _put_pairs(plan, pg.ia, pg.jb)
         res_f, res_r = evaluate(*_replicate(plan, (lms["a", da], lms["b", db], extras["a", da], extras["b", db])),
                                 ia_s, jb_s, pairs)
-        rows = np.asarray(lay.groups_a[da])[pg.ia[: pg.n_real]]
-        cols = np.asarray(lay.groups_b[db])[pg.jb[: pg.n_real]]
+        keep = np.flatnonzero(pg.real)
+        rows = np.asarray(ga.pidx)[pg.ia[keep]]
+        cols = np.asarray(gb.pidx)[pg.jb[keep]]
         for out, res in ((fwd, res_f), (rev, res_r)):
             for name, vals in res.items():
-                out[name][rows, cols] = _to_host(vals)[: pg.n_real]
+                out[name][rows, cols] = _to_host(vals)[keep]
     return fwd, rev
 
 
@@ -765,7 +894,10 @@ def _stats_fit(stats, n, widths, dtype, budget) -> bool:
 
 
 class _Stacks:
-    """Each width group's layers stacked as ``(L, n, d)``, built once for all generic measures."""
+    """Each width group's layers stacked as ``(L, n, d)``, built once for all generic measures.
+
+    ``L`` is the group's layer count padded to its bucket (the last layer repeats).
+    """
 
     def __init__(self, lay: _Layers, plan: _Plan):
         self.lay, self.plan, self._cache = lay, plan, {}
@@ -773,7 +905,8 @@ class _Stacks:
     def __call__(self, side: str, d: int):
         if (side, d) not in self._cache:
             vs, groups = self.lay.side(side)
-            stack = jnp.stack([jnp.asarray(vs[k], dtype=self.lay.dtype) for k in groups[d]])
+            idx = groups[d] + [groups[d][-1]] * (self.lay.count(len(groups[d])) - len(groups[d]))
+            stack = jnp.stack([jnp.asarray(vs[k], dtype=self.lay.dtype) for k in idx])
             self._cache[side, d] = _replicate(self.plan, stack)
         return self._cache[side, d]
 
@@ -791,14 +924,16 @@ def _generic_table(lay: _Layers, m: Measure, *, reverse, plan, stats_budget, sta
         pair = _map_pairs_jit(m.fn)
     fwd = np.full((len(lay.va), len(lay.vb)), np.nan, dtype=lay.dtype)
     rev = np.full_like(fwd, np.nan) if reverse else None
-    for da, db in lay.pair_groups():
+    for da, db in lay.exact_pair_groups():
         ia, jb = (g.ravel() for g in np.meshgrid(np.arange(len(lay.groups_a[da])), np.arange(len(lay.groups_b[db])),
                                                  indexing="ij"))
-        ia_s, jb_s = _put_pairs(plan, ia, jb)
+        n_real = len(ia)
+        pad = lay.count(n_real) - n_real  # the pair count padded to its bucket (the last pair repeats)
+        ia_s, jb_s = _put_pairs(plan, np.concatenate([ia, ia[-1:].repeat(pad)]), np.concatenate([jb, jb[-1:].repeat(pad)]))
         rows, cols = np.asarray(lay.groups_a[da])[ia], np.asarray(lay.groups_b[db])[jb]
-        fwd[rows, cols] = _to_host(pair(src["a", da], src["b", db], ia_s, jb_s))[: len(ia)]
+        fwd[rows, cols] = _to_host(pair(src["a", da], src["b", db], ia_s, jb_s))[:n_real]
         if rev is not None:
-            rev[rows, cols] = _to_host(pair(src["b", db], src["a", da], jb_s, ia_s))[: len(ia)]
+            rev[rows, cols] = _to_host(pair(src["b", db], src["a", da], jb_s, ia_s))[:n_real]
     return fwd, rev
 
 
@@ -809,7 +944,7 @@ def _flag_generic_layers(lay: _Layers, stacks: _Stacks, sus: _Suspects) -> None:
     """Near-constant and rank-suspect layers (all rows), for the measures without moments."""
     for side in "ab":
         for d, idx in lay.side(side)[1].items():
-            rms, max_abs, ratio = _layer_health(stacks(side, d))
+            rms, max_abs, ratio = (np.asarray(v)[: len(idx)] for v in _layer_health(stacks(side, d)))
             sus.flag(side, idx, _near_constant(rms, max_abs, lay.dtype) | _rank_suspect(ratio, lay.n, d, lay.dtype))
 
 
@@ -928,6 +1063,7 @@ def compare_grid(
     devices: Sequence[jax.Device] | None = None,
     stats_budget: float = 2.0 * 2**30,
     on_undefined: str = "nan",
+    buckets: bool = True,
 ) -> GridResult:
     """Compare every layer of ``reps_a`` with every layer of ``reps_b``, for every measure by name.
 
@@ -980,6 +1116,9 @@ def compare_grid(
       on_undefined: ``"nan"`` (default): undefined cells are NaN, with their
         reasons in the result and one warning; ``"raise"``: a ``ValueError`` at
         the first constant layer, refused width or undefined cell.
+      buckets: pad sizes into buckets so that grids of other architectures
+        reuse the compiled programs (see above); ``False`` compiles for the
+        exact sizes (less arithmetic when a width is just above a bucket).
 
     Returns:
       :class:`GridResult` ``(tables, rows, cols, reverse, undefined,
@@ -1017,7 +1156,8 @@ def compare_grid(
     moment, generic = _resolve(measures, streaming=streaming)
     # Generic measures need the eager value checks; the moment measures check
     # values inside their first pass (cheaper, and possible while streaming).
-    lay = _prepare(reps_a, reps_b, eager_values=bool(generic), streaming=streaming, strict=strict)
+    buckets = V.check_bool(buckets, "buckets")
+    lay = _prepare(reps_a, reps_b, eager_values=bool(generic), streaming=streaming, strict=strict, buckets=buckets)
     weights = split_weights(lay.n, split, key, lay.dtype)  # validates split even when no measure uses it
     plan = _make_plan(devices)
     sus = _Suspects(len(lay.va), len(lay.vb))

@@ -28,6 +28,16 @@ and the measure modules exchange (docs/design.md §2-3):
   equations); ``check(n_fit, d_src, where)`` optionally raises for widths the
   measure cannot handle (an unregularised affine fit with too few rows).
 
+  **Zero features.** The grid pads each layer's width up to a size bucket with
+  zero features, so that grids of other architectures reuse its compiled
+  programs. A moment measure must therefore not change when a layer gains
+  zero features: ``finish`` sees moments with zero rows and columns for them,
+  and ``layer`` sees each Gram matrix with a unit diagonal on them (so that a
+  factorisation stays definite and they decouple). Every built-in moment
+  measure qualifies (the grid tests check each against its unpadded value);
+  a measure that reads the width itself does not, and needs
+  ``compare_grid(..., buckets=False)``.
+
 Each measure module exports its own statistics (``cka.cka_layer_stats``,
 ``rsa.rsa_layer_stats``, ``cca.pwcca_layer_stats``, ``shape.nbs_moment_stats``,
 ``stitching.stitch_moment_stats``, ...). Like the other pure kernels these

@@ -138,19 +138,44 @@ def _pairs(la, ra, lb, rb, g):
     return p[:ha, :hb], p[ha:, hb:], p[:ha, hb:], p[ha:, :hb]
 
 
-def _node_kernel(node_a, node_b, g, metric):
-    """Hidden-unit kernel ``(H_a, H_b)`` of one node under the Gram metric."""
+def _product(a, b, g):
+    """``a G b^T`` (``g`` None: the identity)."""
+    return jnp.einsum("ui,vi->uv", a if g is None else a @ g, b)
+
+
+def _frobenius_kernel(node_a, node_b, g):
+    """``(La G Lb^T) * (Ra G Rb^T)``: two products, not the four blocks of :func:`_pairs`."""
+    return _product(node_a.left, node_b.left, g) * _product(node_a.right, node_b.right, g)
+
+
+def _symmetric_kernel(node_a, node_b, g):
     ll, rr, lr, rl = _pairs(node_a.left, node_a.right, node_b.left, node_b.right, g)
-    if metric == "frobenius":
-        return ll * rr
     return (ll * rr + lr * rl) / 2
 
 
-def _gram_inner(nodes_a, nodes_b, metric, outputs):
+def _gaussian_kernel(node_a, node_b, g):
+    """The first node's Gaussian kernel (``x ~ N(0, I)``; ``g`` is the identity there)."""
+    return _closure_kernel(node_a, node_b, g, None, None)
+
+
+# The hidden-unit kernels that share one recursion, indexed by the traced metric code:
+# frobenius and symmetric at any depth, and the Gaussian metric at depth 1, where it is
+# the first node's closure kernel. ``lax.switch`` on the code compiles one program for all.
+_KERNEL_METRICS = ("frobenius", "symmetric", "gaussian")
+_KERNELS = (_frobenius_kernel, _symmetric_kernel, _gaussian_kernel)
+
+
+def _node_kernel(node_a, node_b, g, code, n_branches):
+    """Hidden-unit kernel ``(H_a, H_b)`` of one node; ``code`` indexes :data:`_KERNEL_METRICS`."""
+    return jax.lax.switch(code, _KERNELS[:n_branches], node_a, node_b, g)
+
+
+def _gram_inner(nodes_a, nodes_b, code, outputs):
     g = None
     last = len(nodes_a) - 1
     for i, (na, nb) in enumerate(zip(nodes_a, nodes_b)):
-        k = _node_kernel(na, nb, g, metric)
+        # the Gaussian branch exists only for the first node of a depth-1 network
+        k = _node_kernel(na, nb, g, code, 3 if last == 0 else 2)
         if i == last:
             return jnp.einsum("pu,uv,pv->", _select(na.down, outputs), k, _select(nb.down, outputs))
         g = jnp.einsum("pu,uv,qv->pq", na.down, k, nb.down)
@@ -343,17 +368,36 @@ def _gaussian_exact2(nodes_a, nodes_b, outputs):
 # ---------------------------------------------------------------------------
 
 
-def _inner_core(net_a, net_b, metric, method, outputs):
-    """Unvalidated inner product of two (unbatched) networks; ``method`` is resolved."""
+def _resolved(metric: str, method: str, depth: int) -> tuple[str, np.int32]:
+    """``(program, metric code)``: which compiled program computes ``(metric, method)`` at this depth
+    (static), and the metric as data (traced).
+
+    ``"kernel"``: the Gram recursion with the metric as data: frobenius and
+    symmetric at any depth, and the Gaussian metric at depth 1, where the closure
+    is exact and is that recursion with the Gaussian kernel; one program serves
+    every metric. ``"closure"`` and ``"exact2"``: the Gaussian metric at depth
+    >= 2. ``"linear"``: depth 0 (every metric coincides).
+    """
+    method = _resolve_method(metric, method, depth)
+    if method == "linear" or method == "gram" or (metric == "gaussian" and depth == 1):
+        program = "linear" if method == "linear" else "kernel"
+    else:
+        program = "closure" if method == "closure" else "exact2"
+    return program, np.int32(_KERNEL_METRICS.index(metric))
+
+
+def _inner_core(net_a, net_b, code, program, outputs):
+    """Unvalidated inner product of two (unbatched) networks; ``program`` from :func:`_resolved`,
+    ``code`` the traced metric index (read by the ``"kernel"`` program)."""
     nodes_a = fold_network(net_a)
     nodes_b = fold_network(net_b)
-    if method == "linear":
+    if program == "linear":
         wa, wb = nodes_a[0], nodes_b[0]
         return jnp.einsum("pi,pi->", _select(wa, outputs), _select(wb, outputs))
-    if method == "gram":
-        return _gram_inner(nodes_a, nodes_b, metric, outputs)
-    if method == "closure" or len(nodes_a) == 1:
-        return _closure_inner(nodes_a, nodes_b, outputs)  # exact at depth 1
+    if program == "kernel":
+        return _gram_inner(nodes_a, nodes_b, code, outputs)
+    if program == "closure":
+        return _closure_inner(nodes_a, nodes_b, outputs)
     return _gaussian_exact2(nodes_a, nodes_b, outputs)
 
 
@@ -367,21 +411,21 @@ def _prepare(net_a, net_b, metric, method, outputs):
             "append identity bilinear layers to the shallower one (left=I, right=0, "
             "right_bias=1, down=I computes y * 1 = y), or use monte_carlo_inner."
         )
-    method = _resolve_method(metric, method, depth_a)
+    program, code = _resolved(metric, method, depth_a)
     outputs = resolve_outputs(outputs, net_a[-1].d_out)
-    return net_a, net_b, method, outputs
+    return net_a, net_b, program, code, outputs
 
 
-@functools.partial(jax.jit, static_argnames=("metric", "method", "outputs"))
-def _inner_jit(net_a, net_b, metric, method, outputs):
-    return _inner_core(net_a, net_b, metric, method, outputs)
+@functools.partial(jax.jit, static_argnames=("program", "outputs"))
+def _inner_jit(net_a, net_b, code, program, outputs):
+    return _inner_core(net_a, net_b, code, program, outputs)
 
 
-@functools.partial(jax.jit, static_argnames=("metric", "method", "outputs"))
-def _similarity_jit(net_a, net_b, metric, method, outputs):
-    ab = _inner_core(net_a, net_b, metric, method, outputs)
-    aa = _inner_core(net_a, net_a, metric, method, outputs)
-    bb = _inner_core(net_b, net_b, metric, method, outputs)
+@functools.partial(jax.jit, static_argnames=("program", "outputs"))
+def _similarity_jit(net_a, net_b, code, program, outputs):
+    ab = _inner_core(net_a, net_b, code, program, outputs)
+    aa = _inner_core(net_a, net_a, code, program, outputs)
+    bb = _inner_core(net_b, net_b, code, program, outputs)
     return ab, aa, bb
 
 
@@ -423,8 +467,8 @@ def tensor_inner(
       >>> float(tensor_inner(sq, sq))   # E[x^4]
       3.0
     """
-    net_a, net_b, method, outputs = _prepare(net_a, net_b, metric, method, outputs)
-    return _inner_jit(net_a, net_b, metric, method, outputs)
+    net_a, net_b, program, code, outputs = _prepare(net_a, net_b, metric, method, outputs)
+    return _inner_jit(net_a, net_b, code, program, outputs)
 
 
 def tensor_similarity(
@@ -467,8 +511,8 @@ def tensor_similarity(
       >>> round(float(tensor_similarity(a, b)), 6)   # both compute x1 * x2
       1.0
     """
-    net_a, net_b, method, outputs = _prepare(net_a, net_b, metric, method, outputs)
-    ab, aa, bb = _similarity_jit(net_a, net_b, metric, method, outputs)
+    net_a, net_b, program, code, outputs = _prepare(net_a, net_b, metric, method, outputs)
+    ab, aa, bb = _similarity_jit(net_a, net_b, code, program, outputs)
     cause = "the network is zero on the selected outputs; its similarity is undefined (0/0)."
     check_positive_result(aa, f"<net_a|{metric}|net_a>", cause)
     check_positive_result(bb, f"<net_b|{metric}|net_b>", cause)
@@ -516,13 +560,13 @@ def stack_networks(nets, /) -> tuple:
     return jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *nets)
 
 
-@functools.partial(jax.jit, static_argnames=("metric", "method", "outputs"))
-def _matrix_jit(stacked, metric, method, outputs):
+@functools.partial(jax.jit, static_argnames=("program", "outputs"))
+def _matrix_jit(stacked, code, program, outputs):
     # Row i against every column j at once: with net_i unbatched and net_j vmapped,
     # the first node's cross products become one large matrix product per row
     # (A_i @ [A_1 ... A_n]^T), far faster than n^2 small batched products.
     def row(net_i):
-        return jax.vmap(lambda net_j: _inner_core(net_i, net_j, metric, method, outputs))(stacked)
+        return jax.vmap(lambda net_j: _inner_core(net_i, net_j, code, program, outputs))(stacked)
 
     gram = jax.lax.map(row, stacked)
     return (gram + gram.T) / 2
@@ -577,9 +621,9 @@ def similarity_matrix(
     else:
         stacked = validate_network(nets, "nets", batch_ndim=1)
     one = jax.tree_util.tree_map(lambda x: x[0], stacked)
-    method = _resolve_method(metric, method, network_depth(one))
+    program, code = _resolved(metric, method, network_depth(one))
     outputs = resolve_outputs(outputs, one[-1].d_out)
-    gram = _matrix_jit(stacked, metric, method, outputs)
+    gram = _matrix_jit(stacked, code, program, outputs)
     if return_inner:
         return gram
     diag = jnp.diagonal(gram)

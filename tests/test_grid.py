@@ -6,6 +6,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -158,19 +159,82 @@ def test_ridge_is_part_of_the_name(grid):
             compare_grid(a, b, measures=[bad])
 
 
+class CompileCounter:
+    """Counts the programs JAX lowers and compiles while active, from ``jax.monitoring`` events."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_to_mlir_module_duration", "/jax/core/compile/backend_compile_duration")
+
+    def __init__(self):
+        self.count = 0
+
+    def _listen(self, event, duration, **kwargs):
+        self.count += event in self.EVENTS
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listen)
+        return False
+
+
 def test_compiles_once_per_shape_and_measure_set(grid):
     """A second call with the same shapes and measures reuses every compiled program."""
-    from funsim.similarity import grid as G
-
     a, b, _ = grid
     ms = ["stitch/affine", "stitch/orthogonal/in_sample", "nbs", "pwcca"]
-    compare_grid(a, b, measures=ms, reverse=True)
-    evaluate = G._moment_evaluator(tuple(G._Entry(n, sim.measure(n).moments, not sim.measure(n).symmetric)
-                                         for n in ms[:3]))
-    sizes = evaluate._cache_size(), G._map_pairs_jit(sim.measure("pwcca").stats.pair)._cache_size()
+    with CompileCounter() as first:
+        compare_grid(a, b, measures=ms, reverse=True)
     a2 = {k: v + 1.0 for k, v in a.items()}  # new values, same shapes
-    compare_grid(a2, b, measures=ms, reverse=True)
-    assert (evaluate._cache_size(), G._map_pairs_jit(sim.measure("pwcca").stats.pair)._cache_size()) == sizes
+    with CompileCounter() as second:
+        compare_grid(a2, b, measures=ms, reverse=True)
+    assert first.count > 0 and second.count == 0
+
+
+def _architecture(widths, n=30, seed=0):
+    r = np.random.default_rng(seed)
+    base = r.normal(size=(n, 2))
+    return [np.tanh(base @ r.normal(size=(2, d)) + 0.5 * r.normal(size=(n, d))) for d in widths]
+
+
+def test_second_architecture_pair_of_the_same_buckets_compiles_nothing():
+    """Widths 5 and 6 share a bucket (6), 7 and 8 (8), 10 and 12 (12); 5 and 6 layers of one width share
+    a count bucket (6). The second pair of architectures compiles no program, and every value equals
+    the unpadded grid's."""
+    ms = ["cka/linear", "nbs", "shape/euclidean/alpha=1", "stitch/affine", "stitch/orthogonal",
+          "stitch/scaled_orthogonal/in_sample", "stitch/affine/ridge=0.01"]
+    first = (_architecture([5] * 5 + [7]), _architecture([10, 10, 3], seed=1))
+    second = (_architecture([6] * 6 + [8], seed=2), _architecture([12, 11, 3], seed=3))
+    with CompileCounter() as c1:
+        compare_grid(*first, measures=ms, reverse=True)
+    with CompileCounter() as c2:
+        g = compare_grid(*second, measures=ms, reverse=True)
+    assert c1.count > 0 and c2.count == 0, (c1.count, c2.count)
+    exact = compare_grid(*second, measures=ms, reverse=True, buckets=False)
+    for k in ms:
+        np.testing.assert_allclose(g.tables[k], exact.tables[k], rtol=1e-10, atol=1e-12, err_msg=k)
+        np.testing.assert_allclose(g.reverse[k], exact.reverse[k], rtol=1e-10, atol=1e-12, err_msg=k)
+        np.testing.assert_allclose(g.tables[k], _pairwise(k, *second), rtol=1e-9, atol=1e-10, err_msg=k)
+    # the other measures keep their widths and bucket the layer and pair counts: 5 or 6 layers of width 4
+    generic = ["cka/linear/debiased", "rsa/euclidean/pearson", "svcca"]
+    with CompileCounter() as c1:
+        compare_grid(_architecture([4] * 5), _architecture([3], seed=1), measures=generic, reverse=True)
+    with CompileCounter() as c2:
+        g = compare_grid(_architecture([4] * 6, seed=2), _architecture([3], seed=3), measures=generic, reverse=True)
+    assert c1.count > 0 and c2.count == 0, (c1.count, c2.count)
+    for k in generic:
+        np.testing.assert_allclose(g.tables[k], _pairwise(k, _architecture([4] * 6, seed=2),
+                                                          _architecture([3], seed=3)), rtol=1e-9, atol=1e-10)
+
+
+def test_every_moment_measure_is_unchanged_by_padding():
+    """Zero-padded widths and repeated layers leave every registered moment measure's value as it is."""
+    a, b = _architecture([5, 7, 5, 9, 5]), _architecture([10, 3, 6], seed=1)
+    names = list(sim.MOMENT_MEASURES)
+    g, exact = (compare_grid(a, b, measures=names, reverse=True, buckets=bk) for bk in (True, False))
+    for k in names:
+        np.testing.assert_allclose(g.tables[k], exact.tables[k], rtol=1e-10, atol=1e-12, err_msg=k)
+        np.testing.assert_allclose(g.reverse[k], exact.reverse[k], rtol=1e-10, atol=1e-12, err_msg=k)
 
 
 def test_moment_programs_have_unbatched_svds(grid, monkeypatch):
