@@ -355,13 +355,15 @@ class _Suspects:
         return bad_a[:, None] | bad_b[None, :]
 
 
-_CONST_TOL = 1e-6  # flag layers whose centred RMS is below this fraction of max(max|z|, 1)
+_CONST_TOL = 1e-6  # flag layers whose centred RMS is below this fraction of max(RMS of the values, 1)
 
 
-def _near_constant(rms, max_abs, dtype) -> np.ndarray:
-    """Generous constant-layer flags (a superset of the measures' own constant checks)."""
+def _near_constant(rms, scale, dtype) -> np.ndarray:
+    """Generous constant-layer flags: a superset of the measures' own constant checks, which compare
+    the largest centred value with ``1e-12 max(max|z|, 1)``; ``max|z| <= sqrt(d) scale`` for a constant
+    layer, far inside the margin."""
     tol = max(_CONST_TOL, 1e4 * float(jnp.finfo(dtype).eps))
-    return ~(np.asarray(rms, np.float64) > tol * np.maximum(np.asarray(max_abs, np.float64), 1.0))
+    return ~(np.asarray(rms, np.float64) > tol * np.maximum(np.asarray(scale, np.float64), 1.0))
 
 
 def _rank_suspect(ratio, n: int, d: int, dtype) -> np.ndarray:
@@ -393,12 +395,13 @@ def _gram_ratio(gram, mask=None):
 
 @jax.jit
 def _layer_health(z):
-    """``(rms, max|z|, lambda_min / lambda_max)`` of each layer of a stack ``(L, n, d)``."""
+    """``(centred rms, rms, lambda_min / lambda_max)`` of each layer of a stack ``(L, n, d)``."""
     zc = z - jnp.mean(z, axis=1, keepdims=True)
-    ss = jnp.sum(zc * zc, axis=(1, 2))
-    rms = jnp.sqrt(ss / (z.shape[1] * z.shape[2]))
-    g = jnp.einsum("lni,lnj->lij", zc, zc) / jnp.where(ss > 0, ss, 1.0)[:, None, None]
-    return rms, jnp.max(jnp.abs(z), axis=(1, 2)), _gram_ratio(g)
+    g = jnp.einsum("lni,lnj->lij", zc, zc)
+    ss = jnp.trace(g, axis1=1, axis2=2)
+    size = z.shape[1] * z.shape[2]
+    rms_all = jnp.sqrt(jnp.einsum("lni,lni->l", z, z) / size)
+    return jnp.sqrt(ss / size), rms_all, _gram_ratio(g / jnp.where(ss > 0, ss, 1.0)[:, None, None])
 
 
 # ----------------------------------------------------------------------------- moment passes
@@ -413,16 +416,15 @@ def _layer_health(z):
 def _acc_means(zs, w_tr):
     """Pass 1 for a tuple of L ``(c, d)`` chunks.
 
-    Returns ``(sum_train (L*d,) or None, sum_all (L*d,), max_abs (L,), finite (L,))``:
-    column sums over the train rows and over all rows, each layer's largest
-    ``|z|`` and whether it is all finite (for the input checks).
+    Returns ``(sum_train (L*d,) or None, sum_all (L*d,))``: column sums over the
+    train rows and over all rows, as matrix-vector products (XLA's CPU reductions
+    are several times slower). A NaN or Inf anywhere in a layer makes its sums
+    non-finite, which is the input check (:func:`_raise_non_finite`).
     """
-    z = jnp.concatenate(zs, axis=1)
+    ones = jnp.ones((zs[0].shape[0],), zs[0].dtype)
     return (
-        None if w_tr is None else jnp.einsum("n,nd->d", w_tr, z),
-        jnp.sum(z, axis=0),
-        jnp.stack([jnp.max(jnp.abs(jnp.where(jnp.isfinite(x), x, 0))) for x in zs]),
-        jnp.stack([jnp.all(jnp.isfinite(x)) for x in zs]),
+        None if w_tr is None else jnp.concatenate([w_tr @ z for z in zs]),
+        jnp.concatenate([ones @ z for z in zs]),
     )
 
 
@@ -448,15 +450,18 @@ def _acc_layer(zs, mean_tr, mean_all, w_tr, w_te, *, split, full):
 
 
 def _pair_blocks(u, v, la, lb):
-    """``u: (c, la*da)``, ``v: (c, lb*db)`` -> ``(la*lb, da, db)``: ``u_k^T v_l`` for pair ``k*lb + l``."""
-    m = jnp.einsum("ni,nj->ij", u, v)  # one GEMM for every pair
-    da, db = u.shape[1] // la, v.shape[1] // lb
-    return m.reshape(la, da, lb, db).transpose(0, 2, 1, 3).reshape(la * lb, da, db)
+    """``u: (c, la*da)``, ``v: (c, lb*db)`` -> ``(la, da, lb, db)``: ``[k, :, l, :] = u_k^T v_l``.
+
+    One GEMM for every pair; its output is read in place (no transposed copy),
+    the evaluator maps over axes 0 and 2.
+    """
+    m = jnp.einsum("ni,nj->ij", u, v)
+    return m.reshape(la, u.shape[1] // la, lb, v.shape[1] // lb)
 
 
 @functools.partial(jax.jit, static_argnames=("split", "full", "sharding"))
 def _acc_cross(zas, zbs, ma_tr, mb_tr, ma_all, mb_all, w_tr, w_te, pad_a, *, split, full, sharding):
-    """Pass 2 cross moments of every pair of two tuples of chunks, ``(La*Lb, da, db)`` each.
+    """Pass 2 cross moments of every pair of two tuples of chunks, ``(La, da, Lb, db)`` each.
 
     ``ma_*``: the source group's means ``(L*da,)``, of which ``pad_a`` picks the
     layers in ``zas`` (padded source layers repeat). ``sharding`` (or None) places
@@ -538,27 +543,41 @@ def _chunk(lay: _Layers, side: str, idx, width: int, lo, hi):
     return tuple(out)
 
 
-def _raise_non_finite(side_name, idx, finite) -> None:
-    """Raise for the first layer whose pass-1 flag says it holds NaN or Inf."""
-    if not V.is_concrete(finite):
+def _raise_non_finite(side_name, lay: _Layers, side: str, idx, sums) -> None:
+    """Raise for the first layer of ``idx`` that holds NaN or Inf.
+
+    ``sums`` ``(L, w)``: its column sums, non-finite for such a layer; a layer of
+    huge finite values can overflow them too, so a flagged layer is checked itself.
+    """
+    if not V.is_concrete(sums):
         return
-    bad = np.flatnonzero(~np.asarray(finite))
-    if bad.size:
-        raise ValueError(f"{side_name}[{idx[bad[0]]}] contains NaN or Inf values; remove or impute them.")
+    for k in np.flatnonzero(~np.all(np.isfinite(np.asarray(sums)), axis=1)):
+        if not np.all(np.isfinite(np.asarray(lay.side(side)[0][idx[k]]))):
+            raise ValueError(f"{side_name}[{idx[k]}] contains NaN or Inf values; remove or impute them.")
 
 
-def _raise_constant(side_name, idx, max_abs, norm, n, d, dtype, where) -> None:
+def _scale(mean, norm, rows, d) -> np.ndarray:
+    """Each layer's root-mean-square value ``sqrt(sum z^2 / (rows d))``, from its centred norm and its mean.
+
+    ``mean`` ``(L, w)`` (zero-padded), ``norm`` ``(L,)``: ``sum z^2 = norm^2 + rows |mean|^2``.
+    """
+    mean, norm = np.asarray(mean, np.float64), np.asarray(norm, np.float64)
+    return np.sqrt((norm**2 + rows * np.sum(mean**2, axis=1)) / (rows * d))
+
+
+def _raise_constant(side_name, idx, scale, norm, n, d, dtype, where) -> None:
     """Raise for the first constant layer of a width group.
 
     A layer counts as constant when the root-mean-square of its centred values
-    is at most ``tol * max|z|``, with ``tol = max(1e-12, 16 * eps(dtype))``: below
-    that the centred data is rounding noise and every score would be 0/0.
+    is at most ``tol`` times that of its values (:func:`_scale`), with
+    ``tol = max(1e-12, 16 * eps(dtype))``: below that the centred data is rounding
+    noise and every score would be 0/0.
     """
-    if not V.is_concrete(norm, max_abs):
+    if not V.is_concrete(norm, scale):
         return
     tol = max(1e-12, 16 * float(jnp.finfo(dtype).eps))
     rms = np.asarray(norm, np.float64) / np.sqrt(n * d)
-    bad = np.flatnonzero(~(rms > tol * np.asarray(max_abs, np.float64)))
+    bad = np.flatnonzero(~(rms > tol * np.asarray(scale, np.float64)))
     if bad.size:
         raise ValueError(
             f"{side_name}[{idx[bad[0]]}] (width {np.broadcast_to(d, rms.shape)[bad[0]]}) is constant across "
@@ -569,18 +588,15 @@ def _raise_constant(side_name, idx, max_abs, norm, n, d, dtype, where) -> None:
 
 
 def _means(lay: _Layers, mo: _Moments) -> dict:
-    """Pass 1: ``{(side, w): (train mean or None, all-rows mean, max |z|)}``, each ``(L*w,)``; NaN/Inf checks."""
+    """Pass 1: ``{(side, w): (train mean or None, all-rows mean)}``, each ``(L*w,)``; NaN/Inf checks."""
     means = {}
     for side in "ab":
         for w, g in lay.mgroups(side).items():
-            acc, mx, ok = None, None, None
+            acc = None
             for lo, hi in mo.chunks:
-                s_tr, s_all, m_abs, fin = _acc_means(_chunk(lay, side, g.pidx, w, lo, hi), mo.weights(lo, hi)[0])
-                acc = _add(acc, (s_tr, s_all))
-                mx = m_abs if mx is None else jnp.maximum(mx, m_abs)
-                ok = fin if ok is None else ok & fin
-            _raise_non_finite(_SIDE_NAMES[side], g.pidx, ok)
-            means[side, w] = (*_divide_means(acc[0], acc[1], mo.w_tr, lay.n), mx)
+                acc = _add(acc, _acc_means(_chunk(lay, side, g.pidx, w, lo, hi), mo.weights(lo, hi)[0]))
+            _raise_non_finite(_SIDE_NAMES[side], lay, side, g.pidx, np.asarray(acc[1]).reshape(len(g.pidx), w))
+            means[side, w] = _divide_means(acc[0], acc[1], mo.w_tr, lay.n)
     return means
 
 
@@ -599,21 +615,22 @@ def _layer_moments(lay: _Layers, mo: _Moments, means: dict, sus: _Suspects, *, s
     out = {}
     for side in "ab":
         for w, g in lay.mgroups(side).items():
-            mean_tr, mean_all, max_abs = means[side, w]
+            mean_tr, mean_all = means[side, w]
             acc = None
             for lo, hi in mo.chunks:
                 acc = _add(acc, _acc_layer(_chunk(lay, side, g.pidx, w, lo, hi), mean_tr, mean_all,
                                            *mo.weights(lo, hi), **mo.acc_flags))
             out[side, w] = _finish_layers(acc, mean_tr, mean_all, mo.w_te, lay.n, split=mo.split, full=mo.full,
                                           derive=mo.derive_full)
-            where, real, d = _SIDE_NAMES[side], len(g.idx), g.widths
-            max_abs = np.asarray(max_abs)[:real]
-            for kind, rows, what in (("split", mo.n_train, "the train rows"), ("full", lay.n, "samples")):
+            where, real, d = _SIDE_NAMES[side], len(g.idx), g.widths[: len(g.idx)]
+            for kind, rows, what, mean in (("split", mo.n_train, "the train rows", mean_tr),
+                                           ("full", lay.n, "samples", mean_all)):
                 if kind in out[side, w]:
                     norm = np.asarray(out[side, w][kind].norm)[:real]
+                    scale = _scale(np.asarray(mean).reshape(-1, w)[:real], norm, rows, d)
                     if strict:
-                        _raise_constant(where, g.idx, max_abs, norm, rows, d[:real], lay.dtype, what)
-                    sus.flag(side, g.idx, _near_constant(norm / np.sqrt(rows * d[:real]), max_abs, lay.dtype))
+                        _raise_constant(where, g.idx, scale, norm, rows, d, lay.dtype, what)
+                    sus.flag(side, g.idx, _near_constant(norm / np.sqrt(rows * d), scale, lay.dtype))
             if mo.split:
                 # with buckets always masked (also when nothing is padded), so that the program is the same
                 mask = jnp.asarray(g.mask(lay.dtype)) if lay.buckets else None
@@ -657,31 +674,20 @@ def _safe(norm):
     return jnp.where(norm > 0, norm, jnp.ones_like(norm))
 
 
-class _PairGroup(NamedTuple):
-    """The pairs of one ``(w_a, w_b)`` width group, source-major, over the padded layer counts, the
-    source layers padded further to a device multiple."""
-
-    ia: np.ndarray  # (P,) position in the group's padded a layers
-    jb: np.ndarray  # (P,) position in the group's padded b layers
-    real: np.ndarray  # (P,) whether the pair is one of real layers (not a repeat)
+def _source_rows(ga: _Group, ndev: int) -> np.ndarray:
+    """Positions in ``ga.pidx`` of the source layers of a pair group: the padded layers, the last one
+    repeated further up to a multiple of the device count (whole layers per device)."""
+    la = len(ga.pidx)
+    return np.minimum(np.arange(la + (-la) % ndev), la - 1)
 
 
-def _pair_group(ga: _Group, gb: _Group, ndev: int) -> _PairGroup:
-    la, lb = len(ga.pidx), len(gb.pidx)
-    pad_a = np.minimum(np.arange(la + (-la) % ndev), la - 1)
-    ia, jb = np.repeat(pad_a, lb), np.tile(np.arange(lb), len(pad_a))
-    real = (np.repeat(np.arange(len(pad_a)), lb) < len(ga.idx)) & (jb < len(gb.idx))
-    return _PairGroup(ia, jb, real)
-
-
-def _cross_moments(lay: _Layers, mo: _Moments, means: dict, lms: dict, ga: _Group, gb: _Group, pg: _PairGroup,
-                   plan):
-    """Pass 2, per pair: ``{"split": PairMoments, "full": (P, wa, wb)}`` normalised cross moments."""
+def _cross_sums(lay: _Layers, mo: _Moments, means: dict, ga: _Group, gb: _Group, pad_a: np.ndarray, plan) -> dict:
+    """Pass 2, per pair: the centred cross sums ``{"c_tr", "c_te", "c_all"}``, each ``(La, wa, Lb, wb)``
+    for the source layers ``pad_a`` and every target layer (one large GEMM per chunk)."""
     da, db = ga.width, gb.width
-    pad_a = pg.ia[:: len(gb.pidx)]
     idx_a = [ga.pidx[k] for k in pad_a]
-    ma_tr, ma_all, _ = means["a", da]
-    mb_tr, mb_all, _ = means["b", db]
+    ma_tr, ma_all = means["a", da]
+    mb_tr, mb_all = means["b", db]
     shard = None if plan.mesh is None else NamedSharding(plan.mesh, P(None, "pairs"))
     acc = None
     for lo, hi in mo.chunks:
@@ -689,30 +695,22 @@ def _cross_moments(lay: _Layers, mo: _Moments, means: dict, lms: dict, ga: _Grou
         acc = _add(acc, _acc_cross(_replicate(plan, _chunk(lay, "a", idx_a, da, lo, hi)),
                                    _replicate(plan, _chunk(lay, "b", gb.pidx, db, lo, hi)),
                                    *rest, sharding=shard, **mo.acc_flags))
-    norms = lambda side, d: {k: v.norm for k, v in lms[side, d].items()}
-    return _finish_cross(acc, ma_tr, ma_all, mb_tr, mb_all, norms("a", da), norms("b", db), pg.ia, pg.jb, lay.n,
-                         split=mo.split, full=mo.full, derive=mo.derive_full)
+    return acc
 
 
-@functools.partial(jax.jit, static_argnames=("split", "full", "derive"))
-def _finish_cross(acc, ma_tr, ma_all, mb_tr, mb_all, norms_a, norms_b, ia, jb, n, *, split, full, derive):
-    """Normalise one pair group's cross sums (one program): ``{"split": PairMoments, "full": (P, da, db)}``.
+def _pair_moments(kinds, xa, yb, sums, delta_a, delta_b, n, derive):
+    """One pair's normalised cross moments ``{kind: PairMoments or (wa, wb)}`` from its centred sums.
 
-    ``norms_*``: ``{kind: (L,)}`` layer norms; ``ia``, ``jb``: ``(P,)`` positions of each pair's layers
-    in their groups; ``derive``: the all-rows moment from the train and test ones.
+    ``delta_*``: all-rows minus train mean of each side (``derive``: the all-rows sums
+    from the train and test ones, :func:`_shift_full`).
     """
-    first = next(iter(acc.values()))
-    da, db = first.shape[1:]
-    if derive:
-        d_a = (ma_all - ma_tr).reshape(-1, da)[ia]
-        d_b = (mb_all - mb_tr).reshape(-1, db)[jb]
-        acc = {**acc, "c_all": _shift_full(acc["c_tr"] + acc["c_te"], d_a, d_b, n)}
     out = {}
-    if split:
-        den = (_safe(norms_a["split"])[ia] * _safe(norms_b["split"])[jb])[:, None, None]
-        out["split"] = PairMoments(acc["c_tr"] / den, acc["c_te"] / den)
-    if full:
-        out["full"] = acc["c_all"] / (_safe(norms_a["full"])[ia] * _safe(norms_b["full"])[jb])[:, None, None]
+    if "split" in kinds:
+        den = _safe(xa["split"].norm) * _safe(yb["split"].norm)
+        out["split"] = PairMoments(sums["c_tr"] / den, sums["c_te"] / den)
+    if "full" in kinds:
+        c_all = _shift_full(sums["c_tr"] + sums["c_te"], delta_a, delta_b, n) if derive else sums["c_all"]
+        out["full"] = c_all / (_safe(xa["full"].norm) * _safe(yb["full"].norm))
     return out
 
 
@@ -757,33 +755,43 @@ def _map_layers_jit(fn):
 
 
 @functools.lru_cache(maxsize=64)
-def _moment_evaluator(entries: tuple[_Entry, ...]):
-    """A jit-compiled function evaluating every entry (and its reverse) on a batch of pairs.
+def _moment_evaluator(entries: tuple[_Entry, ...], derive: bool):
+    """A jit-compiled function evaluating every entry (and its reverse) on every pair of two groups.
 
     Built once per set of measures (their registry functions have stable
-    identities), so a grid compiles once per set of measures and shapes.
+    identities), so a grid compiles once per set of measures and shapes. The
+    pairs are a nested ``vmap``, over source layers and then target layers, so
+    whatever a measure computes from one side alone (a norm, a trace) is computed
+    once per layer, not once per pair; each pair's cross sums are normalised
+    where they are read, without a normalised copy of them all.
     """
     kinds = sorted({e.spec.moments for e in entries})
     hooks = tuple(h for h, _ in _hooks(entries))
 
-    def one(layers_a, layers_b, extras_a, extras_b, i, j, pair):
-        ex = {h: (_pick(extras_a[k], i), _pick(extras_b[k], j)) for k, h in enumerate(hooks)}
+    def cell(xa, exa, dla, yb, exb, dlb, sums, n):
+        ex = {h: (exa[k], exb[k]) for k, h in enumerate(hooks)}
+        pair = _pair_moments(kinds, xa, yb, sums, dla, dlb, n, derive)
         ctx = {}
         for kind in kinds:
             cross = pair[kind]
             fit = cross.cross_train if kind == "split" else cross
-            ctx[kind] = MomentPair(_pick(layers_a[kind], i), _pick(layers_b[kind], j), cross, fit, extras=ex)
+            ctx[kind] = MomentPair(xa[kind], yb[kind], cross, fit, extras=ex)
         fwd = {e.name: e.spec.finish(ctx[e.spec.moments]) for e in entries}
         rev = {e.name: e.spec.finish(ctx[e.spec.moments].transposed()) for e in entries if e.reverse}
         return fwd, rev
 
-    def run(layers_a, layers_b, extras_a, extras_b, ia, jb, pairs):
+    def run(layers_a, layers_b, extras_a, extras_b, deltas, pad_a, sums, n):
         # The SVDs go through similarity._linalg.svd (in MomentPair.svd and the
         # stitching fits), which on the CPU runs a vmapped batch as unbatched kernels:
         # jaxlib's batched CPU SVD blocks XLA's thread pool and deadlocks when several
         # run at once (see that module).
-        body = functools.partial(one, layers_a, layers_b, extras_a, extras_b)
-        return jax.vmap(body)(ia, jb, pairs)
+        xa, exa, dla = _pick((layers_a, extras_a, deltas[0]), pad_a)
+
+        def row(x, ex, dl, s):  # s: (da, Lb, db), the pairs of one source layer
+            return jax.vmap(lambda y, ey, dy, sy: cell(x, ex, dl, y, ey, dy, sy, n),
+                            in_axes=(0, 0, 0, 1))(layers_b, extras_b, deltas[1], s)
+
+        return jax.vmap(row)(xa, exa, dla, sums)
 
     return jax.jit(run)
 
@@ -840,22 +848,22 @@ def _moment_tables(lay: _Layers, moment, sus: _Suspects, *, reverse, weights, ch
         g = lay.mgroups(side)[w]
         mask = jnp.asarray(g.mask(lay.dtype)) if lay.buckets else None
         extras[side, w] = tuple(_map_layers_jit(h)(v[kind], mask) for h, kind in hooks)
-    evaluate = _moment_evaluator(entries)
+    evaluate = _moment_evaluator(entries, mo.derive_full)
+    deltas = {k: (None if not mo.derive_full else (mean_all - mean_tr).reshape(-1, k[1]))
+              for k, (mean_tr, mean_all) in means.items()}
     fwd = {e.name: np.full((len(lay.va), len(lay.vb)), np.nan, dtype=lay.dtype) for e in entries}
     rev = {e.name: np.full_like(fwd[e.name], np.nan) for e in entries if e.reverse}
     for da, db in lay.pair_groups():
         ga, gb = lay.mgroups_a[da], lay.mgroups_b[db]
-        pg = _pair_group(ga, gb, plan.ndev)
-        pairs = _cross_moments(lay, mo, means, lms, ga, gb, pg, plan)
-        ia_s, jb_s = _put_pairs(plan, pg.ia, pg.jb)
-        res_f, res_r = evaluate(*_replicate(plan, (lms["a", da], lms["b", db], extras["a", da], extras["b", db])),
-                                ia_s, jb_s, pairs)
-        keep = np.flatnonzero(pg.real)
-        rows = np.asarray(ga.pidx)[pg.ia[keep]]
-        cols = np.asarray(gb.pidx)[pg.jb[keep]]
+        pad_a = _source_rows(ga, plan.ndev)
+        sums = _cross_sums(lay, mo, means, ga, gb, pad_a, plan)
+        res_f, res_r = evaluate(*_replicate(plan, (lms["a", da], lms["b", db], extras["a", da], extras["b", db],
+                                                   (deltas["a", da], deltas["b", db]), pad_a)), sums, lay.n)
+        ra, rb = len(ga.idx), len(gb.idx)  # the real layers come first; the repeats are dropped
+        rows, cols = np.asarray(ga.idx)[:, None], np.asarray(gb.idx)[None, :]
         for out, res in ((fwd, res_f), (rev, res_r)):
             for name, vals in res.items():
-                out[name][rows, cols] = _to_host(vals)[keep]
+                out[name][rows, cols] = _to_host(vals)[:ra, :rb]
     return fwd, rev
 
 
@@ -944,8 +952,8 @@ def _flag_generic_layers(lay: _Layers, stacks: _Stacks, sus: _Suspects) -> None:
     """Near-constant and rank-suspect layers (all rows), for the measures without moments."""
     for side in "ab":
         for d, idx in lay.side(side)[1].items():
-            rms, max_abs, ratio = (np.asarray(v)[: len(idx)] for v in _layer_health(stacks(side, d)))
-            sus.flag(side, idx, _near_constant(rms, max_abs, lay.dtype) | _rank_suspect(ratio, lay.n, d, lay.dtype))
+            rms, scale, ratio = (np.asarray(v)[: len(idx)] for v in _layer_health(stacks(side, d)))
+            sus.flag(side, idx, _near_constant(rms, scale, lay.dtype) | _rank_suspect(ratio, lay.n, d, lay.dtype))
 
 
 def _pairwise_cell(m: Measure, x, y, dtype) -> tuple[float | None, str | None]:

@@ -123,11 +123,20 @@ def _select(down: jax.Array, outputs: tuple | None) -> jax.Array:
 # ---------------------------------------------------------------------------
 
 
-def _pairs(la, ra, lb, rb, g):
+def _pairs(la, ra, lb, rb, g, same=False):
     """The four cross products ``(La G Lb^T, Ra G Rb^T, La G Rb^T, Ra G Lb^T)``.
 
-    ``g`` is ``(d+1, d+1)`` or None for the identity. One matrix product.
+    ``g`` is ``(d+1, d+1)`` or None for the identity. One matrix product; with
+    ``same`` (a network with itself, ``g`` symmetric) ``Ra G La^T`` is the
+    transpose of ``La G Ra^T``, so two products compute three quarters of the blocks.
     """
+    if same:
+        a = jnp.concatenate([la, ra], 0)
+        a = a if g is None else a @ g
+        h = la.shape[0]
+        p = jnp.einsum("ui,vi->uv", a, la)  # (La; Ra) G La^T
+        ll, rl = p[:h], p[h:]
+        return ll, _product(ra, ra, g), rl.T, rl
     ha = la.shape[0]
     hb = lb.shape[0]
     a = jnp.concatenate([la, ra], 0)
@@ -143,19 +152,19 @@ def _product(a, b, g):
     return jnp.einsum("ui,vi->uv", a if g is None else a @ g, b)
 
 
-def _frobenius_kernel(node_a, node_b, g):
+def _frobenius_kernel(node_a, node_b, g, same=False):
     """``(La G Lb^T) * (Ra G Rb^T)``: two products, not the four blocks of :func:`_pairs`."""
     return _product(node_a.left, node_b.left, g) * _product(node_a.right, node_b.right, g)
 
 
-def _symmetric_kernel(node_a, node_b, g):
-    ll, rr, lr, rl = _pairs(node_a.left, node_a.right, node_b.left, node_b.right, g)
+def _symmetric_kernel(node_a, node_b, g, same=False):
+    ll, rr, lr, rl = _pairs(node_a.left, node_a.right, node_b.left, node_b.right, g, same)
     return (ll * rr + lr * rl) / 2
 
 
-def _gaussian_kernel(node_a, node_b, g):
+def _gaussian_kernel(node_a, node_b, g, same=False):
     """The first node's Gaussian kernel (``x ~ N(0, I)``; ``g`` is the identity there)."""
-    return _closure_kernel(node_a, node_b, g, None, None)
+    return _closure_kernel(node_a, node_b, g, None, None, same)
 
 
 # The hidden-unit kernels that share one recursion, indexed by the traced metric code:
@@ -165,23 +174,27 @@ _KERNEL_METRICS = ("frobenius", "symmetric", "gaussian")
 _KERNELS = (_frobenius_kernel, _symmetric_kernel, _gaussian_kernel)
 
 
-def _node_kernel(node_a, node_b, g, code, n_branches):
-    """Hidden-unit kernel ``(H_a, H_b)`` of one node; ``code`` indexes :data:`_KERNEL_METRICS`."""
-    return jax.lax.switch(code, _KERNELS[:n_branches], node_a, node_b, g)
+def _node_kernel(node_a, node_b, g, code, n_branches, same):
+    """Hidden-unit kernel ``(H_a, H_b)`` of one node; ``code`` indexes :data:`_KERNEL_METRICS`.
+
+    ``same``: ``node_a is node_b`` (a self inner product), which saves a quarter of the products.
+    """
+    branches = [functools.partial(k, same=same) for k in _KERNELS[:n_branches]]
+    return jax.lax.switch(code, branches, node_a, node_b, g)
 
 
-def _gram_inner(nodes_a, nodes_b, code, outputs):
+def _gram_inner(nodes_a, nodes_b, code, outputs, same=False):
     g = None
     last = len(nodes_a) - 1
     for i, (na, nb) in enumerate(zip(nodes_a, nodes_b)):
         # the Gaussian branch exists only for the first node of a depth-1 network
-        k = _node_kernel(na, nb, g, code, 3 if last == 0 else 2)
+        k = _node_kernel(na, nb, g, code, 3 if last == 0 else 2, same)
         if i == last:
             return jnp.einsum("pu,uv,pv->", _select(na.down, outputs), k, _select(nb.down, outputs))
         g = jnp.einsum("pu,uv,qv->pq", na.down, k, nb.down)
 
 
-def _closure_kernel(node_a, node_b, m_ab, m_aa, m_bb):
+def _closure_kernel(node_a, node_b, m_ab, m_aa, m_bb, same=False):
     """Hidden kernel of ``E[q_u q_v]`` for jointly Gaussian lifted inputs.
 
     For ``x~_a, x~_b`` jointly Gaussian (constant coordinate included) with second
@@ -191,7 +204,7 @@ def _closure_kernel(node_a, node_b, m_ab, m_aa, m_bb):
     which is Isserlis' theorem with the non-Gaussian constant corrected.
     """
     la, ra, lb, rb = node_a.left, node_a.right, node_b.left, node_b.right
-    ll, rr, lr, rl = _pairs(la, ra, lb, rb, m_ab)
+    ll, rr, lr, rl = _pairs(la, ra, lb, rb, m_ab, same)
     k = ll * rr + lr * rl
 
     def own(left, right, m):
@@ -212,8 +225,8 @@ def _closure_inner(nodes_a, nodes_b, outputs):
         k = _closure_kernel(na, nb, m_ab, m_aa, m_bb)
         if i == last:
             return jnp.einsum("pu,uv,pv->", _select(na.down, outputs), k, _select(nb.down, outputs))
-        kaa = _closure_kernel(na, na, m_aa, m_aa, m_aa)
-        kbb = _closure_kernel(nb, nb, m_bb, m_bb, m_bb)
+        kaa = _closure_kernel(na, na, m_aa, m_aa, m_aa, same=True)
+        kbb = _closure_kernel(nb, nb, m_bb, m_bb, m_bb, same=True)
         m_ab = jnp.einsum("pu,uv,qv->pq", na.down, k, nb.down)
         m_aa = jnp.einsum("pu,uv,qv->pq", na.down, kaa, na.down)
         m_bb = jnp.einsum("pu,uv,qv->pq", nb.down, kbb, nb.down)
@@ -386,16 +399,17 @@ def _resolved(metric: str, method: str, depth: int) -> tuple[str, np.int32]:
     return program, np.int32(_KERNEL_METRICS.index(metric))
 
 
-def _inner_core(net_a, net_b, code, program, outputs):
+def _inner_core(net_a, net_b, code, program, outputs, same=False):
     """Unvalidated inner product of two (unbatched) networks; ``program`` from :func:`_resolved`,
-    ``code`` the traced metric index (read by the ``"kernel"`` program)."""
+    ``code`` the traced metric index (read by the ``"kernel"`` program); ``same``: ``net_b`` is
+    ``net_a`` (a self inner product, with symmetric products to exploit)."""
     nodes_a = fold_network(net_a)
-    nodes_b = fold_network(net_b)
+    nodes_b = nodes_a if same else fold_network(net_b)
     if program == "linear":
         wa, wb = nodes_a[0], nodes_b[0]
         return jnp.einsum("pi,pi->", _select(wa, outputs), _select(wb, outputs))
     if program == "kernel":
-        return _gram_inner(nodes_a, nodes_b, code, outputs)
+        return _gram_inner(nodes_a, nodes_b, code, outputs, same)
     if program == "closure":
         return _closure_inner(nodes_a, nodes_b, outputs)
     return _gaussian_exact2(nodes_a, nodes_b, outputs)
@@ -424,8 +438,8 @@ def _inner_jit(net_a, net_b, code, program, outputs):
 @functools.partial(jax.jit, static_argnames=("program", "outputs"))
 def _similarity_jit(net_a, net_b, code, program, outputs):
     ab = _inner_core(net_a, net_b, code, program, outputs)
-    aa = _inner_core(net_a, net_a, code, program, outputs)
-    bb = _inner_core(net_b, net_b, code, program, outputs)
+    aa = _inner_core(net_a, net_a, code, program, outputs, same=True)
+    bb = _inner_core(net_b, net_b, code, program, outputs, same=True)
     return ab, aa, bb
 
 

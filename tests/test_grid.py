@@ -244,8 +244,8 @@ def test_moment_programs_have_unbatched_svds(grid, monkeypatch):
 
     seen, real = [], G._moment_evaluator
 
-    def spy(entries):
-        f = real(entries)
+    def spy(*key):
+        f = real(*key)
         return lambda *args: seen.append((f, args)) or f(*args)
 
     monkeypatch.setattr(G, "_moment_evaluator", spy)
