@@ -428,25 +428,45 @@ def _acc_means(zs, w_tr):
     )
 
 
-@functools.partial(jax.jit, static_argnames=("split", "full"))
-def _acc_layer(zs, mean_tr, mean_all, w_tr, w_te, *, split, full):
+@functools.partial(jax.jit, static_argnames=("split", "full", "raw"))
+def _acc_layer(zs, mean_tr, mean_all, w_tr, w_te, *, split, full, raw=False):
     """Pass 2 for a tuple of L ``(c, d)`` chunks: each layer's centred second moments ``(L, d, d)``.
 
     ``split``: train/test moments around the train mean; ``full``: the all-rows
-    moment around the all-rows mean.
+    moment around the all-rows mean, or with ``raw`` the uncentred ``Z^T Z`` (one
+    matrix product per layer on the layer as it is, no centred copy; see
+    :func:`_centre_raw`).
     """
-    z = jnp.stack(zs)  # (L, c, d)
-    shape = (z.shape[0], 1, z.shape[2])
     out = {}
     if split:
-        zt = z - mean_tr.reshape(shape)
+        z = jnp.stack(zs)  # (L, c, d)
+        zt = z - mean_tr.reshape(z.shape[0], 1, z.shape[2])
         out["g_tr"] = jnp.einsum("n,lni,lnj->lij", w_tr, zt, zt)
         out["g_te"] = jnp.einsum("n,lni,lnj->lij", w_te, zt, zt)
         out["s_te"] = jnp.einsum("n,lni->li", w_te, zt)
-    if full:
-        za = z - mean_all.reshape(shape)
-        out["g_all"] = jnp.einsum("lni,lnj->lij", za, za)
+    if full and raw:
+        out["g_raw"] = jnp.stack([jnp.einsum("ni,nj->ij", z, z) for z in zs])
+    elif full:
+        m = mean_all.reshape(len(zs), -1)
+        out["g_all"] = jnp.stack([jnp.einsum("ni,nj->ij", z - m[k][None, :], z - m[k][None, :])
+                                  for k, z in enumerate(zs)])
     return out
+
+
+# The all-rows Gram matrix from the uncentred one, Xc^T Xc = X^T X - n m m^T, loses about
+# log2(amplification) bits to cancellation, amplification = tr(X^T X) / tr(Xc^T Xc) = 1 + n |m|^2 / ||Xc||^2
+# (about 2 for ReLU activations). Above this, the group is computed again from centred data.
+_RAW_GRAM_MAX_AMPLIFICATION = 16.0
+
+
+@jax.jit
+def _centre_raw(g_raw, mean_all, n):
+    """``(Xc^T Xc (L, d, d), amplification (L,))`` from ``X^T X`` and the all-rows means ``(L*d,)``."""
+    m = mean_all.reshape(g_raw.shape[0], -1)
+    g = g_raw - n * jnp.einsum("li,lj->lij", m, m)
+    tr = jnp.trace(g, axis1=1, axis2=2)
+    amp = jnp.trace(g_raw, axis1=1, axis2=2) / jnp.where(tr > 0, tr, jnp.zeros_like(tr))
+    return g, amp
 
 
 def _pair_blocks(u, v, la, lb):
@@ -518,6 +538,11 @@ class _Moments(NamedTuple):
         return self.w_tr[lo:hi], self.w_te[lo:hi]
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _pad_columns(z, width: int):
+    return jnp.pad(z, ((0, 0), (0, width - z.shape[1])))
+
+
 def _chunk(lay: _Layers, side: str, idx, width: int, lo, hi):
     """Rows ``lo:hi`` of layers ``idx`` of one side, zero-padded to ``width``: a tuple of ``(c, width)``
     device arrays. The padding is done on the host, so no program is compiled per real width."""
@@ -529,7 +554,9 @@ def _chunk(lay: _Layers, side: str, idx, width: int, lo, hi):
             out.append(lay.cache[side, k])
             continue
         z = vs[k] if whole else vs[k][lo:hi]
-        if z.shape[1] < width:
+        if z.shape[1] < width and isinstance(z, jax.Array) and not z.is_fully_addressable:
+            z = _pad_columns(z.astype(lay.dtype), width)  # rows spread over processes: pad where they are
+        elif z.shape[1] < width:
             zp = np.zeros((z.shape[0], width), dtype=lay.dtype)
             zp[:, : z.shape[1]] = np.asarray(z)
             z = jax.device_put(zp)
@@ -616,10 +643,19 @@ def _layer_moments(lay: _Layers, mo: _Moments, means: dict, sus: _Suspects, *, s
     for side in "ab":
         for w, g in lay.mgroups(side).items():
             mean_tr, mean_all = means[side, w]
+            raw = mo.acc_flags["full"]  # the all-rows Gram matrix from the uncentred one, where that is exact enough
             acc = None
             for lo, hi in mo.chunks:
                 acc = _add(acc, _acc_layer(_chunk(lay, side, g.pidx, w, lo, hi), mean_tr, mean_all,
-                                           *mo.weights(lo, hi), **mo.acc_flags))
+                                           *mo.weights(lo, hi), **mo.acc_flags, raw=raw))
+            if raw:
+                g_all, amp = _centre_raw(acc.pop("g_raw"), mean_all, lay.n)
+                if not np.all(np.asarray(amp) <= _RAW_GRAM_MAX_AMPLIFICATION):  # an offset layer, or a constant one
+                    g_all = None
+                    for lo, hi in mo.chunks:
+                        g_all = _add(g_all, _acc_layer(_chunk(lay, side, g.pidx, w, lo, hi), mean_tr, mean_all,
+                                                       None, None, split=False, full=True)["g_all"])
+                acc["g_all"] = g_all
             out[side, w] = _finish_layers(acc, mean_tr, mean_all, mo.w_te, lay.n, split=mo.split, full=mo.full,
                                           derive=mo.derive_full)
             where, real, d = _SIDE_NAMES[side], len(g.idx), g.widths[: len(g.idx)]

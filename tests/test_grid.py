@@ -414,6 +414,18 @@ def test_square_grid_and_float32():
     np.testing.assert_allclose(f, r.T, atol=1e-6)
 
 
+def test_float32_layers_far_from_the_origin():
+    """The all-rows Gram matrix comes from the uncentred one only where that is exact enough: a float32
+    layer with a large offset (X^T X - n m m^T would lose every digit) is centred first."""
+    a, b = _layers(3)
+    x64 = [np.asarray(v, np.float32).astype(np.float64) for v in (a["l1"] + 1e3, a["l2"] - 50.0)]
+    y64 = [np.asarray(v, np.float32).astype(np.float64) for v in b]
+    g = compare_grid([v.astype(np.float32) for v in x64], [v.astype(np.float32) for v in y64],
+                     measures=["cka/linear", "nbs"])
+    for k in ("cka/linear", "nbs"):  # against float64 on the same (float32-rounded) values
+        np.testing.assert_allclose(np.asarray(g.tables[k]), _pairwise(k, x64, y64), atol=2e-5, err_msg=k)
+
+
 def test_registered_stitch_measures():
     for fam in sim.FAMILIES:
         m = sim.measure(f"stitch/{fam}")
