@@ -167,28 +167,21 @@ def _gaussian_kernel(node_a, node_b, g, same=False):
     return _closure_kernel(node_a, node_b, g, None, None, same)
 
 
-# The hidden-unit kernels that share one recursion, indexed by the traced metric code:
-# frobenius and symmetric at any depth, and the Gaussian metric at depth 1, where it is
-# the first node's closure kernel. ``lax.switch`` on the code compiles one program for all.
+# The hidden-unit kernels that share one recursion: frobenius and symmetric at any depth,
+# and the Gaussian metric at depth 1, where it is the first node's closure kernel. The
+# compiled entry points take the metric as data and branch once, at the top, with
+# ``lax.switch`` over these (see :func:`_by_metric`): one program for every metric.
 _KERNEL_METRICS = ("frobenius", "symmetric", "gaussian")
 _KERNELS = (_frobenius_kernel, _symmetric_kernel, _gaussian_kernel)
 
 
-def _node_kernel(node_a, node_b, g, code, n_branches, same):
-    """Hidden-unit kernel ``(H_a, H_b)`` of one node; ``code`` indexes :data:`_KERNEL_METRICS`.
-
-    ``same``: ``node_a is node_b`` (a self inner product), which saves a quarter of the products.
-    """
-    branches = [functools.partial(k, same=same) for k in _KERNELS[:n_branches]]
-    return jax.lax.switch(code, branches, node_a, node_b, g)
-
-
-def _gram_inner(nodes_a, nodes_b, code, outputs, same=False):
+def _gram_inner(nodes_a, nodes_b, kernel: int, outputs, same=False):
+    """The Gram recursion with the static kernel ``_KERNELS[kernel]``; ``same``: ``nodes_a is nodes_b``
+    (a self inner product, which saves a quarter of the products)."""
     g = None
     last = len(nodes_a) - 1
     for i, (na, nb) in enumerate(zip(nodes_a, nodes_b)):
-        # the Gaussian branch exists only for the first node of a depth-1 network
-        k = _node_kernel(na, nb, g, code, 3 if last == 0 else 2, same)
+        k = _KERNELS[kernel](na, nb, g, same=same)
         if i == last:
             return jnp.einsum("pu,uv,pv->", _select(na.down, outputs), k, _select(nb.down, outputs))
         g = jnp.einsum("pu,uv,qv->pq", na.down, k, nb.down)
@@ -399,17 +392,28 @@ def _resolved(metric: str, method: str, depth: int) -> tuple[str, np.int32]:
     return program, np.int32(_KERNEL_METRICS.index(metric))
 
 
-def _inner_core(net_a, net_b, code, program, outputs, same=False):
+def _by_metric(code, program: str, depth: int, body):
+    """``body(kernel)`` for the traced metric ``code``: one ``lax.switch`` over the kernels that
+    share the ``"kernel"`` program (three at depth 1, where the Gaussian metric is one of them,
+    else two), or ``body(None)`` for the other programs. Branching once around the whole
+    computation, not per node, leaves XLA free to schedule what is inside."""
+    if program != "kernel":
+        return body(None)
+    return jax.lax.switch(code, [functools.partial(body, k) for k in range(3 if depth == 1 else 2)])
+
+
+def _inner_core(net_a, net_b, kernel, program, outputs, same=False):
     """Unvalidated inner product of two (unbatched) networks; ``program`` from :func:`_resolved`,
-    ``code`` the traced metric index (read by the ``"kernel"`` program); ``same``: ``net_b`` is
-    ``net_a`` (a self inner product, with symmetric products to exploit)."""
+    ``kernel`` the static index into :data:`_KERNELS` (the ``"kernel"`` program, see
+    :func:`_by_metric`); ``same``: ``net_b`` is ``net_a`` (a self inner product, with symmetric
+    products to exploit)."""
     nodes_a = fold_network(net_a)
     nodes_b = nodes_a if same else fold_network(net_b)
     if program == "linear":
         wa, wb = nodes_a[0], nodes_b[0]
         return jnp.einsum("pi,pi->", _select(wa, outputs), _select(wb, outputs))
     if program == "kernel":
-        return _gram_inner(nodes_a, nodes_b, code, outputs, same)
+        return _gram_inner(nodes_a, nodes_b, kernel, outputs, same)
     if program == "closure":
         return _closure_inner(nodes_a, nodes_b, outputs)
     return _gaussian_exact2(nodes_a, nodes_b, outputs)
@@ -432,15 +436,19 @@ def _prepare(net_a, net_b, metric, method, outputs):
 
 @functools.partial(jax.jit, static_argnames=("program", "outputs"))
 def _inner_jit(net_a, net_b, code, program, outputs):
-    return _inner_core(net_a, net_b, code, program, outputs)
+    body = lambda k: _inner_core(net_a, net_b, k, program, outputs)  # noqa: E731
+    return _by_metric(code, program, network_depth(net_a), body)
 
 
 @functools.partial(jax.jit, static_argnames=("program", "outputs"))
 def _similarity_jit(net_a, net_b, code, program, outputs):
-    ab = _inner_core(net_a, net_b, code, program, outputs)
-    aa = _inner_core(net_a, net_a, code, program, outputs, same=True)
-    bb = _inner_core(net_b, net_b, code, program, outputs, same=True)
-    return ab, aa, bb
+    def body(k):
+        ab = _inner_core(net_a, net_b, k, program, outputs)
+        aa = _inner_core(net_a, net_a, k, program, outputs, same=True)
+        bb = _inner_core(net_b, net_b, k, program, outputs, same=True)
+        return ab, aa, bb
+
+    return _by_metric(code, program, network_depth(net_a), body)
 
 
 def tensor_inner(
@@ -579,10 +587,13 @@ def _matrix_jit(stacked, code, program, outputs):
     # Row i against every column j at once: with net_i unbatched and net_j vmapped,
     # the first node's cross products become one large matrix product per row
     # (A_i @ [A_1 ... A_n]^T), far faster than n^2 small batched products.
-    def row(net_i):
-        return jax.vmap(lambda net_j: _inner_core(net_i, net_j, code, program, outputs))(stacked)
+    def body(k):
+        def row(net_i):
+            return jax.vmap(lambda net_j: _inner_core(net_i, net_j, k, program, outputs))(stacked)
 
-    gram = jax.lax.map(row, stacked)
+        return jax.lax.map(row, stacked)
+
+    gram = _by_metric(code, program, network_depth(stacked), body)
     return (gram + gram.T) / 2
 
 
