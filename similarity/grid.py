@@ -29,10 +29,10 @@ for every key it returns, and with ``reverse=True``
   32, 48, ... (at most 1.5x per axis): for the moment measures each layer is
   zero-padded to the bucket of its width (zero features leave every moment
   measure unchanged; see :class:`similarity.MomentStats`), and the layer
-  counts of every width group and the pair counts are padded with repeats
+  count of every width group (so also the pair count) is padded with repeats
   whose results are dropped. The values equal the unpadded ones to rounding.
-  The other measures keep their exact widths (padding would change an RDM or
-  a CCA basis) and pad only the layer and pair counts.
+  The other measures keep their exact sizes: zero features would change an RDM
+  or a CCA basis, so their programs depend on the widths anyway.
 * **Sharding.** The pair axis is sharded over a 1-D ``jax.sharding.Mesh`` of
   the available devices (layer statistics are replicated), so the same call
   uses every GPU/TPU, or every host after ``jax.distributed.initialize()``;
@@ -181,9 +181,6 @@ class _Layers(NamedTuple):
         """The ``(d_a, d_b)`` pairs of exact-width groups (the generic measures)."""
         return [(da, db) for da in self.groups_a for db in self.groups_b]
 
-    def count(self, k: int) -> int:
-        """``k`` layers or pairs, padded up to its bucket (with ``buckets``)."""
-        return _bucket(k) if self.buckets else k
 
 
 _SIDE_NAMES = {"a": "reps_a", "b": "reps_b"}
@@ -940,7 +937,9 @@ def _stats_fit(stats, n, widths, dtype, budget) -> bool:
 class _Stacks:
     """Each width group's layers stacked as ``(L, n, d)``, built once for all generic measures.
 
-    ``L`` is the group's layer count padded to its bucket (the last layer repeats).
+    Exact sizes: these measures' programs depend on the widths anyway (zero features would
+    change an RDM or a CCA basis), and padded layer or pair counts would add up to half
+    again as much work.
     """
 
     def __init__(self, lay: _Layers, plan: _Plan):
@@ -949,8 +948,7 @@ class _Stacks:
     def __call__(self, side: str, d: int):
         if (side, d) not in self._cache:
             vs, groups = self.lay.side(side)
-            idx = groups[d] + [groups[d][-1]] * (self.lay.count(len(groups[d])) - len(groups[d]))
-            stack = jnp.stack([jnp.asarray(vs[k], dtype=self.lay.dtype) for k in idx])
+            stack = jnp.stack([jnp.asarray(vs[k], dtype=self.lay.dtype) for k in groups[d]])
             self._cache[side, d] = _replicate(self.plan, stack)
         return self._cache[side, d]
 
@@ -971,13 +969,11 @@ def _generic_table(lay: _Layers, m: Measure, *, reverse, plan, stats_budget, sta
     for da, db in lay.exact_pair_groups():
         ia, jb = (g.ravel() for g in np.meshgrid(np.arange(len(lay.groups_a[da])), np.arange(len(lay.groups_b[db])),
                                                  indexing="ij"))
-        n_real = len(ia)
-        pad = lay.count(n_real) - n_real  # the pair count padded to its bucket (the last pair repeats)
-        ia_s, jb_s = _put_pairs(plan, np.concatenate([ia, ia[-1:].repeat(pad)]), np.concatenate([jb, jb[-1:].repeat(pad)]))
+        ia_s, jb_s = _put_pairs(plan, ia, jb)
         rows, cols = np.asarray(lay.groups_a[da])[ia], np.asarray(lay.groups_b[db])[jb]
-        fwd[rows, cols] = _to_host(pair(src["a", da], src["b", db], ia_s, jb_s))[:n_real]
+        fwd[rows, cols] = _to_host(pair(src["a", da], src["b", db], ia_s, jb_s))[: len(ia)]
         if rev is not None:
-            rev[rows, cols] = _to_host(pair(src["b", db], src["a", da], jb_s, ia_s))[:n_real]
+            rev[rows, cols] = _to_host(pair(src["b", db], src["a", da], jb_s, ia_s))[: len(ia)]
     return fwd, rev
 
 
@@ -988,7 +984,7 @@ def _flag_generic_layers(lay: _Layers, stacks: _Stacks, sus: _Suspects) -> None:
     """Near-constant and rank-suspect layers (all rows), for the measures without moments."""
     for side in "ab":
         for d, idx in lay.side(side)[1].items():
-            rms, scale, ratio = (np.asarray(v)[: len(idx)] for v in _layer_health(stacks(side, d)))
+            rms, scale, ratio = (np.asarray(v) for v in _layer_health(stacks(side, d)))
             sus.flag(side, idx, _near_constant(rms, scale, lay.dtype) | _rank_suspect(ratio, lay.n, d, lay.dtype))
 
 

@@ -199,8 +199,8 @@ def _architecture(widths, n=30, seed=0):
 
 def test_second_architecture_pair_of_the_same_buckets_compiles_nothing():
     """Widths 5 and 6 share a bucket (6), 7 and 8 (8), 10 and 12 (12); 5 and 6 layers of one width share
-    a count bucket (6). The second pair of architectures compiles no program, and every value equals
-    the unpadded grid's."""
+    a count bucket (6). For the moment measures the second pair of architectures compiles no program,
+    and every value equals the unpadded grid's and the pairwise one."""
     ms = ["cka/linear", "nbs", "shape/euclidean/alpha=1", "stitch/affine", "stitch/orthogonal",
           "stitch/scaled_orthogonal/in_sample", "stitch/affine/ridge=0.01"]
     first = (_architecture([5] * 5 + [7]), _architecture([10, 10, 3], seed=1))
@@ -215,16 +215,6 @@ def test_second_architecture_pair_of_the_same_buckets_compiles_nothing():
         np.testing.assert_allclose(g.tables[k], exact.tables[k], rtol=1e-10, atol=1e-12, err_msg=k)
         np.testing.assert_allclose(g.reverse[k], exact.reverse[k], rtol=1e-10, atol=1e-12, err_msg=k)
         np.testing.assert_allclose(g.tables[k], _pairwise(k, *second), rtol=1e-9, atol=1e-10, err_msg=k)
-    # the other measures keep their widths and bucket the layer and pair counts: 5 or 6 layers of width 4
-    generic = ["cka/linear/debiased", "rsa/euclidean/pearson", "svcca"]
-    with CompileCounter() as c1:
-        compare_grid(_architecture([4] * 5), _architecture([3], seed=1), measures=generic, reverse=True)
-    with CompileCounter() as c2:
-        g = compare_grid(_architecture([4] * 6, seed=2), _architecture([3], seed=3), measures=generic, reverse=True)
-    assert c1.count > 0 and c2.count == 0, (c1.count, c2.count)
-    for k in generic:
-        np.testing.assert_allclose(g.tables[k], _pairwise(k, _architecture([4] * 6, seed=2),
-                                                          _architecture([3], seed=3)), rtol=1e-9, atol=1e-10)
 
 
 def test_every_moment_measure_is_unchanged_by_padding():
