@@ -4,6 +4,14 @@ Run::
 
     python -m benchmarks.bench_grid            # full sizes
     python -m benchmarks.bench_grid --quick    # tiny sizes, seconds
+    python -m benchmarks.bench_grid --only cka --rounds 5   # one part
+
+On a shared machine, pin both sides to one thread so that neither JAX's nor
+OpenBLAS's thread pool is starved by other jobs (OpenBLAS's spinning threads
+collapse under oversubscription), and read the CPU-time ratio::
+
+    OPENBLAS_NUM_THREADS=1 XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+        python -m benchmarks.bench_grid --only cka --rounds 5
 
 Part 1: ``similarity.compare_grid`` over 12 x 12 layers with the moment
 measures (the three stitching families held out and in sample, with
@@ -16,7 +24,14 @@ Part 2: all-pairs linear CKA over 12 x 12 layers of ``(5000, 256)`` float32
 activations: ``compare_grid(measures=["cka/linear"])`` against a NumPy loop
 over pairs (feature-space formula, centring inside the loop) and against
 ``ckatorch.cka_base`` (Gram form, float64, as that library does it) on a few
-pairs, extrapolated to the 144 pairs (stated in the table).
+pairs, extrapolated to the 144 pairs (stated in the table). Ours and the NumPy
+loop run in alternating rounds; each is the minimum over the rounds, in wall
+time and in CPU time (``time.process_time``, which a loaded machine does not inflate).
+
+Part 3: compilations for a second architecture pair. A grid of one pair of
+architectures, then a grid of another pair whose layer widths and counts fall in
+the same size buckets: the programs the second call compiles (``jax.monitoring``
+events) and its time, with the size buckets and without (``buckets=False``).
 """
 
 from __future__ import annotations
@@ -25,6 +40,7 @@ import argparse
 import statistics
 import sys
 import time
+import warnings
 
 import jax
 import numpy as np
@@ -93,6 +109,82 @@ def _numpy_cka_loop(a, b):
     return out
 
 
+def _alternating(fns: dict, rounds: int) -> dict:
+    """``{name: (min wall s, min CPU s)}`` over ``rounds`` alternating rounds of every function."""
+    wall = {k: [] for k in fns}
+    cpu = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            jax.block_until_ready(f())
+            wall[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
+    return {k: (min(wall[k]), min(cpu[k])) for k in fns}
+
+
+class _Compiles:
+    """Counts the programs lowered and their compile time while active (``jax.monitoring`` events)."""
+
+    def __init__(self):
+        self.programs, self.seconds = 0, 0.0
+
+    def _listen(self, event, duration, **kwargs):
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            self.programs += 1
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.seconds += duration
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listen)
+        return False
+
+
+def _architectures(r, n, widths, dtype=np.float32):
+    base = r.normal(size=(n, 8))
+    return [np.tanh(base @ r.normal(size=(8, d)) + 0.5 * r.normal(size=(n, d))).astype(dtype) for d in widths]
+
+
+def _buckets_part(r, quick: bool) -> list[str]:
+    """Part 3: what a second architecture pair of the same size buckets compiles."""
+    n = 200 if quick else 1000
+    # widths of model A's and model B's layers; the second pair has other widths and 6 instead of 5
+    # layers in A's 64-wide bucket, all in the same buckets
+    first = [(60, 64, 64, 62, 58, 120, 10), (64, 64, 128, 10)]
+    second = [(56, 64, 64, 60, 52, 50, 128, 11), (60, 60, 100, 12)]
+    measures = GRID_MEASURES[:2] + GRID_MEASURES[4:]  # held-out and in-sample stitching, CKA, NBS, Procrustes
+    rows = []
+    for buckets in (True, False):
+        _say(f"part 3: buckets={buckets}: first pair, then a second pair")
+        a1, b1 = (_architectures(r, n, w) for w in first)
+        a2, b2 = (_architectures(r, n, w) for w in second)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with _Compiles() as c1:
+                t0 = time.perf_counter()
+                compare_grid(a1, b1, measures=measures, reverse=True, buckets=buckets)
+                t1 = time.perf_counter() - t0
+            with _Compiles() as c2:
+                t0 = time.perf_counter()
+                compare_grid(a2, b2, measures=measures, reverse=True, buckets=buckets)
+                t2 = time.perf_counter() - t0
+        rows.append(f"| buckets={buckets} | {c1.programs} programs, {t1:.1f} s | **{c2.programs} programs**, "
+                    f"{c2.seconds:.1f} s compiling, {t2:.1f} s in all |")
+    return [
+        f"**A second architecture pair** (n = {n}; layer widths {list(map(list, first))}, then "
+        f"{list(map(list, second))}: other widths and layer counts, the same buckets; measures: "
+        f"{', '.join(measures)}, reverse=True).",
+        "",
+        "| | first pair: compiled, wall time | second pair: compiled, compile time, wall time |",
+        "|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def _say(msg: str) -> None:
     """Progress on stderr (the full-size run takes minutes; the table prints at the end)."""
     print(f"[bench_grid {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -101,6 +193,9 @@ def _say(msg: str) -> None:
 def main(argv=None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=("all", "grid", "cka", "buckets"), default="all",
+                    help="grid: part 1; cka: part 2; buckets: part 3")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds in part 2")
     args = ap.parse_args(argv)
     r = np.random.default_rng(0)
     if args.quick:
@@ -109,6 +204,19 @@ def main(argv=None) -> str:
         L, n, widths, n2, d2, reps, ck_pairs = 12, 2000, (64, 128), 5000, 256, 3, 2
     dev = jax.devices()[0]
     lines = [f"Device: {dev.platform} ({len(jax.devices())} device(s)); float32 activations.", ""]
+    if args.only in ("all", "grid"):
+        lines += _grid_part(r, L, n, widths, reps)
+    if args.only in ("all", "cka"):
+        lines += _cka_part(r, L, n2, d2, reps, ck_pairs, args.rounds)
+    if args.only in ("all", "buckets"):
+        lines += _buckets_part(r, args.quick)
+    table = "\n".join(lines)
+    print(table)
+    return table
+
+
+def _grid_part(r, L, n, widths, reps) -> list[str]:
+    lines = []
 
     # Part 1: every measure, grid vs loop over pairs.
     a = [jax.device_put(r.normal(size=(n, widths[k % len(widths)])).astype(np.float32)) for k in range(L)]
@@ -138,20 +246,28 @@ def main(argv=None) -> str:
         f"| **{(loop + gloop) / (ours + gours):.1f}x** |",
         "",
     ]
+    return lines
 
+
+def _cka_part(r, L, n2, d2, reps, ck_pairs, rounds) -> list[str]:
     # Part 2: linear CKA grid.
     a2 = [r.normal(size=(n2, d2)).astype(np.float32) for _ in range(L)]
     b2 = [(x @ r.normal(size=(d2, d2)) * 0.1 + r.normal(size=(n2, d2))).astype(np.float32) for x in a2]
     a2j, b2j = [jax.device_put(x) for x in a2], [jax.device_put(x) for x in b2]
-    _say(f"part 2: {L} x {L} linear-CKA grid of ({n2} x {d2}): compare_grid, then the NumPy loop and ckatorch")
-    first2, ours2 = _timed(lambda: compare_grid(a2j, b2j, measures=["cka/linear"]).tables, reps)
+    _say(f"part 2: {L} x {L} linear-CKA grid of ({n2} x {d2}): compare_grid and the NumPy loop, {rounds} "
+         "alternating rounds, then ckatorch")
     t0 = time.perf_counter()
+    jax.block_until_ready(compare_grid(a2j, b2j, measures=["cka/linear"]).tables)
+    first2 = time.perf_counter() - t0
+    best = _alternating({"ours": lambda: compare_grid(a2j, b2j, measures=["cka/linear"]).tables,
+                         "numpy": lambda: _numpy_cka_loop(a2, b2)}, rounds)
+    (ours2, ours_cpu), (np_loop, np_cpu) = best["ours"], best["numpy"]
     ref = _numpy_cka_loop(a2, b2)
-    np_loop = time.perf_counter() - t0
     got = np.asarray(compare_grid(a2j, b2j, measures=["cka/linear"]).tables["cka/linear"])
     err = float(np.max(np.abs(got - ref)))
     rows2 = [
-        f"| NumPy loop over pairs (float32) | {np_loop:.2f} | **{np_loop / ours2:.1f}x** | measured, {L * L} pairs |",
+        f"| NumPy loop over pairs (float32) | {np_loop:.2f} (CPU {np_cpu:.2f}) | **{np_loop / ours2:.2f}x** "
+        f"(CPU time: **{np_cpu / ours_cpu:.2f}x**) | measured, {L * L} pairs, min of {rounds} alternating rounds |",
     ]
     try:
         import ckatorch
@@ -169,17 +285,15 @@ def main(argv=None) -> str:
         )
     except ImportError:  # pragma: no cover
         rows2.append("| ckatorch | not installed | | |")
-    lines += [
-        f"**All-pairs linear CKA, {L} x {L} layers of ({n2} x {d2}).** ours: {ours2:.3f} s warm, "
-        f"compile {first2 - ours2:.1f} s; max |ours - NumPy| = {err:.1e}.",
+    return [
+        f"**All-pairs linear CKA, {L} x {L} layers of ({n2} x {d2}).** ours: {ours2:.3f} s warm "
+        f"(CPU {ours_cpu:.3f} s), compile {first2 - ours2:.1f} s; max |ours - NumPy| = {err:.1e}.",
         "",
         "| reference | time (s) | ours is faster by | note |",
         "|---|---|---|---|",
         *rows2,
+        "",
     ]
-    table = "\n".join(lines)
-    print(table)
-    return table
 
 
 if __name__ == "__main__":

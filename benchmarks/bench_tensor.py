@@ -1,6 +1,6 @@
 """Tensor similarity: speed of the Gram forms against materialising and Monte Carlo.
 
-Run: ``python -m benchmarks.bench_tensor [--quick]``. Prints and returns a
+Run: ``python -m benchmarks.bench_tensor [--quick] [--only symmetric]``. Prints and returns a
 Markdown report. Everything is float32 on the default JAX device. Our timings
 are steady state (median of warm calls, ``block_until_ready``); the first call
 (compile + run) is reported separately. References:
@@ -8,6 +8,12 @@ are steady state (median of warm calls, ``block_until_ready``); the first call
 * ``numpy gram``: the same one-layer Gaussian Gram formula written in NumPy.
 * ``materialise``: build both symmetric interaction tensors ``(o+1, d+1, d+1)`` in
   NumPy and apply the Isserlis formula slice by slice.
+* ``numpy symmetric``: ``tensor_similarity(metric="symmetric")`` written in NumPy, three
+  inner products, each one matrix product of the stacked ``[L~; R~]`` factors (the
+  same formula); and the same with the self inner products using three of the four
+  blocks (``R~ L~^T = (L~ R~^T)^T``), as ours does. Alternating rounds, minimum of
+  each, wall and CPU time (``time.process_time``, which other jobs on a shared
+  machine do not inflate); the one-thread command is in ``benchmarks/RESULTS.md``.
 * ``MC 1%``: our jitted Monte Carlo (``monte_carlo_inner``) with the number of
   samples that gives a 1% relative standard error (estimated from a pilot run),
   for a "near checkpoint" (``b = a + 0.3 noise``) and a "far checkpoint"
@@ -96,6 +102,71 @@ def numpy_gram_inner(a, b):
     ma, mb = la[:, 0] * ra[:, 0], lb[:, 0] * rb[:, 0]
     k += np.outer(ua, ub) - 2 * np.outer(ma, mb)
     return np.einsum("pu,uv,pv->", da, k, db)
+
+
+def _np_units(layer):
+    lt, rt, down, db = _np_lift(layer)
+    e0 = np.zeros((1, lt.shape[1]), np.float32)
+    e0[0, 0] = 1
+    return np.concatenate([lt, e0]), np.concatenate([rt, e0]), np.concatenate([down, db[:, None]], 1)
+
+
+def _np_symmetric_inner(ua, ub, same=False):
+    la, ra, da = ua
+    lb, rb, db = ub
+    h = la.shape[0]
+    if same:  # three of the four blocks: R~ L~^T is the transpose of L~ R~^T
+        p = np.concatenate([la, ra]) @ la.T
+        ll, rl, rr = p[:h], p[h:], ra @ ra.T
+        lr = rl.T
+    else:
+        p = np.concatenate([la, ra]) @ np.concatenate([lb, rb]).T
+        ll, rr, lr, rl = p[:h, :h], p[h:, h:], p[:h, h:], p[h:, :h]
+    k = (ll * rr + lr * rl) / 2
+    return np.einsum("pu,uv,pv->", da, k, db)
+
+
+def numpy_symmetric_similarity(a, b, *, same_trick=False):
+    """``tensor_similarity(a, b, metric="symmetric")`` of one-layer networks in NumPy."""
+    ua, ub = _np_units(a), _np_units(b)
+    ab = _np_symmetric_inner(ua, ub)
+    aa = _np_symmetric_inner(ua, ua, same=same_trick)
+    bb = _np_symmetric_inner(ub, ub, same=same_trick)
+    return ab / np.sqrt(aa * bb)
+
+
+def _alternating(fns, rounds):
+    """``{name: (min wall s, min CPU s)}`` over alternating rounds."""
+    wall = {k: [] for k in fns}
+    cpu = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            jax.block_until_ready(f())
+            wall[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
+    return {k: (min(wall[k]), min(cpu[k])) for k in fns}
+
+
+def bench_symmetric(sizes, rows, rounds):
+    """The symmetric similarity of a classifier layer against NumPy, side by side."""
+    d, h, o = sizes
+    rng = np.random.default_rng(5)
+    a = _layer(rng, d, h, o)
+    b = _layer(rng, d, h, o, like=a)
+    ours = lambda: tensor_similarity((a,), (b,), metric="symmetric")  # noqa: E731
+    t0 = time.perf_counter()
+    val = float(ours())
+    first = time.perf_counter() - t0
+    best = _alternating({"ours": ours, "numpy": lambda: numpy_symmetric_similarity(a, b),
+                         "numpy_trick": lambda: numpy_symmetric_similarity(a, b, same_trick=True)}, rounds)
+    err = abs(float(numpy_symmetric_similarity(a, b)) - val)
+    (w, c), (nw, nc), (tw, tc) = best["ours"], best["numpy"], best["numpy_trick"]
+    rows.append(f"| symmetric similarity d={d}, h={h}, o={o} (three inner products) | {_fmt(w)}, CPU {_fmt(c)} "
+                f"(first call {_fmt(first)}) | numpy symmetric {_fmt(nw)}, CPU {_fmt(nc)}: **{nw / w:.2f}x** wall, "
+                f"**{nc / c:.2f}x** CPU; with the same self-product saving {_fmt(tw)}, CPU {_fmt(tc)}: "
+                f"{tw / w:.2f}x wall, {tc / c:.2f}x CPU (min of {rounds} alternating rounds) | "
+                f"abs diff {err:.1e} |")
 
 
 def numpy_materialised_inner(a, b):
@@ -249,16 +320,22 @@ def bench_scaling(hs, ds, fixed_d, fixed_h, o, rows):
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
+    parser.add_argument("--only", choices=("all", "symmetric"), default="all")
+    parser.add_argument("--rounds", type=int, default=15, help="alternating rounds of the symmetric row")
     args = parser.parse_args(argv)
     key = jax.random.key(0)
     rows = []
-    if args.quick:
+    if args.only == "symmetric":
+        bench_symmetric((32, 16, 4) if args.quick else (784, 512, 10), rows, args.rounds)
+    elif args.quick:
+        bench_symmetric((32, 16, 4), rows, args.rounds)
         bench_classifier((32, 16, 4), rows, key)
         bench_residual((32, 32), (16, 16), rows)
         bench_matrix(10, (8, 8, 2), 10, rows)
         bench_depth2((8, 8, 2), rows, key)
         bench_scaling([8, 16, 32], [8, 16, 32], 16, 16, 4, rows)
     else:
+        bench_symmetric((784, 512, 10), rows, args.rounds)
         bench_classifier((784, 512, 10), rows, key)
         bench_residual((512, 1024), (128, 256), rows)
         bench_matrix(100, (32, 32, 10), 200, rows)

@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import pathlib
 import time
+import warnings
 
 import numpy as np
 
@@ -116,50 +117,34 @@ def _stitch_names(cfg) -> dict:
     return {fam: f"stitch/{fam}" + (ridge if fam == "affine" else "") for fam in similarity.FAMILIES}
 
 
-def _moment_tables(cfg, feats_a, feats_b) -> similarity.GridResult:
-    """One :func:`similarity.compare_grid` call per model pair: the moment measures among
-    ``cfg.measures`` and the three stitching families (both directions, ``reverse=True``)
-    share its per-layer moments (and its compilation)."""
+def _grid(cfg, feats_a, feats_b) -> similarity.GridResult:
+    """One :func:`similarity.compare_grid` call per model pair: ``cfg.measures`` and the three
+    stitching families (both directions, ``reverse=True``) share its per-layer work and compilation.
+
+    A cell where a measure is undefined (e.g. CCA on a ReLU layer with a dead unit) is NaN, with
+    the pairwise call's reason in ``GridResult.undefined``; the run logs them instead of warning.
+    """
     import jax
 
     from funsim import similarity
 
-    names = [m for m in cfg.measures if m in similarity.MOMENT_MEASURES]
-    names += list(_stitch_names(cfg).values())
-    return similarity.compare_grid(feats_a, feats_b, measures=names, reverse=True, split=cfg.stitch_split,
-                                   key=jax.random.key(0))
+    names = list(dict.fromkeys([*cfg.measures, *_stitch_names(cfg).values()]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", similarity.UndefinedCellWarning)
+        return similarity.compare_grid(feats_a, feats_b, measures=names, reverse=True, split=cfg.stitch_split,
+                                       key=jax.random.key(0))
 
 
-def _rep_grid(cfg, feats_a, feats_b, undefined: list, tables: dict):
-    """{measure: (layers_a, layers_b) matrix} of registry measures.
-
-    The moment measures come from ``tables`` (:func:`_moment_tables`); the others
-    are called per pair with eager validation, and a cell where the measure is
-    undefined (e.g. CCA on rank-deficient ReLU layers) is NaN, with the reason
-    appended to ``undefined``.
-    """
-    from funsim import similarity
-
-    out = {m: tables[m] for m in cfg.measures if m in tables}
-    for name in cfg.measures:
-        if name in out:
-            continue
-        m = similarity.measure(name)
-        mat = np.full((len(feats_a), len(feats_b)), np.nan)
-        for i, (la, za) in enumerate(feats_a.items()):
-            for j, (lb, zb) in enumerate(feats_b.items()):
-                try:
-                    mat[i, j] = float(m(za, zb))
-                except ValueError as e:
-                    undefined.append(f"{name}({la}, {lb}): {str(e).split('. ')[0]}")
-        out[name] = mat
-    return {name: np.asarray(out[name]) for name in cfg.measures}
+def _undefined(g: similarity.GridResult, names) -> list[str]:
+    """``"measure(layer_a, layer_b): reason"`` for every undefined cell of ``names`` (first sentence)."""
+    return [f"{name}({g.rows[i]}, {g.cols[j]}): {why.split('. ')[0]}"
+            for name in names for (i, j), why in g.undefined[name].items()]
 
 
 def _stitch_grid(cfg, g: similarity.GridResult):
     """{family: {"a->b": matrix, "b->a": matrix}} of held-out reconstruction scores.
 
-    ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a" (from :func:`_moment_tables`).
+    ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a" (from :func:`_grid`).
     """
     return {fam: {"a->b": np.asarray(g.tables[m]), "b->a": np.asarray(g.reverse[m])}
             for fam, m in _stitch_names(cfg).items()}
@@ -220,9 +205,9 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
     metrics["representational"] = {}
     tables: dict = {}
     for pair, (a, b) in pairs.items():
-        undefined: list[str] = []
-        tables[pair] = _moment_tables(cfg, feats[a], feats[b])
-        grid = _rep_grid(cfg, feats[a], feats[b], undefined, tables[pair].tables)
+        tables[pair] = _grid(cfg, feats[a], feats[b])
+        grid = {name: np.asarray(tables[pair].tables[name]) for name in cfg.measures}
+        undefined = _undefined(tables[pair], cfg.measures)
         metrics["representational"][pair] = {"rows": f"{a}: {names[a]}", "cols": f"{b}: {names[b]}",
                                              **grid, "undefined": undefined}
         if undefined:

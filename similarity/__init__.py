@@ -51,9 +51,13 @@ from funsim.similarity.registry import list_measures as list_measures
 from funsim.similarity.registry import register as register
 from funsim.similarity.registry import register_family as register_family
 from funsim.similarity.registry import make_measure as make_measure
-from funsim.similarity._layer_stats import LayerStats as LayerStats
-from funsim.similarity._layer_stats import MomentStats as MomentStats
-from funsim.similarity._layer_stats import MomentPair as MomentPair
+from funsim.similarity.moments import LayerStats as LayerStats
+from funsim.similarity.moments import MomentStats as MomentStats
+from funsim.similarity.moments import MomentPair as MomentPair
+from funsim.similarity.moments import FullMoments as FullMoments
+from funsim.similarity.moments import LayerMoments as LayerMoments
+from funsim.similarity.moments import PairMoments as PairMoments
+from funsim.similarity.moments import split_weights as split_weights
 
 # --- stitching and usable information ---
 from funsim.similarity.stitching import FAMILIES as FAMILIES
@@ -132,4 +136,5 @@ from funsim.similarity.validate_numerics import attention_quadrature_inner as at
 # --- comparison grid ---
 from funsim.similarity.grid import MOMENT_MEASURES as MOMENT_MEASURES
 from funsim.similarity.grid import GridResult as GridResult
+from funsim.similarity.grid import UndefinedCellWarning as UndefinedCellWarning
 from funsim.similarity.grid import compare_grid as compare_grid

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
 from funsim.similarity import _validate as V
-from funsim.similarity._layer_stats import LayerStats, MomentPair, MomentStats
+from funsim.similarity.moments import LayerStats, MomentPair, MomentStats
 from funsim.similarity._linalg import pow2_at, pow2_scale
 
 __all__ = [

@@ -24,6 +24,15 @@ for every key it returns, and with ``reverse=True``
 * **Batches by width.** Layers are grouped by width; the pairs of each
   ``(d_a, d_b)`` group are evaluated in one jit-compiled call, compiled once
   per shape and set of measures.
+* **Size buckets.** So that a grid of another architecture reuses the compiled
+  programs, sizes are padded up to the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24,
+  32, 48, ... (at most 1.5x per axis): for the moment measures each layer is
+  zero-padded to the bucket of its width (zero features leave every moment
+  measure unchanged; see :class:`similarity.MomentStats`), and the layer
+  count of every width group (so also the pair count) is padded with repeats
+  whose results are dropped. The values equal the unpadded ones to rounding.
+  The other measures keep their exact sizes: zero features would change an RDM
+  or a CCA basis, so their programs depend on the widths anyway.
 * **Sharding.** The pair axis is sharded over a 1-D ``jax.sharding.Mesh`` of
   the available devices (layer statistics are replicated), so the same call
   uses every GPU/TPU, or every host after ``jax.distributed.initialize()``;
@@ -38,6 +47,7 @@ for every key it returns, and with ``reverse=True``
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -50,7 +60,7 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import stitching as S
-from funsim.similarity._layer_stats import FullMoments, MomentPair
+from funsim.similarity.moments import FullMoments, LayerMoments, MomentPair, PairMoments, split_weights
 from funsim.similarity.registry import Measure, list_measures
 from funsim.similarity.registry import measure as get_measure
 
@@ -68,20 +78,81 @@ class GridResult(NamedTuple):
       cols: names of the ``reps_b`` layers.
       reverse: with ``reverse=True``, ``{name: (La, Lb) array}`` with
         ``reverse[name][i, j] == measure(name)(cols[j] layer, rows[i] layer)``
-        (for a symmetric measure, the same array as ``tables[name]``); else ``{}``.
+        (for a symmetric measure, the same array as ``tables[name]`` unless
+        the two directions differ in where they are defined); else ``{}``.
+      undefined: ``{name: {(i, j): reason}}`` for every measure: the cells of
+        ``tables[name]`` where the pairwise call ``measure(name)(A_i, B_j)``
+        raises a ``ValueError`` (they are NaN), with its message.
+      reverse_undefined: the same for ``reverse`` (``(i, j)`` indexes
+        ``reverse[name]``, i.e. the call ``measure(name)(B_j, A_i)``); ``{}``
+        without ``reverse=True``.
     """
 
     tables: dict[str, jax.Array]
     rows: tuple
     cols: tuple
     reverse: dict[str, jax.Array]
+    undefined: dict[str, dict[tuple[int, int], str]] = {}
+    reverse_undefined: dict[str, dict[tuple[int, int], str]] = {}
+
+
+class UndefinedCellWarning(UserWarning):
+    """:func:`compare_grid` left cells undefined (NaN); the reasons are in ``GridResult.undefined``."""
 
 
 # ----------------------------------------------------------------------------- layers
 
 
+def _bucket(k: int) -> int:
+    """The smallest size of the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (``2^m`` and ``3 * 2^m``) >= ``k``.
+
+    Widths and layer counts are padded up to it, so that grids of different
+    architectures share compiled programs; the padding costs at most 1.5x per axis.
+    """
+    if k <= 4:
+        return k
+    p = 1 << (k - 1).bit_length()
+    return p * 3 // 4 if p * 3 // 4 >= k else p
+
+
+class _Group(NamedTuple):
+    """Layers computed together: padded to one ``width`` (zero features) and a bucketed count.
+
+    ``idx`` are the real layers (indices into their side), ``pidx`` repeats the last
+    one up to the count bucket (dummy layers, whose results are dropped), and
+    ``widths`` are the real widths of ``pidx``.
+    """
+
+    width: int
+    idx: tuple
+    pidx: tuple
+    widths: np.ndarray
+
+    def mask(self, dtype) -> np.ndarray:
+        """``(len(pidx), width)``: 1 on each layer's real features, 0 on its padding."""
+        return (np.arange(self.width)[None, :] < self.widths[:, None]).astype(dtype)
+
+
+def _groups(vs, *, buckets: bool) -> dict[int, _Group]:
+    """Moment-measure groups by (bucketed) width, in order of first appearance."""
+    by: dict[int, list[int]] = {}
+    for k, z in enumerate(vs):
+        d = int(z.shape[1])
+        by.setdefault(_bucket(d) if buckets else d, []).append(k)
+    out = {}
+    for w, idx in by.items():
+        pidx = tuple(idx) + (idx[-1],) * ((_bucket(len(idx)) if buckets else len(idx)) - len(idx))
+        out[w] = _Group(w, tuple(idx), pidx, np.array([int(vs[k].shape[1]) for k in pidx]))
+    return out
+
+
 class _Layers(NamedTuple):
-    """The checked inputs: ``va``/``vb`` lists of ``(n, d)`` arrays, grouped by width."""
+    """The checked inputs: ``va``/``vb`` lists of ``(n, d)`` arrays, grouped by width.
+
+    ``groups_*``: exact width -> layer indices (the generic measures); ``mgroups_*``:
+    (bucketed) width -> :class:`_Group` (the moment measures). ``cache``: padded
+    device copies of whole layers, made once per call.
+    """
 
     rows: tuple
     cols: tuple
@@ -91,12 +162,25 @@ class _Layers(NamedTuple):
     groups_b: dict
     n: int
     dtype: Any
+    mgroups_a: dict
+    mgroups_b: dict
+    buckets: bool
+    cache: dict
 
     def side(self, side: str):
         return (self.va, self.groups_a) if side == "a" else (self.vb, self.groups_b)
 
+    def mgroups(self, side: str) -> dict[int, _Group]:
+        return self.mgroups_a if side == "a" else self.mgroups_b
+
     def pair_groups(self):
+        """The ``(w_a, w_b)`` pairs of moment-measure groups."""
+        return [(da, db) for da in self.mgroups_a for db in self.mgroups_b]
+
+    def exact_pair_groups(self):
+        """The ``(d_a, d_b)`` pairs of exact-width groups (the generic measures)."""
         return [(da, db) for da in self.groups_a for db in self.groups_b]
+
 
 
 _SIDE_NAMES = {"a": "reps_a", "b": "reps_b"}
@@ -126,14 +210,15 @@ def _check_layer_lazily(z, name, streaming):
     return z
 
 
-def _check_layers(vals, name, *, eager_values, streaming):
-    """Shape and dtype checks; with ``eager_values`` also NaN/Inf and constant layers."""
+def _check_layers(vals, name, *, eager_values, streaming, strict):
+    """Shape and dtype checks; with ``eager_values`` also NaN/Inf (and with ``strict`` constant layers)."""
     out = []
     for k, z in enumerate(vals):
         nm = f"{name}[{k}]"
         if eager_values:
             z = V.check_rep(z, nm)
-            V.check_not_constant(z, nm, what="the comparison grid")
+            if strict:
+                V.check_not_constant(z, nm, what="the comparison grid")
         else:
             z = _check_layer_lazily(z, nm, streaming)
         out.append(z)
@@ -147,11 +232,11 @@ def _width_groups(vs) -> dict[int, list[int]]:
     return g
 
 
-def _prepare(reps_a, reps_b, *, eager_values, streaming) -> _Layers:
+def _prepare(reps_a, reps_b, *, eager_values, streaming, strict, buckets) -> _Layers:
     rows, va = _as_layers(reps_a, "reps_a")
     cols, vb = _as_layers(reps_a if reps_b is None else reps_b, "reps_b")
-    va = _check_layers(va, "reps_a", eager_values=eager_values, streaming=streaming)
-    vb = _check_layers(vb, "reps_b", eager_values=eager_values, streaming=streaming)
+    va = _check_layers(va, "reps_a", eager_values=eager_values, streaming=streaming, strict=strict)
+    vb = _check_layers(vb, "reps_b", eager_values=eager_values, streaming=streaming, strict=strict)
     n = va[0].shape[0]
     for nm, vs in (("reps_a", va), ("reps_b", vb)):
         for k, z in enumerate(vs):
@@ -161,7 +246,8 @@ def _prepare(reps_a, reps_b, *, eager_values, streaming) -> _Layers:
                     f"{nm}[{k}] has shape {tuple(z.shape)}."
                 )
     dt = functools.reduce(jnp.promote_types, [V.compute_dtype(z.dtype, "reps") for z in va + vb])
-    return _Layers(rows, cols, va, vb, _width_groups(va), _width_groups(vb), n, dt)
+    return _Layers(rows, cols, va, vb, _width_groups(va), _width_groups(vb), n, dt,
+                   _groups(va, buckets=buckets), _groups(vb, buckets=buckets), buckets, {})
 
 
 def _resolve(measures, *, streaming) -> tuple[list[tuple[str, Measure]], list[tuple[str, Measure]]]:
@@ -251,6 +337,92 @@ def _pick(tree, k):
     return jax.tree.map(lambda t: t[k], tree)
 
 
+# ----------------------------------------------------------------------------- undefined cells
+#
+# A cell is undefined where the pairwise call ``measure(name)(A_i, B_j)`` raises a
+# ValueError. The grid does not run that call on every pair (it would be the pair
+# loop again). It flags the layers where a measure can be undefined, cheaply and
+# generously, from statistics it has anyway: near-constant layers, numerically
+# rank-deficient ones (by NumPy's matrix_rank tolerance with a wide margin, on the
+# train rows for the reconstruction scores), sources a moment measure's own width
+# check refuses. Every cell of a flagged layer, and every cell that comes out
+# non-finite, is then computed by the pairwise call itself: its value, or NaN and
+# its message. Flagging too much costs only pairwise calls; every other cell is
+# the grid's own value.
+
+
+class _Suspects:
+    """Layers whose cells the pairwise call decides: ``layer[side]`` for every measure,
+    ``source[name][side]`` for one measure with that side as the source."""
+
+    def __init__(self, la: int, lb: int):
+        self.layer = {"a": np.zeros(la, bool), "b": np.zeros(lb, bool)}
+        self.source: dict[str, dict[str, np.ndarray]] = {}
+
+    def flag(self, side: str, idx, bad) -> None:
+        self.layer[side][np.asarray(idx)[np.asarray(bad, bool)]] = True
+
+    def flag_source(self, name: str, side: str, k: int) -> None:
+        src = self.source.setdefault(name, {s: np.zeros_like(v) for s, v in self.layer.items()})
+        src[side][k] = True
+
+    def cells(self, name: str, src_side: str, rows_side: str = "a") -> np.ndarray:
+        """``(La, Lb)`` mask of the suspect cells of ``name`` whose source is ``src_side``."""
+        bad_a, bad_b = self.layer["a"].copy(), self.layer["b"].copy()
+        if name in self.source:
+            (bad_a if src_side == "a" else bad_b)[:] |= self.source[name][src_side]
+        return bad_a[:, None] | bad_b[None, :]
+
+
+_CONST_TOL = 1e-6  # flag layers whose centred RMS is below this fraction of max(RMS of the values, 1)
+
+
+def _near_constant(rms, scale, dtype) -> np.ndarray:
+    """Generous constant-layer flags: a superset of the measures' own constant checks, which compare
+    the largest centred value with ``1e-12 max(max|z|, 1)``; ``max|z| <= sqrt(d) scale`` for a constant
+    layer, far inside the margin."""
+    tol = max(_CONST_TOL, 1e4 * float(jnp.finfo(dtype).eps))
+    return ~(np.asarray(rms, np.float64) > tol * np.maximum(np.asarray(scale, np.float64), 1.0))
+
+
+def _rank_suspect(ratio, n: int, d: int, dtype) -> np.ndarray:
+    """Flags from ``lambda_min / lambda_max`` of each layer's centred Gram matrix.
+
+    NumPy's ``matrix_rank`` calls singular values below ``max(n, d) * eps * s_max``
+    zero; flag ten times that (squared, for eigenvalues), or rounding noise of the
+    Gram matrix itself (``100 d eps``), whichever is larger, and any ``d >= n``.
+    """
+    eps = float(jnp.finfo(dtype).eps)
+    tol = max((10.0 * max(n, d) * eps) ** 2, 100.0 * d * eps)
+    r = np.asarray(ratio, np.float64)
+    return ~(r > tol) | (d >= n)
+
+
+@jax.jit
+def _gram_ratio(gram, mask=None):
+    """``lambda_min / lambda_max`` of each ``(L, d, d)`` symmetric matrix (unbatched LAPACK calls).
+
+    ``mask`` ``(L, d)``: the real features of zero-padded layers; the padded
+    coordinates get the mean real eigenvalue on the diagonal, which leaves the ratio as it is.
+    """
+    if mask is not None:
+        fill = jnp.trace(gram, axis1=1, axis2=2) / jnp.sum(mask, axis=1)
+        gram = gram + jax.vmap(jnp.diag)((1.0 - mask) * fill[:, None])
+    ev = jax.lax.map(jnp.linalg.eigvalsh, gram)
+    return ev[:, 0] / jnp.maximum(ev[:, -1], jnp.finfo(gram.dtype).tiny)
+
+
+@jax.jit
+def _layer_health(z):
+    """``(centred rms, rms, lambda_min / lambda_max)`` of each layer of a stack ``(L, n, d)``."""
+    zc = z - jnp.mean(z, axis=1, keepdims=True)
+    g = jnp.einsum("lni,lnj->lij", zc, zc)
+    ss = jnp.trace(g, axis1=1, axis2=2)
+    size = z.shape[1] * z.shape[2]
+    rms_all = jnp.sqrt(jnp.einsum("lni,lni->l", z, z) / size)
+    return jnp.sqrt(ss / size), rms_all, _gram_ratio(g / jnp.where(ss > 0, ss, 1.0)[:, None, None])
+
+
 # ----------------------------------------------------------------------------- moment passes
 
 # A width group holds L layers of width d, passed to the jitted passes as a
@@ -263,50 +435,72 @@ def _pick(tree, k):
 def _acc_means(zs, w_tr):
     """Pass 1 for a tuple of L ``(c, d)`` chunks.
 
-    Returns ``(sum_train (L*d,) or None, sum_all (L*d,), max_abs (L,), finite (L,))``:
-    column sums over the train rows and over all rows, each layer's largest
-    ``|z|`` and whether it is all finite (for the input checks).
+    Returns ``(sum_train (L*d,) or None, sum_all (L*d,))``: column sums over the
+    train rows and over all rows, as matrix-vector products (XLA's CPU reductions
+    are several times slower). A NaN or Inf anywhere in a layer makes its sums
+    non-finite, which is the input check (:func:`_raise_non_finite`).
     """
-    z = jnp.concatenate(zs, axis=1)
+    ones = jnp.ones((zs[0].shape[0],), zs[0].dtype)
     return (
-        None if w_tr is None else jnp.einsum("n,nd->d", w_tr, z),
-        jnp.sum(z, axis=0),
-        jnp.stack([jnp.max(jnp.abs(jnp.where(jnp.isfinite(x), x, 0))) for x in zs]),
-        jnp.stack([jnp.all(jnp.isfinite(x)) for x in zs]),
+        None if w_tr is None else jnp.concatenate([w_tr @ z for z in zs]),
+        jnp.concatenate([ones @ z for z in zs]),
     )
 
 
-@functools.partial(jax.jit, static_argnames=("split", "full"))
-def _acc_layer(zs, mean_tr, mean_all, w_tr, w_te, *, split, full):
+@functools.partial(jax.jit, static_argnames=("split", "full", "raw"))
+def _acc_layer(zs, mean_tr, mean_all, w_tr, w_te, *, split, full, raw=False):
     """Pass 2 for a tuple of L ``(c, d)`` chunks: each layer's centred second moments ``(L, d, d)``.
 
     ``split``: train/test moments around the train mean; ``full``: the all-rows
-    moment around the all-rows mean.
+    moment around the all-rows mean, or with ``raw`` the uncentred ``Z^T Z`` (one
+    matrix product per layer on the layer as it is, no centred copy; see
+    :func:`_centre_raw`).
     """
-    z = jnp.stack(zs)  # (L, c, d)
-    shape = (z.shape[0], 1, z.shape[2])
     out = {}
     if split:
-        zt = z - mean_tr.reshape(shape)
+        z = jnp.stack(zs)  # (L, c, d)
+        zt = z - mean_tr.reshape(z.shape[0], 1, z.shape[2])
         out["g_tr"] = jnp.einsum("n,lni,lnj->lij", w_tr, zt, zt)
         out["g_te"] = jnp.einsum("n,lni,lnj->lij", w_te, zt, zt)
         out["s_te"] = jnp.einsum("n,lni->li", w_te, zt)
-    if full:
-        za = z - mean_all.reshape(shape)
-        out["g_all"] = jnp.einsum("lni,lnj->lij", za, za)
+    if full and raw:
+        out["g_raw"] = jnp.stack([jnp.einsum("ni,nj->ij", z, z) for z in zs])
+    elif full:
+        m = mean_all.reshape(len(zs), -1)
+        out["g_all"] = jnp.stack([jnp.einsum("ni,nj->ij", z - m[k][None, :], z - m[k][None, :])
+                                  for k, z in enumerate(zs)])
     return out
 
 
+# The all-rows Gram matrix from the uncentred one, Xc^T Xc = X^T X - n m m^T, loses about
+# log2(amplification) bits to cancellation, amplification = tr(X^T X) / tr(Xc^T Xc) = 1 + n |m|^2 / ||Xc||^2
+# (about 2 for ReLU activations). Above this, the group is computed again from centred data.
+_RAW_GRAM_MAX_AMPLIFICATION = 16.0
+
+
+@jax.jit
+def _centre_raw(g_raw, mean_all, n):
+    """``(Xc^T Xc (L, d, d), amplification (L,))`` from ``X^T X`` and the all-rows means ``(L*d,)``."""
+    m = mean_all.reshape(g_raw.shape[0], -1)
+    g = g_raw - n * jnp.einsum("li,lj->lij", m, m)
+    tr = jnp.trace(g, axis1=1, axis2=2)
+    amp = jnp.trace(g_raw, axis1=1, axis2=2) / jnp.where(tr > 0, tr, jnp.zeros_like(tr))
+    return g, amp
+
+
 def _pair_blocks(u, v, la, lb):
-    """``u: (c, la*da)``, ``v: (c, lb*db)`` -> ``(la*lb, da, db)``: ``u_k^T v_l`` for pair ``k*lb + l``."""
-    m = jnp.einsum("ni,nj->ij", u, v)  # one GEMM for every pair
-    da, db = u.shape[1] // la, v.shape[1] // lb
-    return m.reshape(la, da, lb, db).transpose(0, 2, 1, 3).reshape(la * lb, da, db)
+    """``u: (c, la*da)``, ``v: (c, lb*db)`` -> ``(la, da, lb, db)``: ``[k, :, l, :] = u_k^T v_l``.
+
+    One GEMM for every pair; its output is read in place (no transposed copy),
+    the evaluator maps over axes 0 and 2.
+    """
+    m = jnp.einsum("ni,nj->ij", u, v)
+    return m.reshape(la, u.shape[1] // la, lb, v.shape[1] // lb)
 
 
 @functools.partial(jax.jit, static_argnames=("split", "full", "sharding"))
 def _acc_cross(zas, zbs, ma_tr, mb_tr, ma_all, mb_all, w_tr, w_te, pad_a, *, split, full, sharding):
-    """Pass 2 cross moments of every pair of two tuples of chunks, ``(La*Lb, da, db)`` each.
+    """Pass 2 cross moments of every pair of two tuples of chunks, ``(La, da, Lb, db)`` each.
 
     ``ma_*``: the source group's means ``(L*da,)``, of which ``pad_a`` picks the
     layers in ``zas`` (padded source layers repeat). ``sharding`` (or None) places
@@ -363,55 +557,92 @@ class _Moments(NamedTuple):
         return self.w_tr[lo:hi], self.w_te[lo:hi]
 
 
-def _chunk(lay: _Layers, vs, idx, lo, hi):
-    """Rows ``lo:hi`` of layers ``idx`` of ``vs``, as a tuple of ``(c, d)`` device arrays."""
+@functools.partial(jax.jit, static_argnums=1)
+def _pad_columns(z, width: int):
+    return jnp.pad(z, ((0, 0), (0, width - z.shape[1])))
+
+
+def _chunk(lay: _Layers, side: str, idx, width: int, lo, hi):
+    """Rows ``lo:hi`` of layers ``idx`` of one side, zero-padded to ``width``: a tuple of ``(c, width)``
+    device arrays. The padding is done on the host, so no program is compiled per real width."""
+    vs = lay.side(side)[0]
     whole = (lo, hi) == (0, lay.n)
-    return tuple(jnp.asarray(vs[k] if whole else vs[k][lo:hi], dtype=lay.dtype) for k in idx)
+    out = []
+    for k in idx:
+        if whole and (side, k) in lay.cache:
+            out.append(lay.cache[side, k])
+            continue
+        z = vs[k] if whole else vs[k][lo:hi]
+        if z.shape[1] < width and isinstance(z, jax.Array) and not z.is_fully_addressable:
+            z = _pad_columns(z.astype(lay.dtype), width)  # rows spread over processes: pad where they are
+        elif z.shape[1] < width:
+            zp = np.zeros((z.shape[0], width), dtype=lay.dtype)
+            zp[:, : z.shape[1]] = np.asarray(z)
+            z = jax.device_put(zp)
+        elif isinstance(z, jax.Array):
+            z = z if z.dtype == lay.dtype else z.astype(lay.dtype)
+        else:
+            z = jax.device_put(np.asarray(z, dtype=lay.dtype))
+        if whole:
+            lay.cache[side, k] = z
+        out.append(z)
+    return tuple(out)
 
 
-def _raise_non_finite(side_name, idx, finite) -> None:
-    """Raise for the first layer whose pass-1 flag says it holds NaN or Inf."""
-    if not V.is_concrete(finite):
+def _raise_non_finite(side_name, lay: _Layers, side: str, idx, sums) -> None:
+    """Raise for the first layer of ``idx`` that holds NaN or Inf.
+
+    ``sums`` ``(L, w)``: its column sums, non-finite for such a layer; a layer of
+    huge finite values can overflow them too, so a flagged layer is checked itself.
+    """
+    if not V.is_concrete(sums):
         return
-    bad = np.flatnonzero(~np.asarray(finite))
-    if bad.size:
-        raise ValueError(f"{side_name}[{idx[bad[0]]}] contains NaN or Inf values; remove or impute them.")
+    for k in np.flatnonzero(~np.all(np.isfinite(np.asarray(sums)), axis=1)):
+        if not np.all(np.isfinite(np.asarray(lay.side(side)[0][idx[k]]))):
+            raise ValueError(f"{side_name}[{idx[k]}] contains NaN or Inf values; remove or impute them.")
 
 
-def _raise_constant(side_name, idx, max_abs, norm, n, d, dtype, where) -> None:
+def _scale(mean, norm, rows, d) -> np.ndarray:
+    """Each layer's root-mean-square value ``sqrt(sum z^2 / (rows d))``, from its centred norm and its mean.
+
+    ``mean`` ``(L, w)`` (zero-padded), ``norm`` ``(L,)``: ``sum z^2 = norm^2 + rows |mean|^2``.
+    """
+    mean, norm = np.asarray(mean, np.float64), np.asarray(norm, np.float64)
+    return np.sqrt((norm**2 + rows * np.sum(mean**2, axis=1)) / (rows * d))
+
+
+def _raise_constant(side_name, idx, scale, norm, n, d, dtype, where) -> None:
     """Raise for the first constant layer of a width group.
 
     A layer counts as constant when the root-mean-square of its centred values
-    is at most ``tol * max|z|``, with ``tol = max(1e-12, 16 * eps(dtype))``: below
-    that the centred data is rounding noise and every score would be 0/0.
+    is at most ``tol`` times that of its values (:func:`_scale`), with
+    ``tol = max(1e-12, 16 * eps(dtype))``: below that the centred data is rounding
+    noise and every score would be 0/0.
     """
-    if not V.is_concrete(norm, max_abs):
+    if not V.is_concrete(norm, scale):
         return
     tol = max(1e-12, 16 * float(jnp.finfo(dtype).eps))
     rms = np.asarray(norm, np.float64) / np.sqrt(n * d)
-    bad = np.flatnonzero(~(rms > tol * np.asarray(max_abs, np.float64)))
+    bad = np.flatnonzero(~(rms > tol * np.asarray(scale, np.float64)))
     if bad.size:
         raise ValueError(
-            f"{side_name}[{idx[bad[0]]}] (width {d}) is constant across {where} (zero variance "
+            f"{side_name}[{idx[bad[0]]}] (width {np.broadcast_to(d, rms.shape)[bad[0]]}) is constant across "
+            f"{where} (zero variance "
             "after centring), so its scores are undefined (0/0). Check that the layer is not "
             "dead and that the samples differ."
         )
 
 
 def _means(lay: _Layers, mo: _Moments) -> dict:
-    """Pass 1: ``{(side, d): (train mean or None, all-rows mean, max |z|)}``, each ``(L*d,)``; NaN/Inf checks."""
+    """Pass 1: ``{(side, w): (train mean or None, all-rows mean)}``, each ``(L*w,)``; NaN/Inf checks."""
     means = {}
     for side in "ab":
-        vs, groups = lay.side(side)
-        for d, idx in groups.items():
-            acc, mx, ok = None, None, None
+        for w, g in lay.mgroups(side).items():
+            acc = None
             for lo, hi in mo.chunks:
-                s_tr, s_all, m_abs, fin = _acc_means(_chunk(lay, vs, idx, lo, hi), mo.weights(lo, hi)[0])
-                acc = _add(acc, (s_tr, s_all))
-                mx = m_abs if mx is None else jnp.maximum(mx, m_abs)
-                ok = fin if ok is None else ok & fin
-            _raise_non_finite(_SIDE_NAMES[side], idx, ok)
-            means[side, d] = (*_divide_means(acc[0], acc[1], mo.w_tr, lay.n), mx)
+                acc = _add(acc, _acc_means(_chunk(lay, side, g.pidx, w, lo, hi), mo.weights(lo, hi)[0]))
+            _raise_non_finite(_SIDE_NAMES[side], lay, side, g.pidx, np.asarray(acc[1]).reshape(len(g.pidx), w))
+            means[side, w] = _divide_means(acc[0], acc[1], mo.w_tr, lay.n)
     return means
 
 
@@ -421,25 +652,47 @@ def _divide_means(s_tr, s_all, w_tr, n):
     return (None if s_tr is None else s_tr / jnp.sum(w_tr)), s_all / n
 
 
-def _layer_moments(lay: _Layers, mo: _Moments, means: dict) -> dict:
-    """Pass 2, per layer: ``{(side, d): {"split": LayerMoments, "full": FullMoments}}`` (stacked), checked."""
+def _layer_moments(lay: _Layers, mo: _Moments, means: dict, sus: _Suspects, *, strict: bool) -> dict:
+    """Pass 2, per layer: ``{(side, d): {"split": LayerMoments, "full": FullMoments}}`` (stacked).
+
+    Near-constant layers (and, with a split, layers rank-deficient on the train rows)
+    are flagged in ``sus``; with ``strict`` a constant layer raises.
+    """
     out = {}
     for side in "ab":
-        vs, groups = lay.side(side)
-        for d, idx in groups.items():
-            mean_tr, mean_all, max_abs = means[side, d]
+        for w, g in lay.mgroups(side).items():
+            mean_tr, mean_all = means[side, w]
+            raw = mo.acc_flags["full"]  # the all-rows Gram matrix from the uncentred one, where that is exact enough
             acc = None
             for lo, hi in mo.chunks:
-                acc = _add(acc, _acc_layer(_chunk(lay, vs, idx, lo, hi), mean_tr, mean_all, *mo.weights(lo, hi),
-                                           **mo.acc_flags))
-            out[side, d] = _finish_layers(acc, mean_tr, mean_all, mo.w_te, lay.n, split=mo.split, full=mo.full,
+                acc = _add(acc, _acc_layer(_chunk(lay, side, g.pidx, w, lo, hi), mean_tr, mean_all,
+                                           *mo.weights(lo, hi), **mo.acc_flags, raw=raw))
+            if raw:
+                g_all, amp = _centre_raw(acc.pop("g_raw"), mean_all, lay.n)
+                if not np.all(np.asarray(amp) <= _RAW_GRAM_MAX_AMPLIFICATION):  # an offset layer, or a constant one
+                    g_all = None
+                    for lo, hi in mo.chunks:
+                        g_all = _add(g_all, _acc_layer(_chunk(lay, side, g.pidx, w, lo, hi), mean_tr, mean_all,
+                                                       None, None, split=False, full=True)["g_all"])
+                acc["g_all"] = g_all
+            out[side, w] = _finish_layers(acc, mean_tr, mean_all, mo.w_te, lay.n, split=mo.split, full=mo.full,
                                           derive=mo.derive_full)
-            where = _SIDE_NAMES[side]
+            where, real, d = _SIDE_NAMES[side], len(g.idx), g.widths[: len(g.idx)]
+            for kind, rows, what, mean in (("split", mo.n_train, "the train rows", mean_tr),
+                                           ("full", lay.n, "samples", mean_all)):
+                if kind in out[side, w]:
+                    norm = np.asarray(out[side, w][kind].norm)[:real]
+                    scale = _scale(np.asarray(mean).reshape(-1, w)[:real], norm, rows, d)
+                    if strict:
+                        _raise_constant(where, g.idx, scale, norm, rows, d, lay.dtype, what)
+                    sus.flag(side, g.idx, _near_constant(norm / np.sqrt(rows * d), scale, lay.dtype))
             if mo.split:
-                _raise_constant(where, idx, max_abs, out[side, d]["split"].norm, mo.n_train, d,
-                                lay.dtype, "the train rows")
-            if mo.full:
-                _raise_constant(where, idx, max_abs, out[side, d]["full"].norm, lay.n, d, lay.dtype, "samples")
+                # with buckets always masked (also when nothing is padded), so that the program is the same
+                mask = jnp.asarray(g.mask(lay.dtype)) if lay.buckets else None
+                ratio = _gram_ratio(out[side, w]["split"].gram_train, mask)
+                ratio = np.asarray(ratio)[:real]
+                for k, dk in enumerate(d[:real]):
+                    sus.flag(side, [g.idx[k]], _rank_suspect(ratio[k:k + 1], int(round(mo.n_train)), int(dk), lay.dtype))
     return out
 
 
@@ -456,71 +709,63 @@ def _finish_layers(sums, mean_tr, mean_all, w_te, n, *, split, full, derive) -> 
     if split:
         n_te = jnp.sum(w_te)
         norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
-        out["split"] = S.LayerMoments(
+        den = _safe(norm)  # a constant layer: zero moments, not 0/0 (its cells are decided pairwise)
+        out["split"] = LayerMoments(
             mean=mean_tr.reshape(norm.shape[0], -1),
             norm=norm,
-            gram_train=sums["g_tr"] / norm[:, None, None] ** 2,
-            gram_test=sums["g_te"] / norm[:, None, None] ** 2,
-            sum_test=sums["s_te"] / norm[:, None],
+            gram_train=sums["g_tr"] / den[:, None, None] ** 2,
+            gram_test=sums["g_te"] / den[:, None, None] ** 2,
+            sum_test=sums["s_te"] / den[:, None],
             n_test=jnp.broadcast_to(n_te, norm.shape),
         )
     if full:
         norm = jnp.sqrt(jnp.trace(sums["g_all"], axis1=1, axis2=2))
-        out["full"] = FullMoments(norm, sums["g_all"] / norm[:, None, None] ** 2)
+        out["full"] = FullMoments(norm, sums["g_all"] / _safe(norm)[:, None, None] ** 2)
     return out
 
 
-class _PairGroup(NamedTuple):
-    """The pairs of one ``(d_a, d_b)`` width group, source-major, source layers padded to a device multiple."""
-
-    ia: np.ndarray  # (P,) position in the group's a layers
-    jb: np.ndarray  # (P,) position in the group's b layers
-    n_real: int  # the first n_real pairs are real; the rest repeat the last source layer
+def _safe(norm):
+    """``norm`` where positive, else 1: keeps the moments of a constant layer finite (zero)."""
+    return jnp.where(norm > 0, norm, jnp.ones_like(norm))
 
 
-def _pair_group(lay: _Layers, da: int, db: int, ndev: int) -> _PairGroup:
-    la, lb = len(lay.groups_a[da]), len(lay.groups_b[db])
-    pad_a = np.minimum(np.arange(la + (-la) % ndev), la - 1)
-    return _PairGroup(np.repeat(pad_a, lb), np.tile(np.arange(lb), len(pad_a)), la * lb)
+def _source_rows(ga: _Group, ndev: int) -> np.ndarray:
+    """Positions in ``ga.pidx`` of the source layers of a pair group: the padded layers, the last one
+    repeated further up to a multiple of the device count (whole layers per device)."""
+    la = len(ga.pidx)
+    return np.minimum(np.arange(la + (-la) % ndev), la - 1)
 
 
-def _cross_moments(lay: _Layers, mo: _Moments, means: dict, lms: dict, da: int, db: int, pg: _PairGroup, plan):
-    """Pass 2, per pair: ``{"split": PairMoments, "full": (P, da, db)}`` normalised cross moments."""
-    pad_a = pg.ia[:: len(lay.groups_b[db])]
-    idx_a = [lay.groups_a[da][k] for k in pad_a]
-    ma_tr, ma_all, _ = means["a", da]
-    mb_tr, mb_all, _ = means["b", db]
+def _cross_sums(lay: _Layers, mo: _Moments, means: dict, ga: _Group, gb: _Group, pad_a: np.ndarray, plan) -> dict:
+    """Pass 2, per pair: the centred cross sums ``{"c_tr", "c_te", "c_all"}``, each ``(La, wa, Lb, wb)``
+    for the source layers ``pad_a`` and every target layer (one large GEMM per chunk)."""
+    da, db = ga.width, gb.width
+    idx_a = [ga.pidx[k] for k in pad_a]
+    ma_tr, ma_all = means["a", da]
+    mb_tr, mb_all = means["b", db]
     shard = None if plan.mesh is None else NamedSharding(plan.mesh, P(None, "pairs"))
     acc = None
     for lo, hi in mo.chunks:
         rest = _replicate_computed(plan, (ma_tr, mb_tr, ma_all, mb_all, *mo.weights(lo, hi), pad_a))
-        acc = _add(acc, _acc_cross(_replicate(plan, _chunk(lay, lay.va, idx_a, lo, hi)),
-                                   _replicate(plan, _chunk(lay, lay.vb, lay.groups_b[db], lo, hi)),
+        acc = _add(acc, _acc_cross(_replicate(plan, _chunk(lay, "a", idx_a, da, lo, hi)),
+                                   _replicate(plan, _chunk(lay, "b", gb.pidx, db, lo, hi)),
                                    *rest, sharding=shard, **mo.acc_flags))
-    norms = lambda side, d: {k: v.norm for k, v in lms[side, d].items()}
-    return _finish_cross(acc, ma_tr, ma_all, mb_tr, mb_all, norms("a", da), norms("b", db), pg.ia, pg.jb, lay.n,
-                         split=mo.split, full=mo.full, derive=mo.derive_full)
+    return acc
 
 
-@functools.partial(jax.jit, static_argnames=("split", "full", "derive"))
-def _finish_cross(acc, ma_tr, ma_all, mb_tr, mb_all, norms_a, norms_b, ia, jb, n, *, split, full, derive):
-    """Normalise one pair group's cross sums (one program): ``{"split": PairMoments, "full": (P, da, db)}``.
+def _pair_moments(kinds, xa, yb, sums, delta_a, delta_b, n, derive):
+    """One pair's normalised cross moments ``{kind: PairMoments or (wa, wb)}`` from its centred sums.
 
-    ``norms_*``: ``{kind: (L,)}`` layer norms; ``ia``, ``jb``: ``(P,)`` positions of each pair's layers
-    in their groups; ``derive``: the all-rows moment from the train and test ones.
+    ``delta_*``: all-rows minus train mean of each side (``derive``: the all-rows sums
+    from the train and test ones, :func:`_shift_full`).
     """
-    first = next(iter(acc.values()))
-    da, db = first.shape[1:]
-    if derive:
-        d_a = (ma_all - ma_tr).reshape(-1, da)[ia]
-        d_b = (mb_all - mb_tr).reshape(-1, db)[jb]
-        acc = {**acc, "c_all": _shift_full(acc["c_tr"] + acc["c_te"], d_a, d_b, n)}
     out = {}
-    if split:
-        den = (norms_a["split"][ia] * norms_b["split"][jb])[:, None, None]
-        out["split"] = S.PairMoments(acc["c_tr"] / den, acc["c_te"] / den)
-    if full:
-        out["full"] = acc["c_all"] / (norms_a["full"][ia] * norms_b["full"][jb])[:, None, None]
+    if "split" in kinds:
+        den = _safe(xa["split"].norm) * _safe(yb["split"].norm)
+        out["split"] = PairMoments(sums["c_tr"] / den, sums["c_te"] / den)
+    if "full" in kinds:
+        c_all = _shift_full(sums["c_tr"] + sums["c_te"], delta_a, delta_b, n) if derive else sums["c_all"]
+        out["full"] = c_all / (_safe(xa["full"].norm) * _safe(yb["full"].norm))
     return out
 
 
@@ -546,38 +791,62 @@ def _hooks(entries) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _map_layers_jit(fn):
-    """``fn`` over the leading (layer) axis of a stacked pytree, jit-compiled once per function and shape."""
-    return jax.jit(jax.vmap(fn))
+    """``fn`` over the leading (layer) axis of a stacked pytree, jit-compiled once per function and shape.
+
+    With a ``mask`` ``(L, d)`` of real features, ``fn`` sees each Gram matrix with a
+    unit diagonal on the zero-padded coordinates (see :class:`similarity.MomentStats`).
+    """
+
+    def run(moments, mask):
+        if mask is not None:
+            unit = jax.vmap(jnp.diag)(1.0 - mask)
+            if isinstance(moments, LayerMoments):
+                moments = moments._replace(gram_train=moments.gram_train + unit, gram_test=moments.gram_test + unit)
+            else:
+                moments = moments._replace(gram=moments.gram + unit)
+        return jax.vmap(fn)(moments)
+
+    return jax.jit(run)
 
 
 @functools.lru_cache(maxsize=64)
-def _moment_evaluator(entries: tuple[_Entry, ...]):
-    """A jit-compiled function evaluating every entry (and its reverse) on a batch of pairs.
+def _moment_evaluator(entries: tuple[_Entry, ...], derive: bool):
+    """A jit-compiled function evaluating every entry (and its reverse) on every pair of two groups.
 
     Built once per set of measures (their registry functions have stable
-    identities), so a grid compiles once per set of measures and shapes.
+    identities), so a grid compiles once per set of measures and shapes. The
+    pairs are a nested ``vmap``, over source layers and then target layers, so
+    whatever a measure computes from one side alone (a norm, a trace) is computed
+    once per layer, not once per pair; each pair's cross sums are normalised
+    where they are read, without a normalised copy of them all.
     """
     kinds = sorted({e.spec.moments for e in entries})
     hooks = tuple(h for h, _ in _hooks(entries))
 
-    def one(layers_a, layers_b, extras_a, extras_b, i, j, pair):
-        ex = {h: (_pick(extras_a[k], i), _pick(extras_b[k], j)) for k, h in enumerate(hooks)}
+    def cell(xa, exa, dla, yb, exb, dlb, sums, n):
+        ex = {h: (exa[k], exb[k]) for k, h in enumerate(hooks)}
+        pair = _pair_moments(kinds, xa, yb, sums, dla, dlb, n, derive)
         ctx = {}
         for kind in kinds:
             cross = pair[kind]
             fit = cross.cross_train if kind == "split" else cross
-            ctx[kind] = MomentPair(_pick(layers_a[kind], i), _pick(layers_b[kind], j), cross, fit, extras=ex)
+            ctx[kind] = MomentPair(xa[kind], yb[kind], cross, fit, extras=ex)
         fwd = {e.name: e.spec.finish(ctx[e.spec.moments]) for e in entries}
         rev = {e.name: e.spec.finish(ctx[e.spec.moments].transposed()) for e in entries if e.reverse}
         return fwd, rev
 
-    def run(layers_a, layers_b, extras_a, extras_b, ia, jb, pairs):
+    def run(layers_a, layers_b, extras_a, extras_b, deltas, pad_a, sums, n):
         # The SVDs go through similarity._linalg.svd (in MomentPair.svd and the
         # stitching fits), which on the CPU runs a vmapped batch as unbatched kernels:
         # jaxlib's batched CPU SVD blocks XLA's thread pool and deadlocks when several
         # run at once (see that module).
-        body = functools.partial(one, layers_a, layers_b, extras_a, extras_b)
-        return jax.vmap(body)(ia, jb, pairs)
+        xa, exa, dla = _pick((layers_a, extras_a, deltas[0]), pad_a)
+
+        def row(x, ex, dl, s):  # s: (da, Lb, db), the pairs of one source layer
+            return jax.vmap(lambda y, ey, dy, sy: cell(x, ex, dl, y, ey, dy, sy, n),
+                            in_axes=(0, 0, 0, 1))(layers_b, extras_b, deltas[1], s)
+
+        return jax.vmap(row)(xa, exa, dla, sums)
 
     return jax.jit(run)
 
@@ -592,11 +861,12 @@ def _moment_plan(lay: _Layers, entries, *, weights, chunk_size) -> _Moments:
     return _Moments(w_tr, w_te, n_train, chunks, need_split, need_full, derive)
 
 
-def _run_checks(lay: _Layers, entries, mo: _Moments, *, reverse: bool) -> None:
-    """Each measure's ``MomentStats.check`` on every source width it will see.
+def _run_checks(lay: _Layers, entries, mo: _Moments, sus: _Suspects, *, reverse: bool, strict: bool) -> None:
+    """Each measure's ``MomentStats.check`` on every source it will see.
 
     With ``reverse`` the ``reps_b`` layers are sources too, also for a symmetric
     measure (its reverse table is its own, but ``measure(name)(B_j, A_i)`` must be defined).
+    A refused source is flagged in ``sus`` (with ``strict``, the widest one raises).
     """
     n_tr = int(round(mo.n_train)) if mo.split else lay.n
     for e in entries:
@@ -606,36 +876,49 @@ def _run_checks(lay: _Layers, entries, mo: _Moments, *, reverse: bool) -> None:
         sides = ("a", "b") if reverse else ("a",)
         for side in sides:
             vs, _ = lay.side(side)
-            k = int(np.argmax([z.shape[1] for z in vs]))
-            e.spec.check(n_fit, int(vs[k].shape[1]), f"{e.name} with source {_SIDE_NAMES[side]}[{k}]")
+            if strict:
+                k = int(np.argmax([z.shape[1] for z in vs]))
+                e.spec.check(n_fit, int(vs[k].shape[1]), f"{e.name} with source {_SIDE_NAMES[side]}[{k}]")
+            for k, z in enumerate(vs):
+                try:
+                    e.spec.check(n_fit, int(z.shape[1]), f"{e.name} with source {_SIDE_NAMES[side]}[{k}]")
+                except ValueError:
+                    sus.flag_source(e.name, side, k)
 
 
-def _moment_tables(lay: _Layers, moment, *, reverse, weights, chunk_size, plan):
+def _moment_tables(lay: _Layers, moment, sus: _Suspects, *, reverse, weights, chunk_size, plan, strict):
     """``(tables, reverse tables)`` of the moment measures, as float numpy arrays.
 
-    ``weights``: the ``(n,)`` 0/1 train and test row weights of the split.
+    ``weights``: the ``(n,)`` 0/1 train and test row weights of the split. Layers
+    where a measure may be undefined are flagged in ``sus``.
     """
     entries = tuple(_Entry(name, m.moments, reverse and not m.symmetric) for name, m in moment)
     mo = _moment_plan(lay, entries, weights=weights, chunk_size=chunk_size)
-    _run_checks(lay, entries, mo, reverse=reverse)
+    _run_checks(lay, entries, mo, sus, reverse=reverse, strict=strict)
     means = _means(lay, mo)
-    lms = _layer_moments(lay, mo, means)
+    lms = _layer_moments(lay, mo, means, sus, strict=strict)
     hooks = _hooks(entries)
-    extras = {k: tuple(_map_layers_jit(h)(v[kind]) for h, kind in hooks) for k, v in lms.items()}
-    evaluate = _moment_evaluator(entries)
+    extras = {}
+    for (side, w), v in lms.items():
+        g = lay.mgroups(side)[w]
+        mask = jnp.asarray(g.mask(lay.dtype)) if lay.buckets else None
+        extras[side, w] = tuple(_map_layers_jit(h)(v[kind], mask) for h, kind in hooks)
+    evaluate = _moment_evaluator(entries, mo.derive_full)
+    deltas = {k: (None if not mo.derive_full else (mean_all - mean_tr).reshape(-1, k[1]))
+              for k, (mean_tr, mean_all) in means.items()}
     fwd = {e.name: np.full((len(lay.va), len(lay.vb)), np.nan, dtype=lay.dtype) for e in entries}
     rev = {e.name: np.full_like(fwd[e.name], np.nan) for e in entries if e.reverse}
     for da, db in lay.pair_groups():
-        pg = _pair_group(lay, da, db, plan.ndev)
-        pairs = _cross_moments(lay, mo, means, lms, da, db, pg, plan)
-        ia_s, jb_s = _put_pairs(plan, pg.ia, pg.jb)
-        stats = _replicate_computed(plan, (lms["a", da], lms["b", db], extras["a", da], extras["b", db]))
-        res_f, res_r = evaluate(*stats, ia_s, jb_s, pairs)
-        rows = np.asarray(lay.groups_a[da])[pg.ia[: pg.n_real]]
-        cols = np.asarray(lay.groups_b[db])[pg.jb[: pg.n_real]]
+        ga, gb = lay.mgroups_a[da], lay.mgroups_b[db]
+        pad_a = _source_rows(ga, plan.ndev)
+        sums = _cross_sums(lay, mo, means, ga, gb, pad_a, plan)
+        res_f, res_r = evaluate(*_replicate_computed(plan, (lms["a", da], lms["b", db], extras["a", da], extras["b", db],
+                                                   (deltas["a", da], deltas["b", db]), pad_a)), sums, lay.n)
+        ra, rb = len(ga.idx), len(gb.idx)  # the real layers come first; the repeats are dropped
+        rows, cols = np.asarray(ga.idx)[:, None], np.asarray(gb.idx)[None, :]
         for out, res in ((fwd, res_f), (rev, res_r)):
             for name, vals in res.items():
-                out[name][rows, cols] = _to_host(vals)[: pg.n_real]
+                out[name][rows, cols] = _to_host(vals)[:ra, :rb]
     return fwd, rev
 
 
@@ -674,7 +957,12 @@ def _stats_fit(stats, n, widths, dtype, budget) -> bool:
 
 
 class _Stacks:
-    """Each width group's layers stacked as ``(L, n, d)``, built once for all generic measures."""
+    """Each width group's layers stacked as ``(L, n, d)``, built once for all generic measures.
+
+    Exact sizes: these measures' programs depend on the widths anyway (zero features would
+    change an RDM or a CCA basis), and padded layer or pair counts would add up to half
+    again as much work.
+    """
 
     def __init__(self, lay: _Layers, plan: _Plan):
         self.lay, self.plan, self._cache = lay, plan, {}
@@ -701,7 +989,7 @@ def _generic_table(lay: _Layers, m: Measure, *, reverse, plan, stats_budget, sta
         pair = _map_pairs_jit(m.fn)
     fwd = np.full((len(lay.va), len(lay.vb)), np.nan, dtype=lay.dtype)
     rev = np.full_like(fwd, np.nan) if reverse else None
-    for da, db in lay.pair_groups():
+    for da, db in lay.exact_pair_groups():
         ia, jb = (g.ravel() for g in np.meshgrid(np.arange(len(lay.groups_a[da])), np.arange(len(lay.groups_b[db])),
                                                  indexing="ij"))
         ia_s, jb_s = _put_pairs(plan, ia, jb)
@@ -712,20 +1000,114 @@ def _generic_table(lay: _Layers, m: Measure, *, reverse, plan, stats_budget, sta
     return fwd, rev
 
 
-# ----------------------------------------------------------------------------- checks
+# ----------------------------------------------------------------------------- undefined cells: settling
 
 
-def _check_finite(name: str, t: np.ndarray, lay: _Layers, *, moment: bool, reverse: bool) -> None:
-    if np.all(np.isfinite(t)):
+def _flag_generic_layers(lay: _Layers, stacks: _Stacks, sus: _Suspects) -> None:
+    """Near-constant and rank-suspect layers (all rows), for the measures without moments."""
+    for side in "ab":
+        for d, idx in lay.side(side)[1].items():
+            rms, scale, ratio = (np.asarray(v) for v in _layer_health(stacks(side, d)))
+            sus.flag(side, idx, _near_constant(rms, scale, lay.dtype) | _rank_suspect(ratio, lay.n, d, lay.dtype))
+
+
+def _pairwise_cell(m: Measure, x, y, dtype) -> tuple[float | None, str | None]:
+    """``(value, None)`` of the pairwise call ``m(x, y)``, or ``(None, message)`` where it raises."""
+    try:
+        return float(m(jnp.asarray(x, dtype), jnp.asarray(y, dtype))), None
+    except ValueError as e:
+        return None, str(e)
+
+
+def _where(lay: _Layers, i: int, j: int, reverse: bool) -> str:
+    if reverse:
+        return f"(cols[{j}] = {lay.cols[j]!r}, rows[{i}] = {lay.rows[i]!r})"
+    return f"(rows[{i}] = {lay.rows[i]!r}, cols[{j}] = {lay.cols[j]!r})"
+
+
+def _undefined_error(name: str, lay: _Layers, i: int, j: int, reverse: bool, reason: str) -> ValueError:
+    hint = (" In compare_grid the ridge is part of the name: 'stitch/affine/ridge=0.001'."
+            if "normal equations" in reason and name.startswith("stitch/affine") else "")
+    return ValueError(f"{name}{' (reverse)' if reverse else ''}: the entry for {_where(lay, i, j, reverse)} is "
+                      f"not finite (undefined; on_undefined='raise'): {reason}{hint}")
+
+
+def _silent_non_finite(name: str, lay: _Layers, i: int, j: int, reverse: bool, value: float) -> ValueError:
+    return ValueError(
+        f"{name}{' (reverse)' if reverse else ''}: the entry for {_where(lay, i, j, reverse)} is not finite: "
+        f"similarity.measure({name!r}) returns {value} for that pair without raising. A measure must raise a "
+        "ValueError where it is undefined; fix the measure, or drop it or the layer."
+    )
+
+
+def _settle(name: str, m: Measure, table: np.ndarray, suspect: np.ndarray, lay: _Layers, *, reverse: bool,
+            strict: bool) -> dict:
+    """Decide the suspect (and non-finite) cells of ``table`` by the pairwise call, in place.
+
+    Returns ``{(i, j): reason}`` of the undefined cells (set to NaN). ``reverse``:
+    ``table[i, j]`` is ``m(B_j, A_i)``.
+    """
+    undefined = {}
+    for i, j in np.argwhere(suspect | ~np.isfinite(table)):
+        i, j = int(i), int(j)
+        x, y = (lay.vb[j], lay.va[i]) if reverse else (lay.va[i], lay.vb[j])
+        value, reason = _pairwise_cell(m, x, y, lay.dtype)
+        if reason is not None:
+            if strict:
+                raise _undefined_error(name, lay, i, j, reverse, reason)
+            table[i, j] = np.nan
+            undefined[i, j] = reason
+        elif not np.isfinite(value):
+            raise _silent_non_finite(name, lay, i, j, reverse, value)
+        else:
+            table[i, j] = value
+    return undefined
+
+
+def _settle_symmetric_reverse(name: str, m: Measure, table: np.ndarray, undefined: dict, suspect: np.ndarray,
+                              lay: _Layers, *, strict: bool) -> tuple[np.ndarray, dict]:
+    """The reverse table of a symmetric measure: ``table`` itself unless some ``m(B_j, A_i)``
+    is defined where ``m(A_i, B_j)`` is not, or the other way round (a directional input check)."""
+    rev, rev_undef = table, dict(undefined)
+    for i, j in np.argwhere(suspect | ~np.isfinite(table)):
+        i, j = int(i), int(j)
+        value, reason = _pairwise_cell(m, lay.vb[j], lay.va[i], lay.dtype)
+        if reason is not None and (i, j) in undefined:
+            rev_undef[i, j] = reason  # the reverse call's own message (it names its own arguments)
+        if (reason is None) == ((i, j) not in undefined):
+            continue
+        if rev is table:
+            rev = table.copy()
+        if reason is not None:
+            if strict:
+                raise _undefined_error(name, lay, i, j, True, reason)
+            rev[i, j] = np.nan
+            rev_undef[i, j] = reason
+        elif not np.isfinite(value):
+            raise _silent_non_finite(name, lay, i, j, True, value)
+        else:
+            rev[i, j] = value
+            del rev_undef[i, j]
+    return rev, rev_undef
+
+
+def _warn_undefined(undefined: dict, rev_undefined: dict, lay: _Layers) -> None:
+    counts = {k: len(v) + len(rev_undefined.get(k, {})) for k, v in undefined.items()}
+    counts = {k: c for k, c in counts.items() if c}
+    if not counts:
         return
-    i, j = np.argwhere(~np.isfinite(t))[0]
-    args = f"(cols[{j}] = {lay.cols[j]!r}, rows[{i}] = {lay.rows[i]!r})" if reverse else \
-        f"(rows[{i}] = {lay.rows[i]!r}, cols[{j}] = {lay.cols[j]!r})"
-    hint = (" Undefined for those layers: singular normal equations for an affine stitcher (use a ridge > 0, "
-            "e.g. the measure 'stitch/affine/ridge=0.001') or degenerate layers." if moment else
-            f" Undefined for those layers: call similarity.measure({name!r})(a, b) on that pair to see which "
-            "input check fails.")
-    raise ValueError(f"{name}{' (reverse)' if reverse else ''}: the entry for {args} is not finite.{hint}")
+    name = next(iter(counts))
+    first = undefined[name] or rev_undefined[name]
+    (i, j), reason = next(iter(first.items()))
+    direction = "" if undefined[name] else " (reverse)"
+    per = ", ".join(f"{k}: {c}" for k, c in counts.items())
+    warnings.warn(
+        f"compare_grid: {sum(counts.values())} cell(s) are undefined and set to NaN ({per}), e.g. "
+        f"{name}{direction} {_where(lay, i, j, bool(direction))}: {reason.split('. ')[0]}. Each reason is in "
+        "GridResult.undefined (and reverse_undefined); on_undefined='raise' stops at the first instead.",
+        UndefinedCellWarning,
+        stacklevel=3,
+    )
 
 
 def _refuse_process_sharded(reps_a, reps_b, measure_name: str) -> None:
@@ -765,6 +1147,8 @@ def compare_grid(
     chunk_size: int | None = None,
     devices: Sequence[jax.Device] | None = None,
     stats_budget: float = 2.0 * 2**30,
+    on_undefined: str = "nan",
+    buckets: bool = True,
 ) -> GridResult:
     """Compare every layer of ``reps_a`` with every layer of ``reps_b``, for every measure by name.
 
@@ -774,6 +1158,20 @@ def compare_grid(
     With ``reverse=True`` the same call also returns
     ``reverse[name][i, j] == measure(name)(B_j, A_i)``, reusing the same
     per-layer (and, for moment measures, per-pair) work.
+
+    **Undefined cells.** Where the pairwise call raises a ``ValueError`` for a
+    pair of valid layers (a constant layer, a rank-deficient one for CCA, PWCCA
+    or the whitened shape metrics, singular normal equations, a source wider
+    than the fitting rows), the cell is NaN and ``GridResult.undefined[name][(i, j)]``
+    holds the pairwise call's message (``reverse_undefined`` for the reverse
+    table); one :class:`UndefinedCellWarning` summarises them. The grid flags
+    the layers where that can happen from statistics it has anyway
+    (near-constant and numerically rank-deficient layers, widths a measure
+    refuses) and computes their cells, and any cell that comes out non-finite,
+    by the pairwise call itself, so the defined/undefined pattern and the
+    values are the pairwise ones. ``on_undefined="raise"`` raises instead, at
+    the first such layer or cell, naming it. Invalid input is an error either
+    way: NaN/Inf, mismatched sample counts, a bad split, unknown measures.
 
     The reconstruction scores are named by family, figure and ridge:
     ``"stitch/<family>"`` (held out), ``"stitch/<family>/in_sample"`` (the
@@ -800,15 +1198,22 @@ def compare_grid(
         has them (``Measure.stats``: RDMs, kernel matrices, bases), all layers
         together. Within it, such a measure does its per-layer work once per
         layer; above it (e.g. ``n^2`` RDMs for large ``n``), once per pair.
+      on_undefined: ``"nan"`` (default): undefined cells are NaN, with their
+        reasons in the result and one warning; ``"raise"``: a ``ValueError`` at
+        the first constant layer, refused width or undefined cell.
+      buckets: pad sizes into buckets so that grids of other architectures
+        reuse the compiled programs (see above); ``False`` compiles for the
+        exact sizes (less arithmetic when a width is just above a bucket).
 
     Returns:
-      :class:`GridResult` ``(tables, rows, cols, reverse)``; each table is ``(La, Lb)``.
+      :class:`GridResult` ``(tables, rows, cols, reverse, undefined,
+      reverse_undefined)``; each table is ``(La, Lb)``.
 
     Raises:
       ValueError: unknown measure, a measure without moments with ``chunk_size``,
-        mismatched sample counts, NaN/Inf, constant layers, a bad split, too few
-        train rows for an unregularised affine stitcher, or a non-finite entry
-        (named by its pair).
+        mismatched sample counts, NaN/Inf, a bad split, a measure that returns a
+        non-finite value without raising (named by its pair), or with
+        ``on_undefined="raise"`` an undefined cell.
 
     Examples:
       >>> import jax
@@ -817,37 +1222,58 @@ def compare_grid(
       ...                  reverse=True)
       >>> g.tables["cka/linear"].shape, g.rows, sorted(g.reverse)
       ((2, 2), ('a', 'b'), ['cka/linear', 'stitch/affine'])
+
+      A dead layer (constant) leaves its cells undefined, not the grid:
+
+      >>> import warnings
+      >>> with warnings.catch_warnings(record=True) as w:
+      ...     warnings.simplefilter("always")
+      ...     g = compare_grid({"x": x, "dead": 0 * x}, [x], measures="cka/linear")
+      >>> g.tables["cka/linear"][:, 0].tolist()[1], list(g.undefined["cka/linear"]), w[0].category.__name__
+      (nan, [(1, 0)], 'UndefinedCellWarning')
     """
     streaming = chunk_size is not None
     if streaming and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
     reverse = V.check_bool(reverse, "reverse")
+    strict = V.check_choice(on_undefined, "on_undefined", ("nan", "raise")) == "raise"
     measures = [measures] if isinstance(measures, str) else list(measures)
     moment, generic = _resolve(measures, streaming=streaming)
     if generic:
         _refuse_process_sharded(reps_a, reps_b, generic[0][0])
     # Generic measures need the eager value checks; the moment measures check
     # values inside their first pass (cheaper, and possible while streaming).
-    lay = _prepare(reps_a, reps_b, eager_values=bool(generic), streaming=streaming)
-    weights = S.split_weights(lay.n, split, key, lay.dtype)  # validates split even when no measure uses it
+    buckets = V.check_bool(buckets, "buckets")
+    lay = _prepare(reps_a, reps_b, eager_values=bool(generic), streaming=streaming, strict=strict, buckets=buckets)
+    weights = split_weights(lay.n, split, key, lay.dtype)  # validates split even when no measure uses it
     plan = _make_plan(devices)
+    sus = _Suspects(len(lay.va), len(lay.vb))
     fwd, rev = {}, {}
     if moment:
-        fwd, rev = _moment_tables(lay, moment, reverse=reverse, weights=weights, chunk_size=chunk_size,
-                                  plan=plan)
+        fwd, rev = _moment_tables(lay, moment, sus, reverse=reverse, weights=weights, chunk_size=chunk_size,
+                                  plan=plan, strict=strict)
     stacks = _Stacks(lay, plan)
+    if generic:
+        _flag_generic_layers(lay, stacks, sus)
     for name, m in generic:
         fwd[name], r = _generic_table(lay, m, reverse=reverse and not m.symmetric, plan=plan,
                                       stats_budget=stats_budget, stacks=stacks)
         if r is not None:
             rev[name] = r
-    is_moment = {name for name, _ in moment}
-    for name, t in fwd.items():
-        _check_finite(name, t, lay, moment=name in is_moment, reverse=False)
-    for name, t in rev.items():
-        _check_finite(name, t, lay, moment=name in is_moment, reverse=True)
-    tables = {name: jnp.asarray(fwd[name]) for name in dict.fromkeys(measures)}
+    measures = list(dict.fromkeys(measures))
+    undefined, rev_undefined = {}, {}
+    for name in measures:
+        m = get_measure(name)
+        undefined[name] = _settle(name, m, fwd[name], sus.cells(name, "a"), lay, reverse=False, strict=strict)
+        if name in rev:
+            rev_undefined[name] = _settle(name, m, rev[name], sus.cells(name, "b"), lay, reverse=True,
+                                          strict=strict)
+        elif reverse:  # a symmetric measure is its own reverse, where both directions are defined
+            rev[name], rev_undefined[name] = _settle_symmetric_reverse(
+                name, m, fwd[name], undefined[name], sus.cells(name, "b"), lay, strict=strict)
+    _warn_undefined(undefined, rev_undefined, lay)
+    tables = {name: jnp.asarray(fwd[name]) for name in measures}
     rev_tables = {}
-    if reverse:  # a symmetric measure is its own reverse
-        rev_tables = {name: jnp.asarray(rev[name]) if name in rev else tables[name] for name in tables}
-    return GridResult(tables, lay.rows, lay.cols, rev_tables)
+    if reverse:
+        rev_tables = {name: tables[name] if rev[name] is fwd[name] else jnp.asarray(rev[name]) for name in measures}
+    return GridResult(tables, lay.rows, lay.cols, rev_tables, undefined, rev_undefined)

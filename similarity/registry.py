@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 import jax
 
 from funsim.similarity import _validate as V
-from funsim.similarity._layer_stats import MOMENT_KINDS, LayerStats, MomentStats
+from funsim.similarity.moments import MOMENT_KINDS, LayerStats, MomentStats
 from funsim.similarity.cca import cca_layer_stats, cca_mean, cca_r2, pwcca, pwcca_layer_stats, svcca, svcca_layer_stats
 from funsim.similarity.cka import cka, cka_layer_stats, linear_cka_moment_stats
 from funsim.similarity.regression import linear_regression_r2, regression_layer_stats
@@ -151,7 +151,7 @@ def make_measure(
         pair(layer(x), layer(y))`` (pure, jit-able), for fast layer grids.
       moments: optional ``MomentStats(moments, finish, ...)`` for a measure
         that is a function of centred second moments (see
-        :mod:`similarity._layer_stats`); ``fn`` must equal it.
+        :mod:`similarity.moments`); ``fn`` must equal it.
       differentiable: whether ``jax.grad(fn)`` is the measure's gradient
         (default True: the gradient test then checks it against finite
         differences). Declare False for a measure without a useful gradient and

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
-from funsim.similarity._layer_stats import LayerStats
+from funsim.similarity.moments import LayerStats
 from funsim.similarity._linalg import pow2_scale
 from funsim.similarity._linalg import svd as _svd
 

@@ -39,7 +39,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
-from funsim.similarity._layer_stats import LayerStats
+from funsim.similarity.moments import LayerStats
 from funsim.similarity._linalg import pow2_scale, row_hash
 
 __all__ = ["RDM_METRICS", "COMPARISONS", "rdm", "rsa", "rank_average", "compare_vectors", "rsa_layer_stats"]

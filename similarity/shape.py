@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
-from funsim.similarity._layer_stats import LayerStats, MomentPair, MomentStats, full_pair
+from funsim.similarity.moments import LayerStats, MomentPair, MomentStats, full_pair
 from funsim.similarity._linalg import arccos_unit, pow2_scale, sqrt_floor
 from funsim.similarity._linalg import svd as _svd
 

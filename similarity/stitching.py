@@ -66,9 +66,9 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
-from funsim.similarity._layer_stats import MomentPair, MomentStats
 from funsim.similarity._linalg import pow2_scale, shared_rows
 from funsim.similarity._linalg import svd as _svd
+from funsim.similarity.moments import LayerMoments, MomentPair, MomentStats, PairMoments, split_weights
 
 FAMILIES = ("orthogonal", "scaled_orthogonal", "affine")
 
@@ -140,33 +140,6 @@ class StitchingAsymmetry(NamedTuple):
     forward: ReconstructionScore
     backward: ReconstructionScore
     difference: ReconstructionScore
-
-
-class LayerMoments(NamedTuple):
-    """Per-layer statistics on normalised, train-centred data ``u = (z - mean)/norm``.
-
-    Attributes:
-      mean: ``(d,)`` train mean.
-      norm: ``()`` Frobenius norm of the train-centred train rows (1 if not normalising).
-      gram_train: ``(d, d)`` ``sum_train u u^T``.
-      gram_test: ``(d, d)`` ``sum_test u u^T``.
-      sum_test: ``(d,)`` ``sum_test u``.
-      n_test: ``()`` number of test rows.
-    """
-
-    mean: jax.Array
-    norm: jax.Array
-    gram_train: jax.Array
-    gram_test: jax.Array
-    sum_test: jax.Array
-    n_test: jax.Array
-
-
-class PairMoments(NamedTuple):
-    """Cross moments of a (source, target) pair: ``sum u v^T`` over train and test rows."""
-
-    cross_train: jax.Array
-    cross_test: jax.Array
 
 
 # ----------------------------------------------------------------------------- moments
@@ -401,62 +374,6 @@ def _raise_not_finite(what: str) -> None:
 def _check_finite_result(x: jax.Array, what: str) -> None:
     if V.is_concrete(x) and not np.all(np.isfinite(np.asarray(x))):
         _raise_not_finite(what)
-
-
-def split_weights(
-    n: int, split: float | tuple[ArrayLike, ArrayLike], key: jax.Array | None, dtype
-) -> tuple[jax.Array, jax.Array]:
-    """Turn ``split`` into 0/1 train and test row weights ``(n,)``, validating it.
-
-    ``split`` is the train fraction (rows drawn at random with ``key``; the
-    default key is ``jax.random.key(0)``, so the split is deterministic), or a
-    pair ``(train_idx, test_idx)`` of integer index arrays.
-    """
-    if isinstance(split, tuple):
-        if len(split) != 2:
-            raise ValueError("split must be a fraction or a pair (train_idx, test_idx).")
-        idx = []
-        for nm, ix in zip(("train_idx", "test_idx"), split):
-            ix = np.asarray(ix) if not isinstance(ix, jax.Array) else ix
-            if ix.ndim != 1 or not jnp.issubdtype(ix.dtype, jnp.integer):
-                raise ValueError(f"split's {nm} must be a 1-D integer index array, got {ix.dtype} {ix.shape}.")
-            if V.is_concrete(ix) and ix.size and (int(ix.min()) < 0 or int(ix.max()) >= n):
-                raise ValueError(f"split's {nm} has indices outside [0, {n}).")
-            idx.append(ix)
-        tr, te = idx
-        if V.is_concrete(tr, te) and np.intersect1d(np.asarray(tr), np.asarray(te)).size:
-            raise ValueError("split's train_idx and test_idx overlap; held-out rows must be unseen.")
-        w_tr, w_te = _index_split(tr, te, n, jnp.dtype(dtype))
-        n_tr, n_te = int(tr.shape[0]), int(te.shape[0])
-    else:
-        if not isinstance(split, (float, int)) or isinstance(split, bool) or not 0 < split < 1:
-            raise ValueError(
-                f"split must be a train fraction in (0, 1) or (train_idx, test_idx), got {split!r}."
-            )
-        n_tr = int(round(split * n))
-        n_te = n - n_tr
-    if n_tr < 2 or n_te < 2:
-        raise ValueError(
-            f"split gives {n_tr} train and {n_te} test rows out of n={n}; each side needs at "
-            "least 2 rows (to centre and to have a variance). Use more samples or a fraction "
-            "closer to 0.5."
-        )
-    if not isinstance(split, tuple):
-        w_tr, w_te = _random_split(jax.random.key(0) if key is None else key, n, n_tr, jnp.dtype(dtype))
-    return w_tr, w_te
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _random_split(key, n: int, n_tr: int, dtype):
-    """0/1 weights ``(n,)`` of ``n_tr`` random train rows and the rest (one program per shape)."""
-    w_tr = jnp.zeros((n,), dtype).at[jax.random.permutation(key, n)[:n_tr]].set(1.0)
-    return w_tr, 1.0 - w_tr
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _index_split(tr, te, n: int, dtype):
-    """0/1 weights ``(n,)`` of the rows ``tr`` and ``te``."""
-    return jnp.zeros((n,), dtype).at[tr].set(1.0), jnp.zeros((n,), dtype).at[te].set(1.0)
 
 
 # ----------------------------------------------------------------------------- public API

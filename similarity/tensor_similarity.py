@@ -123,11 +123,20 @@ def _select(down: jax.Array, outputs: tuple | None) -> jax.Array:
 # ---------------------------------------------------------------------------
 
 
-def _pairs(la, ra, lb, rb, g):
+def _pairs(la, ra, lb, rb, g, same=False):
     """The four cross products ``(La G Lb^T, Ra G Rb^T, La G Rb^T, Ra G Lb^T)``.
 
-    ``g`` is ``(d+1, d+1)`` or None for the identity. One matrix product.
+    ``g`` is ``(d+1, d+1)`` or None for the identity. One matrix product; with
+    ``same`` (a network with itself, ``g`` symmetric) ``Ra G La^T`` is the
+    transpose of ``La G Ra^T``, so two products compute three quarters of the blocks.
     """
+    if same:
+        a = jnp.concatenate([la, ra], 0)
+        a = a if g is None else a @ g
+        h = la.shape[0]
+        p = jnp.einsum("ui,vi->uv", a, la)  # (La; Ra) G La^T
+        ll, rl = p[:h], p[h:]
+        return ll, _product(ra, ra, g), rl.T, rl
     ha = la.shape[0]
     hb = lb.shape[0]
     a = jnp.concatenate([la, ra], 0)
@@ -138,25 +147,47 @@ def _pairs(la, ra, lb, rb, g):
     return p[:ha, :hb], p[ha:, hb:], p[:ha, hb:], p[ha:, :hb]
 
 
-def _node_kernel(node_a, node_b, g, metric):
-    """Hidden-unit kernel ``(H_a, H_b)`` of one node under the Gram metric."""
-    ll, rr, lr, rl = _pairs(node_a.left, node_a.right, node_b.left, node_b.right, g)
-    if metric == "frobenius":
-        return ll * rr
+def _product(a, b, g):
+    """``a G b^T`` (``g`` None: the identity)."""
+    return jnp.einsum("ui,vi->uv", a if g is None else a @ g, b)
+
+
+def _frobenius_kernel(node_a, node_b, g, same=False):
+    """``(La G Lb^T) * (Ra G Rb^T)``: two products, not the four blocks of :func:`_pairs`."""
+    return _product(node_a.left, node_b.left, g) * _product(node_a.right, node_b.right, g)
+
+
+def _symmetric_kernel(node_a, node_b, g, same=False):
+    ll, rr, lr, rl = _pairs(node_a.left, node_a.right, node_b.left, node_b.right, g, same)
     return (ll * rr + lr * rl) / 2
 
 
-def _gram_inner(nodes_a, nodes_b, metric, outputs):
+def _gaussian_kernel(node_a, node_b, g, same=False):
+    """The first node's Gaussian kernel (``x ~ N(0, I)``; ``g`` is the identity there)."""
+    return _closure_kernel(node_a, node_b, g, None, None, same)
+
+
+# The hidden-unit kernels that share one recursion: frobenius and symmetric at any depth,
+# and the Gaussian metric at depth 1, where it is the first node's closure kernel. The
+# compiled entry points take the metric as data and branch once, at the top, with
+# ``lax.switch`` over these (see :func:`_by_metric`): one program for every metric.
+_KERNEL_METRICS = ("frobenius", "symmetric", "gaussian")
+_KERNELS = (_frobenius_kernel, _symmetric_kernel, _gaussian_kernel)
+
+
+def _gram_inner(nodes_a, nodes_b, kernel: int, outputs, same=False):
+    """The Gram recursion with the static kernel ``_KERNELS[kernel]``; ``same``: ``nodes_a is nodes_b``
+    (a self inner product, which saves a quarter of the products)."""
     g = None
     last = len(nodes_a) - 1
     for i, (na, nb) in enumerate(zip(nodes_a, nodes_b)):
-        k = _node_kernel(na, nb, g, metric)
+        k = _KERNELS[kernel](na, nb, g, same=same)
         if i == last:
             return jnp.einsum("pu,uv,pv->", _select(na.down, outputs), k, _select(nb.down, outputs))
         g = jnp.einsum("pu,uv,qv->pq", na.down, k, nb.down)
 
 
-def _closure_kernel(node_a, node_b, m_ab, m_aa, m_bb):
+def _closure_kernel(node_a, node_b, m_ab, m_aa, m_bb, same=False):
     """Hidden kernel of ``E[q_u q_v]`` for jointly Gaussian lifted inputs.
 
     For ``x~_a, x~_b`` jointly Gaussian (constant coordinate included) with second
@@ -166,7 +197,7 @@ def _closure_kernel(node_a, node_b, m_ab, m_aa, m_bb):
     which is Isserlis' theorem with the non-Gaussian constant corrected.
     """
     la, ra, lb, rb = node_a.left, node_a.right, node_b.left, node_b.right
-    ll, rr, lr, rl = _pairs(la, ra, lb, rb, m_ab)
+    ll, rr, lr, rl = _pairs(la, ra, lb, rb, m_ab, same)
     k = ll * rr + lr * rl
 
     def own(left, right, m):
@@ -187,8 +218,8 @@ def _closure_inner(nodes_a, nodes_b, outputs):
         k = _closure_kernel(na, nb, m_ab, m_aa, m_bb)
         if i == last:
             return jnp.einsum("pu,uv,pv->", _select(na.down, outputs), k, _select(nb.down, outputs))
-        kaa = _closure_kernel(na, na, m_aa, m_aa, m_aa)
-        kbb = _closure_kernel(nb, nb, m_bb, m_bb, m_bb)
+        kaa = _closure_kernel(na, na, m_aa, m_aa, m_aa, same=True)
+        kbb = _closure_kernel(nb, nb, m_bb, m_bb, m_bb, same=True)
         m_ab = jnp.einsum("pu,uv,qv->pq", na.down, k, nb.down)
         m_aa = jnp.einsum("pu,uv,qv->pq", na.down, kaa, na.down)
         m_bb = jnp.einsum("pu,uv,qv->pq", nb.down, kbb, nb.down)
@@ -343,17 +374,48 @@ def _gaussian_exact2(nodes_a, nodes_b, outputs):
 # ---------------------------------------------------------------------------
 
 
-def _inner_core(net_a, net_b, metric, method, outputs):
-    """Unvalidated inner product of two (unbatched) networks; ``method`` is resolved."""
+def _resolved(metric: str, method: str, depth: int) -> tuple[str, np.int32]:
+    """``(program, metric code)``: which compiled program computes ``(metric, method)`` at this depth
+    (static), and the metric as data (traced).
+
+    ``"kernel"``: the Gram recursion with the metric as data: frobenius and
+    symmetric at any depth, and the Gaussian metric at depth 1, where the closure
+    is exact and is that recursion with the Gaussian kernel; one program serves
+    every metric. ``"closure"`` and ``"exact2"``: the Gaussian metric at depth
+    >= 2. ``"linear"``: depth 0 (every metric coincides).
+    """
+    method = _resolve_method(metric, method, depth)
+    if method == "linear" or method == "gram" or (metric == "gaussian" and depth == 1):
+        program = "linear" if method == "linear" else "kernel"
+    else:
+        program = "closure" if method == "closure" else "exact2"
+    return program, np.int32(_KERNEL_METRICS.index(metric))
+
+
+def _by_metric(code, program: str, depth: int, body):
+    """``body(kernel)`` for the traced metric ``code``: one ``lax.switch`` over the kernels that
+    share the ``"kernel"`` program (three at depth 1, where the Gaussian metric is one of them,
+    else two), or ``body(None)`` for the other programs. Branching once around the whole
+    computation, not per node, leaves XLA free to schedule what is inside."""
+    if program != "kernel":
+        return body(None)
+    return jax.lax.switch(code, [functools.partial(body, k) for k in range(3 if depth == 1 else 2)])
+
+
+def _inner_core(net_a, net_b, kernel, program, outputs, same=False):
+    """Unvalidated inner product of two (unbatched) networks; ``program`` from :func:`_resolved`,
+    ``kernel`` the static index into :data:`_KERNELS` (the ``"kernel"`` program, see
+    :func:`_by_metric`); ``same``: ``net_b`` is ``net_a`` (a self inner product, with symmetric
+    products to exploit)."""
     nodes_a = fold_network(net_a)
-    nodes_b = fold_network(net_b)
-    if method == "linear":
+    nodes_b = nodes_a if same else fold_network(net_b)
+    if program == "linear":
         wa, wb = nodes_a[0], nodes_b[0]
         return jnp.einsum("pi,pi->", _select(wa, outputs), _select(wb, outputs))
-    if method == "gram":
-        return _gram_inner(nodes_a, nodes_b, metric, outputs)
-    if method == "closure" or len(nodes_a) == 1:
-        return _closure_inner(nodes_a, nodes_b, outputs)  # exact at depth 1
+    if program == "kernel":
+        return _gram_inner(nodes_a, nodes_b, kernel, outputs, same)
+    if program == "closure":
+        return _closure_inner(nodes_a, nodes_b, outputs)
     return _gaussian_exact2(nodes_a, nodes_b, outputs)
 
 
@@ -367,22 +429,26 @@ def _prepare(net_a, net_b, metric, method, outputs):
             "append identity bilinear layers to the shallower one (left=I, right=0, "
             "right_bias=1, down=I computes y * 1 = y), or use monte_carlo_inner."
         )
-    method = _resolve_method(metric, method, depth_a)
+    program, code = _resolved(metric, method, depth_a)
     outputs = resolve_outputs(outputs, net_a[-1].d_out)
-    return net_a, net_b, method, outputs
+    return net_a, net_b, program, code, outputs
 
 
-@functools.partial(jax.jit, static_argnames=("metric", "method", "outputs"))
-def _inner_jit(net_a, net_b, metric, method, outputs):
-    return _inner_core(net_a, net_b, metric, method, outputs)
+@functools.partial(jax.jit, static_argnames=("program", "outputs"))
+def _inner_jit(net_a, net_b, code, program, outputs):
+    body = lambda k: _inner_core(net_a, net_b, k, program, outputs)  # noqa: E731
+    return _by_metric(code, program, network_depth(net_a), body)
 
 
-@functools.partial(jax.jit, static_argnames=("metric", "method", "outputs"))
-def _similarity_jit(net_a, net_b, metric, method, outputs):
-    ab = _inner_core(net_a, net_b, metric, method, outputs)
-    aa = _inner_core(net_a, net_a, metric, method, outputs)
-    bb = _inner_core(net_b, net_b, metric, method, outputs)
-    return ab, aa, bb
+@functools.partial(jax.jit, static_argnames=("program", "outputs"))
+def _similarity_jit(net_a, net_b, code, program, outputs):
+    def body(k):
+        ab = _inner_core(net_a, net_b, k, program, outputs)
+        aa = _inner_core(net_a, net_a, k, program, outputs, same=True)
+        bb = _inner_core(net_b, net_b, k, program, outputs, same=True)
+        return ab, aa, bb
+
+    return _by_metric(code, program, network_depth(net_a), body)
 
 
 def tensor_inner(
@@ -423,8 +489,8 @@ def tensor_inner(
       >>> float(tensor_inner(sq, sq))   # E[x^4]
       3.0
     """
-    net_a, net_b, method, outputs = _prepare(net_a, net_b, metric, method, outputs)
-    return _inner_jit(net_a, net_b, metric, method, outputs)
+    net_a, net_b, program, code, outputs = _prepare(net_a, net_b, metric, method, outputs)
+    return _inner_jit(net_a, net_b, code, program, outputs)
 
 
 def tensor_similarity(
@@ -467,8 +533,8 @@ def tensor_similarity(
       >>> round(float(tensor_similarity(a, b)), 6)   # both compute x1 * x2
       1.0
     """
-    net_a, net_b, method, outputs = _prepare(net_a, net_b, metric, method, outputs)
-    ab, aa, bb = _similarity_jit(net_a, net_b, metric, method, outputs)
+    net_a, net_b, program, code, outputs = _prepare(net_a, net_b, metric, method, outputs)
+    ab, aa, bb = _similarity_jit(net_a, net_b, code, program, outputs)
     cause = "the network is zero on the selected outputs; its similarity is undefined (0/0)."
     check_positive_result(aa, f"<net_a|{metric}|net_a>", cause)
     check_positive_result(bb, f"<net_b|{metric}|net_b>", cause)
@@ -516,15 +582,18 @@ def stack_networks(nets, /) -> tuple:
     return jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *nets)
 
 
-@functools.partial(jax.jit, static_argnames=("metric", "method", "outputs"))
-def _matrix_jit(stacked, metric, method, outputs):
+@functools.partial(jax.jit, static_argnames=("program", "outputs"))
+def _matrix_jit(stacked, code, program, outputs):
     # Row i against every column j at once: with net_i unbatched and net_j vmapped,
     # the first node's cross products become one large matrix product per row
     # (A_i @ [A_1 ... A_n]^T), far faster than n^2 small batched products.
-    def row(net_i):
-        return jax.vmap(lambda net_j: _inner_core(net_i, net_j, metric, method, outputs))(stacked)
+    def body(k):
+        def row(net_i):
+            return jax.vmap(lambda net_j: _inner_core(net_i, net_j, k, program, outputs))(stacked)
 
-    gram = jax.lax.map(row, stacked)
+        return jax.lax.map(row, stacked)
+
+    gram = _by_metric(code, program, network_depth(stacked), body)
     return (gram + gram.T) / 2
 
 
@@ -577,9 +646,9 @@ def similarity_matrix(
     else:
         stacked = validate_network(nets, "nets", batch_ndim=1)
     one = jax.tree_util.tree_map(lambda x: x[0], stacked)
-    method = _resolve_method(metric, method, network_depth(one))
+    program, code = _resolved(metric, method, network_depth(one))
     outputs = resolve_outputs(outputs, one[-1].d_out)
-    gram = _matrix_jit(stacked, metric, method, outputs)
+    gram = _matrix_jit(stacked, code, program, outputs)
     if return_inner:
         return gram
     diag = jnp.diagonal(gram)

@@ -43,7 +43,7 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity._linalg import lstsq as _lstsq
-from funsim.similarity.stitching import split_weights
+from funsim.similarity.moments import split_weights
 
 V_FAMILIES = ("linear", "mlp", "gaussian_linear")
 

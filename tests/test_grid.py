@@ -6,6 +6,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -158,19 +159,72 @@ def test_ridge_is_part_of_the_name(grid):
             compare_grid(a, b, measures=[bad])
 
 
+class CompileCounter:
+    """Counts the programs JAX lowers and compiles while active, from ``jax.monitoring`` events."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_to_mlir_module_duration", "/jax/core/compile/backend_compile_duration")
+
+    def __init__(self):
+        self.count = 0
+
+    def _listen(self, event, duration, **kwargs):
+        self.count += event in self.EVENTS
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listen)
+        return False
+
+
 def test_compiles_once_per_shape_and_measure_set(grid):
     """A second call with the same shapes and measures reuses every compiled program."""
-    from funsim.similarity import grid as G
-
     a, b, _ = grid
     ms = ["stitch/affine", "stitch/orthogonal/in_sample", "nbs", "pwcca"]
-    compare_grid(a, b, measures=ms, reverse=True)
-    evaluate = G._moment_evaluator(tuple(G._Entry(n, sim.measure(n).moments, not sim.measure(n).symmetric)
-                                         for n in ms[:3]))
-    sizes = evaluate._cache_size(), G._map_pairs_jit(sim.measure("pwcca").stats.pair)._cache_size()
+    with CompileCounter() as first:
+        compare_grid(a, b, measures=ms, reverse=True)
     a2 = {k: v + 1.0 for k, v in a.items()}  # new values, same shapes
-    compare_grid(a2, b, measures=ms, reverse=True)
-    assert (evaluate._cache_size(), G._map_pairs_jit(sim.measure("pwcca").stats.pair)._cache_size()) == sizes
+    with CompileCounter() as second:
+        compare_grid(a2, b, measures=ms, reverse=True)
+    assert first.count > 0 and second.count == 0
+
+
+def _architecture(widths, n=30, seed=0):
+    r = np.random.default_rng(seed)
+    base = r.normal(size=(n, 2))
+    return [np.tanh(base @ r.normal(size=(2, d)) + 0.5 * r.normal(size=(n, d))) for d in widths]
+
+
+def test_second_architecture_pair_of_the_same_buckets_compiles_nothing():
+    """Widths 5 and 6 share a bucket (6), 7 and 8 (8), 10 and 12 (12); 5 and 6 layers of one width share
+    a count bucket (6). For the moment measures the second pair of architectures compiles no program,
+    and every value equals the unpadded grid's and the pairwise one."""
+    ms = ["cka/linear", "nbs", "shape/euclidean/alpha=1", "stitch/affine", "stitch/orthogonal",
+          "stitch/scaled_orthogonal/in_sample", "stitch/affine/ridge=0.01"]
+    first = (_architecture([5] * 5 + [7]), _architecture([10, 10, 3], seed=1))
+    second = (_architecture([6] * 6 + [8], seed=2), _architecture([12, 11, 3], seed=3))
+    with CompileCounter() as c1:
+        compare_grid(*first, measures=ms, reverse=True)
+    with CompileCounter() as c2:
+        g = compare_grid(*second, measures=ms, reverse=True)
+    assert c1.count > 0 and c2.count == 0, (c1.count, c2.count)
+    exact = compare_grid(*second, measures=ms, reverse=True, buckets=False)
+    for k in ms:
+        np.testing.assert_allclose(g.tables[k], exact.tables[k], rtol=1e-10, atol=1e-12, err_msg=k)
+        np.testing.assert_allclose(g.reverse[k], exact.reverse[k], rtol=1e-10, atol=1e-12, err_msg=k)
+        np.testing.assert_allclose(g.tables[k], _pairwise(k, *second), rtol=1e-9, atol=1e-10, err_msg=k)
+
+
+def test_every_moment_measure_is_unchanged_by_padding():
+    """Zero-padded widths and repeated layers leave every registered moment measure's value as it is."""
+    a, b = _architecture([5, 7, 5, 9, 5]), _architecture([10, 3, 6], seed=1)
+    names = list(sim.MOMENT_MEASURES)
+    g, exact = (compare_grid(a, b, measures=names, reverse=True, buckets=bk) for bk in (True, False))
+    for k in names:
+        np.testing.assert_allclose(g.tables[k], exact.tables[k], rtol=1e-10, atol=1e-12, err_msg=k)
+        np.testing.assert_allclose(g.reverse[k], exact.reverse[k], rtol=1e-10, atol=1e-12, err_msg=k)
 
 
 def test_moment_programs_have_unbatched_svds(grid, monkeypatch):
@@ -180,8 +234,8 @@ def test_moment_programs_have_unbatched_svds(grid, monkeypatch):
 
     seen, real = [], G._moment_evaluator
 
-    def spy(entries):
-        f = real(entries)
+    def spy(*key):
+        f = real(*key)
         return lambda *args: seen.append((f, args)) or f(*args)
 
     monkeypatch.setattr(G, "_moment_evaluator", spy)
@@ -243,7 +297,15 @@ def test_generic_non_finite_entry_is_an_error(grid):
     # a layer whose rows are constant across features: the correlation RDM is 0/0
     bad = dict(a, l1=np.repeat(np.arange(N, dtype=float)[:, None], 5, axis=1))
     with pytest.raises(ValueError, match="rows\\[1\\] = 'l1'.*not finite"):
-        compare_grid(bad, b, measures=["rsa/correlation/pearson"])
+        compare_grid(bad, b, measures=["rsa/correlation/pearson"], on_undefined="raise")
+    # by default the row is undefined (NaN, with the pairwise call's reason), the rest is kept
+    with pytest.warns(sim.UndefinedCellWarning, match=r"2 cell\(s\) are undefined.*rsa/correlation/pearson"):
+        g = compare_grid(bad, b, measures=["rsa/correlation/pearson"])
+    t, und = np.asarray(g.tables["rsa/correlation/pearson"]), g.undefined["rsa/correlation/pearson"]
+    assert np.all(np.isnan(t[1])) and np.all(np.isfinite(t[[0, 2]])) and set(und) == {(1, 0), (1, 1)}
+    with pytest.raises(ValueError) as e:
+        sim.measure("rsa/correlation/pearson")(bad["l1"], b[0])
+    assert und[1, 0] == str(e.value)
     from funsim.similarity.registry import _REGISTRY
 
     try:  # a directed measure undefined when its second argument has 5 features (A's layer l1)
@@ -257,6 +319,78 @@ def test_generic_non_finite_entry_is_an_error(grid):
         _REGISTRY.pop("tmp/undef5", None)
 
 
+def _degenerate_layers():
+    """Healthy layers beside a ReLU layer with a dead unit, a constant layer and collinear features."""
+    r = np.random.default_rng(5)
+    n = 24
+    base = r.normal(size=(n, 3))
+    relu = np.maximum(base @ r.normal(size=(3, 4)) + 0.5, 0.0)
+    relu[:, 2] = 0.0  # a dead unit: rank-deficient
+    a = {"good": base @ r.normal(size=(3, 4)) + 0.3 * r.normal(size=(n, 4)), "dead_unit": relu,
+         "constant": np.full((n, 4), 0.5), "noise": r.normal(size=(n, 4))}
+    b = [np.tanh(base @ r.normal(size=(3, 4))) + 0.2 * r.normal(size=(n, 4)),
+         np.concatenate([base, base[:, :1] - 2.0 * base[:, 1:2]], axis=1),  # collinear features
+         r.normal(size=(n, 4)) + base[:, :1]]
+    return a, b
+
+
+def _pairwise_outcome(m, x, y):
+    try:
+        return float(m(x, y)), None
+    except ValueError as e:
+        return None, str(e)
+
+
+def test_undefined_cells_agree_with_the_pairwise_calls_for_every_measure():
+    """For every registered measure: where ``measure(name)(A_i, B_j)`` raises, the cell is NaN and the
+    reason is its message; elsewhere the values agree (forward and reverse tables)."""
+    a, b = _degenerate_layers()
+    names = sim.list_measures()
+    with pytest.warns(sim.UndefinedCellWarning, match="undefined and set to NaN"):
+        g = compare_grid(a, b, measures=names, reverse=True)
+    assert set(g.undefined) == set(g.reverse_undefined) == set(names)
+    kinds = set()
+    for name in names:
+        m = sim.measure(name)
+        for rev, tables, undefined in ((False, g.tables, g.undefined), (True, g.reverse, g.reverse_undefined)):
+            t = np.asarray(tables[name])
+            for i, x in enumerate(a.values()):
+                for j, y in enumerate(b):
+                    value, reason = _pairwise_outcome(m, y, x) if rev else _pairwise_outcome(m, x, y)
+                    where = (name, "reverse" if rev else "forward", i, j)
+                    if reason is None:
+                        assert (i, j) not in undefined[name], where
+                        np.testing.assert_allclose(t[i, j], value, rtol=1e-9, atol=1e-10, err_msg=str(where))
+                    else:
+                        assert np.isnan(t[i, j]) and undefined[name].get((i, j)) == reason, where
+                        kinds.add("constant" if "constant" in reason else "other")
+            assert set(undefined[name]) <= {(i, j) for i in range(4) for j in range(3)}, name
+        if m.symmetric and g.undefined[name].keys() == g.reverse_undefined[name].keys():
+            assert g.reverse[name] is g.tables[name], name
+    # the cases the grid used to get wrong: CCA on a rank-deficient layer, and a constant layer
+    assert set(g.undefined["cca/mean"]) >= {(1, j) for j in range(3)} | {(i, 1) for i in range(4)}
+    with pytest.raises(ValueError, match="rank"):
+        sim.cca_mean(a["dead_unit"], b[0])
+    assert "constant" in g.undefined["cka/linear"][2, 0] and np.isfinite(np.asarray(g.tables["cka/linear"])[1, 1])
+    assert kinds == {"constant", "other"}
+
+
+def test_healthy_cells_are_the_grids_own(grid, monkeypatch):
+    """Without degenerate layers the grid calls no pairwise function (undefined cells cost nothing)."""
+    from funsim.similarity import grid as G
+
+    calls = []
+    real = G._pairwise_cell
+    monkeypatch.setattr(G, "_pairwise_cell", lambda *args: calls.append(args) or real(*args))
+    a, b, _ = grid
+    g = compare_grid(a, b, measures=MOMENT + ["rsa/correlation/pearson"], reverse=True)
+    assert calls == [] and all(u == {} for u in (*g.undefined.values(), *g.reverse_undefined.values()))
+    # one dead layer: only its cells are decided pairwise (both directions of the directed measures)
+    with pytest.warns(sim.UndefinedCellWarning):
+        compare_grid(dict(a, l1=0.0 * a["l1"]), b, measures=["cka/linear", "stitch/affine"], reverse=True)
+    assert len(calls) == 2 + 2 + 2 + 2  # cka: row l1 forward and reverse; stitch/affine: the same
+
+
 def test_square_grid_and_float32():
     a, _ = _layers(1)
     a32 = [v.astype(np.float32) for v in a.values()]
@@ -268,6 +402,18 @@ def test_square_grid_and_float32():
     # a directed score: forward[i, j] is reverse[j, i]
     f, r = (np.asarray(t[k]) for t, k in ((g.tables, "stitch/orthogonal"), (g.reverse, "stitch/orthogonal")))
     np.testing.assert_allclose(f, r.T, atol=1e-6)
+
+
+def test_float32_layers_far_from_the_origin():
+    """The all-rows Gram matrix comes from the uncentred one only where that is exact enough: a float32
+    layer with a large offset (X^T X - n m m^T would lose every digit) is centred first."""
+    a, b = _layers(3)
+    x64 = [np.asarray(v, np.float32).astype(np.float64) for v in (a["l1"] + 1e3, a["l2"] - 50.0)]
+    y64 = [np.asarray(v, np.float32).astype(np.float64) for v in b]
+    g = compare_grid([v.astype(np.float32) for v in x64], [v.astype(np.float32) for v in y64],
+                     measures=["cka/linear", "nbs"])
+    for k in ("cka/linear", "nbs"):  # against float64 on the same (float32-rounded) values
+        np.testing.assert_allclose(np.asarray(g.tables[k]), _pairwise(k, x64, y64), atol=2e-5, err_msg=k)
 
 
 def test_registered_stitch_measures():
@@ -295,15 +441,25 @@ def test_bad_input(grid):
     with pytest.raises(ValueError, match="empty"):
         compare_grid([], b)
     const = dict(a, l1=np.ones((N, 5)))
-    for ms in (["cka/linear"], ["stitch/orthogonal"]):
+    for ms in (["cka/linear"], ["stitch/orthogonal"], ["rsa/correlation/pearson"]):
         with pytest.raises(ValueError, match="constant"):
-            compare_grid(const, b, measures=ms)
+            compare_grid(const, b, measures=ms, on_undefined="raise")
+        with pytest.warns(sim.UndefinedCellWarning, match="constant"):  # by default: that row is undefined
+            g = compare_grid(const, b, measures=ms)
+        assert np.all(np.isnan(np.asarray(g.tables[ms[0]])[1])) and set(g.undefined[ms[0]]) == {(1, 0), (1, 1)}
+        assert all("constant" in why for why in g.undefined[ms[0]].values())
     with pytest.raises(ValueError, match=r"stitch/affine with source reps_a\[0\]: .*ridge > 0"):
-        compare_grid([np.random.default_rng(0).normal(size=(N, 30))], b, measures=["stitch/affine"])
+        compare_grid([np.random.default_rng(0).normal(size=(N, 30))], b, measures=["stitch/affine"],
+                     on_undefined="raise")
     wide_b = [np.random.default_rng(0).normal(size=(N, 30))]
     compare_grid(a, wide_b, measures=["stitch/affine"])  # a wide target is fine one way...
     with pytest.raises(ValueError, match=r"with source reps_b\[0\]: .*ridge > 0"):
-        compare_grid(a, wide_b, measures=["stitch/affine"], reverse=True)  # ...but not as a source
+        compare_grid(a, wide_b, measures=["stitch/affine"], reverse=True,
+                     on_undefined="raise")  # ...but not as a source
+    with pytest.warns(sim.UndefinedCellWarning, match="more fitting rows than source features"):
+        g = compare_grid(a, wide_b, measures=["stitch/affine"], reverse=True)
+    assert np.all(np.isfinite(np.asarray(g.tables["stitch/affine"]))) and g.undefined["stitch/affine"] == {}
+    assert np.all(np.isnan(np.asarray(g.reverse["stitch/affine"]))) and len(g.reverse_undefined["stitch/affine"]) == 3
     with pytest.raises(ValueError, match="split must be a train fraction"):
         compare_grid(a, b, measures=["nbs"], split=1.5)  # checked even when no measure uses it
     # a symmetric measure's reverse table is its own, but the reverse sources are checked all the same,
@@ -313,7 +469,13 @@ def test_bad_input(grid):
     with pytest.raises(ValueError, match="more fitting rows than source features"):
         sim.measure(in_sample)(wide_b[0], a["l0"])
     with pytest.raises(ValueError, match=rf"{in_sample} with source reps_b\[0\]: .*more fitting rows"):
-        compare_grid(a, wide_b, measures=[in_sample], reverse=True)
+        compare_grid(a, wide_b, measures=[in_sample], reverse=True, on_undefined="raise")
+    with pytest.warns(sim.UndefinedCellWarning):  # the forward table is defined, its reverse is not
+        g = compare_grid(a, wide_b, measures=[in_sample], reverse=True)
+    assert g.reverse[in_sample] is not g.tables[in_sample] and np.all(np.isfinite(np.asarray(g.tables[in_sample])))
+    assert np.all(np.isnan(np.asarray(g.reverse[in_sample]))) and g.undefined[in_sample] == {}
+    with pytest.raises(ValueError, match="on_undefined"):
+        compare_grid(a, b, measures=["nbs"], on_undefined="ignore")
     with pytest.raises(TypeError, match="reverse must be True or False"):
         compare_grid(a, b, measures=["nbs"], reverse="yes")
 
@@ -324,7 +486,11 @@ def test_moment_non_finite_entry_names_the_pair(grid):
     dup = dict(a, l1=np.repeat(a["l0"][:, :1], 5, axis=1) + np.arange(5.0) * 1e-300)
     with pytest.raises(ValueError, match=r"stitch/affine: the entry for \(rows\[1\] = 'l1', cols\[0\] = 0\) "
                                          r"is not finite.*stitch/affine/ridge=0.001"):
-        compare_grid(dup, b, measures=["stitch/affine"])
+        compare_grid(dup, b, measures=["stitch/affine"], on_undefined="raise")
+    with pytest.warns(sim.UndefinedCellWarning, match="normal equations"):
+        g = compare_grid(dup, b, measures=["stitch/affine", "stitch/affine/ridge=0.001"])
+    assert set(g.undefined["stitch/affine"]) == {(1, 0), (1, 1)} and g.undefined["stitch/affine/ridge=0.001"] == {}
+    assert np.all(np.isfinite(np.asarray(g.tables["stitch/affine/ridge=0.001"])))
 
 
 SHARDED = textwrap.dedent(

@@ -497,3 +497,58 @@ def test_bad_input():
         behavioral_similarity(a, b, np.ones((4, 2)))
     with pytest.raises(TypeError, match="must be a BilinearLayer, a LinearLayer or a tuple"):
         tensor_inner({"left": 1}, b)
+
+
+# ------------------------------ compilation --------------------------------
+
+
+class _Compiles:
+    """Counts the programs JAX lowers while active (``jax.monitoring`` events, not cache sizes)."""
+
+    EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+
+    def __init__(self):
+        self.names = []
+
+    def _listen(self, event, duration, **kwargs):
+        if event == self.EVENT:
+            self.names.append(kwargs.get("fun_name"))
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listen)
+        return False
+
+
+def test_the_metric_is_data_one_program_for_every_metric():
+    """frobenius and symmetric (any depth) and gaussian (depth 1) share one compiled program per
+    entry point and shape: the metric is a traced switch index, not a static argument."""
+    rng = np.random.default_rng(11)
+    a, b = (bilinear(rng, 5, 6, 3, bias=True),), (bilinear(rng, 5, 4, 3, bias=True),)
+    a2 = (bilinear(rng, 5, 6, 3, bias=True),)
+    two_a, two_b = deep(rng, 3, [4, 5]), deep(rng, 3, [5, 3])
+    calls = [
+        lambda m: tensor_similarity(a, b, metric=m),
+        lambda m: tensor_inner(a, b, metric=m),
+        lambda m: similarity_matrix([a, a2], metric=m)[0, 1],
+    ]
+    for call in calls:
+        with _Compiles() as first:
+            call("symmetric")
+        with _Compiles() as rest:
+            values = {m: float(call(m)) for m in ("frobenius", "gaussian", "symmetric")}
+        assert len(first.names) >= 1 and rest.names == [], rest.names
+        assert len(set(values.values())) == 3  # three different metrics, all computed
+    with _Compiles() as first:
+        tensor_similarity(two_a, two_b, metric="frobenius")
+    with _Compiles() as rest:
+        tensor_similarity(two_a, two_b, metric="symmetric")
+    assert len(first.names) >= 1 and rest.names == []
+    # the values are those of each metric's reference (materialised tree tensors, quadrature)
+    for metric in ("frobenius", "symmetric"):
+        want = np_tree_inner(two_a, two_b, symmetric=metric == "symmetric")
+        assert rel(tensor_inner(two_a, two_b, metric=metric), want) < 1e-10
+    assert rel(tensor_inner(a, b, metric="gaussian"), float(quadrature_inner(a, b))) < EXACT_RTOL

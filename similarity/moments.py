@@ -1,7 +1,7 @@
-"""How a measure shares work across a grid of layers: per-layer statistics and moment measures.
+"""Moment types and per-layer statistics: how a measure shares work across a grid of layers.
 
-Two declarations a registered measure (:func:`similarity.register`) can carry,
-so that :func:`similarity.compare_grid` does per-layer work once per layer:
+One public home for the types the comparison grid (:func:`similarity.compare_grid`)
+and the measure modules exchange (docs/design.md §2-3):
 
 * :class:`LayerStats` ``(layer, pair)``: the measure factors as
   ``f(x, y) == pair(layer(x), layer(y))``. ``layer`` is the expensive part (an
@@ -17,10 +17,10 @@ so that :func:`similarity.compare_grid` does per-layer work once per layer:
     unit Frobenius norm: per layer :class:`FullMoments`, per pair the
     ``(d1, d2)`` cross moment ``Xc^T Yc / (||Xc|| ||Yc||)`` (CKA, NBS,
     Procrustes, the alpha = 1 shape metrics);
-  - ``"split"``: train and test rows, centred on the train mean and scaled
-    by the train norm: per layer :class:`similarity.stitching.LayerMoments`,
-    per pair :class:`similarity.stitching.PairMoments` (the held-out and
-    in-sample reconstruction scores).
+  - ``"split"``: train and test rows (:func:`split_weights`), centred on the
+    train mean and scaled by the train norm: per layer :class:`LayerMoments`,
+    per pair :class:`PairMoments` (the held-out and in-sample reconstruction
+    scores).
 
   ``finish(ctx)`` maps a :class:`MomentPair` (one source/target pair) to
   ``()``; ``layer`` optionally derives a per-layer value from the layer's
@@ -28,26 +28,50 @@ so that :func:`similarity.compare_grid` does per-layer work once per layer:
   equations); ``check(n_fit, d_src, where)`` optionally raises for widths the
   measure cannot handle (an unregularised affine fit with too few rows).
 
+  **Zero features.** The grid pads each layer's width up to a size bucket with
+  zero features, so that grids of other architectures reuse its compiled
+  programs. A moment measure must therefore not change when a layer gains
+  zero features: ``finish`` sees moments with zero rows and columns for them,
+  and ``layer`` sees each Gram matrix with a unit diagonal on them (so that a
+  factorisation stays definite and they decouple). Every built-in moment
+  measure qualifies (the grid tests check each against its unpadded value);
+  a measure that reads the width itself does not, and needs
+  ``compare_grid(..., buckets=False)``.
+
 Each measure module exports its own statistics (``cka.cka_layer_stats``,
 ``rsa.rsa_layer_stats``, ``cca.pwcca_layer_stats``, ``shape.nbs_moment_stats``,
 ``stitching.stitch_moment_stats``, ...). Like the other pure kernels these
-functions do no validation; the registry tests check ``pair(layer(x),
-layer(y)) == f(x, y)`` and the grid tests check the moment measures against
-their pairwise functions.
+functions do no validation, except :func:`split_weights`, which checks the
+split it is given; the registry tests check ``pair(layer(x), layer(y)) == f(x, y)``
+and the grid tests check the moment measures against their pairwise functions.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
 
+from funsim.similarity import _validate as V
 from funsim.similarity._linalg import svd as _svd
 
-__all__ = ["LayerStats", "MomentStats", "MomentPair", "FullMoments", "MOMENT_KINDS", "full_moments",
-           "full_pair"]
+__all__ = [
+    "MOMENT_KINDS",
+    "LayerStats",
+    "MomentStats",
+    "MomentPair",
+    "FullMoments",
+    "LayerMoments",
+    "PairMoments",
+    "full_moments",
+    "full_pair",
+    "split_weights",
+]
 
 MOMENT_KINDS = ("full", "split")
 
@@ -96,6 +120,33 @@ class FullMoments(NamedTuple):
     gram: jax.Array
 
 
+class LayerMoments(NamedTuple):
+    """Per-layer statistics on normalised, train-centred data ``u = (z - mean)/norm``.
+
+    Attributes:
+      mean: ``(d,)`` train mean.
+      norm: ``()`` Frobenius norm of the train-centred train rows (1 if not normalising).
+      gram_train: ``(d, d)`` ``sum_train u u^T``.
+      gram_test: ``(d, d)`` ``sum_test u u^T``.
+      sum_test: ``(d,)`` ``sum_test u``.
+      n_test: ``()`` number of test rows.
+    """
+
+    mean: jax.Array
+    norm: jax.Array
+    gram_train: jax.Array
+    gram_test: jax.Array
+    sum_test: jax.Array
+    n_test: jax.Array
+
+
+class PairMoments(NamedTuple):
+    """Cross moments of a (source, target) pair: ``sum u v^T`` over train and test rows."""
+
+    cross_train: jax.Array
+    cross_test: jax.Array
+
+
 def _centre(x: jax.Array) -> jax.Array:
     return x - jnp.mean(x, axis=0, keepdims=True)
 
@@ -139,10 +190,10 @@ class MomentPair:
 
     Attributes:
       x: the source's per-layer moments (:class:`FullMoments` or
-        :class:`similarity.stitching.LayerMoments`).
+        :class:`LayerMoments`).
       y: the target's per-layer moments.
       cross: ``(d1, d2)`` normalised cross moment (``"full"``) or
-        :class:`similarity.stitching.PairMoments` (``"split"``).
+        :class:`PairMoments` (``"split"``).
       fit_cross: the ``(d1, d2)`` matrix whose SVD :meth:`svd` returns: ``cross``
         itself, or the train cross moment for ``"split"``.
     """
@@ -198,3 +249,82 @@ class MomentPair:
             t._transposed = self
             self._transposed = t
         return self._transposed
+
+
+# ----------------------------------------------------------------------------- train/test splits
+
+
+def split_weights(
+    n: int, split: float | tuple[ArrayLike, ArrayLike], key: jax.Array | None, dtype
+) -> tuple[jax.Array, jax.Array]:
+    """Turn ``split`` into 0/1 train and test row weights ``(n,)``, validating it.
+
+    The held-out reconstruction scores (:func:`similarity.reconstruction_score`,
+    the ``stitch/*`` measures) and the grid's ``"split"`` moments use it.
+
+    Args:
+      n: the number of rows.
+      split: the train fraction (rows drawn at random with ``key``; the default
+        key is ``jax.random.key(0)``, so the split is deterministic), or a pair
+        ``(train_idx, test_idx)`` of integer index arrays.
+      key: PRNG key for a fractional split, or None.
+      dtype: the weights' dtype.
+
+    Returns:
+      ``(w_train, w_test)``, each ``(n,)``, 1.0 on the rows of that part and 0.0 elsewhere.
+
+    Raises:
+      ValueError: a fraction outside (0, 1), bad or overlapping indices, or fewer
+        than 2 rows on either side.
+
+    Examples:
+      >>> import numpy as np
+      >>> w_tr, w_te = split_weights(6, (np.array([0, 1, 2]), np.array([4, 5])), None, np.float32)
+      >>> np.asarray(w_tr).tolist(), np.asarray(w_te).tolist()
+      ([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    """
+    if isinstance(split, tuple):
+        if len(split) != 2:
+            raise ValueError("split must be a fraction or a pair (train_idx, test_idx).")
+        idx = []
+        for nm, ix in zip(("train_idx", "test_idx"), split):
+            ix = np.asarray(ix) if not isinstance(ix, jax.Array) else ix
+            if ix.ndim != 1 or not jnp.issubdtype(ix.dtype, jnp.integer):
+                raise ValueError(f"split's {nm} must be a 1-D integer index array, got {ix.dtype} {ix.shape}.")
+            if V.is_concrete(ix) and ix.size and (int(ix.min()) < 0 or int(ix.max()) >= n):
+                raise ValueError(f"split's {nm} has indices outside [0, {n}).")
+            idx.append(ix)
+        tr, te = idx
+        if V.is_concrete(tr, te) and np.intersect1d(np.asarray(tr), np.asarray(te)).size:
+            raise ValueError("split's train_idx and test_idx overlap; held-out rows must be unseen.")
+        w_tr, w_te = _index_split(tr, te, n, jnp.dtype(dtype))
+        n_tr, n_te = int(tr.shape[0]), int(te.shape[0])
+    else:
+        if not isinstance(split, (float, int)) or isinstance(split, bool) or not 0 < split < 1:
+            raise ValueError(
+                f"split must be a train fraction in (0, 1) or (train_idx, test_idx), got {split!r}."
+            )
+        n_tr = int(round(split * n))
+        n_te = n - n_tr
+    if n_tr < 2 or n_te < 2:
+        raise ValueError(
+            f"split gives {n_tr} train and {n_te} test rows out of n={n}; each side needs at "
+            "least 2 rows (to centre and to have a variance). Use more samples or a fraction "
+            "closer to 0.5."
+        )
+    if not isinstance(split, tuple):
+        w_tr, w_te = _random_split(jax.random.key(0) if key is None else key, n, n_tr, jnp.dtype(dtype))
+    return w_tr, w_te
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _random_split(key, n: int, n_tr: int, dtype):
+    """0/1 weights ``(n,)`` of ``n_tr`` random train rows and the rest (one program per shape)."""
+    w_tr = jnp.zeros((n,), dtype).at[jax.random.permutation(key, n)[:n_tr]].set(1.0)
+    return w_tr, 1.0 - w_tr
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _index_split(tr, te, n: int, dtype):
+    """0/1 weights ``(n,)`` of the rows ``tr`` and ``te``."""
+    return jnp.zeros((n,), dtype).at[tr].set(1.0), jnp.zeros((n,), dtype).at[te].set(1.0)
