@@ -1,7 +1,9 @@
 """Strict test settings shared by every test.
 
 * float64 is enabled so that NumPy/SciPy references can be compared at 1e-10;
-  float32 behaviour is tested by passing float32 arrays explicitly.
+  float32 behaviour is tested by passing float32 arrays explicitly. The float32 leg
+  (``make test-f32``) sets ``FUNSIM_TEST_X64=0``: x64 stays off, as users get it by
+  default, and only the tests marked ``float32`` (tests/test_float32.py) run.
 * rank promotion raises, so silent broadcasting bugs fail loudly.
 * hypothesis is derandomized: the same examples every run, no deadline.
 """
@@ -21,7 +23,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-jax.config.update("jax_enable_x64", True)
+#: Whether this run has x64 on: every leg except the float32 one (FUNSIM_TEST_X64=0).
+X64 = os.environ.get("FUNSIM_TEST_X64", "1") != "0"
+jax.config.update("jax_enable_x64", X64)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 settings.register_profile(
