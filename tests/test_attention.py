@@ -33,7 +33,7 @@ from funsim.similarity import (
     attention_similarity,
     attention_similarity_matrix,
 )
-from funsim.similarity import attention as attn
+from funsim.similarity import _attention_closure as closure
 
 EXACT_RTOL = 1e-8
 V, D, A, E, T = 2, 3, 2, 2, 3
@@ -138,10 +138,10 @@ def test_layer_is_exact_on_any_gaussian_input(full):
     lift = [0.6 * rng.normal(size=(context, d, k)) for d in dims]
     mu = [0.5 * rng.normal(size=(context, d)) for d in dims]
     cov = {key: np.einsum("tik,ujk->tiuj", lift[key[0]], lift[key[1]]) for key in ((0, 0), (0, 1), (1, 1))}
-    mom = attn._pair_moments(mu[0], mu[1], cov[(0, 0)], cov[(0, 1)], cov[(1, 1)])
+    mom = closure.pair_moments(mu[0], mu[1], cov[(0, 0)], cov[(0, 1)], cov[(1, 1)])
     shape = (context, dims[0], context, dims[1]) if full else dims
     g_read = rng.normal(size=shape)
-    got = attn._read_out_scalar(layers, mom, g_read, context=context, full=full)
+    got = closure.read_out_scalar(layers, mom, g_read, context=context, full=full)
     ref = _correlated_quadrature(layers, mu, lift, g_read, full, context)
     assert rel(got, ref) < EXACT_RTOL
 
