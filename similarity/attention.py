@@ -79,6 +79,7 @@ from funsim.similarity.attention_network import (
     apply_attention_network,
     bilinear_attention,
     check_attention_pair,
+    check_finite_inner,
     check_scale,
     promote_networks,
     stack_attention_networks,
@@ -187,7 +188,8 @@ def attention_inner(
     check_scale(scale)
     outputs = _resolve_outputs(outputs, net_a.n_outputs)
     net_a, net_b = promote_networks(net_a, net_b)
-    return _inner_jit(net_a, net_b, jnp.asarray(scale, net_a.embed.dtype), int(context), outputs)
+    out = _inner_jit(net_a, net_b, jnp.asarray(scale, net_a.embed.dtype), int(context), outputs)
+    return check_finite_inner(out, "<net_a|net_b>", scale=scale, vocab=net_a.vocab_size, depth=net_a.depth)
 
 
 def attention_similarity(
@@ -233,6 +235,8 @@ def attention_similarity(
     outputs = _resolve_outputs(outputs, net_a.n_outputs)
     net_a, net_b = promote_networks(net_a, net_b)
     ab, aa, bb = _similarity_jit(net_a, net_b, jnp.asarray(scale, net_a.embed.dtype), int(context), outputs)
+    check_finite_inner(jnp.stack([ab, aa, bb]), "<net_a|net_b>, <net_a|net_a> or <net_b|net_b>", scale=scale,
+                       vocab=net_a.vocab_size, depth=net_a.depth)
     cause = "the network is zero on the selected outputs; its similarity is undefined (0/0)."
     check_positive_result(aa, "<net_a|net_a>", cause)
     check_positive_result(bb, "<net_b|net_b>", cause)
@@ -306,6 +310,7 @@ def attention_similarity_matrix(
     outputs = _resolve_outputs(outputs, one.n_outputs)
     (stacked,) = promote_networks(stacked)
     gram = _matrix_jit(stacked, jnp.asarray(scale, stacked.embed.dtype), int(context), outputs)
+    check_finite_inner(gram, "An inner product <net_i|net_j>", scale=scale, vocab=one.vocab_size, depth=one.depth)
     if return_inner:
         return gram
     diag = jnp.diagonal(gram)

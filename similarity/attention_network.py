@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from funsim.similarity._validate import check_finite
+from funsim.similarity._validate import check_finite, is_concrete
 
 __all__ = [
     "AttentionLayer",
@@ -350,3 +350,25 @@ def stack_attention_networks(nets, /) -> AttentionNetwork:
                 "checkpoints must share one architecture to be stacked."
             )
     return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *nets)
+
+
+def check_finite_inner(value, what: str, *, scale, vocab: int, depth: int):
+    """Refuse an inner product (or estimate) that overflowed its dtype; return it when finite.
+
+    No-op under tracing. The message gives the fixes: a smaller token-space scale, or float64.
+    """
+    if not is_concrete(value):
+        return value
+    arr = np.asarray(value)
+    if np.all(np.isfinite(arr)):
+        return value
+    big = float(np.finfo(arr.dtype).max)
+    raise ValueError(
+        f"{what} is not finite in {arr.dtype}: the networks' outputs on the token-space Gaussian "
+        f"(scale={scale:g}) are so large that their products exceed {big:.1e}. A network of {depth} attention "
+        f"layer(s) has degree up to 5^{depth} in its input, so the inner product grows like scale^(2 * 5^{depth}). "
+        f"Fixes: a smaller scale (scale=V**-0.5 = {vocab ** -0.5:.4g} matches the second moment of a uniformly "
+        "random one-hot token), or float64: jax.config.update('jax_enable_x64', True) before creating the "
+        "networks, with float64 weights."
+    )
+

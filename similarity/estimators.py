@@ -28,9 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from funsim.similarity._validate import is_concrete
 from funsim.similarity.attention_network import (
     apply_attention_network,
     check_attention_pair,
+    check_finite_inner,
     check_scale,
     promote_networks,
     validate_attention_network,
@@ -126,7 +128,20 @@ def monte_carlo_inner(
     net_a, net_b = validate_network_pair(net_a, net_b)
     chunk = _balanced_chunk(n_samples, chunk)
     outputs = resolve_outputs(outputs, net_a[-1].d_out)
-    return _mc_core(net_a, net_b, key, int(n_samples), chunk, outputs)
+    return _finite(_mc_core(net_a, net_b, key, int(n_samples), chunk, outputs), "monte_carlo_inner")
+
+
+def _finite(result, what):
+    """Refuse a multilinear estimate that overflowed its dtype (no-op under tracing)."""
+    arrs = result if isinstance(result, tuple) else (result,)
+    if all(is_concrete(a) for a in arrs) and not all(np.all(np.isfinite(np.asarray(a))) for a in arrs):
+        dt = np.asarray(arrs[0]).dtype
+        raise ValueError(
+            f"{what}: the estimate is not finite in {dt}: the networks' outputs on N(0, I) inputs are so "
+            f"large that their products exceed {float(np.finfo(dt).max):.1e}. Rescale the weights, or use "
+            "float64: jax.config.update('jax_enable_x64', True) with float64 weights."
+        )
+    return result
 
 
 def _balanced_chunk(n_samples, chunk) -> int:
@@ -189,7 +204,7 @@ def quadrature_inner(net_a, net_b, /, *, outputs=None, chunk: int = 65536) -> ja
         return jnp.einsum("no,no->n", _restrict(apply_network(net_a, x), outputs),
                           _restrict(apply_network(net_b, x), outputs))
 
-    return _grid_sum(products, n, d, chunk, dtype)
+    return _finite(_grid_sum(products, n, d, chunk, dtype), "quadrature_inner")
 
 
 def _grid_sum(products, n, dims, chunk, dtype):
@@ -277,8 +292,11 @@ def attention_monte_carlo_inner(
     net_a, net_b, outputs = _attention_prepare(net_a, net_b, context, scale, outputs)
     chunk = _balanced_chunk(n_samples, chunk)
     dtype = net_a.embed.dtype
-    return _attention_mc_core(net_a, net_b, key, jnp.asarray(scale, dtype), int(context), int(n_samples),
-                              chunk, outputs)
+    est, se = _attention_mc_core(net_a, net_b, key, jnp.asarray(scale, dtype), int(context), int(n_samples),
+                                 chunk, outputs)
+    check_finite_inner(jnp.stack([est, se]), "The Monte Carlo estimate of <net_a|net_b> (or its standard error)",
+                       scale=scale, vocab=net_a.vocab_size, depth=max(net_a.depth, net_b.depth))
+    return est, se
 
 
 def attention_quadrature_inner(
@@ -338,4 +356,5 @@ def attention_quadrature_inner(
         ya, yb = _attention_products(net_a, net_b, scale * x.reshape(-1, int(context), net_a.vocab_size), outputs)
         return jnp.einsum("ntv,ntv->n", ya, yb)
 
-    return _grid_sum(products, n, dims, chunk, dtype)
+    return check_finite_inner(_grid_sum(products, n, dims, chunk, dtype), "The quadrature of <net_a|net_b>",
+                              scale=scale, vocab=net_a.vocab_size, depth=depth)

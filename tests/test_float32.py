@@ -389,3 +389,60 @@ def test_quickstart_smoke_run_in_float32(tmp_path, capsys):
         assert arr[-1] == pytest.approx(1.0, abs=1e-5)  # the final checkpoint against itself
     assert all(np.isfinite(v) for v in m["accuracy"].values())
     assert "[5/5] summary" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the README's attention Monte Carlo
+
+
+def _readme_attention_nets():
+    """The README's two-layer example: attention-only BilinearTransformers, V=97, d=16, float32."""
+    from flax import nnx
+
+    from funsim import models
+
+    return [models.BilinearTransformer(97, 16, d_model=16, n_layers=2, n_heads=2, d_head=4, mlp=False,
+                                       rngs=nnx.Rngs(seed)).to_network() for seed in (0, 1)]
+
+
+def _np_attention_logits(net, g):
+    """``apply_attention_network`` written out in float64 NumPy: embed, causal bilinear attention, unembed."""
+    w = jax.tree.map(lambda v: np.asarray(v, np.float64), net)
+    x = np.einsum("ntv,vd->ntd", g, w.embed) + (0 if w.pos_embed is None else w.pos_embed[: g.shape[1]])
+    causal = np.tril(np.ones((g.shape[1], g.shape[1]), bool))
+    for lay in w.layers:
+        p = lambda m: np.einsum("aed,ntd->nate", m, x)  # noqa: E731
+        s = np.einsum("nate,nase->nats", p(lay.q1), p(lay.k1)) * np.einsum("nate,nase->nats", p(lay.q2), p(lay.k2))
+        pattern = np.where(causal, s / lay.q1.shape[1] ** 2, 0.0)
+        x = x + np.einsum("dae,nate->ntd", lay.o, np.einsum("nats,nase->nate", pattern, p(lay.v)))
+    return np.einsum("od,ntd->nto", w.unembed, x)
+
+
+def test_readme_two_layer_monte_carlo_is_finite_or_refused_with_the_fix():
+    """At the authors' scale 1 the two-layer inner product (~4e46 in float64) exceeds float32's range: the
+    estimator used to print ``nan nan``; it now refuses and names the fixes. At the one-hot-matched scale
+    1/sqrt(V) it is finite and agrees with an independent float64 NumPy Monte Carlo (other draws) within
+    5 combined standard errors."""
+    a, b = _readme_attention_nets()
+    with pytest.raises(ValueError, match=r"not finite in float32.*scale=V\*\*-0\.5.*jax_enable_x64"):
+        similarity.attention_monte_carlo_inner(a, b, context=2, n_samples=20_000, key=jax.random.key(0))
+    scale = 97**-0.5
+    est, se = similarity.attention_monte_carlo_inner(a, b, context=2, n_samples=20_000, key=jax.random.key(0),
+                                                     scale=scale)
+    assert est.dtype == jnp.float32 and np.isfinite(float(est)) and float(se) > 0
+    g = scale * np.random.default_rng(0).normal(size=(20_000, 2, 97))
+    prods = np.einsum("ntv,ntv->n", _np_attention_logits(a, g), _np_attention_logits(b, g))
+    ref, ref_se = prods.mean(), prods.std(ddof=1) / np.sqrt(len(prods))
+    assert abs(float(est) - ref) <= 5 * math.hypot(float(se), ref_se), (float(est), float(se), ref, ref_se)
+
+
+def test_exact_attention_similarity_refuses_an_inner_product_beyond_float32():
+    """One layer has degree 5: at scale 1e6 the inner products (~1e60) overflow float32, where the
+    normalised similarity used to come out as inf / inf = NaN."""
+    rng = np.random.default_rng(0)
+    lay = lambda: similarity.AttentionLayer(*(rng.normal(size=(1, 2, 3)).astype(F32) for _ in range(5)),  # noqa: E731
+                                            rng.normal(size=(3, 1, 2)).astype(F32))
+    a, b = (similarity.AttentionNetwork(rng.normal(size=(2, 3)).astype(F32), (lay(),), rng.normal(size=(2, 3)).astype(F32))
+            for _ in range(2))
+    assert np.isfinite(float(similarity.attention_similarity(a, b, context=2)))
+    with pytest.raises(ValueError, match=r"not finite in float32.*scale=1e\+06.*jax_enable_x64"):
+        similarity.attention_similarity(a, b, context=2, scale=1e6)
