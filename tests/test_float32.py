@@ -112,7 +112,10 @@ def reference(name: str, x: np.ndarray, y: np.ndarray) -> float:
         return ref_r2(x, y, _param(name, "ridge", 0.0))
     if fam == "stitch":
         # the registered split (0.5, jax.random.key(0)) as row weights; the scores are the reference's
-        from funsim.similarity.stitching import split_weights
+        try:
+            from funsim.similarity.moments import split_weights
+        except ImportError:  # before the moment types had their own module
+            from funsim.similarity.stitching import split_weights
 
         w_tr, w_te = (np.asarray(w) for w in split_weights(x.shape[0], 0.5, None, jnp.float32))
         held, ins = _stitch_ref(x, y, w_tr, w_te, parts[1], _param(name, "ridge", 0.0))
