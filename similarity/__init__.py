@@ -99,7 +99,8 @@ from funsim.similarity.multilinear import validate_network as validate_network
 from funsim.similarity.multilinear import validate_network_pair as validate_network_pair
 from funsim.similarity.tensor_similarity import METHODS as TENSOR_METHODS
 from funsim.similarity.tensor_similarity import METRICS as TENSOR_METRICS
-from funsim.similarity.tensor_similarity import behavioral_similarity as behavioral_similarity
+from funsim.similarity.tensor_similarity import behavioural_similarity as behavioural_similarity
+from funsim.similarity.tensor_similarity import behavioral_similarity as behavioral_similarity  # deprecated spelling
 from funsim.similarity.tensor_similarity import similarity_matrix as similarity_matrix
 from funsim.similarity.tensor_similarity import stack_networks as stack_networks
 from funsim.similarity.tensor_similarity import tensor_inner as tensor_inner

@@ -134,7 +134,7 @@ def test_behavioral_and_cka_matrices_equal_pairwise(rng):
     k = cs.cka_matrix(y)
     for i in range(4):
         for j in range(4):
-            assert b[i, j] == pytest.approx(float(similarity.behavioral_similarity(nets[i], nets[j], x)), abs=1e-12)
+            assert b[i, j] == pytest.approx(float(similarity.behavioural_similarity(nets[i], nets[j], x)), abs=1e-12)
             assert k[i, j] == pytest.approx(float(similarity.cka(np.asarray(y[i]), np.asarray(y[j]))), abs=1e-12)
     # independent float64 numpy reference for one entry of each
     ya, yb = (np.asarray(similarity.apply_network(nets[n], x)) for n in (0, 2))

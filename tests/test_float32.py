@@ -357,7 +357,7 @@ def test_tensor_similarity_matches_float64_references():
     probe = rng.normal(size=(9, 2)).astype(F32)
     ya, yb = _np_apply(a, probe.astype(np.float64)), _np_apply(b, probe.astype(np.float64))
     want = np.mean(np.sum(ya * yb, 1) / np.linalg.norm(ya, axis=1) / np.linalg.norm(yb, axis=1))
-    assert abs(float(similarity.behavioral_similarity(a32, b32, probe)) - want) <= 1e-5
+    assert abs(float(similarity.behavioural_similarity(a32, b32, probe)) - want) <= 1e-5
 
 
 # ------------------------------------------------------------------ the quickstart smoke run
