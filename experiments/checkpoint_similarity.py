@@ -25,7 +25,7 @@ The matrices:
   set of common random Gaussian inputs for every checkpoint, with standard errors;
 * **matrix cosine** of the flattened weights (``similarity.weight_cosine``);
 * **behavioural similarity** on any data set: the mean per-sample (per-position)
-  cosine of the two checkpoints' outputs (``similarity.behavioral_similarity``);
+  cosine of the two checkpoints' outputs (``similarity.behavioural_similarity``);
 * **linear CKA** of the outputs (logits) on any data set (``similarity.cka``).
 
 Every entry equals the pairwise function from ``similarity`` (tested). The matrices
@@ -545,7 +545,7 @@ def behavioural_matrix(outputs: ArrayLike, /) -> np.ndarray:
 
     Returns:
       ``(n, n)`` float64; entry ``[i, j]`` equals
-      ``similarity.behavioral_similarity(nets[i], nets[j], x)``.
+      ``similarity.behavioural_similarity(nets[i], nets[j], x)``.
 
     Raises:
       ValueError: when a checkpoint outputs the zero vector on some input (the cosine is undefined).
@@ -771,14 +771,16 @@ def heatmap_panels(
     Returns:
       The path written.
     """
-    from funsim.experiments.plotting import plt, save
+    from funsim.experiments import plotting
+    from funsim.experiments.plotting import drop_crowded_ticklabels, save, subplots
 
     n = len(matrices)
     ncols = max(1, min(ncols, n))
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.9 * nrows), squeeze=False)
+    # square heatmaps: the compressed layout is the constrained one for fixed-aspect axes
+    fig, axes = subplots(nrows, ncols, figsize=(4.2 * ncols, 3.9 * nrows), squeeze=False, layout="compressed")
     starts, ends = _stage_ticks(steps, spans)
-    for ax, (title, m) in zip(axes.ravel(), matrices.items()):
+    for k, (ax, (title, m)) in enumerate(zip(axes.ravel(), matrices.items())):
         m = np.asarray(m, float)
         im = ax.imshow(m, cmap=cmap, interpolation="nearest", vmax=1.0 if np.nanmax(m) <= 1 + 1e-9 else None)
         for e in ends:
@@ -788,14 +790,19 @@ def heatmap_panels(
             idx, names = zip(*starts)
             ax.set_xticks(idx, names, rotation=60, ha="right", fontsize=7)
             ax.set_yticks(idx, [f"{nm} ({steps[i]})" for i, nm in starts], fontsize=7)
+        # every panel has the same checkpoints: name them on the left column and the lowest row only
+        left, bottom = k % ncols == 0, k + ncols >= n
+        ax.tick_params(labelleft=left, labelbottom=bottom)
+        if left:
+            ax.set_ylabel("checkpoint (stage, global step)", fontsize=8)
+        if bottom:
+            ax.set_xlabel("checkpoint (stage start)", fontsize=8)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("checkpoint (stage start)", fontsize=8)
-        ax.set_ylabel("checkpoint (stage, global step)", fontsize=8)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     for ax in axes.ravel()[n:]:
         ax.axis("off")
-    fig.suptitle(suptitle, fontsize=11)
-    fig.tight_layout()
+    plotting.title_figure(fig, suptitle, fontsize=11)
+    drop_crowded_ticklabels(fig)  # short stages crowd their names
     return save(fig, path)
 
 
@@ -825,9 +832,9 @@ def curves_over_steps(
     Returns:
       The path written.
     """
-    from funsim.experiments.plotting import plt, save
+    from funsim.experiments.plotting import save, subplots
 
-    fig, ax = plt.subplots(figsize=(8.5, 3.8))
+    fig, ax = subplots(figsize=(8.5, 3.8))
     for k, (first, last, name) in enumerate(spans or ()):
         if k % 2:
             ax.axvspan(first, last, color="0.92", lw=0)
@@ -842,5 +849,4 @@ def curves_over_steps(
         ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncols=2 if len(series) > 5 else 1, loc="best")
-    fig.tight_layout()
     return save(fig, path)

@@ -266,13 +266,13 @@ def _matrix_figure(panels, steps, path, *, suptitle):
     """Heatmaps (title -> (matrix, boundary indices)) with the K-block boundaries drawn."""
     from funsim.experiments import plotting
 
-    plt = plotting.plt
     n = len(panels)
     ncols = min(3, n)
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.3 * ncols, 3.8 * nrows), squeeze=False)
+    fig, axes = plotting.subplots(nrows, ncols, figsize=(4.3 * ncols, 3.8 * nrows), squeeze=False,
+                                  layout="compressed")  # square heatmaps
     ticks = np.unique(np.linspace(0, len(steps) - 1, min(6, len(steps))).round().astype(int))
-    for ax, (title, (mat, starts)) in zip(axes.ravel(), panels.items()):
+    for k, (ax, (title, (mat, starts))) in enumerate(zip(axes.ravel(), panels.items())):
         m = np.asarray(mat, float)
         off = m[~np.eye(len(m), dtype=bool)] if len(m) > 1 else m.ravel()
         lo = float(np.nanmin(off)) if off.size else 0.0
@@ -282,21 +282,25 @@ def _matrix_figure(panels, steps, path, *, suptitle):
             ax.axvline(b - 0.5, color="red", lw=1.2)
         ax.set_xticks(ticks, [str(steps[i]) for i in ticks], rotation=45, fontsize=7)
         ax.set_yticks(ticks, [str(steps[i]) for i in ticks], fontsize=7)
-        ax.set(title=title, xlabel="checkpoint (training step)", ylabel="checkpoint (training step)")
-        ax.title.set_fontsize(8)
+        # the same checkpoints in every panel: named on the left column and the lowest row only
+        left, bottom = k % ncols == 0, k + ncols >= n
+        ax.tick_params(labelleft=left, labelbottom=bottom)
+        if left:
+            ax.set_ylabel("checkpoint (training step)", fontsize=8)
+        if bottom:
+            ax.set_xlabel("checkpoint (training step)", fontsize=8)
+        ax.set_title(title, fontsize=8)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     for ax in axes.ravel()[n:]:
         ax.axis("off")
     fig.suptitle(suptitle, fontsize=10)
-    fig.tight_layout()
     return plotting.save(fig, path)
 
 
 def _curves_figure(steps, series, path, *, title, ylabel):
     from funsim.experiments import plotting
 
-    plt = plotting.plt
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plotting.subplots(figsize=(6, 3.6))
     x = np.maximum(np.asarray(steps), 1)
     for name, ys in series.items():
         ax.plot(x, ys, marker="o", ms=3, label=name)
@@ -305,7 +309,6 @@ def _curves_figure(steps, series, path, *, title, ylabel):
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
     return plotting.save(fig, path)
 
 
