@@ -24,7 +24,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-DOCS = sorted((ROOT / "docs").glob("*.md"))
+#: docs whose python blocks are whole programs run by their own test, not in-process here
+TESTED_ELSEWHERE = {
+    "distributed.md": "tests/test_multiprocess.py runs each program in one process and on two",
+}
+DOCS = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in TESTED_ELSEWHERE)
 MARKER = re.compile(r"<!--\s*readme-test:\s*(\w+)\s*-->")
 NUMBER = re.compile(r"#\s*(-?\d+\.\d+|-?\d+)\b")
 
