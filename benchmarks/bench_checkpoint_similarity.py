@@ -67,7 +67,7 @@ def bench_baselines(n, sizes, n_inputs, rows):
 
     def ours_fn():
         y = cs.network_outputs(stacked, x)
-        return cs.behavioral_matrix(y), cs.cka_matrix(y), cs.weight_cosine_matrix(stacked)
+        return cs.behavioural_matrix(y), cs.cka_matrix(y), cs.weight_cosine_matrix(stacked)
 
     first, ours = _timeit(ours_fn, repeats=3)
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]

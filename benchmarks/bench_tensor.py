@@ -266,7 +266,7 @@ def bench_matrix(n_ckpt, sizes, n_sample_calls, rows):
     ckpts = [(_layer(rng, d, h, o),)]
     for _ in range(n_ckpt - 1):
         ckpts.append((_layer(rng, d, h, o, like=ckpts[-1][0], noise=0.1),))
-    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *ckpts)
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *ckpts)
     first, ours = _timeit(lambda: similarity_matrix(stacked), repeats=3)
     pairs = [(i, j) for i in range(n_ckpt) for j in range(i + 1, n_ckpt)]
     sample = pairs[:n_sample_calls]

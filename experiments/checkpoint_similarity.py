@@ -1,25 +1,42 @@
 """Checkpoint x checkpoint similarity matrices: tensor similarity and its baselines.
 
-Given the checkpoints of a training run as pure networks (tuples of
-:class:`similarity.BilinearLayer` / :class:`similarity.LinearLayer`, e.g.
-``BilinearMLP.to_network()`` of each loaded checkpoint), this module computes,
-each in one jit-compiled call over all checkpoints:
+Given the checkpoints of a training run as pure networks, this module computes every
+checkpoint x checkpoint matrix, each in one jit-compiled call over all checkpoints.
+Two kinds of network are accepted, each as a list of checkpoints of one architecture
+or as one stacked network (every leaf with a leading checkpoint axis):
 
-* **tensor similarity** (``similarity.similarity_matrix``) under the
-  ``symmetric`` and ``gaussian`` metrics, with the **per-output slices** (one
-  ``(n, n)`` matrix per output class) from the same call: the last layer is
-  sliced to one output and the slices are ``vmap``-ed, so the hidden-unit
-  kernel, which does not depend on the slice, is computed once per pair of
-  checkpoints. The full inner product is the sum of the per-output ones;
+* **multilinear** networks (tuples of :class:`similarity.BilinearLayer` /
+  :class:`similarity.LinearLayer`, e.g. ``BilinearMLP.to_network()``);
+* **bilinear-attention** transformers (:class:`similarity.AttentionNetwork`, e.g.
+  ``BilinearTransformer(..., mlp=False).to_network()``), compared on a stated
+  ``context`` of token positions and token-space ``scale``.
+
+The matrices:
+
+* **tensor similarity** (:func:`tensor_matrices`): ``similarity.similarity_matrix``
+  under the ``symmetric``, ``gaussian`` or ``frobenius`` metric; for multilinear
+  networks also the **per-output slices** (one ``(n, n)`` matrix per output class) from
+  the same call: the last layer is sliced to one output and the slices are
+  ``vmap``-ed, so the hidden-unit kernel, which does not depend on the slice, is
+  computed once per pair of checkpoints. For attention networks,
+  ``similarity.attention_similarity_matrix`` (Gaussian metric; exact at depth 1, the
+  closure beyond);
+* **Monte Carlo** tensor similarity of any depth (:func:`monte_carlo_matrices`): one
+  set of common random Gaussian inputs for every checkpoint, with standard errors;
 * **matrix cosine** of the flattened weights (``similarity.weight_cosine``);
-* **behavioural similarity** on any data set: the mean per-sample cosine of
-  the two checkpoints' outputs (``similarity.behavioral_similarity``);
+* **behavioural similarity** on any data set: the mean per-sample (per-position)
+  cosine of the two checkpoints' outputs (``similarity.behavioural_similarity``);
 * **linear CKA** of the outputs (logits) on any data set (``similarity.cka``).
 
-Every entry equals the pairwise function from ``similarity`` (tested). Also
-here: the block gap of a matrix between two phases of training, and the two
-figures the drivers draw (heatmap panels with stage boundaries, and curves over
-training steps with the stages shaded).
+Every entry equals the pairwise function from ``similarity`` (tested). The matrices
+are keyed by one scheme: ``"tensor/<metric>"`` (``"/outputs"`` for the per-output
+slices, ``"/<qualifier>"`` for a variant such as a truncated network or another
+scale), ``"weight_cosine"``, ``"behavioral/<data set>"`` and ``"cka/<data set>"``.
+
+Also here: the block structure of a matrix (:func:`block_summary`, the exact
+change-point segmentation of ``similarity.change_points``), the block gap between two
+phases of training, and the figures the drivers draw (heatmap panels with stage
+boundaries, and curves over training steps with the stages shaded).
 
 Cost: tensor similarity is ``O(h^2 d)`` per pair of one-bilinear-layer
 checkpoints (``h`` hidden units, ``d`` inputs), so ``n^2`` of them dominate;
@@ -41,35 +58,41 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim import similarity
-from funsim.similarity import BilinearLayer, LinearLayer
-from funsim.similarity.tensor_similarity import stack_networks as _stack_list
+from funsim.similarity import AttentionNetwork, BilinearLayer, LinearLayer
 
 __all__ = [
-    "TENSOR_METRICS",
+    "CHECKPOINT_METRICS",
     "stack_networks",
     "tensor_matrices",
     "tensor_similarity_to",
+    "monte_carlo_matrices",
+    "normalise_gram",
     "weight_cosine_matrix",
     "network_outputs",
+    "behavioural_matrix",
     "behavioral_matrix",
     "cka_matrix",
     "checkpoint_matrices",
+    "block_summary",
     "block_gap",
     "heatmap_panels",
     "curves_over_steps",
 ]
 
-TENSOR_METRICS = ("symmetric", "gaussian")
+#: The tensor-similarity metrics of a checkpoint study by default (every metric:
+#: ``similarity.TENSOR_METRICS``; attention networks have the Gaussian one only).
+CHECKPOINT_METRICS = ("symmetric", "gaussian")
 
 
 # --------------------------------------------------------------------------- networks
 
 
-def stack_networks(nets: Sequence, /) -> tuple:
+def stack_networks(nets, /):
     """A list of networks with one architecture -> one network whose leaves have a leading axis.
 
     Args:
-      nets: a non-empty list of networks (tuples of layers), same structure and shapes.
+      nets: a non-empty list of networks (tuples of layers, or :class:`similarity.AttentionNetwork`),
+        same structure and shapes; or a network stacked already (returned after validation).
 
     Returns:
       The stacked network: every leaf ``(n, ...)``.
@@ -77,9 +100,24 @@ def stack_networks(nets: Sequence, /) -> tuple:
     Raises:
       ValueError: for an empty list, an invalid network or a different architecture.
     """
+    if isinstance(nets, AttentionNetwork):
+        return similarity.validate_attention_network(nets, "nets", batch_ndim=1)  # already stacked
     if isinstance(nets, tuple) and nets and isinstance(nets[0], (BilinearLayer, LinearLayer)):
         return similarity.validate_network(nets, "nets", batch_ndim=1)  # already stacked
-    return _stack_list(list(nets))
+    nets = list(nets)
+    if nets and isinstance(nets[0], AttentionNetwork):
+        for i, net in enumerate(nets):
+            similarity.validate_attention_network(net, f"nets[{i}]")
+        return similarity.stack_attention_networks(nets)
+    return similarity.stack_networks(nets)
+
+
+def _is_attention(stacked) -> bool:
+    return isinstance(stacked, AttentionNetwork)
+
+
+def _n_checkpoints(stacked) -> int:
+    return int(jax.tree.leaves(stacked)[0].shape[0])
 
 
 def _n_outputs(net) -> int:
@@ -149,28 +187,39 @@ def tensor_matrices(
     nets,
     /,
     *,
-    metrics: Sequence[str] = TENSOR_METRICS,
+    metrics: Sequence[str] = CHECKPOINT_METRICS,
     method: str = "auto",
     per_output: bool = True,
+    context: int | None = None,
+    scale: float = 1.0,
+    return_inner: bool = False,
 ) -> dict[str, np.ndarray]:
     """Tensor-similarity matrices over checkpoints, whole and per output, from the weights.
 
     Args:
-      nets: a list of networks with one architecture, or a stacked network.
-      metrics: any of ``"symmetric"``, ``"gaussian"``, ``"frobenius"``.
-      method: see :func:`similarity.tensor_inner`.
+      nets: a list of networks with one architecture, or a stacked network
+        (multilinear or attention, see the module docstring).
+      metrics: any of ``"symmetric"``, ``"gaussian"``, ``"frobenius"``
+        (attention networks: ``"gaussian"`` only).
+      method: see :func:`similarity.tensor_inner` (attention networks:
+        :func:`similarity.attention_inner`).
       per_output: also return one matrix per output (the slice similarity, each
-        normalised on its own slice).
+        normalised on its own slice). Multilinear networks only.
+      context: attention networks only (required there): the number of token positions.
+      scale: attention networks only: the token-space standard deviation.
+      return_inner: return the inner products ``<A_i|A_j>`` instead of similarities.
 
     Returns:
       ``{"tensor/<metric>": (n, n)}`` and, with ``per_output``,
       ``{"tensor/<metric>/outputs": (o, n, n)}``; float64, symmetric, unit diagonal.
       Entry ``[i, j]`` equals ``similarity.tensor_similarity(nets[i], nets[j], metric=...)``
+      (``similarity.attention_similarity(..., context=context, scale=scale)``)
       and ``[c, i, j]`` the same with ``outputs=[c]``.
 
     Raises:
       ValueError: for invalid or different networks, unknown metrics, or a
-        checkpoint with zero norm on a slice.
+        checkpoint with zero norm on a slice; for attention networks, a missing
+        ``context``, a metric other than ``"gaussian"`` or ``per_output=True``.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -180,6 +229,11 @@ def tensor_matrices(
       [1.0, 1.0]
     """
     stacked = stack_networks(nets)
+    if _is_attention(stacked):
+        return _attention_matrices(stacked, metrics, method, per_output, context, scale, return_inner)
+    if context is not None:
+        raise ValueError("context is for attention networks (the number of token positions); multilinear "
+                         "networks are compared on a Gaussian input of their own width. Leave it out.")
     n_out = _n_outputs(stacked)
     out = {}
     for metric in metrics:
@@ -192,11 +246,49 @@ def tensor_matrices(
         inner = (inner + np.swapaxes(inner, -1, -2)) / 2
         full = inner.sum(0)
         d = _require_positive(np.diagonal(full), f"tensor/{metric}", ("checkpoint",))
-        out[f"tensor/{metric}"] = full / np.sqrt(d[:, None] * d[None, :])
+        out[f"tensor/{metric}"] = full if return_inner else full / np.sqrt(d[:, None] * d[None, :])
         if per_output:
             d = _require_positive(np.diagonal(inner, axis1=1, axis2=2), f"tensor/{metric}/outputs", ("output", "checkpoint"))
-            out[f"tensor/{metric}/outputs"] = inner / np.sqrt(d[:, :, None] * d[:, None, :])
+            out[f"tensor/{metric}/outputs"] = inner if return_inner else inner / np.sqrt(d[:, :, None] * d[:, None, :])
     return out
+
+
+def _attention_matrices(stacked, metrics, method, per_output, context, scale, return_inner):
+    """:func:`tensor_matrices` of a stacked :class:`similarity.AttentionNetwork`."""
+    if context is None:
+        raise ValueError("Attention networks are compared on a stated number of token positions: pass "
+                         "context=... (e.g. the model's n_ctx, or fewer).")
+    bad = [m for m in metrics if m != "gaussian"]
+    if bad:
+        raise ValueError(f"Attention networks have the Gaussian inner product only (metric 'gaussian'), got "
+                         f"{bad!r}; pass metrics=('gaussian',).")
+    if per_output:
+        raise ValueError("per_output slices are offered for multilinear networks only (an attention network's "
+                         "slice is one compiled program per output); pass per_output=False, or call "
+                         "similarity.attention_similarity_matrix with outputs=... for the slices you need.")
+    out = {}
+    for metric in metrics:
+        inner = np.asarray(similarity.attention_similarity_matrix(
+            stacked, context=context, method=method, scale=scale, return_inner=True), np.float64)
+        inner = (inner + inner.T) / 2
+        d = _require_positive(np.diagonal(inner), f"tensor/{metric}", ("checkpoint",))
+        out[f"tensor/{metric}"] = inner if return_inner else inner / np.sqrt(d[:, None] * d[None, :])
+    return out
+
+
+def normalise_gram(gram: ArrayLike, /, *, what: str = "gram") -> np.ndarray:
+    """``G_ij / sqrt(G_ii G_jj)``: similarities from inner products, in float64.
+
+    Raises:
+      ValueError: when a diagonal entry is not positive (the message names the checkpoint).
+
+    Examples:
+      >>> normalise_gram(np.array([[4.0, 2.0], [2.0, 1.0]])).tolist()
+      [[1.0, 1.0], [1.0, 1.0]]
+    """
+    g = np.asarray(gram, np.float64)
+    d = _require_positive(np.diagonal(g), what, ("checkpoint",))
+    return g / np.sqrt(d[:, None] * d[None, :])
 
 
 def tensor_similarity_to(
@@ -204,7 +296,7 @@ def tensor_similarity_to(
     reference,
     /,
     *,
-    metrics: Sequence[str] = TENSOR_METRICS,
+    metrics: Sequence[str] = CHECKPOINT_METRICS,
     method: str = "auto",
     per_output: bool = True,
 ) -> dict[str, np.ndarray]:
@@ -227,6 +319,9 @@ def tensor_similarity_to(
       ``similarity.tensor_similarity(nets[i], reference, metric=...)``.
     """
     stacked = stack_networks(nets)
+    if _is_attention(stacked):
+        raise ValueError("tensor_similarity_to is for multilinear networks; for attention networks use "
+                         "similarity.attention_similarity per checkpoint, or tensor_matrices.")
     ref = similarity.validate_network(reference, "reference")
     n_out = _n_outputs(ref)
     if n_out != _n_outputs(stacked):
@@ -267,12 +362,106 @@ def _rows_by_loop(stacked, ref, metric, method, n_out):
     return cross, own, r
 
 
+# --------------------------------------------------------------------------- Monte Carlo
+
+
+def _apply(stacked):
+    return similarity.apply_attention_network if _is_attention(stacked) else similarity.apply_network
+
+
+@functools.partial(jax.jit, static_argnames=("shape",))
+def _mc_batch_gram(stacked, key, scale, shape):
+    """``(n, n)`` mean of ``<f_i(g), f_j(g)>`` over one batch of Gaussian inputs ``g`` of ``shape``."""
+    g = scale * jax.random.normal(key, shape, jax.tree.leaves(stacked)[0].dtype)
+    out = jax.vmap(lambda net: _apply(stacked)(net, g))(stacked)
+    flat = out.reshape(out.shape[0], -1)
+    return flat @ flat.T / shape[0]
+
+
+def monte_carlo_matrices(
+    nets,
+    /,
+    *,
+    n_samples: int,
+    n_batches: int,
+    key: jax.Array,
+    context: int | None = None,
+    scale: float = 1.0,
+) -> dict[str, np.ndarray]:
+    """Gaussian tensor similarity of every pair of checkpoints by Monte Carlo, any depth, with standard errors.
+
+    Every checkpoint sees the same Gaussian inputs (common random numbers): ``n_batches``
+    batches of ``n_samples // n_batches`` draws, batch ``b`` from
+    ``jax.random.fold_in(key, b)``. The inner product is the mean over the draws of
+    ``sum f_i(g) . f_j(g)`` (over outputs, and over positions for attention networks),
+    with ``g ~ N(0, scale^2 I)`` of the networks' input shape: ``(d,)`` for multilinear
+    networks, ``(context, V)`` token-space rows for attention networks (the input
+    distribution of :func:`similarity.tensor_inner` with ``metric="gaussian"`` and
+    :func:`similarity.attention_inner`). Standard errors come from the batch means, and
+    those of the similarities from a delete-one-batch jackknife.
+
+    Args:
+      nets: a list of networks with one architecture, or a stacked network.
+      n_samples: total draws (a multiple of ``n_batches`` is used: ``n_batches * (n_samples // n_batches)``).
+      n_batches: batches (>= 2) for the standard errors; each is one compiled call.
+      key: a ``jax.random`` key.
+      context: attention networks only (required there): the number of token positions.
+      scale: the inputs' standard deviation (attention: token-space; multilinear networks: 1).
+
+    Returns:
+      ``{"inner": (n, n), "inner_se": (n, n), "similarity": (n, n), "similarity_se": (n, n)}``,
+      float64.
+
+    Raises:
+      ValueError: too few samples or batches, a missing ``context`` for attention networks
+        (or one given for multilinear networks), or a checkpoint with zero estimated norm.
+    """
+    stacked = stack_networks(nets)
+    if not (isinstance(n_batches, (int, np.integer)) and n_batches >= 2):
+        raise ValueError(f"n_batches must be an int >= 2 (for the standard errors), got {n_batches!r}.")
+    per = int(n_samples) // int(n_batches) if isinstance(n_samples, (int, np.integer)) else 0
+    if per < 1:
+        raise ValueError(f"n_samples={n_samples!r} gives no draw per batch with n_batches={n_batches}; "
+                         "pass n_samples >= n_batches.")
+    if _is_attention(stacked):
+        if context is None:
+            raise ValueError("Attention networks are compared on a stated number of token positions: pass "
+                             "context=... (e.g. the model's n_ctx, or fewer).")
+        one = jax.tree.map(lambda x: x[0], stacked)
+        similarity.validate_attention_network(one, "nets", context=context)
+        shape = (per, int(context), one.vocab_size)
+    else:
+        if context is not None:
+            raise ValueError("context is for attention networks; leave it out for multilinear networks.")
+        shape = (per, stacked[0].d_in)
+    if not (isinstance(scale, (int, float, np.floating, np.integer)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}.")
+    dtype = jax.tree.leaves(stacked)[0].dtype
+    grams = np.stack([
+        np.asarray(_mc_batch_gram(stacked, jax.random.fold_in(key, b), jnp.asarray(scale, dtype), shape), np.float64)
+        for b in range(int(n_batches))])
+    grams = (grams + np.swapaxes(grams, 1, 2)) / 2
+    b = int(n_batches)
+    mean = grams.mean(0)
+    sim = normalise_gram(mean, what="tensor/gaussian (Monte Carlo)")
+    jack = np.stack([normalise_gram((mean * b - grams[i]) / (b - 1), what="tensor/gaussian (Monte Carlo)")
+                     for i in range(b)])
+    return {
+        "inner": mean,
+        "inner_se": grams.std(0, ddof=1) / np.sqrt(b),
+        "similarity": sim,
+        "similarity_se": np.sqrt((b - 1) / b * ((jack - jack.mean(0)) ** 2).sum(0)),
+    }
+
+
 # --------------------------------------------------------------------------- baselines
 
 
-@jax.jit
-def _weight_cosine_gram(stacked):
-    flat = jnp.concatenate([x.reshape(x.shape[0], -1) for x in jax.tree.leaves(stacked)], axis=1)
+def _weight_cosine_gram(stacked) -> np.ndarray:
+    """``(n, n)`` inner products of the flattened weights, in float64 (cosines of checkpoints of one run sit
+    near 1, where float32 rounding of a long dot product is a visible part of their spread)."""
+    n = _n_checkpoints(stacked)
+    flat = np.concatenate([np.asarray(x, np.float64).reshape(n, -1) for x in jax.tree.leaves(stacked)], axis=1)
     return flat @ flat.T
 
 
@@ -291,14 +480,14 @@ def weight_cosine_matrix(nets, /) -> np.ndarray:
       >>> weight_cosine_matrix([lin([[1.0, 0.0]]), lin([[1.0, 1.0]])]).round(4).tolist()
       [[1.0, 0.7071], [0.7071, 1.0]]
     """
-    gram = np.asarray(_weight_cosine_gram(stack_networks(nets)), np.float64)
+    gram = _weight_cosine_gram(stack_networks(nets))
     d = _require_positive(np.diagonal(gram), "weight_cosine", ("checkpoint",))
     return gram / np.sqrt(d[:, None] * d[None, :])
 
 
 @jax.jit
 def _outputs(stacked, x):
-    return jax.vmap(similarity.apply_network, in_axes=(0, None))(stacked, x)
+    return jax.vmap(_apply(stacked), in_axes=(0, None))(stacked, x)
 
 
 def network_outputs(nets, x: ArrayLike, /) -> jax.Array:
@@ -306,12 +495,21 @@ def network_outputs(nets, x: ArrayLike, /) -> jax.Array:
 
     Args:
       nets: a list of networks with one architecture, or a stacked network.
-      x: ``(m, d)`` inputs (flattened).
+      x: ``(m, d)`` inputs (flattened); for attention networks ``(m, T)`` integer
+        tokens (or ``(m, T, V)`` token-space rows).
 
     Returns:
-      ``(n, m, o)``.
+      ``(n, m, o)``; for attention networks ``(n, m, T, o)`` (the logits at every position).
     """
     stacked = stack_networks(nets)
+    if _is_attention(stacked):
+        x = jnp.asarray(x)
+        one = jax.tree.map(lambda a: a[0], stacked)
+        if jnp.issubdtype(x.dtype, jnp.integer):
+            similarity.apply_attention_network(one, x[:1])  # checks the shape with a clear message
+            return _outputs(stacked, x)
+        similarity.apply_attention_network(one, x[:1].astype(one.embed.dtype))
+        return _outputs(stacked, x.astype(one.embed.dtype))
     x = jnp.asarray(x)
     d = stacked[0].d_in
     if x.ndim != 2 or x.shape[1] != d:
@@ -323,10 +521,12 @@ def network_outputs(nets, x: ArrayLike, /) -> jax.Array:
 
 
 def _check_outputs(outputs, name):
+    """``(n, m, o)``: outputs of n checkpoints, with any sample axes (inputs, positions) flattened into m."""
     y = jnp.asarray(outputs)
-    if y.ndim != 3:
-        raise ValueError(f"{name} must be (n_checkpoints, m, o) outputs, got shape {tuple(y.shape)}.")
-    return y
+    if y.ndim < 3:
+        raise ValueError(f"{name} must be (n_checkpoints, m, o) outputs (or (n_checkpoints, m, T, o) per "
+                         f"position), got shape {tuple(y.shape)}.")
+    return y.reshape(y.shape[0], -1, y.shape[-1])
 
 
 @jax.jit
@@ -335,23 +535,24 @@ def _per_sample_cosine(y):
     return jnp.einsum("amo,bmo->ab", u, u) / y.shape[1]
 
 
-def behavioral_matrix(outputs: ArrayLike, /) -> np.ndarray:
+def behavioural_matrix(outputs: ArrayLike, /) -> np.ndarray:
     """Behavioural similarity of every pair of checkpoints: mean per-sample cosine of their outputs.
 
     Args:
       outputs: ``(n, m, o)`` outputs of n checkpoints on the same m inputs
-        (:func:`network_outputs`).
+        (:func:`network_outputs`); ``(n, m, T, o)`` per position is averaged over
+        inputs and positions alike.
 
     Returns:
       ``(n, n)`` float64; entry ``[i, j]`` equals
-      ``similarity.behavioral_similarity(nets[i], nets[j], x)``.
+      ``similarity.behavioural_similarity(nets[i], nets[j], x)``.
 
     Raises:
       ValueError: when a checkpoint outputs the zero vector on some input (the cosine is undefined).
 
     Examples:
       >>> y = np.array([[[1.0, 0.0]], [[1.0, 1.0]]])   # two checkpoints, one input
-      >>> behavioral_matrix(y).round(4).tolist()
+      >>> behavioural_matrix(y).round(4).tolist()
       [[1.0, 0.7071], [0.7071, 1.0]]
     """
     y = _check_outputs(outputs, "outputs")
@@ -366,6 +567,15 @@ def behavioral_matrix(outputs: ArrayLike, /) -> np.ndarray:
     return (s + s.T) / 2
 
 
+def behavioral_matrix(outputs: ArrayLike, /) -> np.ndarray:
+    """Deprecated spelling of :func:`behavioural_matrix` (the same function); it will be removed."""
+    import warnings
+
+    warnings.warn("behavioral_matrix is deprecated: use behavioural_matrix (the same function).",
+                  DeprecationWarning, stacklevel=2)
+    return behavioural_matrix(outputs)
+
+
 @jax.jit
 def _cka_all_pairs(y):
     return jax.vmap(lambda a: jax.vmap(lambda b: similarity.cka(a, b))(y))(y)
@@ -375,7 +585,8 @@ def cka_matrix(outputs: ArrayLike, /) -> np.ndarray:
     """Linear CKA between the outputs (e.g. logits) of every pair of checkpoints.
 
     Args:
-      outputs: ``(n, m, o)`` outputs of n checkpoints on the same m inputs.
+      outputs: ``(n, m, o)`` outputs of n checkpoints on the same m inputs
+        (``(n, m, T, o)``: inputs and positions are the samples).
 
     Returns:
       ``(n, n)`` float64; entry ``[i, j]`` equals ``similarity.cka(outputs[i], outputs[j])``.
@@ -401,32 +612,94 @@ def checkpoint_matrices(
     /,
     *,
     data: Mapping[str, ArrayLike] | None = None,
-    metrics: Sequence[str] = TENSOR_METRICS,
+    metrics: Sequence[str] = CHECKPOINT_METRICS,
     per_output: bool = True,
     cka: bool = True,
+    context: int | None = None,
+    scale: float = 1.0,
 ) -> dict[str, np.ndarray]:
     """Every checkpoint x checkpoint matrix: tensor similarity and the baselines.
 
     Args:
       nets: a list of networks with one architecture (checkpoints), or a stacked network.
-      data: ``{name: (m, d) inputs}``: behavioural similarity (and CKA of the
-        outputs) is computed on each data set, e.g. ``{"clean": x, "poisoned": x_p}``.
+      data: ``{name: inputs}``: behavioural similarity (and CKA of the outputs) is
+        computed on each data set, e.g. ``{"clean": x, "poisoned": x_p}``; inputs as
+        :func:`network_outputs` takes them.
       metrics: tensor-similarity metrics.
-      per_output: also the per-output slice matrices of each metric.
+      per_output: also the per-output slice matrices of each metric (multilinear networks).
       cka: also linear CKA of the outputs on each data set.
+      context, scale: attention networks: see :func:`tensor_matrices`.
 
     Returns:
       ``{"tensor/<metric>": (n, n), "tensor/<metric>/outputs": (o, n, n),
       "weight_cosine": (n, n), "behavioral/<name>": (n, n), "cka/<name>": (n, n)}``.
     """
     stacked = stack_networks(nets)
-    out = tensor_matrices(stacked, metrics=metrics, per_output=per_output)
+    out = tensor_matrices(stacked, metrics=metrics, per_output=per_output,
+                          **({"context": context, "scale": scale} if _is_attention(stacked) else {}))
     out["weight_cosine"] = weight_cosine_matrix(stacked)
     for name, x in (data or {}).items():
         y = network_outputs(stacked, x)
-        out[f"behavioral/{name}"] = behavioral_matrix(y)
+        out[f"behavioral/{name}"] = behavioural_matrix(y)
         if cka:
             out[f"cka/{name}"] = cka_matrix(y)
+    return out
+
+
+def block_summary(matrix: ArrayLike, steps: Sequence[int], ks: Sequence[int], /, *,
+                  cost: str = "kernel") -> dict[int, dict]:
+    """The block structure of a checkpoint x checkpoint matrix: its best K-block segmentation for every K.
+
+    The segmentation is exact (:func:`similarity.change_points`, computed in float64).
+    With the ``"kernel"`` cost, a block's cost is its kernel dispersion
+    ``sum_{i in B} S_ii - (1/|B|) sum_{i, j in B} S_ij`` (the within-block sum of
+    squares of the checkpoints' feature vectors when ``S`` is a Gram matrix), and
+    "explained" is the fraction of the one-block cost the K blocks remove.
+
+    Args:
+      matrix: ``(n, n)`` similarity matrix over checkpoints in training order.
+      steps: ``(n,)`` the global step of each checkpoint.
+      ks: numbers of blocks; those above n are skipped.
+      cost: a cost of :data:`similarity.SEGMENT_COSTS`.
+
+    Returns:
+      ``{K: {"boundaries_steps": [step where blocks 2..K start], "explained": float,
+      "within_mean": float, "between_mean": float, "contrast": within - between}}``
+      (means over the off-diagonal pairs inside blocks and across them).
+
+    Examples:
+      >>> s = np.kron(np.eye(2), np.ones((2, 2)))   # two perfect blocks
+      >>> b = block_summary(s, [0, 10, 20, 30], [2])[2]
+      >>> b["boundaries_steps"], b["explained"], b["contrast"]
+      ([20], 1.0, 1.0)
+    """
+    sim = np.asarray(matrix, np.float64)
+    n = len(sim)
+    if sim.ndim != 2 or sim.shape != (n, n) or len(steps) != n:
+        raise ValueError(f"matrix must be (n, n) and steps (n,); got {sim.shape} and {len(steps)} steps.")
+    todo = [int(k) for k in ks if k <= n]
+    out: dict[int, dict] = {}
+    if not todo:
+        return out
+    with jax.enable_x64(True):  # costs of long segments nearly tie in float32
+        segs = {k: similarity.change_points(sim, n_segments=k, cost=cost) for k in todo}
+        segs = {k: (np.asarray(sg.starts), np.asarray(sg.costs, np.float64)) for k, sg in segs.items()}
+    costs = segs[max(todo)][1]  # costs[k - 1]: the least total cost with k blocks
+    total = max(float(costs[0]), 0.0)
+    off = ~np.eye(n, dtype=bool)
+    for k in todo:
+        starts = segs[k][0][1:]
+        labels = np.searchsorted(starts, np.arange(n), side="right")
+        same = labels[:, None] == labels[None, :]
+        within = sim[same & off].mean() if (same & off).any() else float("nan")
+        between = sim[~same].mean() if (~same).any() else float("nan")
+        out[k] = {
+            "boundaries_steps": [int(steps[i]) for i in starts],
+            "explained": float(1 - max(float(costs[k - 1]), 0.0) / total) if total > 0 else float("nan"),
+            "within_mean": float(within),
+            "between_mean": float(between),
+            "contrast": float(within - between),
+        }
     return out
 
 
@@ -498,14 +771,16 @@ def heatmap_panels(
     Returns:
       The path written.
     """
-    from funsim.experiments.plotting import plt, save
+    from funsim.experiments import plotting
+    from funsim.experiments.plotting import drop_crowded_ticklabels, save, subplots
 
     n = len(matrices)
     ncols = max(1, min(ncols, n))
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.9 * nrows), squeeze=False)
+    # square heatmaps: the compressed layout is the constrained one for fixed-aspect axes
+    fig, axes = subplots(nrows, ncols, figsize=(4.2 * ncols, 3.9 * nrows), squeeze=False, layout="compressed")
     starts, ends = _stage_ticks(steps, spans)
-    for ax, (title, m) in zip(axes.ravel(), matrices.items()):
+    for k, (ax, (title, m)) in enumerate(zip(axes.ravel(), matrices.items())):
         m = np.asarray(m, float)
         im = ax.imshow(m, cmap=cmap, interpolation="nearest", vmax=1.0 if np.nanmax(m) <= 1 + 1e-9 else None)
         for e in ends:
@@ -515,14 +790,19 @@ def heatmap_panels(
             idx, names = zip(*starts)
             ax.set_xticks(idx, names, rotation=60, ha="right", fontsize=7)
             ax.set_yticks(idx, [f"{nm} ({steps[i]})" for i, nm in starts], fontsize=7)
+        # every panel has the same checkpoints: name them on the left column and the lowest row only
+        left, bottom = k % ncols == 0, k + ncols >= n
+        ax.tick_params(labelleft=left, labelbottom=bottom)
+        if left:
+            ax.set_ylabel("checkpoint (stage, global step)", fontsize=8)
+        if bottom:
+            ax.set_xlabel("checkpoint (stage start)", fontsize=8)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("checkpoint (stage start)", fontsize=8)
-        ax.set_ylabel("checkpoint (stage, global step)", fontsize=8)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     for ax in axes.ravel()[n:]:
         ax.axis("off")
-    fig.suptitle(suptitle, fontsize=11)
-    fig.tight_layout()
+    plotting.title_figure(fig, suptitle, fontsize=11)
+    drop_crowded_ticklabels(fig)  # short stages crowd their names
     return save(fig, path)
 
 
@@ -552,9 +832,9 @@ def curves_over_steps(
     Returns:
       The path written.
     """
-    from funsim.experiments.plotting import plt, save
+    from funsim.experiments.plotting import save, subplots
 
-    fig, ax = plt.subplots(figsize=(8.5, 3.8))
+    fig, ax = subplots(figsize=(8.5, 3.8))
     for k, (first, last, name) in enumerate(spans or ()):
         if k % 2:
             ax.axvspan(first, last, color="0.92", lw=0)
@@ -569,5 +849,4 @@ def curves_over_steps(
         ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncols=2 if len(series) > 5 else 1, loc="best")
-    fig.tight_layout()
     return save(fig, path)

@@ -176,9 +176,9 @@ def make_example(out: Path, *, seed: int = 0) -> tuple[Path, Path]:
     Pixels that are 0 for every digit are dropped (they carry nothing and make
     CCA undefined). Writes ``pixels.npy`` and ``random_features.npy`` under ``out``.
     """
-    from funsim.experiments.data import _sklearn_digits
+    from funsim.experiments.data import sklearn_digits_arrays
 
-    images, _ = _sklearn_digits()
+    images, _ = sklearn_digits_arrays()
     pixels = images.reshape(len(images), -1).astype(np.float64)
     pixels = pixels[:, pixels.std(axis=0) > 0]
     rng = np.random.default_rng(seed)

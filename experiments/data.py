@@ -332,7 +332,7 @@ def load_mnist5k(*, n_test: int = 1000) -> Dataset:
     )
 
 
-def _sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+def sklearn_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """``(images (1797, 8, 8), target (1797,))``: the CSV that scikit-learn ships, read directly.
 
     Importing scikit-learn takes about 2 s; its data file is found without importing it
@@ -359,7 +359,7 @@ def load_digits(*, n_test: int = 297) -> Dataset:
     Returns:
       images ``float32 (n, 8, 8, 1)`` in ``[0, 1]`` (pixel / 16), labels ``int32`` in 0..9.
     """
-    images, target = _sklearn_digits()
+    images, target = sklearn_digits_arrays()
     x = (images.astype(np.float32) / 16.0)[..., None]
     y = target.astype(np.int32)
     return Dataset(

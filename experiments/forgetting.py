@@ -244,7 +244,7 @@ def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name
         m = cs.tensor_matrices(nets, metrics=("gaussian", "symmetric"))
         m["weight_cosine"] = cs.weight_cosine_matrix(nets)
         logits = cs.network_outputs(nets, x_eval)
-        m["behavioral"] = cs.behavioral_matrix(logits)
+        m["behavioral"] = cs.behavioural_matrix(logits)
         m["cka"] = cs.cka_matrix(logits)
         m["class_accuracy"] = _per_class_accuracy(logits, y_eval, n_classes)
         return m

@@ -13,6 +13,7 @@ network has them).
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -23,7 +24,6 @@ import numpy as np
 
 from funsim.models.tails import split_tail
 from funsim.similarity import FAMILIES, Stitcher, TrainHistory, stitch_representation, train_stitcher
-from funsim.similarity._validate import check_choice, check_int_labels
 
 
 class DirectionResult(NamedTuple):
@@ -141,7 +141,16 @@ def _check_xy(x, y, tag: str) -> None:
     if x.ndim < 2 or x.shape[0] != y.shape[0]:
         raise ValueError(f"data inputs{tag} must be (n, ...) with the same n as the labels "
                          f"{tuple(y.shape)}, got shape {tuple(x.shape)}.")
-    check_int_labels(y, f"data labels{tag}")
+    if not jnp.issubdtype(y.dtype, jnp.integer):
+        raise ValueError(f"data labels{tag} must have an integer dtype, got {y.dtype}. Convert class labels "
+                         "with y.astype(int).")
+
+
+def _check_family(family) -> None:
+    if family not in FAMILIES:
+        close = difflib.get_close_matches(str(family), FAMILIES, n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(f"Unknown family {family!r}.{hint} Valid options: {', '.join(map(repr, FAMILIES))}.")
 
 
 def split_data(data, *, test_fraction: float, min_eval: int, key: jax.Array):
@@ -317,7 +326,7 @@ def functional_similarity(
     """
     _check_layer(model_a, layer_a, "layer_a", "model_a")
     _check_layer(model_b, layer_b, "layer_b", "model_b")
-    check_choice(family, "family", FAMILIES)
+    _check_family(family)
     key = jax.random.key(0) if key is None else key
     k_split, k_ab, k_ba = jax.random.split(key, 3)
     x_tr, y_tr, x_te, y_te = split_data(data, test_fraction=test_fraction,

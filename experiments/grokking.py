@@ -479,11 +479,9 @@ def _phase_lines(ax, starts, steps, *, color="k"):
 
 
 def _figure_accuracy(steps, ev, history, starts, events, path, title):
-    import matplotlib.pyplot as plt
+    from funsim.experiments.plotting import save, subplots
 
-    from funsim.experiments.plotting import save
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, (a1, a2) = subplots(1, 2, figsize=(11, 3.6))
     for split, color in (("train", "tab:blue"), ("val", "tab:orange")):
         a1.plot(steps, ev[split]["accuracy"], marker=".", ms=3, color=color, label=f"{split} (checkpoints)")
         a2.plot(steps, ev[split]["loss"], marker=".", ms=3, color=color, label=f"{split} (checkpoints)")
@@ -497,13 +495,14 @@ def _figure_accuracy(steps, ev, history, starts, events, path, title):
     for name, s in events.items():
         if s is not None and name.startswith("val accuracy"):
             a1.axvline(s, color="tab:green", lw=0.8, alpha=0.6)
-    a1.set(xlabel="training step (symlog)", ylabel="accuracy", ylim=(-0.02, 1.02),
-           title="accuracy (dashed: phase starts; green: val acc 0.5 / 0.99 / 1)")
-    a2.set(xlabel="training step (symlog)", ylabel="cross-entropy (nats)", yscale="log", title="loss")
+    a1.set(ylabel="accuracy", ylim=(-0.02, 1.02))
+    a1.set_title("accuracy (dashed: phase starts;\ngreen: val acc 0.5 / 0.99 / 1)", fontsize=9)
+    a2.set(ylabel="cross-entropy (nats)", yscale="log")
+    a2.set_title("loss", fontsize=9)
     a1.legend(fontsize=7)
     a2.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.supxlabel("training step (symlog)", fontsize=9)
     return save(fig, path)
 
 
@@ -518,31 +517,30 @@ def _step_ticks(ax, steps, axis="both"):
 
 
 def _figure_matrices(matrices, segmentations, steps, path, title):
-    import matplotlib.pyplot as plt
+    from funsim.experiments.plotting import save, subplots
 
-    from funsim.experiments.plotting import save
-
-    fig, axes = plt.subplots(1, len(matrices), figsize=(3.6 * len(matrices), 3.6), squeeze=False)
-    for ax, (name, m) in zip(axes[0], matrices.items()):
+    fig, axes = subplots(1, len(matrices), figsize=(3.6 * len(matrices), 3.6), squeeze=False,
+                         layout="compressed")  # square heatmaps
+    for k, (ax, (name, m)) in enumerate(zip(axes[0], matrices.items())):
         im = ax.imshow(m, vmin=min(0.0, float(m.min())), vmax=1.0, cmap="viridis", interpolation="nearest")
         for s in list(segmentations[name])[1:]:
             ax.axhline(s - 0.5, color="w", lw=0.8)
             ax.axvline(s - 0.5, color="w", lw=0.8)
         _step_ticks(ax, steps)
-        ax.set(title=name, xlabel="checkpoint (step)", ylabel="checkpoint (step)")
-        ax.title.set_fontsize(9)
+        ax.tick_params(labelleft=k == 0)  # the same checkpoints in every panel: named once, on the left
+        if k == 0:
+            ax.set_ylabel("checkpoint (step)", fontsize=8)
+        ax.set_xlabel("checkpoint (step)", fontsize=8)
+        ax.set_title(name, fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     return save(fig, path)
 
 
 def _figure_to_final(matrices, steps, events, path, title):
-    import matplotlib.pyplot as plt
+    from funsim.experiments.plotting import save, subplots
 
-    from funsim.experiments.plotting import save
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    fig, ax = subplots(figsize=(6.5, 3.6))
     for name, m in matrices.items():
         ax.plot(steps, m[-1], marker=".", ms=3, label=name)
     for name in ("val accuracy >= 0.99", "val accuracy = 1"):
@@ -554,16 +552,13 @@ def _figure_to_final(matrices, steps, events, path, title):
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
     return save(fig, path)
 
 
 def _figure_fourier(spectra, summaries, steps, events, path, title):
-    import matplotlib.pyplot as plt
+    from funsim.experiments.plotting import save, subplots
 
-    from funsim.experiments.plotting import save
-
-    fig, axes = plt.subplots(1, len(spectra) + 2, figsize=(4.0 * (len(spectra) + 2), 3.6))
+    fig, axes = subplots(1, len(spectra) + 2, figsize=(4.0 * (len(spectra) + 2), 3.6))
     labels = {"a": "input weights, token a", "b": "input weights, token b", "out": "output weights (classes)"}
     for ax, (name, power) in zip(axes, spectra.items()):
         q = summaries[name]["distribution"]  # (n, K-1), frequencies 1..
@@ -587,7 +582,6 @@ def _figure_fourier(spectra, summaries, steps, events, path, title):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     return save(fig, path)
 
 

@@ -28,13 +28,17 @@ scaled down). Steps:
    * behavioural: mean per-position cosine of the logits on held-out windows;
    * matrix cosine of the flattened weights;
 
+   all from :mod:`funsim.experiments.checkpoint_similarity`, keyed by its scheme
+   (:data:`MATRICES` names each matrix);
+
 3. n-gram statistics over training: for n = 2, 3, 4, the agreement
    ``1 - TV(p_model(. | window), p_corpus(. | last n-1 characters))`` and
    ``KL(p_corpus || p_model)`` on held-out positions whose context occurs at
    least ``ngram_min_count`` times in the training text;
 4. block structure: kernel change-point segmentation of each matrix into K
-   contiguous blocks (dynamic programming, exact), the fraction of the
-   matrix's within-sequence dispersion the blocks explain, and the boundaries;
+   contiguous blocks (``similarity.change_points``, exact), the fraction of the
+   matrix's within-sequence dispersion the blocks explain, and the boundaries
+   (``checkpoint_similarity.block_summary``);
 5. ``results/language/<run>/``: config.json, metrics.json (atomic),
    ``analysis/*.npz`` (each stage cached: an interrupted run resumes),
    the model's checkpoints, PNG figures and summary.md.
@@ -45,7 +49,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import pathlib
 import time
 
@@ -53,6 +56,17 @@ import numpy as np
 
 from funsim.experiments.io import load_config as io_load_config
 from funsim.experiments.io import open_run, read_json, releases_run_locks, write_json_atomic, write_text_atomic
+
+#: The checkpoint x checkpoint matrices, keyed as :mod:`funsim.experiments.checkpoint_similarity`
+#: keys them, with the label each has in the summary and the figures. The tensor ones use the
+#: Gaussian metric on ``context`` positions, at the token-space scale 1/sqrt(V) unless stated.
+MATRICES = {
+    "tensor/gaussian/layers=1": "tensor, layer 1 exact (scale 1/sqrt(V))",
+    "tensor/gaussian/layers=1/scale=1": "tensor, layer 1 exact (scale 1, paper)",
+    "tensor/gaussian/monte_carlo": "tensor, 2 layers Monte Carlo (1/sqrt(V))",
+    "behavioral/held_out": "behavioural (held-out text)",
+    "weight_cosine": "matrix cosine (weights)",
+}
 
 PAPER_CLAIM = (
     "tensor similarity shows sharp transitions and block structure across training checkpoints "
@@ -145,98 +159,12 @@ def _networks(cfg, vocab, workdir, steps):
         model = _build(cfg, vocab)
         if step:
             load_checkpoint(model, workdir, step, config=_train_config(cfg))
-        nets.append(jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), model.to_network()))
+        nets.append(jax.tree.map(lambda x: np.asarray(x, np.float32), model.to_network()))
     return nets
 
 
 def _truncate(net, depth):
     return dataclasses.replace(net, layers=net.layers[:depth])
-
-
-def _stack(nets):
-    import jax
-
-    return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *nets)
-
-
-# ---------------------------------------------------------------------------
-# Similarity matrices
-# ---------------------------------------------------------------------------
-
-
-def _pairwise(nets, inner, cache: pathlib.Path, bar):
-    """Symmetric matrix of ``inner(a, b)`` over the upper triangle; partial rows are cached in ``cache``."""
-    n = len(nets)
-    gram = np.full((n, n), np.nan)
-    if cache.exists():
-        gram = _read_cache(cache).get("partial", gram)
-    for i in range(n):
-        if not np.isnan(gram[i, n - 1]):
-            continue
-        for j in range(i, n):
-            gram[i, j] = gram[j, i] = float(inner(nets[i], nets[j]))
-        _save_npz(cache, partial=gram)
-        bar.set_postfix_str(f"row {i + 1}/{n}")
-    return gram
-
-
-def _normalise(gram):
-    d = np.sqrt(np.diag(gram))
-    return gram / d[:, None] / d[None, :]
-
-
-def _mc_gram(nets, cfg, scale):
-    """Two-layer inner products by Monte Carlo with common random numbers: mean, SE, similarity SE.
-
-    The same ``mc_samples`` Gaussian contexts feed every checkpoint; ``mc_batches``
-    batch means give the standard error of every inner product, and a
-    delete-one-batch jackknife that of every normalised similarity.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    from funsim.similarity import apply_attention_network
-
-    stacked = _stack(nets)
-    per = cfg.mc_samples // cfg.mc_batches
-    vocab = nets[0].vocab_size
-
-    @jax.jit
-    def batch_gram(key):
-        g = scale * jax.random.normal(key, (per, cfg.context, vocab), jnp.float32)
-        out = jax.vmap(lambda net: apply_attention_network(net, g))(stacked)  # (n, per, T, V)
-        flat = out.reshape(out.shape[0], -1)
-        return flat @ flat.T / per
-
-    key = jax.random.key(cfg.seed + 1)
-    grams = np.stack([np.asarray(batch_gram(jax.random.fold_in(key, b)), np.float64) for b in range(cfg.mc_batches)])
-    mean = grams.mean(0)
-    se = grams.std(0, ddof=1) / np.sqrt(cfg.mc_batches)
-    b = cfg.mc_batches
-    jack = np.stack([_normalise((mean * b - grams[i]) / (b - 1)) for i in range(b)])
-    sim_se = np.sqrt((b - 1) / b * ((jack - jack.mean(0)) ** 2).sum(0))
-    return mean, se, sim_se
-
-
-def _behaviour(nets, x):
-    """Mean per-position cosine of the logits on the windows ``x (n, L)``: ``(C, C)``."""
-    import jax
-
-    from funsim.similarity import apply_attention_network
-
-    feats = []
-    for net in nets:
-        logits = np.asarray(jax.jit(apply_attention_network)(net, x), np.float64).reshape(-1, net.n_outputs)
-        feats.append(logits / np.linalg.norm(logits, axis=1, keepdims=True))
-    feats = np.stack(feats)  # (C, n L, V)
-    return np.einsum("anv,bnv->ab", feats, feats) / feats.shape[1]
-
-
-def _weight_cosine(nets):
-    import jax
-
-    flat = np.stack([np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(n)]) for n in nets]).astype(np.float64)
-    return _normalise(flat @ flat.T)
 
 
 # ---------------------------------------------------------------------------
@@ -309,81 +237,6 @@ def _ngram_scores(nets, x_eval, y_eval, targets):
 
 
 # ---------------------------------------------------------------------------
-# Block structure: kernel change-point segmentation
-# ---------------------------------------------------------------------------
-
-
-def segment(sim, k):
-    """Split a checkpoint sequence into ``k`` contiguous blocks, optimally (dynamic programming).
-
-    The cost of a block B is the kernel dispersion ``sum_{i in B} S_ii - (1/|B|)
-    sum_{i, j in B} S_ij`` (the within-cluster sum of squares of the checkpoints'
-    feature vectors when ``S`` is a Gram matrix: kernel change-point detection).
-
-    Args:
-      sim: ``(n, n)`` symmetric similarity matrix.
-      k: number of blocks, ``1 <= k <= n``.
-
-    Returns:
-      ``(starts, cost)``: the first index of blocks 2..k and the total cost.
-
-    Examples:
-      >>> s = np.kron(np.eye(2), np.ones((2, 2)))   # two perfect blocks
-      >>> segment(s, 2)
-      ((2,), 0.0)
-    """
-    s = np.asarray(sim, np.float64)
-    n = len(s)
-    if not 1 <= k <= n:
-        raise ValueError(f"k={k} blocks must be between 1 and the {n} checkpoints.")
-    cs = np.zeros((n + 1, n + 1))
-    cs[1:, 1:] = s.cumsum(0).cumsum(1)
-    dg = np.concatenate([[0.0], np.cumsum(np.diag(s))])
-
-    def cost(i, j):  # block [i, j)
-        block = cs[j, j] - cs[i, j] - cs[j, i] + cs[i, i]
-        return dg[j] - dg[i] - block / (j - i)
-
-    best = np.full((k + 1, n + 1), np.inf)
-    arg = np.zeros((k + 1, n + 1), dtype=int)
-    best[0, 0] = 0.0
-    for m in range(1, k + 1):
-        for j in range(m, n + 1):
-            cands = [best[m - 1, i] + cost(i, j) for i in range(m - 1, j)]
-            i = int(np.argmin(cands))
-            best[m, j], arg[m, j] = cands[i], i + m - 1
-    starts, j = [], n
-    for m in range(k, 1, -1):
-        j = arg[m, j]
-        starts.append(j)
-    return tuple(int(x) for x in sorted(starts)), float(max(best[k, n], 0.0))
-
-
-def block_summary(sim, steps, ks):
-    """Segmentations of ``sim`` for every K: boundaries (as steps), explained fraction, block contrast."""
-    _, total = segment(sim, 1)
-    out = {}
-    n = len(sim)
-    for k in ks:
-        if k > n:
-            continue
-        starts, cost = segment(sim, k)
-        labels = np.searchsorted(np.asarray(starts), np.arange(n), side="right")
-        same = labels[:, None] == labels[None, :]
-        off = ~np.eye(n, dtype=bool)
-        within = sim[same & off].mean() if (same & off).any() else float("nan")
-        between = sim[~same].mean() if (~same).any() else float("nan")
-        out[k] = {
-            "boundaries_steps": [int(steps[i]) for i in starts],
-            "explained": float(1 - cost / total) if total > 0 else float("nan"),
-            "within_mean": float(within),
-            "between_mean": float(between),
-            "contrast": float(within - between),
-        }
-    return out
-
-
-# ---------------------------------------------------------------------------
 # Files and figures
 # ---------------------------------------------------------------------------
 
@@ -398,13 +251,13 @@ def _matrix_figure(panels, steps, path, *, suptitle):
     """Heatmaps (title -> (matrix, boundary indices)) with the K-block boundaries drawn."""
     from funsim.experiments import plotting
 
-    plt = plotting.plt
     n = len(panels)
     ncols = min(3, n)
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.3 * ncols, 3.8 * nrows), squeeze=False)
+    fig, axes = plotting.subplots(nrows, ncols, figsize=(4.3 * ncols, 3.8 * nrows), squeeze=False,
+                                  layout="compressed")  # square heatmaps
     ticks = np.unique(np.linspace(0, len(steps) - 1, min(6, len(steps))).round().astype(int))
-    for ax, (title, (mat, starts)) in zip(axes.ravel(), panels.items()):
+    for k, (ax, (title, (mat, starts))) in enumerate(zip(axes.ravel(), panels.items())):
         m = np.asarray(mat, float)
         off = m[~np.eye(len(m), dtype=bool)] if len(m) > 1 else m.ravel()
         lo = float(np.nanmin(off)) if off.size else 0.0
@@ -414,21 +267,25 @@ def _matrix_figure(panels, steps, path, *, suptitle):
             ax.axvline(b - 0.5, color="red", lw=1.2)
         ax.set_xticks(ticks, [str(steps[i]) for i in ticks], rotation=45, fontsize=7)
         ax.set_yticks(ticks, [str(steps[i]) for i in ticks], fontsize=7)
-        ax.set(title=title, xlabel="checkpoint (training step)", ylabel="checkpoint (training step)")
-        ax.title.set_fontsize(8)
+        # the same checkpoints in every panel: named on the left column and the lowest row only
+        left, bottom = k % ncols == 0, k + ncols >= n
+        ax.tick_params(labelleft=left, labelbottom=bottom)
+        if left:
+            ax.set_ylabel("checkpoint (training step)", fontsize=8)
+        if bottom:
+            ax.set_xlabel("checkpoint (training step)", fontsize=8)
+        ax.set_title(title, fontsize=8)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     for ax in axes.ravel()[n:]:
         ax.axis("off")
     fig.suptitle(suptitle, fontsize=10)
-    fig.tight_layout()
     return plotting.save(fig, path)
 
 
 def _curves_figure(steps, series, path, *, title, ylabel):
     from funsim.experiments import plotting
 
-    plt = plotting.plt
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plotting.subplots(figsize=(6, 3.6))
     x = np.maximum(np.asarray(steps), 1)
     for name, ys in series.items():
         ax.plot(x, ys, marker="o", ms=3, label=name)
@@ -437,7 +294,6 @@ def _curves_figure(steps, series, path, *, title, ylabel):
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
     return plotting.save(fig, path)
 
 
@@ -481,10 +337,10 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
     import jax
     from tqdm.auto import tqdm
 
+    from funsim.experiments import checkpoint_similarity as cs
     from funsim.experiments import data as data_lib
     from funsim.experiments import plotting
     from funsim.models.train import train
-    from funsim.similarity import attention_inner, attention_similarity_matrix
 
     out = open_run("language", run_name, root=root, config=cfg)  # locked; a changed config is refused
     ds = data_lib.load("shakespeare", seq_len=cfg.seq_len, max_chars=cfg.max_chars)
@@ -492,15 +348,12 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
     log(f"language: {ds.x_train.shape[0]} training windows of {cfg.seq_len} characters; results in {out}")
     tcfg = _train_config(cfg)
     timing_path = out / "timing.json"
-    timing = read_json(timing_path) if timing_path.exists() else {"train_seconds": 0.0, "load_average": []}
-    timing["load_average"].append({"utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                   "load_1_5_15": list(os.getloadavg())})
+    train_seconds = read_json(timing_path)["train_seconds"] if timing_path.exists() else 0.0
     start = time.time()
     result = train(_build(cfg, vocab), ds.x_train, ds.y_train, ds.x_test[:1024], ds.y_test[:1024], config=tcfg,
                    workdir=out / "model", progress=progress)
-    timing["train_seconds"] += time.time() - start  # summed over resumed invocations
-    write_json_atomic(timing_path, timing)
-    train_seconds = timing["train_seconds"]
+    train_seconds += time.time() - start  # summed over resumed invocations
+    write_json_atomic(timing_path, {"train_seconds": train_seconds})
     steps = (0, *tcfg.checkpoint_set())
     nets = _networks(cfg, vocab, out / "model", steps)
     nets1 = [_truncate(n, 1) for n in nets]
@@ -510,19 +363,21 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
                    if cfg.closure_checkpoints else np.zeros(0, int))
 
     bar = tqdm(total=len(STAGES), disable=not progress, desc="analysis", leave=False)
-    exact = lambda scale: (lambda a, b: attention_inner(a, b, context=cfg.context, scale=scale))
-    an = out / "analysis"
-    an.mkdir(exist_ok=True)
+
+    def exact(scale, subset=None, method="exact"):  # Gaussian inner products of the stated checkpoints
+        inner = cs.tensor_matrices(subset if subset is not None else nets1, metrics=("gaussian",), method=method,
+                                   per_output=False, context=cfg.context, scale=scale, return_inner=True)
+        return inner["tensor/gaussian"]
+
     res = {
-        "tensor1_onehot": _stage("tensor1_onehot", out, lambda: {
-            "inner": _pairwise(nets1, exact(onehot), an / "tensor1_onehot.partial.npz", bar)}, bar),
-        "tensor1_unit": _stage("tensor1_unit", out, lambda: {
-            "inner": _pairwise(nets1, exact(1.0), an / "tensor1_unit.partial.npz", bar)}, bar),
+        "tensor1_onehot": _stage("tensor1_onehot", out, lambda: {"inner": exact(onehot)}, bar),
+        "tensor1_unit": _stage("tensor1_unit", out, lambda: {"inner": exact(1.0)}, bar),
     }
 
-    def mc():
-        mean, se, sim_se = _mc_gram(nets, cfg, onehot)
-        return {"inner": mean, "inner_se": se, "sim_se": sim_se}
+    def mc():  # common random numbers: one set of Gaussian contexts for every checkpoint
+        m = cs.monte_carlo_matrices(nets, n_samples=cfg.mc_samples, n_batches=cfg.mc_batches,
+                                    key=jax.random.key(cfg.seed + 1), context=cfg.context, scale=onehot)
+        return {"inner": m["inner"], "inner_se": m["inner_se"], "sim_se": m["similarity_se"]}
 
     res["tensor2_mc"] = _stage("tensor2_mc", out, mc, bar)
 
@@ -542,14 +397,12 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
     def closure():
         if not len(closure_idx):
             return {"inner": np.zeros((0, 0)), "index": closure_idx}
-        sub = [nets[i] for i in closure_idx]
-        inner = attention_similarity_matrix(sub, context=cfg.context, method="closure", scale=onehot,
-                                            return_inner=True)
-        return {"inner": np.asarray(inner, np.float64), "index": closure_idx}
+        return {"inner": exact(onehot, [nets[i] for i in closure_idx], method="closure"), "index": closure_idx}
 
     res["tensor2_closure"] = _stage("tensor2_closure", out, closure, bar)
-    res["behaviour"] = _stage("behaviour", out, lambda: {"sim": _behaviour(nets, x_eval)}, bar)
-    res["weights"] = _stage("weights", out, lambda: {"sim": _weight_cosine(nets)}, bar)
+    res["behaviour"] = _stage("behaviour", out, lambda: {
+        "sim": cs.behavioural_matrix(cs.network_outputs(nets, x_eval))}, bar)
+    res["weights"] = _stage("weights", out, lambda: {"sim": cs.weight_cosine_matrix(nets)}, bar)
 
     def ngrams():
         train_ids = np.concatenate([ds.x_train.ravel(), ds.y_train[-1, -1:]])
@@ -563,14 +416,15 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
     bar.close()
 
     matrices = {
-        "tensor, layer 1 exact (scale 1/sqrt(V))": _normalise(res["tensor1_onehot"]["inner"]),
-        "tensor, layer 1 exact (scale 1, paper)": _normalise(res["tensor1_unit"]["inner"]),
-        "tensor, 2 layers Monte Carlo (1/sqrt(V))": _normalise(res["tensor2_mc"]["inner"]),
-        "behavioural (held-out text)": res["behaviour"]["sim"],
-        "matrix cosine (weights)": res["weights"]["sim"],
+        "tensor/gaussian/layers=1": cs.normalise_gram(res["tensor1_onehot"]["inner"]),
+        "tensor/gaussian/layers=1/scale=1": cs.normalise_gram(res["tensor1_unit"]["inner"]),
+        "tensor/gaussian/monte_carlo": cs.normalise_gram(res["tensor2_mc"]["inner"]),
+        "behavioral/held_out": res["behaviour"]["sim"],
+        "weight_cosine": res["weights"]["sim"],
     }
-    blocks = {name: block_summary(m, steps, cfg.segments) for name, m in matrices.items()}
-    closure_sim = _normalise(res["tensor2_closure"]["inner"]) if len(closure_idx) else None
+    assert list(matrices) == list(MATRICES)
+    blocks = {key: cs.block_summary(m, steps, cfg.segments) for key, m in matrices.items()}
+    closure_sim = cs.normalise_gram(res["tensor2_closure"]["inner"]) if len(closure_idx) else None
     ngram = {str(k): res["ngrams"]["values"][:, i].tolist() for i, k in enumerate(res["ngrams"]["keys"])}
     metrics = {
         "experiment": "language",
@@ -579,8 +433,8 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
         "vocab": vocab,
         "train_seconds": train_seconds,
         "stage_seconds": {k: float(v["seconds"]) for k, v in res.items()},
-        "load_average_at_start": timing["load_average"],
         "history": result.history,
+        "matrix_labels": MATRICES,
         "matrices": {k: np.asarray(v).tolist() for k, v in matrices.items()},
         "tensor2_mc_inner_se": res["tensor2_mc"]["inner_se"].tolist(),
         "tensor2_mc_similarity_se": res["tensor2_mc"]["sim_se"].tolist(),
@@ -589,7 +443,7 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
         "closure": None if closure_sim is None else {
             "steps": [int(steps[i]) for i in closure_idx],
             "similarity": closure_sim.tolist(),
-            "mc_similarity_same_pairs": matrices["tensor, 2 layers Monte Carlo (1/sqrt(V))"][np.ix_(closure_idx, closure_idx)].tolist(),
+            "mc_similarity_same_pairs": matrices["tensor/gaussian/monte_carlo"][np.ix_(closure_idx, closure_idx)].tolist(),
         },
         "blocks": blocks,
         "ngrams": ngram,
@@ -605,20 +459,20 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
 
 def _figures(cfg, out, steps, matrices, blocks, closure_sim, closure_idx, ngram, history, plotting):
     k = max(cfg.segments)
-    panels = {f"{name}\nK={k} blocks, explained {blocks[name].get(k, {}).get('explained', float('nan')):.2f}":
-              (m, [steps.index(s) for s in blocks[name].get(k, {}).get("boundaries_steps", [])])
-              for name, m in matrices.items()}
+    panels = {f"{MATRICES[key]}\nK={k} blocks, explained {blocks[key].get(k, {}).get('explained', float('nan')):.2f}":
+              (m, [steps.index(s) for s in blocks[key].get(k, {}).get("boundaries_steps", [])])
+              for key, m in matrices.items()}
     figs = [plotting.training_curves({"transformer": history}, out / "training.png",
                                      title="2-layer bilinear-attention transformer, Shakespeare characters")]
     figs.append(_matrix_figure(panels, steps, out / "similarity_matrices.png",
                                suptitle=f"checkpoint x checkpoint similarity (context {cfg.context}); red: K-block segmentation"))
     if closure_sim is not None:
         sub_steps = [steps[i] for i in closure_idx]
-        mc = matrices["tensor, 2 layers Monte Carlo (1/sqrt(V))"][np.ix_(closure_idx, closure_idx)]
+        mc = matrices["tensor/gaussian/monte_carlo"][np.ix_(closure_idx, closure_idx)]
         figs.append(_matrix_figure({"2 layers, closure": (closure_sim, []), "2 layers, Monte Carlo": (mc, [])},
                                    sub_steps, out / "closure_vs_monte_carlo.png",
                                    suptitle="two-layer tensor similarity on a checkpoint subset"))
-    final = {name: np.asarray(m)[:, -1] for name, m in matrices.items()}
+    final = {MATRICES[key]: np.asarray(m)[:, -1] for key, m in matrices.items()}
     figs.append(_curves_figure(steps, final, out / "similarity_to_final.png",
                                title="similarity of each checkpoint to the final one", ylabel="similarity"))
     agree = {f"{n}-gram agreement": ngram[f"{n}gram_agreement"] for n in cfg.ngram_orders}
@@ -640,8 +494,7 @@ def summary(metrics: dict, cfg: LanguageConfig) -> str:
         f"similarity context {cfg.context} positions; final held-out loss "
         f"{metrics['history'][-1]['test_loss']:.3f}, accuracy {metrics['history'][-1]['test_accuracy']:.3f}; "
         f"training {metrics['train_seconds'] / 60:.1f} min, analysis {sum(metrics['stage_seconds'].values()) / 60:.1f} "
-        f"min (load average at start: {metrics['load_average_at_start'][0]['load_1_5_15'][0]:.1f} on "
-        f"{os.cpu_count()} CPUs).",
+        "min.",
         "",
         "Block structure (kernel change-point segmentation; 'explained' = fraction of the matrix's "
         "dispersion the K contiguous blocks explain; contrast = mean within-block minus mean between-block similarity):",
@@ -653,7 +506,7 @@ def summary(metrics: dict, cfg: LanguageConfig) -> str:
         mat = np.asarray(metrics["matrices"][name])
         low = mat[~np.eye(len(mat), dtype=bool)].min() if len(mat) > 1 else float("nan")
         for k, b in per_k.items():
-            lines.append(f"| {name} | {k} | {b['explained']:.3f} | {b['contrast']:.3f} | "
+            lines.append(f"| {MATRICES.get(name, name)} | {k} | {b['explained']:.3f} | {b['contrast']:.3f} | "
                          f"{', '.join(map(str, b['boundaries_steps']))} | {low:.3f} |")
     tensor = [n for n in metrics["blocks"] if n.startswith("tensor") and k_main in metrics["blocks"][n]]
     base = [n for n in metrics["blocks"] if not n.startswith("tensor") and k_main in metrics["blocks"][n]]
@@ -665,15 +518,15 @@ def summary(metrics: dict, cfg: LanguageConfig) -> str:
         "",
         f"Verdict rule (fixed before the run): the claim reproduces if every tensor matrix's K={k_main} blocks "
         f"explain more of its dispersion than every baseline's (partly: some do). Baselines' best: {best_base:.3f}. "
-        f"Tensor matrices above it: {', '.join(sharper) if sharper else 'none'}. **Verdict: {verdict}.**",
+        f"Tensor matrices above it: {', '.join(MATRICES.get(n, n) for n in sharper) if sharper else 'none'}. **Verdict: {verdict}.**",
         "",
     ]
     bigram = f"{min(cfg.ngram_orders)}gram_agreement"
     if bigram in metrics["ngrams"]:
         peak = int(np.argmax(metrics["ngrams"][bigram]))
         late = slice(peak, None)
-        ranges = {name: 1 - float(np.asarray(m)[late, late].min()) for name, m in metrics["matrices"].items()}
-        full = {name: 1 - float(np.asarray(m).min()) for name, m in metrics["matrices"].items()}
+        ranges = {MATRICES.get(k, k): 1 - float(np.asarray(m)[late, late].min()) for k, m in metrics["matrices"].items()}
+        full = {MATRICES.get(k, k): 1 - float(np.asarray(m).min()) for k, m in metrics["matrices"].items()}
         lines += [
             f"Descriptive, chosen after seeing the curves: from the {min(cfg.ngram_orders)}-gram agreement peak "
             f"(step {metrics['steps'][peak]}) to the end, 1 - (smallest similarity) per matrix, and as a share of "

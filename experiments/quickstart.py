@@ -291,35 +291,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
 
 
-#: XLA's flag for the smoke run: at its size compiling, not computing, is the cost, and LLVM's
-#: optimisation passes are most of each compile (the test suite sets the same flag).
-SMOKE_XLA_FLAG = "--xla_backend_optimization_level=0"
-
-
-def _compile_for_a_smoke_run() -> bool:
-    """Turn XLA's backend optimisation off for this process, if its backend has not started yet.
-
-    Returns whether the flag is in effect (assumed when this JAX cannot say whether its backend
-    has started). A level the user set in ``XLA_FLAGS`` wins.
-    """
-    import os
-
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_optimization_level" in flags:
-        return SMOKE_XLA_FLAG in flags
-    try:  # a private helper; if a JAX version lacks it, setting the flag is harmless
-        from jax._src.xla_bridge import backends_are_initialized
-    except ImportError:
-        backends_are_initialized = lambda: False  # noqa: E731
-    if backends_are_initialized():
-        return False
-    os.environ["XLA_FLAGS"] = f"{flags} {SMOKE_XLA_FLAG}".strip()
-    return True
-
-
 def main(args: argparse.Namespace) -> int:
     if args.tiny:
-        _compile_for_a_smoke_run()
+        from funsim.experiments.xla_flags import compile_fast
+
+        compile_fast()
     from funsim import similarity
 
     cfg = TINY if args.tiny else QuickstartConfig()

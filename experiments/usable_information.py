@@ -157,7 +157,7 @@ def _widths(zoo_dir: pathlib.Path, flatten: str) -> dict:
 # ----------------------------------------------------------------------------- claims
 
 
-def _claim1(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plt) -> dict:
+def _claim1(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plotting) -> dict:
     import jax
 
     res = {}
@@ -180,27 +180,28 @@ def _claim1(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plt) -> dict
             continue
         res[label] = {**stats, "excess_kurtosis_ci95": [ci.low, ci.high],
                       "fraction_abs_gt_0.1": float(np.mean(np.abs(d) > 0.1))}
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4), squeeze=False)
-    for ax, (label, _, d) in zip(axes[0], panels):
+    fig, axes = plotting.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4), squeeze=False)
+    for k, (ax, (label, _, d)) in enumerate(zip(axes[0], panels)):
         ax.hist(d, bins=60, density=True, color="C0", alpha=0.8, label="layer pairs")
         sd = d.std()
         xs = np.linspace(d.min(), d.max(), 200)
         ax.plot(xs, np.exp(-0.5 * ((xs - d.mean()) / sd) ** 2) / (sd * np.sqrt(2 * np.pi)), "k--",
                 label="normal, same mean and sd")
         ax.set_yscale("log")
-        ax.set_xlabel("forward - reverse")
-        ax.set_ylabel("density (log scale)")
+        if k == 0:
+            ax.set_ylabel("density (log scale)")
         r = res[label]
         ax.set_title(f"{label}\nexcess kurtosis {r['excess_kurtosis']:.1f}, n = {r['n']}", fontsize=9)
         ax.legend(fontsize=8)
-    fig.suptitle("Claim 1: stitching is asymmetric (heavy tails)", y=1.04)
+    fig.suptitle("Claim 1: stitching is asymmetric (heavy tails)")
+    fig.supxlabel("forward - reverse score of a layer pair", fontsize=9)
     _save(fig, out / "claim1_asymmetry.png")
     return res
 
 
-def _claim2(t: _Table, ridge: float, widths: dict, out: pathlib.Path, plt) -> dict:
+def _claim2(t: _Table, ridge: float, widths: dict, out: pathlib.Path, plotting) -> dict:
     res = {}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plotting.subplots(1, 2, figsize=(11, 4))
     for ax, split in zip(axes, ("in_sample", "held_out")):
         keys, (o, s, a) = _join(*(t.get(f"stitch/{f}", split) for f in FAMILIES))
         slack = np.array([ridge_slack(ridge, widths[k[1], k[2]], widths[k[3], k[4]]) if k[5] == "a->b" else
@@ -214,12 +215,10 @@ def _claim2(t: _Table, ridge: float, widths: dict, out: pathlib.Path, plt) -> di
         }
         ax.boxplot([o, s, a], showfliers=False)
         ax.set_xticks([1, 2, 3], ["orthogonal", "scaled\northogonal", "affine"])
-        ax.set_ylabel("reconstruction score")
-        ax.set_xlabel("stitcher family")
         r = res[split]
-        ax.set_title(f"{split.replace('_', ' ')}: violations orth>scaled {r['orthogonal_gt_scaled']}, scaled>affine "
-                     f"{r['scaled_gt_affine']} ({r['scaled_gt_affine_beyond_ridge_bound']} beyond the ridge bound)",
-                     fontsize=9)
+        ax.set_title(f"{split.replace('_', ' ')}: violations orthogonal > scaled {r['orthogonal_gt_scaled']},\n"
+                     f"scaled > affine {r['scaled_gt_affine']} ({r['scaled_gt_affine_beyond_ridge_bound']} beyond "
+                     "the ridge bound)", fontsize=9)
     task = {}
     fams = [f for f in FAMILIES if t.get(f"task/{f}/relative_accuracy", "held_out", "fine")]
     if len(fams) > 1:
@@ -227,12 +226,14 @@ def _claim2(t: _Table, ridge: float, widths: dict, out: pathlib.Path, plt) -> di
         task = {"families": fams, "pairs": len(keys), "violations": st.count_violations(*vals, tol=1e-6),
                 "mean": {f: float(np.mean(v)) for f, v in zip(fams, vals)}}
     res["task_loss"] = task
-    fig.suptitle("Claim 2: similarity rises with the family's expressiveness (closed-form scores)", y=1.04)
+    fig.suptitle("Claim 2: similarity rises with the family's expressiveness (closed-form scores)")
+    fig.supxlabel("stitcher family", fontsize=9)
+    fig.supylabel("reconstruction score", fontsize=9)
     _save(fig, out / "claim2_monotonicity.png")
     return res
 
 
-def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plt) -> dict:
+def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plotting) -> dict:
     import jax
 
     measures = [m for m in t.measures() if not m.startswith(("stitch/", "task/"))]
@@ -257,7 +258,9 @@ def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plt) -> dict
                 res.setdefault(split, {}).setdefault(fam, {})[m] = {
                     "r2": ci.estimate, "ci95": [ci.low, ci.high], "null_mean": perm.null_mean,
                     "null_q95": perm.null_q95, "p_value": perm.p_value, "n": len(keys)}
-    fig, axes = plt.subplots(len(measures), len(FAMILIES), figsize=(4 * len(FAMILIES), 3 * len(measures)),
+    # rows: measures (the x axis of their panels, named once on the right); columns: families (the y
+    # axis, named once at the top); each panel's title is its R^2
+    fig, axes = plotting.subplots(len(measures), len(FAMILIES), figsize=(3.6 * len(FAMILIES) + 1.2, 2.6 * len(measures) + 0.8),
                              squeeze=False)
     for i, m in enumerate(measures):
         for j, fam in enumerate(FAMILIES):
@@ -265,17 +268,22 @@ def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plt) -> dict
             keys, (x, y) = _join(_directed(t.get(m, "all")), t.get(f"stitch/{fam}", "held_out"))
             ax.scatter(x, y, s=3, alpha=0.3)
             r = res.get("held_out", {}).get(fam, {}).get(m)
-            ax.set_title(f"R² = {r['r2']:.3f}" if r else "", fontsize=9)
-            ax.set_xlabel(m)
-            ax.set_ylabel(f"{fam} score (held out)")
-    fig.suptitle("Claim 3: measures against each family's reconstruction score", y=1.04)
+            r2 = f"R² = {r['r2']:.3f}" if r else "R² undefined"
+            ax.set_title(f"{fam}\n{r2}" if i == 0 else r2, fontsize=9)
+            if j == len(FAMILIES) - 1:
+                ax.yaxis.set_label_position("right")
+                ax.set_ylabel(m, rotation=270, labelpad=14, fontsize=9)
+    fig.suptitle("Claim 3: each measure (row; x axis) against each family's held-out reconstruction score "
+                 "(column; y axis)", fontsize=10)
+    fig.supxlabel("the row's measure", fontsize=9)
+    fig.supylabel("the column's reconstruction score (held out)", fontsize=9)
     _save(fig, out / "claim3_r2.png")
     return res
 
 
-def _claim4(t: _Table, out: pathlib.Path, plt) -> dict:
+def _claim4(t: _Table, out: pathlib.Path, plotting) -> dict:
     res = {}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = plotting.subplots(1, 2, figsize=(11, 4.5))
     fams = [m.split("/")[1] for m in t.measures() if m.startswith("task/") and m.endswith("/relative_accuracy")]
     for fam in fams:
         fine = t.get(f"task/{fam}/relative_accuracy", "held_out", "fine")
@@ -304,19 +312,19 @@ def _claim4(t: _Table, out: pathlib.Path, plt) -> dict:
         ax.set_ylabel(yl)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle("Claim 4: coarse-task functional similarity against fine-task", y=1.04)
+    fig.suptitle("Claim 4: coarse-task functional similarity against fine-task")
     _save(fig, out / "claim4_granularity.png")
     return res
 
 
-def _claim5(t: _Table, opts: ReportOptions, out: pathlib.Path, plt) -> dict:
+def _claim5(t: _Table, opts: ReportOptions, out: pathlib.Path, plotting) -> dict:
     res = {}
     edges = np.linspace(0.0, 1.0, opts.bins + 1)
     centres = (edges[:-1] + edges[1:]) / 2
     fams = [m.split("/")[1] for m in t.measures() if m.startswith("task/") and m.endswith("/relative_accuracy")]
     xs = {"cka/linear": _directed(t.get("cka/linear", "all")),
           "stitch/scaled_orthogonal (held out)": t.get("stitch/scaled_orthogonal", "held_out")}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plotting.subplots(1, 2, figsize=(11, 4))
     for fam in fams:
         func = t.get(f"task/{fam}/relative_accuracy", "held_out", "fine")
         for ax, (name, rep) in zip(axes, xs.items()):
@@ -341,18 +349,18 @@ def _claim5(t: _Table, opts: ReportOptions, out: pathlib.Path, plt) -> dict:
             for cx, n in zip(centres, counts):
                 ax.annotate(str(n), (cx, 0.02), fontsize=6, ha="center")
             ax.set_xlabel(f"representational similarity: {name}")
-            ax.set_ylabel("P(high functional similarity | bin)")
             ax.set_ylim(0, 1.05)
-            ax.set_title("binned (numbers: pairs per bin)", fontsize=9)
             ax.legend(fontsize=7)
-    fig.suptitle("Claim 5: representational similarity is sufficient, not necessary", y=1.04)
+    axes[0].set_ylabel("P(high functional similarity | bin)")
+    fig.suptitle("Claim 5: representational similarity is sufficient, not necessary\n"
+                 "(binned; numbers: pairs per bin)")
     _save(fig, out / "claim5_sufficiency.png")
     return res
 
 
-def _gap(t: _Table, out: pathlib.Path, plt) -> dict:
+def _gap(t: _Table, out: pathlib.Path, plotting) -> dict:
     res = {}
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plotting.subplots(figsize=(6, 4))
     for fam in FAMILIES:
         keys, (ins, held) = _join(t.get(f"stitch/{fam}", "in_sample"), t.get(f"stitch/{fam}", "held_out"))
         if not keys:
@@ -476,9 +484,8 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
       FileNotFoundError: ``run_dir`` has no ``comparisons.csv``.
     """
     import jax
-    import matplotlib.pyplot as plt
 
-    from funsim.experiments import plotting  # noqa: F401  (sets the Agg backend)
+    from funsim.experiments import plotting  # its subplots lay out every figure (constrained)
     from funsim.experiments.similarity_study import read_table
 
     run_dir = pathlib.Path(run_dir)
@@ -495,12 +502,12 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     out = run_dir / "usable_information"
     key = jax.random.key(options.seed)
     m = {"rows": int(len(cols["value"])), "options": dataclasses.asdict(options)}
-    m["claim1"] = _claim1(t, options, jax.random.fold_in(key, 1), out, plt)
-    m["claim2"] = _claim2(t, float(cfg["affine_ridge"]), widths, out, plt)
-    m["claim3"] = _claim3(t, options, jax.random.fold_in(key, 3), out, plt)
-    m["claim4"] = _claim4(t, out, plt)
-    m["claim5"] = _claim5(t, options, out, plt)
-    m["gap"] = _gap(t, out, plt)
+    m["claim1"] = _claim1(t, options, jax.random.fold_in(key, 1), out, plotting)
+    m["claim2"] = _claim2(t, float(cfg["affine_ridge"]), widths, out, plotting)
+    m["claim3"] = _claim3(t, options, jax.random.fold_in(key, 3), out, plotting)
+    m["claim4"] = _claim4(t, out, plotting)
+    m["claim5"] = _claim5(t, options, out, plotting)
+    m["gap"] = _gap(t, out, plotting)
     m["paper"] = {k: list(v) for k, v in PAPER.items()}
     write_json_atomic(out / "metrics.json", m)
     write_text_atomic(out / "summary.md", _summary(run_dir, cfg, m, options))

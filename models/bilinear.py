@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from funsim.models.base import FeatureModel
-from funsim.models.mlp import _shape
+from funsim.models.mlp import per_sample_shape
 from funsim.similarity.attention import AttentionLayer, AttentionNetwork, apply_attention_layer
 from funsim.similarity.attention import bilinear_attention as bilinear_attention  # re-exported by models
 from funsim.similarity.multilinear import BilinearLayer, LinearLayer, apply_layer
@@ -134,7 +134,7 @@ class BilinearMLP(FeatureModel):
         head: bool = True,
         rngs: nnx.Rngs,
     ):
-        self.input_shape = _shape(input_shape)
+        self.input_shape = per_sample_shape(input_shape)
         d_in = int(np.prod(self.input_shape))
         if not head and n_layers < 1:
             raise ValueError(f"head=False needs n_layers >= 1 (the last bilinear layer gives the logits), got n_layers={n_layers}.")

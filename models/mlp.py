@@ -31,7 +31,8 @@ def get_activation(name: str):
     return ACTIVATIONS[name]
 
 
-def _shape(input_shape) -> tuple[int, ...]:
+def per_sample_shape(input_shape) -> tuple[int, ...]:
+    """A per-sample input shape given as an int or a sequence, as a tuple of ints."""
     return (int(input_shape),) if np.ndim(input_shape) == 0 else tuple(int(s) for s in input_shape)
 
 
@@ -53,7 +54,7 @@ class Linear(FeatureModel):
     """
 
     def __init__(self, input_shape, n_classes: int, *, rngs: nnx.Rngs):
-        self.input_shape = _shape(input_shape)
+        self.input_shape = per_sample_shape(input_shape)
         self.head = nnx.Linear(int(np.prod(self.input_shape)), n_classes, rngs=rngs)
 
     def _stage_names(self):
@@ -95,7 +96,7 @@ class MLP(FeatureModel):
         activation: str = "relu",
         rngs: nnx.Rngs,
     ):
-        self.input_shape = _shape(input_shape)
+        self.input_shape = per_sample_shape(input_shape)
         get_activation(activation)
         self.activation = activation
         dims = [int(np.prod(self.input_shape)), *[int(w) for w in widths]]

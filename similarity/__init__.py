@@ -103,14 +103,15 @@ from funsim.similarity.multilinear import validate_network as validate_network
 from funsim.similarity.multilinear import validate_network_pair as validate_network_pair
 from funsim.similarity.tensor_similarity import METHODS as TENSOR_METHODS
 from funsim.similarity.tensor_similarity import METRICS as TENSOR_METRICS
-from funsim.similarity.tensor_similarity import behavioral_similarity as behavioral_similarity
+from funsim.similarity.tensor_similarity import behavioural_similarity as behavioural_similarity
+from funsim.similarity.tensor_similarity import behavioral_similarity as behavioral_similarity  # deprecated spelling
 from funsim.similarity.tensor_similarity import similarity_matrix as similarity_matrix
 from funsim.similarity.tensor_similarity import stack_networks as stack_networks
 from funsim.similarity.tensor_similarity import tensor_inner as tensor_inner
 from funsim.similarity.tensor_similarity import tensor_similarity as tensor_similarity
 from funsim.similarity.tensor_similarity import weight_cosine as weight_cosine
-from funsim.similarity.validate_numerics import monte_carlo_inner as monte_carlo_inner
-from funsim.similarity.validate_numerics import quadrature_inner as quadrature_inner
+from funsim.similarity.estimators import monte_carlo_inner as monte_carlo_inner
+from funsim.similarity.estimators import quadrature_inner as quadrature_inner
 
 # --- change-point segmentation of similarity matrices ---
 from funsim.similarity.segmentation import SEGMENT_COSTS as SEGMENT_COSTS
@@ -128,10 +129,11 @@ from funsim.similarity.attention import attention_inner as attention_inner
 from funsim.similarity.attention import attention_moments as attention_moments
 from funsim.similarity.attention import attention_similarity as attention_similarity
 from funsim.similarity.attention import attention_similarity_matrix as attention_similarity_matrix
+from funsim.similarity.attention import stack_attention_networks as stack_attention_networks
 from funsim.similarity.attention import bilinear_attention as bilinear_attention
 from funsim.similarity.attention import validate_attention_network as validate_attention_network
-from funsim.similarity.validate_numerics import attention_monte_carlo_inner as attention_monte_carlo_inner
-from funsim.similarity.validate_numerics import attention_quadrature_inner as attention_quadrature_inner
+from funsim.similarity.estimators import attention_monte_carlo_inner as attention_monte_carlo_inner
+from funsim.similarity.estimators import attention_quadrature_inner as attention_quadrature_inner
 
 # --- comparison grid ---
 from funsim.similarity.grid import MOMENT_MEASURES as MOMENT_MEASURES

@@ -140,7 +140,7 @@ def _closed_form(family, srcs, z_tgts, ridge):
         fits = fit_stitchers(
             [flat(s) for _ in z_tgts for s in srcs],
             [flat(t) for t in z_tgts for _ in srcs],
-            family=family, ridge=ridge if affine else 0.0, normalize=affine,
+            family=family, ridge=ridge if affine else 0.0, normalise=affine,
         )
     except ValueError as err:
         raise ValueError(

@@ -13,7 +13,7 @@ Conventions used throughout this module:
   equals the least-squares fit on the raw (centred) data. For ``orthogonal`` it
   means the fitted stitcher is ``Q`` times the fixed ratio ``||Z2c||/||Z1c||``
   (a ratio of the data's norms, not a fitted parameter), stored in ``scale``;
-  pass ``normalize=False`` for the raw-space orthogonal fit with ``scale == 1``.
+  pass ``normalise=False`` for the raw-space orthogonal fit with ``scale == 1``.
 * **Widths.** The orthogonal families zero-pad the narrower side to the common
   width ``D = max(d1, d2)`` and fit a square orthogonal ``Q`` (``D x D``) from
   the SVD of the padded cross-covariance (the netrep convention), so the
@@ -91,7 +91,7 @@ class Stitcher:
       scale: ``()``. For ``scaled_orthogonal`` the fitted isotropic scale (in
         raw units). For ``orthogonal`` fitted by :func:`fit_stitcher` it is the
         fixed norm ratio ``||Z_tgt,c|| / ||Z_src,c||`` (exactly 1 with
-        ``normalize=False``). For ``affine`` it is 1 and the scale lives in
+        ``normalise=False``). For ``affine`` it is 1 and the scale lives in
         ``weight``.
       family: static; one of ``FAMILIES``.
     """
@@ -379,6 +379,19 @@ def _check_finite_result(x: jax.Array, what: str) -> None:
 # ----------------------------------------------------------------------------- public API
 
 
+def _normalise_option(normalise, old_spelling: dict, fn: str) -> bool:
+    """The ``normalise`` option, also accepted under its old spelling ``normalize=`` (deprecated)."""
+    unknown = set(old_spelling) - {"normalize"}
+    if unknown:
+        raise TypeError(f"{fn}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    if "normalize" not in old_spelling:
+        return V.check_bool(normalise, "normalise")
+    import warnings
+
+    warnings.warn("normalize= is deprecated: use normalise= (the same option).", DeprecationWarning, stacklevel=3)
+    return V.check_bool(old_spelling["normalize"], "normalize")
+
+
 def _fit_impl(x, y, mask_src, *, family, ridge, normalize):
     cx, cy = pow2_scale(x), pow2_scale(y)  # exact; the sums of squares of x / c cannot overflow
     mx, my = jnp.mean(x / cx, axis=0), jnp.mean(y / cy, axis=0)
@@ -417,7 +430,8 @@ def fit_stitcher(
     *,
     family: str = "affine",
     ridge: float = 0.0,
-    normalize: bool = True,
+    normalise: bool = True,
+    **old_spelling,
 ) -> Stitcher:
     """Fit a stitcher ``z_src -> z_tgt`` in closed form (least squares within the family).
 
@@ -432,7 +446,7 @@ def fit_stitcher(
     * ``orthogonal``: Procrustes; ``Q = A B^T`` from the SVD ``A S B^T`` of the
       cross-covariance zero-padded to the square width ``max(d_src, d_tgt)``;
       ``weight = Q[:d_src, :d_tgt]``; ``scale`` is the fixed norm ratio
-      ``||Z_tgt,c||/||Z_src,c||`` (1 with ``normalize=False``).
+      ``||Z_tgt,c||/||Z_src,c||`` (1 with ``normalise=False``).
     * ``scaled_orthogonal``: the same ``Q`` and the optimal isotropic scale.
 
     When ``d_src > d_tgt`` the orthogonal stitcher outputs the first ``d_tgt``
@@ -444,7 +458,7 @@ def fit_stitcher(
       z_tgt: ``(n, d_tgt)`` target activations (same samples, same order).
       family: ``"affine"``, ``"scaled_orthogonal"`` or ``"orthogonal"``.
       ridge: ridge for ``affine`` (ignored by the orthogonal families).
-      normalize: fit on Frobenius-normalised data (default). Only changes the
+      normalise: fit on Frobenius-normalised data (default). Only changes the
         ``orthogonal`` family (its scale) and the units of ``ridge``.
 
     Returns:
@@ -454,7 +468,7 @@ def fit_stitcher(
       ValueError: unknown family, mismatched sample counts, NaN/Inf, a constant
         side, or no more samples than source features (any family, except an
         affine fit with ``ridge > 0``).
-      TypeError: complex input, or a non-bool ``normalize``.
+      TypeError: complex input, or a non-bool ``normalise``.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -465,7 +479,7 @@ def fit_stitcher(
       2.0 True
     """
     _check_options(family, ridge)
-    normalize = V.check_bool(normalize, "normalize")
+    normalize = _normalise_option(normalise, old_spelling, "fit_stitcher")
     x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"), finite=False)
     _check_fit_rows(x.shape[0], x.shape[1], family, ridge, "z_src")
     (weight, bias, scale), flags = _fit_program(
@@ -628,8 +642,9 @@ def fit_stitchers(
     *,
     family: str | Sequence[str] = "affine",
     ridge: float = 0.0,
-    normalize: bool = True,
+    normalise: bool = True,
     bucket: bool = True,
+    **old_spelling,
 ) -> list[Stitcher]:
     """Fit many stitchers in one vmapped, jit-compiled call per family and width bucket.
 
@@ -648,7 +663,7 @@ def fit_stitchers(
         ``(b, n, d_src)`` array.
       zs_tgt: the matching ``(n, d_tgt_i)`` arrays, or ``(b, n, d_tgt)``.
       family: one family for all, or b families (see ``FAMILIES``).
-      ridge, normalize: as in :func:`fit_stitcher`.
+      ridge, normalise: as in :func:`fit_stitcher`.
       bucket: group problems into power-of-two width buckets (see above).
 
     Returns:
@@ -672,7 +687,7 @@ def fit_stitchers(
         raise ValueError(f"family has {len(fams)} entries but there are {b} problems.")
     for fam in fams:
         _check_options(fam, ridge)
-    normalize = V.check_bool(normalize, "normalize")
+    normalize = _normalise_option(normalise, old_spelling, "fit_stitchers")
     out: list[Stitcher | None] = [None] * b
     if stacked:
         xs, ys = V.as_float_array(zs_src, "zs_src"), V.as_float_array(zs_tgt, "zs_tgt")

@@ -427,8 +427,8 @@ def train_stitchers(
         a leading axis of M tails.
       family: one family for all, or K families (see ``similarity.FAMILIES``).
       init: ``"closed_form"`` (start at :func:`~similarity.fit_stitcher`'s
-        least-squares reconstruction of ``z_tgt``: ``normalize=False`` for the
-        orthogonal families, so that ``orthogonal`` has scale 1; ``normalize=True``
+        least-squares reconstruction of ``z_tgt``: ``normalise=False`` for the
+        orthogonal families, so that ``orthogonal`` has scale 1; ``normalise=True``
         with ``ridge`` for ``affine``), ``"identity"`` (the padded identity block) or
         ``"random"`` (Haar-random rotation; Gaussian ``N(0, 1/d_src)`` affine weight).
       z_tgt: ``(n, *target_shape)`` model B's own target-layer activations on

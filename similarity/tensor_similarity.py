@@ -70,6 +70,7 @@ __all__ = [
     "similarity_matrix",
     "stack_networks",
     "weight_cosine",
+    "behavioural_similarity",
     "behavioral_similarity",
 ]
 
@@ -708,7 +709,7 @@ def weight_cosine(net_a, net_b, /) -> jax.Array:
     return jnp.vdot(va, vb) / jnp.sqrt(na * nb)
 
 
-def behavioral_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
+def behavioural_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
     """Mean over samples of the cosine between the two networks' output vectors.
 
     Args:
@@ -727,7 +728,7 @@ def behavioral_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
       >>> import jax.numpy as jnp
       >>> from funsim.similarity.multilinear import LinearLayer
       >>> a = LinearLayer(jnp.eye(2))
-      >>> round(float(behavioral_similarity(a, a, jnp.array([[1.0, 2.0], [3.0, -1.0]]))), 6)
+      >>> round(float(behavioural_similarity(a, a, jnp.array([[1.0, 2.0], [3.0, -1.0]]))), 6)
       1.0
     """
     net_a, net_b = validate_network_pair(net_a, net_b)
@@ -746,4 +747,13 @@ def behavioral_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
             "undefined; drop those samples or compare with tensor_similarity."
         )
     return jnp.mean(jnp.einsum("no,no->n", ya, yb) / (na * nb))
+
+
+def behavioral_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
+    """Deprecated spelling of :func:`behavioural_similarity` (the same function); it will be removed."""
+    import warnings
+
+    warnings.warn("behavioral_similarity is deprecated: use behavioural_similarity (the same function).",
+                  DeprecationWarning, stacklevel=2)
+    return behavioural_similarity(net_a, net_b, x)
 

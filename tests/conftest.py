@@ -1,7 +1,9 @@
 """Strict test settings shared by every test.
 
 * float64 is enabled so that NumPy/SciPy references can be compared at 1e-10;
-  float32 behaviour is tested by passing float32 arrays explicitly.
+  float32 behaviour is tested by passing float32 arrays explicitly. The float32 leg
+  (``make test-f32``) sets ``FUNSIM_TEST_X64=0``: x64 stays off, as users get it by
+  default, and only the tests marked ``float32`` (tests/test_float32.py) run.
 * rank promotion raises, so silent broadcasting bugs fail loudly.
 * hypothesis is derandomized: the same examples every run, no deadline.
 """
@@ -9,19 +11,23 @@
 import os
 
 os.environ.setdefault("TFDS_DISABLE_DOWNLOAD", "1")
-# Test-suite speed only: most of the suite's time is XLA compiling many small
-# programs on the CPU. Skipping LLVM's backend optimisation passes cuts that by
-# about a quarter and leaves the arithmetic unchanged within every tolerance
-# used here. Set FUNSIM_TEST_XLA_OPT=1 to test with the default pipeline.
-if os.environ.get("FUNSIM_TEST_XLA_OPT") != "1" and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# Test-suite speed only: most of the suite's time is XLA compiling many small programs on
+# the CPU; funsim.experiments.xla_flags turns LLVM's backend optimisation off (as the smoke
+# run does), which leaves the arithmetic unchanged within every tolerance used here. Set
+# FUNSIM_TEST_XLA_OPT=1 to test with the default pipeline.
+if os.environ.get("FUNSIM_TEST_XLA_OPT") != "1":
+    from funsim.experiments.xla_flags import compile_fast
+
+    compile_fast()
 
 import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-jax.config.update("jax_enable_x64", True)
+#: Whether this run has x64 on: every leg except the float32 one (FUNSIM_TEST_X64=0).
+X64 = os.environ.get("FUNSIM_TEST_X64", "1") != "0"
+jax.config.update("jax_enable_x64", X64)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 settings.register_profile(

@@ -33,7 +33,7 @@ from funsim.similarity import (
     attention_similarity,
     attention_similarity_matrix,
 )
-from funsim.similarity import attention as attn
+from funsim.similarity import _attention_closure as closure
 
 EXACT_RTOL = 1e-8
 V, D, A, E, T = 2, 3, 2, 2, 3
@@ -138,10 +138,10 @@ def test_layer_is_exact_on_any_gaussian_input(full):
     lift = [0.6 * rng.normal(size=(context, d, k)) for d in dims]
     mu = [0.5 * rng.normal(size=(context, d)) for d in dims]
     cov = {key: np.einsum("tik,ujk->tiuj", lift[key[0]], lift[key[1]]) for key in ((0, 0), (0, 1), (1, 1))}
-    mom = attn._pair_moments(mu[0], mu[1], cov[(0, 0)], cov[(0, 1)], cov[(1, 1)])
+    mom = closure.pair_moments(mu[0], mu[1], cov[(0, 0)], cov[(0, 1)], cov[(1, 1)])
     shape = (context, dims[0], context, dims[1]) if full else dims
     g_read = rng.normal(size=shape)
-    got = attn._read_out_scalar(layers, mom, g_read, context=context, full=full)
+    got = closure.read_out_scalar(layers, mom, g_read, context=context, full=full)
     ref = _correlated_quadrature(layers, mu, lift, g_read, full, context)
     assert rel(got, ref) < EXACT_RTOL
 
@@ -254,8 +254,8 @@ def test_closure_is_invariant_to_reparametrisations():
 def test_weights_change_under_reparametrisation():
     """Declared non-invariance of the weight-space view the similarity replaces."""
     net = REPARAM["residual_basis_change"]
-    va = np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(NET_A)])
-    vb = np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(net)])
+    va = np.concatenate([np.ravel(x) for x in jax.tree.leaves(NET_A)])
+    vb = np.concatenate([np.ravel(x) for x in jax.tree.leaves(net)])
     assert va @ vb / np.linalg.norm(va) / np.linalg.norm(vb) < 0.99
 
 
@@ -280,7 +280,7 @@ def test_matrix_equals_pairwise_jit_and_vmap():
     ref = np.array([[float(attention_similarity(x, y, context=T)) for y in nets] for x in nets])
     np.testing.assert_allclose(mat, ref, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(np.diag(mat), 1.0, rtol=1e-12)
-    stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *nets)
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *nets)
     np.testing.assert_allclose(attention_similarity_matrix(stacked, context=T), mat, rtol=1e-12)
     jitted = jax.jit(lambda a, b: attention_inner(a, b, context=T))(NET_A, NET_B)
     assert rel(jitted, attention_inner(NET_A, NET_B, context=T)) < 1e-12
@@ -290,7 +290,7 @@ def test_matrix_equals_pairwise_jit_and_vmap():
 
 
 def test_float32_agrees_with_float64():
-    to32 = lambda net: jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), net)
+    to32 = lambda net: jax.tree.map(lambda x: np.asarray(x, np.float32), net)
     s64 = float(attention_similarity(NET_A, NET_B, context=T))
     s32 = attention_similarity(to32(NET_A), to32(NET_B), context=T)
     assert s32.dtype == jnp.float32

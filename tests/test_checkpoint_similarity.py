@@ -1,5 +1,8 @@
 """Checkpoint x checkpoint matrices: each entry equals the pairwise function of `similarity`."""
 
+import itertools
+
+import jax
 import numpy as np
 import pytest
 
@@ -127,11 +130,11 @@ def test_behavioral_and_cka_matrices_equal_pairwise(rng):
     x = rng.normal(size=(30, 5))
     y = cs.network_outputs(nets, x)
     assert y.shape == (4, 30, 3)
-    b = cs.behavioral_matrix(y)
+    b = cs.behavioural_matrix(y)
     k = cs.cka_matrix(y)
     for i in range(4):
         for j in range(4):
-            assert b[i, j] == pytest.approx(float(similarity.behavioral_similarity(nets[i], nets[j], x)), abs=1e-12)
+            assert b[i, j] == pytest.approx(float(similarity.behavioural_similarity(nets[i], nets[j], x)), abs=1e-12)
             assert k[i, j] == pytest.approx(float(similarity.cka(np.asarray(y[i]), np.asarray(y[j]))), abs=1e-12)
     # independent float64 numpy reference for one entry of each
     ya, yb = (np.asarray(similarity.apply_network(nets[n], x)) for n in (0, 2))
@@ -153,7 +156,7 @@ def test_checkpoint_matrices_bundle(rng):
         "tensor/symmetric", "tensor/symmetric/outputs", "tensor/gaussian", "tensor/gaussian/outputs",
         "weight_cosine", "behavioral/clean", "cka/clean", "behavioral/shifted", "cka/shifted",
     }
-    np.testing.assert_array_equal(m["behavioral/clean"], cs.behavioral_matrix(cs.network_outputs(nets, x)))
+    np.testing.assert_array_equal(m["behavioral/clean"], cs.behavioural_matrix(cs.network_outputs(nets, x)))
     assert not np.allclose(m["behavioral/clean"], m["behavioral/shifted"])
 
 
@@ -178,11 +181,11 @@ def test_bad_input_is_refused_with_a_clear_message(rng):
     y = np.ones((2, 3, 2))
     y[1, 2] = 0.0
     with pytest.raises(ValueError, match="Checkpoint 1 outputs the zero vector on input 2"):
-        cs.behavioral_matrix(y)
+        cs.behavioural_matrix(y)
     with pytest.raises(ValueError, match="Checkpoint 0 has constant outputs"):
         cs.cka_matrix(np.stack([np.ones((5, 2)), rng.normal(size=(5, 2))]))
     with pytest.raises(ValueError, match=r"\(n_checkpoints, m, o\)"):
-        cs.behavioral_matrix(np.ones((3, 2)))
+        cs.behavioural_matrix(np.ones((3, 2)))
 
 
 def test_block_gap():
@@ -206,3 +209,146 @@ def test_figures_are_written(tmp_path, rng):
     for f in (p, q):
         assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert cs._stage_ticks(steps, spans) == ([(1, "base"), (3, "add 5")], [2])
+
+
+def test_the_old_spelling_of_behavioural_matrix_still_works_and_warns():
+    y = np.random.default_rng(0).normal(size=(3, 5, 2))
+    with pytest.warns(DeprecationWarning, match="behavioural_matrix"):
+        old = cs.behavioral_matrix(y)
+    np.testing.assert_array_equal(old, cs.behavioural_matrix(y))
+
+
+# ------------------------------------------------------------------ attention networks
+
+
+def _attention_checkpoints(rng, n=3, *, depth=1, v=3, d=4, a=2, e=2, t=3):
+    """A drifting run of attention networks (float64), learned positional embedding included."""
+    def net(scale):
+        r = lambda *s: scale * rng.normal(size=s)
+        layers = tuple(similarity.AttentionLayer(r(a, e, d), r(a, e, d), r(a, e, d), r(a, e, d), r(a, e, d),
+                                                 r(d, a, e)) for _ in range(depth))
+        return similarity.AttentionNetwork(r(v, d), layers, r(v, d), r(t, d))
+
+    nets = [net(0.7)]
+    for _ in range(n - 1):
+        nets.append(jax.tree.map(lambda p, q: p + q, nets[-1], net(0.3)))
+    return nets
+
+
+def test_attention_tensor_matrices_equal_pairwise_similarity(rng):
+    nets = _attention_checkpoints(rng)
+    for scale in (1.0, 0.5):
+        m = cs.tensor_matrices(nets, metrics=["gaussian"], per_output=False, context=2, scale=scale)["tensor/gaussian"]
+        g = cs.tensor_matrices(nets, metrics=["gaussian"], per_output=False, context=2, scale=scale,
+                               return_inner=True)["tensor/gaussian"]
+        for i, j in itertools.product(range(3), repeat=2):
+            ref = float(similarity.attention_similarity(nets[i], nets[j], context=2, scale=scale))
+            assert m[i, j] == pytest.approx(ref, abs=1e-10)
+            assert g[i, j] == pytest.approx(float(similarity.attention_inner(nets[i], nets[j], context=2, scale=scale)),
+                                            rel=1e-10)
+        np.testing.assert_allclose(cs.normalise_gram(g), m, atol=1e-14)
+    assert np.abs(m - 1).max() > 1e-3  # the checkpoints differ
+    with pytest.raises(ValueError, match="context=..."):
+        cs.tensor_matrices(nets, metrics=["gaussian"], per_output=False)
+    with pytest.raises(ValueError, match="Gaussian inner product only"):
+        cs.tensor_matrices(nets, metrics=["symmetric"], per_output=False, context=2)
+    with pytest.raises(ValueError, match="per_output=False"):
+        cs.tensor_matrices(nets, metrics=["gaussian"], context=2)
+    with pytest.raises(ValueError, match="context is for attention networks"):
+        cs.tensor_matrices(_checkpoints(rng, n=2), context=2)
+
+
+def test_attention_closure_matrix_equals_pairwise_closure(rng):
+    nets = _attention_checkpoints(rng, n=2, depth=2)
+    m = cs.tensor_matrices(nets, metrics=["gaussian"], method="closure", per_output=False, context=2)["tensor/gaussian"]
+    ref = float(similarity.attention_similarity(nets[0], nets[1], context=2, method="closure"))
+    assert m[0, 1] == pytest.approx(ref, abs=1e-10)
+
+
+def test_attention_baselines_equal_independent_references(rng):
+    nets = _attention_checkpoints(rng)
+    toks = rng.integers(0, 3, size=(5, 3))
+    y = cs.network_outputs(nets, toks)
+    assert y.shape == (3, 5, 3, 3)
+    b = cs.behavioural_matrix(y)
+    logits = [np.asarray(similarity.apply_attention_network(n, toks)).reshape(-1, 3) for n in nets]
+    for i, j in itertools.product(range(3), repeat=2):
+        cos = (logits[i] * logits[j]).sum(1) / np.linalg.norm(logits[i], axis=1) / np.linalg.norm(logits[j], axis=1)
+        assert b[i, j] == pytest.approx(cos.mean(), abs=1e-12)
+    w = cs.weight_cosine_matrix(nets)
+    flat = [np.concatenate([np.ravel(x) for x in jax.tree.leaves(n)]) for n in nets]
+    assert w[0, 2] == pytest.approx(flat[0] @ flat[2] / np.linalg.norm(flat[0]) / np.linalg.norm(flat[2]), abs=1e-12)
+    with pytest.raises(ValueError, match=r"\(n, T\)"):
+        cs.network_outputs(nets, toks[0])
+
+
+def test_monte_carlo_matrices_agree_with_the_exact_ones(rng):
+    """Within 5 standard errors (seeded), for attention (depth 1) and multilinear networks; the
+    jackknife standard errors of the similarities are positive off the diagonal and 0 on it."""
+    nets = _attention_checkpoints(rng)
+    mc = cs.monte_carlo_matrices(nets, n_samples=40_000, n_batches=8, key=jax.random.key(0), context=2, scale=0.8)
+    exact = cs.tensor_matrices(nets, metrics=["gaussian"], per_output=False, context=2, scale=0.8, return_inner=True)
+    _within(mc, exact["tensor/gaussian"])
+    mlp = _checkpoints(rng, n=3)
+    mc = cs.monte_carlo_matrices(mlp, n_samples=40_000, n_batches=8, key=jax.random.key(1))
+    _within(mc, cs.tensor_matrices(mlp, metrics=["gaussian"], per_output=False, return_inner=True)["tensor/gaussian"])
+    with pytest.raises(ValueError, match="n_batches must be an int >= 2"):
+        cs.monte_carlo_matrices(mlp, n_samples=10, n_batches=1, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="context=..."):
+        cs.monte_carlo_matrices(nets, n_samples=10, n_batches=2, key=jax.random.key(0))
+
+
+def _within(mc, exact):
+    assert np.all(np.abs(mc["inner"] - exact) <= 5 * mc["inner_se"]), (mc["inner"], exact, mc["inner_se"])
+    np.testing.assert_allclose(np.diagonal(mc["similarity"]), 1.0, atol=1e-12)
+    off = ~np.eye(len(exact), dtype=bool)
+    assert np.all(mc["similarity_se"][off] > 0) and np.allclose(np.diagonal(mc["similarity_se"]), 0, atol=1e-12)
+
+
+# ------------------------------------------------------------------ block structure
+
+
+def _brute_segment(s, k):
+    """The best contiguous k-block partition by enumeration, kernel cost."""
+    n = len(s)
+
+    def cost(i, j):
+        b = s[i:j, i:j]
+        return np.trace(b) - b.sum() / (j - i)
+
+    best = (np.inf, None)
+    for starts in itertools.combinations(range(1, n), k - 1):
+        edges = (0, *starts, n)
+        c = sum(cost(a, b) for a, b in zip(edges, edges[1:]))
+        best = min(best, (c, starts))
+    return best[1], best[0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_block_summary_is_the_optimal_contiguous_partition(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(9, 3)) + np.repeat(rng.normal(size=(3, 3)) * 3, 3, axis=0)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    s = x @ x.T
+    steps = list(range(0, 90, 10))
+    out = cs.block_summary(s, steps, (1, 2, 3, 4, 12))
+    assert sorted(out) == [1, 2, 3, 4]  # K above n is skipped
+    _, total = _brute_segment(s, 1)
+    for k in (1, 2, 3, 4):
+        starts, cost = _brute_segment(s, k)
+        assert out[k]["boundaries_steps"] == [steps[i] for i in starts]
+        assert out[k]["explained"] == pytest.approx(1 - cost / total, abs=1e-10)
+        labels = np.searchsorted(np.asarray(starts, int), np.arange(9), side="right")
+        same, off = labels[:, None] == labels[None, :], ~np.eye(9, dtype=bool)
+        if k > 1:
+            assert out[k]["contrast"] == pytest.approx(s[same & off].mean() - s[~same].mean(), abs=1e-12)
+
+
+def test_block_summary_finds_planted_blocks():
+    s = np.kron(np.eye(3), np.full((2, 2), 0.9)) + 0.1 * np.eye(6) + 0.05
+    s /= np.sqrt(np.outer(np.diag(s), np.diag(s)))
+    out = cs.block_summary(s, [0, 1, 2, 3, 4, 5], (3,))
+    assert out[3]["boundaries_steps"] == [2, 4]
+    assert out[3]["explained"] > 0.9 and out[3]["contrast"] > 0.5
+    with pytest.raises(ValueError, match=r"\(n, n\) and steps"):
+        cs.block_summary(s, [0, 1], (2,))

@@ -158,8 +158,8 @@ def test_help_does_not_import_jax():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom experiments import cli\ntry:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('jax', 'flax', 'similarity', 'sklearn') if m in sys.modules))")
+    code = ("import sys\nfrom funsim.experiments import cli\ntry:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('jax', 'flax', 'funsim.similarity', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "COMMAND" in out and "compare" in out and "quickstart" in out
     assert out.strip().splitlines()[-1] == "[]"

@@ -121,7 +121,7 @@ def test_digits_read_without_importing_sklearn_equal_its_loader_row_for_row():
     from sklearn.datasets import load_digits
 
     ref = load_digits()
-    images, target = data._sklearn_digits()
+    images, target = data.sklearn_digits_arrays()
     np.testing.assert_array_equal(images, ref.images)
     np.testing.assert_array_equal(target, ref.target)
 

@@ -1,4 +1,4 @@
-"""The ``language`` experiment: smoke run end to end, its segmentation and n-gram statistics."""
+"""The ``language`` experiment: smoke run end to end, its matrices and n-gram statistics."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -28,7 +29,7 @@ def test_smoke_run_writes_sane_outputs(smoke):
     on_disk = json.loads((out / "metrics.json").read_text())
     assert on_disk["steps"] == metrics["steps"] and metrics["steps"][0] == 0
     n = len(metrics["steps"])
-    assert len(metrics["matrices"]) == 5
+    assert list(metrics["matrices"]) == list(language.MATRICES) == list(metrics["blocks"])
     for name, mat in metrics["matrices"].items():
         m = np.asarray(mat)
         assert m.shape == (n, n), name
@@ -45,6 +46,25 @@ def test_smoke_run_writes_sane_outputs(smoke):
         if key.endswith("kl"):
             assert np.all(v >= -1e-12), key
     assert "Paper's claim" in (out / "summary.md").read_text()
+
+
+def test_smoke_matrices_equal_the_pairwise_library_functions(smoke):
+    """Entries of the cached matrices against similarity's pairwise functions on the checkpoints."""
+    from funsim import similarity
+
+    out, metrics = smoke
+    cfg = language.CONFIGS["smoke"]
+    steps = metrics["steps"]
+    nets = language._networks(cfg, metrics["vocab"], out / "model", steps)
+    onehot = 1.0 / np.sqrt(metrics["vocab"])
+    m = {k: np.asarray(v) for k, v in metrics["matrices"].items()}
+    for i, j in ((0, len(steps) - 1), (1, 2)):
+        a1, b1 = (language._truncate(nets[k], 1) for k in (i, j))
+        for key, scale in (("tensor/gaussian/layers=1", onehot), ("tensor/gaussian/layers=1/scale=1", 1.0)):
+            ref = float(similarity.attention_similarity(a1, b1, context=cfg.context, scale=scale))
+            assert m[key][i, j] == pytest.approx(ref, abs=2e-6), key  # float32 networks
+        wa, wb = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(nets[k])]).astype(np.float64) for k in (i, j))
+        assert m["weight_cosine"][i, j] == pytest.approx(wa @ wb / np.linalg.norm(wa) / np.linalg.norm(wb), abs=1e-12)
 
 
 def test_smoke_monte_carlo_check_agrees_with_exact(smoke):
@@ -76,43 +96,6 @@ def test_cli_config_parsing(tmp_path):
         language.load_config(str(path))
     with pytest.raises(ValueError, match="neither"):
         language.load_config("nope")
-
-
-def _brute_segment(s, k):
-    n = len(s)
-
-    def cost(i, j):
-        b = s[i:j, i:j]
-        return np.trace(b) - b.sum() / (j - i)
-
-    best = (np.inf, None)
-    for starts in itertools.combinations(range(1, n), k - 1):
-        edges = (0, *starts, n)
-        c = sum(cost(a, b) for a, b in zip(edges, edges[1:]))
-        best = min(best, (c, starts))
-    return best[1], best[0]
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_segment_is_the_optimal_contiguous_partition(seed):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(9, 3)) + np.repeat(rng.normal(size=(3, 3)) * 3, 3, axis=0)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    s = x @ x.T
-    for k in (1, 2, 3, 4):
-        starts, cost = language.segment(s, k)
-        ref_starts, ref_cost = _brute_segment(s, k)
-        assert starts == tuple(ref_starts) and cost == pytest.approx(ref_cost, abs=1e-10)
-    with pytest.raises(ValueError, match="blocks"):
-        language.segment(s, 10)
-
-
-def test_block_summary_finds_planted_blocks():
-    s = np.kron(np.eye(3), np.full((2, 2), 0.9)) + 0.1 * np.eye(6) + 0.05
-    s /= np.sqrt(np.outer(np.diag(s), np.diag(s)))
-    out = language.block_summary(s, [0, 1, 2, 3, 4, 5], (3,))
-    assert out[3]["boundaries_steps"] == [2, 4]
-    assert out[3]["explained"] > 0.9 and out[3]["contrast"] > 0.5
 
 
 def test_ngram_targets_match_brute_force_counts():

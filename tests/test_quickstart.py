@@ -47,28 +47,3 @@ def test_quickstart_rejects_unknown_measure_and_dataset(tmp_path):
         cli.main(["quickstart", "--tiny", "--measures", "cka/lineer", "--root", str(tmp_path)])
     with pytest.raises(SystemExit):
         cli.main(["quickstart", "--dataset", "imagenet", "--root", str(tmp_path)])
-
-
-def test_smoke_run_flag_only_before_the_backend_starts_and_never_over_the_users(monkeypatch):
-    import os
-    import subprocess
-    import sys
-
-    import jax
-
-    from funsim.experiments import quickstart as Q
-
-    # Once the backend runs the flag would be ignored, so it is not set.
-    jax.numpy.zeros(1).block_until_ready()
-    monkeypatch.setenv("XLA_FLAGS", "")
-    assert Q._compile_for_a_smoke_run() is False
-    assert os.environ["XLA_FLAGS"] == ""
-    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=2")
-    assert Q._compile_for_a_smoke_run() is False  # the user's choice wins
-    # A fresh process (as `funsim quickstart --tiny` is): set before the backend starts, appended to
-    # the user's other flags.
-    code = ("import os; from experiments import quickstart as Q; ok = Q._compile_for_a_smoke_run(); "
-            "import jax; jax.numpy.zeros(1).block_until_ready(); print(ok, os.environ['XLA_FLAGS'])")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["True", "--xla_force_host_platform_device_count=1", Q.SMOKE_XLA_FLAG]

@@ -1,7 +1,8 @@
-"""Every ```python block in README.md runs as written, so the README cannot drift.
+"""Every ```python block in README.md and in docs/*.md runs as written, so the docs cannot drift.
 
 Each block runs in a fresh namespace, from the repository root, as its own test named after
-its line. A statement that is a bare expression with a number as its comment, e.g.
+its file and line (``README.md:262``, ``docs/design.md:90``). Shell blocks (```bash) are commands
+to type, not run here. A statement that is a bare expression with a number as its comment, e.g.
 
     similarity.cka(X, Y)                        # 0.55761  linear CKA
 
@@ -21,7 +22,13 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+#: docs whose python blocks are whole programs run by their own test, not in-process here
+TESTED_ELSEWHERE = {
+    "distributed.md": "tests/test_multiprocess.py runs each program in one process and on two",
+}
+DOCS = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in TESTED_ELSEWHERE)
 MARKER = re.compile(r"<!--\s*readme-test:\s*(\w+)\s*-->")
 NUMBER = re.compile(r"#\s*(-?\d+\.\d+|-?\d+)\b")
 
@@ -46,11 +53,13 @@ def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
 
 def _params():
     out = []
-    for line, code, marker in python_blocks(README.read_text()):
-        if marker not in (None, "slow"):
-            raise ValueError(f"README.md:{line}: unknown readme-test marker {marker!r}")
-        marks = [pytest.mark.slow] if marker == "slow" else []
-        out.append(pytest.param(line, code, id=f"README.md:{line}", marks=marks))
+    for path in (README, *DOCS):
+        name = path.relative_to(ROOT).as_posix()
+        for line, code, marker in python_blocks(path.read_text()):
+            if marker not in (None, "slow"):
+                raise ValueError(f"{name}:{line}: unknown readme-test marker {marker!r}")
+            marks = [pytest.mark.slow] if marker == "slow" else []
+            out.append(pytest.param(f"{name}:{line}", code, id=f"{name}:{line}", marks=marks))
     return out
 
 
@@ -60,13 +69,15 @@ def test_harness_finds_the_blocks():
     assert len(python_blocks(README.read_text())) >= 5
 
 
-def _run(code: str, line: int) -> None:
+def _run(code: str, where_block: str) -> None:
     """Execute ``code`` statement by statement; check expressions that carry a number comment."""
-    tree = ast.parse(code, filename=f"README.md:{line}")
+    name, _, line = where_block.rpartition(":")
+    line = int(line)
+    tree = ast.parse(code, filename=where_block)
     src = code.splitlines()
     ns: dict = {"__name__": "__readme__"}
     for stmt in tree.body:
-        where = f"README.md:{line + stmt.lineno - 1}"
+        where = f"{name}:{line + stmt.lineno - 1}"
         comment = src[stmt.end_lineno - 1].partition("#")[2]
         m = NUMBER.match("#" + comment) if comment else None
         if isinstance(stmt, ast.Expr) and m:
@@ -78,9 +89,13 @@ def _run(code: str, line: int) -> None:
             exec(compile(ast.Module([stmt], type_ignores=[]), where, "exec"), ns)
 
 
-@pytest.mark.parametrize("line, code", _params())
-def test_readme_block_runs(line, code, monkeypatch, tmp_path):
-    monkeypatch.chdir(README.parent)  # snippets run from the repository root, as the README says
+def test_the_docs_have_python_blocks():
+    assert DOCS and sum(len(python_blocks(p.read_text())) for p in DOCS) >= 3
+
+
+@pytest.mark.parametrize("where, code", _params())
+def test_readme_block_runs(where, code, monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)  # snippets run from the repository root, as the README says
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    assert os.getcwd() == str(README.parent)
-    _run(code, line)
+    assert os.getcwd() == str(ROOT)
+    _run(code, where)

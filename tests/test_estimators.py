@@ -1,4 +1,4 @@
-"""Monte Carlo and Gauss–Hermite validators against known Gaussian moments.
+"""Monte Carlo and Gauss–Hermite estimators (similarity.estimators) against known Gaussian moments.
 
 References: ``E[x^(2k)] = (2k-1)!!`` for ``x ~ N(0, 1)`` (textbook values) and
 independence across coordinates; Monte Carlo against quadrature within 4 SE.
@@ -65,3 +65,10 @@ def test_validator_errors():
         quadrature_inner(wide, wide)
     with pytest.raises(ValueError, match="takes d=1 inputs but net_b takes d=14"):
         quadrature_inner(SQUARE, wide)
+
+
+def test_the_old_module_name_still_imports_the_same_estimators():
+    from funsim.similarity import estimators, validate_numerics
+
+    for name in estimators.__all__:
+        assert getattr(validate_numerics, name) is getattr(estimators, name), name
