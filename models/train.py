@@ -10,7 +10,8 @@ Design:
   program serves every chunk (at most :data:`MAX_CHUNK` steps each), and the
   numbers do not depend on where chunks end.
 * Randomness is reproducible from ``(seed, step)``: the minibatch of step ``s``
-  is drawn without replacement with ``jax.random.fold_in(key, s)``.
+  is drawn without replacement with ``jax.random.fold_in(key, s)`` (a full
+  batch is every training example, in order: no draw).
 * A step whose loss or updated parameters are NaN or infinite stops the run with
   :class:`NonFiniteLossError` (naming the step and the loss); nothing after
   it is evaluated or checkpointed.
@@ -217,8 +218,11 @@ def _one_step(graphdef, tx, batch_size, augment, transform, params, rest, opt_st
     k_idx = k_step
     if transform is not None:
         k_idx, tkey = jax.random.split(k_step)
-    idx = jax.random.choice(k_idx, xs.shape[0], (batch_size,), replace=False)
-    xb, yb = xs[idx], ys[idx]
+    if batch_size == xs.shape[0]:  # full batch: every row, in order (the mean loss does not depend on it)
+        xb, yb = xs, ys
+    else:
+        idx = jax.random.choice(k_idx, xs.shape[0], (batch_size,), replace=False)
+        xb, yb = xs[idx], ys[idx]
     if augment != "none":
         xb = random_crop_flip(jax.random.fold_in(k_step, 1), xb, flip=augment == "crop_flip")
     if transform is not None:

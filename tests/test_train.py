@@ -323,3 +323,24 @@ def test_non_finite_training_data_is_refused():
     x[7, 0] = np.inf
     with pytest.raises(ValueError, match=r"x_train holds 2 NaN or infinite values \(of 1536\)"):
         train(models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(0)), x, ds.y_train, ds.x_test, ds.y_test, progress=False)
+
+
+def test_full_batch_sgd_matches_numpy_gradient_descent():
+    # softmax regression, full batch, SGD with momentum 0.9: the compiled loop against float64 NumPy
+    ds = _gauss()
+    m = models.Linear(6, 3, rngs=nnx.Rngs(0))
+    w0, b0 = np.asarray(m.head.kernel[...], np.float64), np.asarray(m.head.bias[...], np.float64)
+    cfg = TrainConfig(steps=7, batch_size=len(ds.x_train), learning_rate=0.3, optimizer="sgd", eval_every=7)
+    train(m, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, progress=False)
+    x, y = np.asarray(ds.x_train, np.float64), ds.y_train
+    onehot = np.eye(3)[y]
+    w, b, vw, vb = w0, b0, 0 * w0, 0 * b0
+    for _ in range(cfg.steps):
+        z = x @ w + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        g = (p - onehot) / len(x)
+        vw, vb = x.T @ g + 0.9 * vw, g.sum(0) + 0.9 * vb
+        w, b = w - cfg.learning_rate * vw, b - cfg.learning_rate * vb
+    np.testing.assert_allclose(m.head.kernel[...], w, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(m.head.bias[...], b, rtol=1e-4, atol=1e-5)
