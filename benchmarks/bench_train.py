@@ -11,7 +11,9 @@ Run: ``python -m benchmarks.bench_train [--quick] [--rounds R]``. Prints and ret
 
 Workloads: the grokking model (``experiments.grokking``: p = 113, hidden 64, AdamW) at full batch
 (3,831 pairs) and at batch 512, and the default zoo's CNN (channels 16/32/64) on mnist5k at batch 64
-(evaluated on 500 test and 1,000 training images). On XLA's CPU backend a convolutional model runs
+(evaluated on 500 test and 1,000 training images). One more row: batch 512 with
+``TrainConfig(sampling="epochs")`` (one shuffle per epoch instead of one per step; other minibatches,
+so its parameters differ from the reference's) against the same per-step reference. On XLA's CPU backend a convolutional model runs
 step by step in both columns (see ``models.train``), so its row measures the donation and the
 finiteness check, not the loop.
 Rounds alternate before/after in one process (the machine is shared); the table gives the
@@ -85,16 +87,19 @@ def _workloads(quick: bool):
     n = len(tok.x_train)
     mnist = data.load("digits" if quick else "mnist5k")
     out = []
-    for label, batch in ((f"grokking model, full batch ({n:,})", n), ("grokking model, batch 512", min(512, n))):
+    for label, batch, sampling in ((f"grokking model, full batch ({n:,})", n, "independent"),
+                                   ("grokking model, batch 512", min(512, n), "independent"),
+                                   ("grokking model, batch 512; after: `sampling=\"epochs\"`", min(512, n), "epochs")):
         out.append(dict(
             name=label, make=lambda: grokking._model(gcfg, 0), data=(tok.x_train, tok.y_train, tok.x_test, tok.y_test),
-            batch=batch, lr=1e-3, optimizer="adamw", wd=0.3, steps=60 if quick else 400, eval_train=n,
+            batch=batch, lr=1e-3, optimizer="adamw", wd=0.3, steps=60 if quick else 400, eval_train=n, sampling=sampling,
         ))
     out.append(dict(
         name=f"zoo CNN 16/32/64 on {mnist.name}, batch 64",
         make=lambda: models.CNN(mnist.input_shape, mnist.n_classes, channels=(16, 32, 64), rngs=nnx.Rngs(0)),
         data=(mnist.x_train, mnist.y_train, mnist.x_test[:500], mnist.y_test[:500]),
         batch=64, lr=3e-3, optimizer="adamw", wd=0.0, steps=20 if quick else 120, eval_train=1000,
+        sampling="independent",
     ))
     return out
 
@@ -107,7 +112,8 @@ def bench_training(quick: bool, rounds: int) -> list[str]:
     for w in _workloads(quick):
         x_tr, y_tr, x_te, y_te = w["data"]
         cfg = TrainConfig(steps=w["steps"], batch_size=w["batch"], learning_rate=w["lr"], optimizer=w["optimizer"],
-                          weight_decay=w["wd"], eval_every=w["steps"], eval_train_size=w["eval_train"])
+                          weight_decay=w["wd"], eval_every=w["steps"], eval_train_size=w["eval_train"],
+                          sampling=w["sampling"])
         tx = optax.adamw(w["lr"], weight_decay=w["wd"])
 
         def before():

@@ -52,6 +52,7 @@ __all__ = [
     "NonFiniteLossError", "MAX_CHUNK",
 ]
 AUGMENTATIONS = ("none", "crop", "crop_flip")
+SAMPLINGS = ("independent", "epochs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,14 @@ class TrainConfig:
         ``"crop_flip"`` (also a random horizontal flip: the CIFAR recipe).
       eval_batch_size: evaluate in chunks of this many examples (None: in one
         call), to bound the memory of large test sets on an accelerator.
+      sampling: how minibatches are drawn (below the full batch).
+        ``"independent"``: each step draws ``batch_size`` distinct examples,
+        independently of the other steps. ``"epochs"``: the examples are
+        shuffled once per epoch of ``n // batch_size`` steps and consecutive
+        steps take consecutive slices (the last ``n mod batch_size`` examples
+        of each shuffle sit that epoch out), as a shuffling data loader does;
+        the shuffle is drawn once per epoch instead of once per step, which
+        is most of a small model's step on a CPU.
     """
 
     steps: int = 1000
@@ -90,6 +99,7 @@ class TrainConfig:
     checkpoint_steps: tuple[int, ...] = ()
     augment: str = "none"
     eval_batch_size: int | None = None
+    sampling: str = "independent"
 
     def checkpoint_set(self) -> tuple[int, ...]:
         """Every step at which a checkpoint is written (sorted)."""
@@ -204,8 +214,25 @@ def random_crop_flip(key: jax.Array, x: jax.Array, /, *, pad: int = 4, flip: boo
 MAX_CHUNK = 500
 
 
-def _one_step(graphdef, tx, batch_size, augment, transform, params, rest, opt_state, key, xs, ys, step):
-    """One optimiser step on the minibatch drawn with ``fold_in(key, step)``.
+#: ``fold_in`` tag of the key that draws the epochs' shuffles (steps fold in their own index).
+_EPOCH_TAG = 2**32 - 1
+
+
+def _epoch_permutation(key, epoch, n: int):
+    """The shuffle of epoch ``epoch`` (``sampling="epochs"``)."""
+    return jax.random.permutation(jax.random.fold_in(jax.random.fold_in(key, _EPOCH_TAG), epoch), n)
+
+
+_epoch_permutation_jit = jax.jit(_epoch_permutation, static_argnums=2)
+
+
+def _uses_epochs(sampling: str, batch_size: int, n: int) -> bool:
+    return sampling == "epochs" and batch_size < n
+
+
+def _one_step(graphdef, tx, batch_size, augment, sampling, transform, params, rest, opt_state, key, xs, ys, step,
+              perm):
+    """One optimiser step on the minibatch drawn with ``fold_in(key, step)`` (or ``perm``'s slice for epochs).
 
     Returns the new parameters and optimiser state, the minibatch loss (before
     the update) and whether that loss and every updated parameter are finite.
@@ -220,6 +247,10 @@ def _one_step(graphdef, tx, batch_size, augment, transform, params, rest, opt_st
         k_idx, tkey = jax.random.split(k_step)
     if batch_size == xs.shape[0]:  # full batch: every row, in order (the mean loss does not depend on it)
         xb, yb = xs, ys
+    elif _uses_epochs(sampling, batch_size, xs.shape[0]):  # slot step % (n // b) of this epoch's shuffle
+        slot = step % (xs.shape[0] // batch_size)
+        idx = jax.lax.dynamic_slice(perm, (slot * batch_size,), (batch_size,))
+        xb, yb = xs[idx], ys[idx]
     else:
         idx = jax.random.choice(k_idx, xs.shape[0], (batch_size,), replace=False)
         xb, yb = xs[idx], ys[idx]
@@ -241,10 +272,11 @@ def _one_step(graphdef, tx, batch_size, augment, transform, params, rest, opt_st
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "tx", "batch_size", "augment", "transform"),
+    jax.jit, static_argnames=("graphdef", "tx", "batch_size", "augment", "sampling", "transform"),
     donate_argnames=("params", "opt_state"),
 )
-def _train_steps(graphdef, tx, batch_size, augment, params, rest, opt_state, key, xs, ys, start, stop, transform=None):
+def _train_steps(graphdef, tx, batch_size, augment, sampling, params, rest, opt_state, key, xs, ys, start, stop,
+                 transform=None):
     """Optimiser steps ``start .. stop - 1`` in one compiled loop (the trip count is traced).
 
     Stops after the first step whose loss or updated parameters are not finite. Returns
@@ -255,18 +287,26 @@ def _train_steps(graphdef, tx, batch_size, augment, params, rest, opt_state, key
 
     loss0 = jnp.zeros((), jnp.result_type(float))  # losses are carried at the widest float
 
+    n = xs.shape[0]
+    epochs = _uses_epochs(sampling, batch_size, n)
+    per_epoch = max(1, n // batch_size)
+
     def cond(carry):
-        step, _, _, _, ok = carry
+        step, _, _, _, ok, _ = carry
         return (step < stop) & ok
 
     def body(carry):
-        step, params, opt_state, _, _ = carry
+        step, params, opt_state, _, _, perm = carry
+        if epochs:  # a new shuffle at the first step of each epoch
+            perm = jax.lax.cond((step % per_epoch == 0) & (step != start),
+                                lambda: _epoch_permutation(key, step // per_epoch, n), lambda: perm)
         params, opt_state, loss, finite = _one_step(
-            graphdef, tx, batch_size, augment, transform, params, rest, opt_state, key, xs, ys, step)
-        return jnp.where(finite, step + 1, step), params, opt_state, loss.astype(loss0.dtype), finite
+            graphdef, tx, batch_size, augment, sampling, transform, params, rest, opt_state, key, xs, ys, step, perm)
+        return jnp.where(finite, step + 1, step), params, opt_state, loss.astype(loss0.dtype), finite, perm
 
-    init = (start, params, opt_state, loss0, jnp.asarray(True))
-    step, params, opt_state, loss, _ = jax.lax.while_loop(cond, body, init)
+    perm = _epoch_permutation(key, start // per_epoch, n) if epochs else jnp.zeros((0,), jnp.int32)
+    init = (start, params, opt_state, loss0, jnp.asarray(True), perm)
+    step, params, opt_state, loss, _, _ = jax.lax.while_loop(cond, body, init)
     return params, opt_state, step, loss
 
 
@@ -298,25 +338,34 @@ def _evaluate_chunked(graphdef, params, rest, chunk, x_test, y_test, x_train, y_
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "tx", "batch_size", "augment", "transform"),
+    jax.jit, static_argnames=("graphdef", "tx", "batch_size", "augment", "sampling", "transform"),
     donate_argnames=("params", "opt_state"),
 )
-def _train_step(graphdef, tx, batch_size, augment, params, rest, opt_state, key, xs, ys, step, transform=None):
-    """One step (:func:`_one_step`) as its own program, for :func:`_dispatch_per_step`."""
-    return _one_step(graphdef, tx, batch_size, augment, transform, params, rest, opt_state, key, xs, ys, step)
+def _train_step(graphdef, tx, batch_size, augment, sampling, params, rest, opt_state, key, xs, ys, step, perm,
+                transform=None):
+    """One step (:func:`_one_step`) as its own program, for :func:`_run_per_step`."""
+    return _one_step(graphdef, tx, batch_size, augment, sampling, transform, params, rest, opt_state, key, xs, ys,
+                     step, perm)
 
 
-def _run_per_step(graphdef, tx, batch_size, augment, params, rest, opt_state, key, xs, ys, start, stop, transform):
+def _run_per_step(graphdef, tx, batch_size, augment, sampling, params, rest, opt_state, key, xs, ys, start, stop,
+                  transform):
     """Steps ``start .. stop - 1`` dispatched one by one from Python; returns what :func:`_train_steps` does.
 
     The finiteness flags are read once, after the last step (no sync per step),
     so a few steps may run past a bad one; they are discarded with it.
     """
     losses, flags = [], []
+    n = xs.shape[0]
+    epochs = _uses_epochs(sampling, batch_size, n)
+    per_epoch = max(1, n // batch_size)
+    perm = jnp.zeros((0,), jnp.int32)
     for step in range(start, stop):
+        if epochs and (step == start or step % per_epoch == 0):
+            perm = _epoch_permutation_jit(key, jnp.asarray(step // per_epoch, jnp.uint32), n)
         params, opt_state, loss, finite = _train_step(
-            graphdef, tx, batch_size, augment, params, rest, opt_state, key, xs, ys,
-            jnp.asarray(step, jnp.uint32), transform=transform)
+            graphdef, tx, batch_size, augment, sampling, params, rest, opt_state, key, xs, ys,
+            jnp.asarray(step, jnp.uint32), perm, transform=transform)
         losses.append(loss)
         flags.append(finite)
     flags = np.asarray(jnp.stack(flags))
@@ -532,6 +581,8 @@ def train(
         raise ValueError(f"Unknown augment {cfg.augment!r}. Valid options: {', '.join(repr(a) for a in AUGMENTATIONS)}.")
     if cfg.augment != "none" and x_train.ndim != 4:
         raise ValueError(f"augment={cfg.augment!r} needs NHWC images (n, H, W, C), got x_train of shape {x_train.shape}.")
+    if cfg.sampling not in SAMPLINGS:
+        raise ValueError(f"Unknown sampling {cfg.sampling!r}. Valid options: {', '.join(repr(a) for a in SAMPLINGS)}.")
     if cfg.eval_batch_size is not None and cfg.eval_batch_size < 1:
         raise ValueError(f"eval_batch_size must be >= 1 or None, got {cfg.eval_batch_size}.")
     tx = _optimizer(cfg)
@@ -615,12 +666,12 @@ def train(
         stop = _next_stop(done, cfg, ckpt_steps)
         if compiled_loop:
             params, opt_state, reached, loss = _train_steps(
-                graphdef, tx, cfg.batch_size, cfg.augment, params, rest, opt_state, key, xs_tr, ys_tr,
+                graphdef, tx, cfg.batch_size, cfg.augment, cfg.sampling, params, rest, opt_state, key, xs_tr, ys_tr,
                 jnp.asarray(done, jnp.uint32), jnp.asarray(stop, jnp.uint32), transform=batch_transform,
             )
         else:
             params, opt_state, reached, loss = _run_per_step(
-                graphdef, tx, cfg.batch_size, cfg.augment, params, rest, opt_state, key, xs_tr, ys_tr,
+                graphdef, tx, cfg.batch_size, cfg.augment, cfg.sampling, params, rest, opt_state, key, xs_tr, ys_tr,
                 done, stop, batch_transform,
             )
         if int(reached) != stop:

@@ -344,3 +344,66 @@ def test_full_batch_sgd_matches_numpy_gradient_descent():
         w, b = w - cfg.learning_rate * vw, b - cfg.learning_rate * vb
     np.testing.assert_allclose(m.head.kernel[...], w, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(m.head.bias[...], b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_epoch_sampling_visits_every_example_once_per_epoch_and_resumes(tmp_path, kind):
+    # which rows each step trained on, reported by a batch transform
+    if kind == "mlp":
+        ds = _gauss()
+        mk = lambda: models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(0))
+    else:
+        ds, mk = _digits_cnn()
+    n, b = len(ds.x_train), 32
+    per_epoch = n // b
+    cfg = TrainConfig(steps=3 * per_epoch + 2, batch_size=b, sampling="epochs", eval_every=5, checkpoint_every=per_epoch + 1)
+    rows = _rows_seen(mk, ds, cfg)
+    for e in range(3):  # every epoch: distinct rows, n - n mod b of them, in a new order
+        seen = np.concatenate(rows[e * per_epoch:(e + 1) * per_epoch])
+        assert len(set(seen.tolist())) == per_epoch * b
+    assert not np.array_equal(rows[0], rows[per_epoch])
+    # the same draws whatever the evaluation spacing (chunk ends) and after a resume from a checkpoint
+    assert all(np.array_equal(a, c) for a, c in zip(rows, _rows_seen(mk, ds, dataclasses.replace(cfg, eval_every=3))))
+    full = mk()
+    train(full, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, progress=False)
+    with pytest.raises(_Stop):
+        train(mk(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path, progress=False,
+              callback=lambda s, _: _stop(s, per_epoch + 1))
+    resumed = mk()
+    assert train(resumed, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path,
+                 progress=False).resumed_from == per_epoch + 1
+    for a, c in zip(_params(full), _params(resumed)):
+        np.testing.assert_array_equal(a, c)
+    with pytest.raises(ValueError, match="Unknown sampling 'shuffle'"):
+        train(mk(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=TrainConfig(sampling="shuffle"))
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(step, at):
+    if step == at:
+        raise _Stop
+
+
+@dataclasses.dataclass(frozen=True)
+class _RecordRows:
+    """A batch transform that leaves the batch alone and reports its rows to the host."""
+
+    def __call__(self, key, x, y):
+        jax.debug.callback(_RecordRows.seen.append, x.reshape(len(x), -1), ordered=True)
+        return x, y
+
+    seen = []
+
+
+def _rows_seen(mk, ds, cfg):
+    flat = ds.x_train.reshape(len(ds.x_train), -1)
+    lookup = {row.tobytes(): i for i, row in enumerate(np.asarray(flat, np.float32))}
+    assert len(lookup) == len(flat)
+    _RecordRows.seen.clear()
+    train(mk(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, progress=False, batch_transform=_RecordRows())
+    out = [np.array([lookup[np.asarray(r, np.float32).tobytes()] for r in batch]) for batch in _RecordRows.seen]
+    assert len(out) == cfg.steps
+    return out
