@@ -411,6 +411,12 @@ def _compiled_loop_is_faster(graphdef, rest, params, xs) -> bool:
     return not _has_convolution(graphdef, rest, params, xs.shape[1:], xs.dtype)
 
 
+@jax.jit
+def _copy_tree(tree):
+    """Fresh buffers for every leaf: one program per tree structure, not one eager copy per leaf shape."""
+    return jax.tree.map(jnp.copy, tree)
+
+
 def _next_stop(done: int, cfg: TrainConfig, ckpt_steps: set[int]) -> int:
     """Where the next compiled chunk after ``done`` steps ends: the next evaluation, checkpoint or end."""
     stop = min(cfg.steps, done + MAX_CHUNK, (done // cfg.eval_every + 1) * cfg.eval_every)
@@ -658,7 +664,7 @@ def train(
         log_eval(0)
     # the parameters and optimiser state are donated to the compiled loop: work on copies, so that
     # the model's arrays and a caller's init_opt_state stay valid (also if the run stops early)
-    params, opt_state = jax.tree.map(jnp.copy, (params, opt_state))
+    params, opt_state = _copy_tree((params, opt_state))
     compiled_loop = _compiled_loop_is_faster(graphdef, rest, params, xs_tr)
     bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc=type(model).__name__, leave=False)
     done = start
