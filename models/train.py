@@ -8,7 +8,9 @@ Design:
   calls ``nnx.merge`` inside), with the parameters and the optimiser state
   donated and the data on the device. The trip count is traced, so one
   program serves every chunk (at most :data:`MAX_CHUNK` steps each), and the
-  numbers do not depend on where chunks end.
+  numbers do not depend on where chunks end. Exception: a convolutional model
+  on XLA's CPU backend runs its steps one program call each (see
+  :func:`_compiled_loop_is_faster`), with the same numbers.
 * Randomness is reproducible from ``(seed, step)``: the minibatch of step ``s``
   is drawn without replacement with ``jax.random.fold_in(key, s)`` (a full
   batch is every training example, in order: no draw).
