@@ -10,7 +10,8 @@ Design:
   program serves every chunk (at most :data:`MAX_CHUNK` steps each), and the
   numbers do not depend on where chunks end. Exception: a convolutional model
   on XLA's CPU backend runs its steps one program call each (see
-  :func:`_compiled_loop_is_faster`), with the same numbers.
+  :func:`_compiled_loop_is_faster`; the choice depends only on the model and
+  the backend, so a run and its resumption take the same path).
 * Randomness is reproducible from ``(seed, step)``: the minibatch of step ``s``
   is drawn without replacement with ``jax.random.fold_in(key, s)`` (a full
   batch is every training example, in order: no draw).
