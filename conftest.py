@@ -13,9 +13,20 @@ back as it found it.
 """
 
 import gc
+import os
+import pathlib
 import sys
 
 import pytest
+
+# JAX's persistent compilation cache, shared by the xdist workers (set before jax is imported:
+# JAX reads these variables when it loads). A second run of the suite loads most of its programs
+# instead of compiling them. A user's own JAX_COMPILATION_CACHE_DIR is kept;
+# FUNSIM_TEST_COMPILE_CACHE=off runs without a cache. The directory is in .gitignore.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("FUNSIM_TEST_COMPILE_CACHE", "").lower() != "off":
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(pathlib.Path(__file__).resolve().parent / ".jax_cache" / "tests")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # jaxlib logs harmless warnings per cached program
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -18,6 +18,8 @@ import argparse
 import importlib
 import sys
 
+from funsim.experiments import compile_cache
+
 # name -> (module, one-line help). Each module defines its own arguments.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("funsim.experiments.compare", "compare two saved representation matrices (.npy/.npz)"),
@@ -39,9 +41,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="funsim",
         description="Are these two networks, or these two representations, the same?",
     )
+    compile_cache.add_option(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
+        compile_cache.add_option(p, subcommand=True)
         if name == command:
             mod = importlib.import_module(module)
             mod.add_arguments(p)
@@ -70,6 +74,7 @@ def _user_error_status(e: BaseException) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    compile_cache.enable(argv)  # before a subcommand's module imports jax
     parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     if args.command is None:

@@ -196,7 +196,7 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
     metrics: dict = {"accuracy": {k: h[-1]["test_accuracy"] for k, h in histories.items()}, "histories": histories}
 
     x = ds.x_test[: cfg.n_compare]
-    feats = {k: models.flatten_features(m.features(x)) for k, m in trained.items()}
+    feats = {k: models.flatten_features(models.compiled(m).features(x)) for k, m in trained.items()}
     names = {k: list(m.layer_names()) for k, m in trained.items()}
     s0, s1 = cfg.seeds[:2]
     pairs = {"mlp_seeds": (f"mlp_s{s0}", f"mlp_s{s1}"), "mlp_vs_bilinear": (f"mlp_s{s0}", f"bilinear_s{s0}")}

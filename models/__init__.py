@@ -1,7 +1,8 @@
 """funsim.models: Flax NNX networks with layer access.
 
 Every model exposes ``features(x) -> {layer: activations}``, ``layer_names()``
-and ``tail(layer, z) -> logits`` (the rest of the network from a layer).
+and ``tail(layer, z) -> logits`` (the rest of the network from a layer);
+:func:`compiled` runs them as jitted programs, in chunks of rows.
 Convolutional and sequence activations are turned into 2-D representations by
 :func:`flatten_features` with an explicit policy.
 """
@@ -17,6 +18,8 @@ from funsim.models.base import unknown_name_error as _unknown_name_error
 from funsim.models.bilinear import BilinearMLP as BilinearMLP
 from funsim.models.bilinear import BilinearTransformer as BilinearTransformer
 from funsim.models.bilinear import bilinear_attention as bilinear_attention
+from funsim.models.compiled import CompiledModel as CompiledModel
+from funsim.models.compiled import compiled as compiled
 from funsim.models.cnn import CNN as CNN
 from funsim.models.cnn import DenseNet as DenseNet
 from funsim.models.cnn import MobileNet as MobileNet

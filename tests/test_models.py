@@ -331,3 +331,49 @@ def test_new_architectures_reject_bad_sizes():
         models.MobileNet(IMG, 10, channels=(4, 8), strides=(1,), rngs=nnx.Rngs(0))
     m = models.MobileNet(IMG, 10, channels=(4, 8, 8), stem_channels=4, strides=(1, 1, 2), rngs=nnx.Rngs(0))
     assert m.feature_shapes()["sep1"] == (8, 8, 8) and m.feature_shapes()["sep2"] == (4, 4, 8)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_compiled_model_equals_the_eager_one(name):
+    # 5 rows in chunks of 2: two full chunks and a padded one
+    model, shape = ZOO[name]
+    x = np.asarray(_input(name, shape, n=5))
+    fast = models.compiled(model, chunk=2)
+    eager = model.features(x)
+    got = fast.features(x)
+    assert tuple(got) == tuple(eager)
+    for k in eager:
+        np.testing.assert_allclose(got[k], eager[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    as_np = fast.features(x, as_numpy=True)
+    assert all(isinstance(v, np.ndarray) and v.shape == eager[k].shape for k, v in as_np.items())
+    np.testing.assert_allclose(fast(x), model(x), rtol=1e-5, atol=1e-6)
+    names = model.layer_names()
+    for layer in {names[0], names[len(names) // 2]} - {"logits"}:
+        np.testing.assert_allclose(fast.tail(layer, eager[layer]), model.tail(layer, eager[layer]),
+                                   rtol=1e-5, atol=1e-6, err_msg=layer)
+
+
+def test_compiled_model_float64_matches_and_compiles_once_per_architecture():
+    from tests._stitch_models import CompileCounter
+
+    mk = lambda s: models.CNN(IMG, 10, channels=(4, 6), rngs=nnx.Rngs(s))
+    x = np.random.default_rng(1).normal(size=(7, *IMG))  # float64 (x64 is on in the tests)
+    a = models.compiled(mk(0), chunk=3)
+    got = a.features(x, as_numpy=True)
+    ref = mk(0).features(x)
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-12, atol=1e-13)
+    a.tail("conv0", got["conv0"])
+    a.features(x)
+    with CompileCounter() as c:  # another seed of the same architecture: the same programs
+        b = models.compiled(mk(1), chunk=3)
+        out = b.features(x, as_numpy=True)
+        b.tail("conv0", out["conv0"])
+        b.features(x)
+    assert c.count == 0
+    with pytest.raises(ValueError, match=r"CNN expects x of shape \(n, 8, 8, 1\), got \(7, 8, 9, 1\)"):
+        a.features(np.zeros((7, 8, 9, 1)))
+    with pytest.raises(ValueError, match="chunk must be a positive integer"):
+        models.compiled(mk(0), chunk=0)
+    with pytest.raises(TypeError, match="needs a Flax NNX model"):
+        models.compiled(object())

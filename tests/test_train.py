@@ -1,5 +1,6 @@
 """Training loop: learning, determinism, resume after a kill, schedules, refusals."""
 
+import dataclasses
 import os
 import pathlib
 import signal
@@ -8,6 +9,7 @@ import sys
 import textwrap
 import time
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -216,3 +218,192 @@ def test_load_checkpoint_into_an_abstract_model(tmp_path):
     abstract = nnx.eval_shape(lambda: models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(1)))
     loaded = load_checkpoint(abstract, tmp_path)
     np.testing.assert_array_equal(loaded(ds.x_test), m(ds.x_test))
+
+
+def _params(m):
+    return [np.asarray(p) for p in jax.tree.leaves(nnx.state(m, nnx.Param))]
+
+
+def test_chunk_boundaries_do_not_change_the_numbers_and_compile_once():
+    # the compiled loop's trip count is traced: evaluating after every step (chunks of 1) and once at
+    # the end (one chunk of 30) run the same program, so the parameters agree bit for bit
+    from tests._stitch_models import CompileCounter
+
+    ds = _gauss()
+    mk = lambda: models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(0))
+    runs = {}
+    for every in (1, 7, 30):
+        m = mk()
+        train(m, ds.x_train, ds.y_train, ds.x_test, ds.y_test,
+              config=TrainConfig(steps=30, batch_size=16, eval_every=every, learning_rate=1e-2), progress=False)
+        runs[every] = _params(m)
+    for every in (7, 30):
+        for a, b in zip(runs[1], runs[every]):
+            np.testing.assert_array_equal(a, b)
+    # the same shapes with another seed, step count or evaluation spacing: nothing compiles
+    # (the optimiser is a static argument, so only an equal optimiser config reuses it)
+    with CompileCounter() as c:
+        train(models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(3)), ds.x_train, ds.y_train, ds.x_test, ds.y_test,
+              config=TrainConfig(steps=11, batch_size=16, eval_every=4, learning_rate=1e-2, seed=5), progress=False)
+    assert c.count == 0
+
+
+def test_the_donated_state_leaves_the_callers_arrays_valid():
+    ds = _gauss()
+    m = models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(0))
+    before = nnx.state(m, nnx.Param)
+    first = train(m, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=TrainConfig(steps=4, batch_size=16, eval_every=4),
+                  progress=False)
+    again = train(models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(0)), ds.x_train, ds.y_train, ds.x_test, ds.y_test,
+                  config=TrainConfig(steps=4, batch_size=16, eval_every=4), progress=False, init_opt_state=first.opt_state)
+    # the model's initial arrays and the optimiser state passed in were copied, not donated
+    assert all(np.isfinite(np.asarray(a)).all() for a in jax.tree.leaves(before))
+    assert all(np.isfinite(np.asarray(a)).all() for a in jax.tree.leaves(first.opt_state))
+    assert again.final["step"] == 4
+
+
+def _digits_cnn():
+    ds = data.load("digits").subset(200, 50)
+    return ds, lambda: models.CNN(ds.input_shape, 10, channels=(4,), rngs=nnx.Rngs(0))
+
+
+# a dense model runs in the compiled loop; a convolutional one, on the CPU, step by step (both checked)
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_non_finite_loss_stops_the_run_at_the_first_bad_step(tmp_path, kind):
+    if kind == "mlp":
+        ds, mk = _gauss(), lambda: models.MLP(6, 3, widths=(16,), rngs=nnx.Rngs(0))
+    else:
+        ds, mk = _digits_cnn()
+    cfg = TrainConfig(steps=50, batch_size=32, learning_rate=1e20, optimizer="sgd", eval_every=50, checkpoint_every=1)
+    m = mk()
+    init = _params(m)
+    with pytest.raises(models.train.NonFiniteLossError,
+                       match=r"stopped at optimiser step (\d+) of 50: (the loss is nan|its update made parameters NaN)(.|\n)*learning_rate \(now 1e\+20\)") as e:
+        train(m, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path, progress=False)
+    bad = int(__import__("re").search(r"optimiser step (\d+)", str(e.value)).group(1))
+    assert 1 < bad < 50
+    # nothing at or after the bad step was saved; the steps before it were
+    assert list_checkpoints(tmp_path) == tuple(range(1, bad))
+    assert f"up to step {bad - 1} are intact" in str(e.value)
+    for a, b in zip(init, _params(m)):  # the model is left as it was passed in
+        np.testing.assert_array_equal(a, b)
+    # the reference: an eager step-by-step loop with optax finds the same first non-finite step
+    assert _first_bad_step(mk(), ds, cfg) == bad
+    # and the run stopped just before it ends with finite parameters
+    ok = mk()
+    train(ok, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=dataclasses.replace(cfg, steps=bad - 1), progress=False)
+    assert all(np.isfinite(a).all() for a in _params(ok))
+
+
+def _first_bad_step(model, ds, cfg):
+    """The first (1-based) step whose minibatch loss or updated parameters are not finite, by an eager optax loop."""
+    import jax.numpy as jnp
+    import optax
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = optax.sgd(cfg.learning_rate, momentum=0.9)
+    opt = tx.init(params)
+    key = jax.random.PRNGKey(cfg.seed)
+    xs, ys = jnp.asarray(ds.x_train), jnp.asarray(ds.y_train)
+    for s in range(cfg.steps):
+        idx = jax.random.choice(jax.random.fold_in(key, jnp.uint32(s)), len(xs), (cfg.batch_size,), replace=False)
+        f = lambda p: optax.softmax_cross_entropy_with_integer_labels(nnx.merge(graphdef, p, rest)(xs[idx]), ys[idx]).mean()
+        loss, g = jax.value_and_grad(f)(params)
+        upd, opt = tx.update(g, opt, params)
+        params = optax.apply_updates(params, upd)
+        if not np.isfinite(float(loss)) or not all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params)):
+            return s + 1
+    return None
+
+
+def test_non_finite_training_data_is_refused():
+    ds = _gauss()
+    x = ds.x_train.copy()
+    x[3, 2] = np.nan
+    x[7, 0] = np.inf
+    with pytest.raises(ValueError, match=r"x_train holds 2 NaN or infinite values \(of 1536\)"):
+        train(models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(0)), x, ds.y_train, ds.x_test, ds.y_test, progress=False)
+
+
+def test_full_batch_sgd_matches_numpy_gradient_descent():
+    # softmax regression, full batch, SGD with momentum 0.9: the compiled loop against float64 NumPy
+    ds = _gauss()
+    m = models.Linear(6, 3, rngs=nnx.Rngs(0))
+    w0, b0 = np.asarray(m.head.kernel[...], np.float64), np.asarray(m.head.bias[...], np.float64)
+    cfg = TrainConfig(steps=7, batch_size=len(ds.x_train), learning_rate=0.3, optimizer="sgd", eval_every=7)
+    train(m, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, progress=False)
+    x, y = np.asarray(ds.x_train, np.float64), ds.y_train
+    onehot = np.eye(3)[y]
+    w, b, vw, vb = w0, b0, 0 * w0, 0 * b0
+    for _ in range(cfg.steps):
+        z = x @ w + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        g = (p - onehot) / len(x)
+        vw, vb = x.T @ g + 0.9 * vw, g.sum(0) + 0.9 * vb
+        w, b = w - cfg.learning_rate * vw, b - cfg.learning_rate * vb
+    np.testing.assert_allclose(m.head.kernel[...], w, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(m.head.bias[...], b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_epoch_sampling_visits_every_example_once_per_epoch_and_resumes(tmp_path, kind):
+    # which rows each step trained on, reported by a batch transform
+    if kind == "mlp":
+        ds = _gauss()
+        mk = lambda: models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(0))
+    else:
+        ds, mk = _digits_cnn()
+    n, b = len(ds.x_train), 32
+    per_epoch = n // b
+    cfg = TrainConfig(steps=3 * per_epoch + 2, batch_size=b, sampling="epochs", eval_every=5, checkpoint_every=per_epoch + 1)
+    rows = _rows_seen(mk, ds, cfg)
+    for e in range(3):  # every epoch: distinct rows, n - n mod b of them, in a new order
+        seen = np.concatenate(rows[e * per_epoch:(e + 1) * per_epoch])
+        assert len(set(seen.tolist())) == per_epoch * b
+    assert not np.array_equal(rows[0], rows[per_epoch])
+    # the same draws whatever the evaluation spacing (chunk ends) and after a resume from a checkpoint
+    assert all(np.array_equal(a, c) for a, c in zip(rows, _rows_seen(mk, ds, dataclasses.replace(cfg, eval_every=3))))
+    full = mk()
+    train(full, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, progress=False)
+    with pytest.raises(_Stop):
+        train(mk(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path, progress=False,
+              callback=lambda s, _: _stop(s, per_epoch + 1))
+    resumed = mk()
+    assert train(resumed, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path,
+                 progress=False).resumed_from == per_epoch + 1
+    for a, c in zip(_params(full), _params(resumed)):
+        np.testing.assert_array_equal(a, c)
+    with pytest.raises(ValueError, match="Unknown sampling 'shuffle'"):
+        train(mk(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=TrainConfig(sampling="shuffle"))
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(step, at):
+    if step == at:
+        raise _Stop
+
+
+@dataclasses.dataclass(frozen=True)
+class _RecordRows:
+    """A batch transform that leaves the batch alone and reports its rows to the host."""
+
+    def __call__(self, key, x, y):
+        jax.debug.callback(_RecordRows.seen.append, x.reshape(len(x), -1), ordered=True)
+        return x, y
+
+    seen = []
+
+
+def _rows_seen(mk, ds, cfg):
+    flat = ds.x_train.reshape(len(ds.x_train), -1)
+    lookup = {row.tobytes(): i for i, row in enumerate(np.asarray(flat, np.float32))}
+    assert len(lookup) == len(flat)
+    _RecordRows.seen.clear()
+    train(mk(), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, progress=False, batch_transform=_RecordRows())
+    out = [np.array([lookup[np.asarray(r, np.float32).tobytes()] for r in batch]) for batch in _RecordRows.seen]
+    assert len(out) == cfg.steps
+    return out
