@@ -500,7 +500,9 @@ def authors_run(path: str | pathlib.Path | None = None) -> dict | None:
     """
     if path is None:
         import importlib.resources
-        res = importlib.resources.files("funsim.experiments").joinpath(*AUTHORS_FILE)
+        res = importlib.resources.files("funsim.experiments")
+        for part in AUTHORS_FILE:
+            res = res / part
         if not res.is_file():
             return None
         with importlib.resources.as_file(res) as p:
