@@ -2,7 +2,7 @@
 
 Run::
 
-    funsim grokking --config default      # 50k full-batch steps: 18 min on 2 heavily shared CPU cores
+    funsim grokking --config default      # 50k full-batch steps, 90 checkpoints spaced by the 5th power
     funsim grokking --config smoke        # seconds (the test suite runs it)
     funsim grokking --config paper        # the authors' 100k steps at batch 512, for a GPU
     funsim grokking --config my.json      # any GrokkingConfig fields
@@ -27,10 +27,24 @@ Steps:
    accuracy events (:func:`accuracy_events`);
 5. Fourier power of the bilinear layer's input weights for token a and for
    token b, and of its output weights, along the token axis, per checkpoint;
-6. write ``results/grokking/<run>/``: ``config.json``, ``metrics.json``
+6. the authors' released run (:func:`authors_run`) beside ours at a matched
+   checkpoint grid and horizon (:func:`compare_runs`): phase starts and
+   similarity to the final checkpoint, like with like; their matrix alone under
+   each protocol (:func:`reference_protocols`) shows how much the phase starts
+   move with the spacing and the run length;
+7. the verdicts: every rule of ``GrokkingConfig.verdict_rules`` applied to the
+   statistics of :func:`verdict_statistics` (:mod:`experiments.verdict`);
+8. write ``results/grokking/<run>/``: ``config.json``, ``metrics.json``
    (atomic), ``matrices.npz``, ``model/`` (checkpoints), ``accuracy.png``,
    ``similarity_matrices.png``, ``similarity_to_final.png``, ``fourier.png``
-   and ``summary.md`` (our numbers beside the paper's).
+   and ``summary.md`` (our numbers beside the paper's, and the verdicts).
+
+**Checkpoint spacing.** The phase starts that ``change_points`` finds depend on
+where the checkpoints lie (the pairwise cost counts checkpoint pairs, so a
+densely sampled stretch weighs more) and on how long the run is. Every config
+therefore uses the authors' rule, ``floor(T (i / (n - 1))^5)`` for
+``i = 0..n-1`` (:func:`checkpoint_schedule`), and the comparison with their run
+is made on a common grid up to a common horizon.
 """
 
 from __future__ import annotations
@@ -38,13 +52,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import pathlib
 import time
 
 import numpy as np
 
+from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import (load_config, open_run, releases_run_locks, write_atomic, write_json_atomic,
                                   write_text_atomic)
+from funsim.experiments.verdict import Rule
 
 __all__ = [
     "GrokkingConfig",
@@ -52,6 +69,16 @@ __all__ = [
     "TokenPairs",
     "PAPER",
     "MEASURES",
+    "RULES",
+    "STATISTICS",
+    "checkpoint_schedule",
+    "authors_run",
+    "mutual_nearest",
+    "matched_grid",
+    "phase_starts",
+    "compare_runs",
+    "reference_protocols",
+    "verdict_statistics",
     "run",
     "checkpoint_matrices",
     "evaluate_checkpoints",
@@ -63,6 +90,35 @@ __all__ = [
     "add_arguments",
     "main",
 ]
+
+
+#: The statistics :func:`verdict_statistics` computes; a rule may name any of them.
+STATISTICS = {
+    "boundaries_near_landmarks": "phase boundaries of the symmetric tensor matrix (primary cost) within "
+                                 "`landmark_tolerance` checkpoints of an accuracy landmark (of n_segments - 1)",
+    "to_final_tensor": "symmetric tensor similarity of the first checkpoint with every held-out pair right to the "
+                       "final checkpoint",
+    "to_final_behavioural": "the same for behavioural similarity",
+    "boundaries_matching_authors": "phase boundaries of the symmetric tensor matrix within `landmark_tolerance` "
+                                   "checkpoints of the authors' on the common grid up to the common horizon",
+    "tensor_only_boundaries": "boundaries of the symmetric tensor matrix more than `landmark_tolerance` "
+                              "checkpoints from every boundary of the behavioural matrix",
+}
+
+#: The verdict rules of every config, fixed before the runs that use them (the summary prints each
+#: rule, its number and the label it gives; ``experiments.verdict``). Tolerances are in checkpoints
+#: (``landmark_tolerance``). The same rules are applied to the authors' released run where its data
+#: allows, as a calibration: their run has 3 of its 4 boundaries at a landmark.
+RULES: tuple[Rule, ...] = (
+    Rule("segmenting the tensor-similarity matrix finds the phases of grokking", "boundaries_near_landmarks",
+         ">=", 3, labels=("reproduced", "not reproduced")),
+    Rule("the network keeps reorganising after held-out accuracy reaches 1", "to_final_tensor", "<", 0.9,
+         labels=("reproduced", "not reproduced")),
+    Rule("our phases match the authors' at a matched grid and horizon", "boundaries_matching_authors", ">=", 3,
+         labels=("match", "differ")),
+    Rule("tensor similarity finds a phase boundary behavioural similarity does not", "tensor_only_boundaries",
+         ">=", 1, labels=("tensor-specific", "same phases as behavioural similarity")),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,14 +134,21 @@ class GrokkingConfig:
       steps: optimiser steps.
       batch_size: minibatch size (None: full batch, every training pair each step).
       learning_rate, weight_decay: AdamW.
-      n_checkpoints, checkpoint_power: ``models.train.power_schedule(steps, n, power=)``.
+      n_checkpoints, checkpoint_power, checkpoint_rule: the checkpoint steps,
+        :func:`checkpoint_schedule` (``"authors"``: their rule, the default; ``"power"``:
+        ``models.train.power_schedule``).
       eval_every: the training history's evaluation period (the checkpoints are evaluated too).
       n_eval: held-out pairs (a seeded subset) for behavioural similarity and CKA.
       n_segments: phases to split each similarity matrix into.
       segment_cost: ``"pairwise"`` (the authors' choice) or ``"kernel"``; both are reported.
       n_top_frequencies: k of the "power in the top-k frequencies" statistic.
-      reorganisation_threshold: after val accuracy reaches 1, reorganisation counts as
-        continuing when the tensor similarity to the final checkpoint is below this.
+      compare_authors: set the authors' released run beside ours (:func:`authors_run`;
+        skipped, with a note in the summary, when its data file is not installed).
+      compare_horizon: the common horizon of that comparison (None: the shorter run's last step).
+      landmark_tolerance: checkpoints within which two boundaries (or a boundary and a
+        landmark) count as the same, in the verdict statistics.
+      verdict_rules: the rules that label the claims (:data:`RULES`; JSON: a list of
+        :class:`experiments.verdict.Rule` dicts). Each names one of :data:`STATISTICS`.
     """
 
     p: int = 113
@@ -98,24 +161,74 @@ class GrokkingConfig:
     learning_rate: float = 1e-3
     weight_decay: float = 0.3
     n_checkpoints: int = 100
-    checkpoint_power: float = 2.0
+    checkpoint_power: float = 5.0
+    checkpoint_rule: str = "authors"
     eval_every: int = 250
     n_eval: int = 1000
     n_segments: int = 5
     segment_cost: str = "pairwise"
     n_top_frequencies: int = 5
-    reorganisation_threshold: float = 0.9
+    compare_authors: bool = True
+    compare_horizon: int | None = None
+    landmark_tolerance: int = 2
+    verdict_rules: tuple[Rule, ...] = RULES
+
+    def __post_init__(self):
+        object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
+        verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="GrokkingConfig")
+        if self.checkpoint_rule not in CHECKPOINT_RULES:
+            raise ValueError(f"GrokkingConfig.checkpoint_rule must be one of {', '.join(CHECKPOINT_RULES)}, "
+                             f"got {self.checkpoint_rule!r}.")
+        if isinstance(self.landmark_tolerance, bool) or not isinstance(self.landmark_tolerance, int) \
+                or self.landmark_tolerance < 0:
+            raise ValueError(f"GrokkingConfig.landmark_tolerance must be an integer >= 0, got {self.landmark_tolerance!r}.")
+        if self.compare_horizon is not None and (isinstance(self.compare_horizon, bool)
+                                                 or not isinstance(self.compare_horizon, int) or self.compare_horizon < 1):
+            raise ValueError(f"GrokkingConfig.compare_horizon must be None or a positive integer step, "
+                             f"got {self.compare_horizon!r}.")
+
+
+CHECKPOINT_RULES = ("authors", "power")
+
+
+def checkpoint_schedule(total_steps: int, n: int, /, *, power: float = 5.0, rule: str = "authors") -> tuple[int, ...]:
+    """The checkpoint steps after step 0 (which is always evaluated: the initialisation).
+
+    ``rule="authors"``: ``floor(T (i / (n - 1))^power)`` for ``i = 0..n-1``, and ``T``
+    (the authors' power schedule; with ``T = 100_000, n = 100, power = 5`` it gives the 89
+    steps of their released run). ``rule="power"``: ``round(T (i / n)^power)`` for
+    ``i = 1..n`` (:func:`models.train.power_schedule`). Duplicates merge, so fewer than
+    ``n`` steps can come back; the last is always ``T``.
+
+    Examples:
+      >>> checkpoint_schedule(1000, 5, power=2.0)
+      (62, 250, 562, 1000)
+      >>> checkpoint_schedule(1000, 5, power=2.0, rule="power")
+      (40, 160, 360, 640, 1000)
+    """
+    from funsim.models.train import power_schedule
+
+    if rule not in CHECKPOINT_RULES:
+        raise ValueError(f"checkpoint rule must be one of {', '.join(CHECKPOINT_RULES)}, got {rule!r}.")
+    if rule == "power":
+        return power_schedule(total_steps, n, power=power)
+    if total_steps < 1 or n < 2 or not power > 0:
+        raise ValueError(f"checkpoint_schedule needs total_steps >= 1, n >= 2, power > 0; got {total_steps}, {n}, {power}.")
+    t = np.floor(total_steps * np.linspace(0.0, 1.0, n) ** power).astype(np.int64)
+    return tuple(sorted({int(s) for s in t if s > 0} | {int(total_steps)}))
 
 
 CONFIGS: dict[str, GrokkingConfig] = {
     "smoke": GrokkingConfig(
-        p=11, train_fraction=0.5, d_hidden=8, steps=120, learning_rate=1e-2, n_checkpoints=8,
+        p=11, train_fraction=0.5, d_hidden=8, steps=120, learning_rate=1e-2, n_checkpoints=10,
         eval_every=40, n_eval=40, n_segments=3, n_top_frequencies=2,
     ),
+    # 50k full-batch steps (held-out accuracy reaches 1 at about 22k on this CPU), checkpoints by the
+    # authors' rule: 88 checkpoints with step 0 (theirs: 90 over 100k steps).
     "default": GrokkingConfig(),
     # The authors' run (tdooms/tensor-similarity, grokking summary bundle): batch 512, 100k steps,
-    # 100 checkpoints spaced by the 5th power (90 distinct steps).
-    "paper": GrokkingConfig(steps=100_000, batch_size=512, checkpoint_power=5.0, eval_every=500, n_eval=2000),
+    # 100 checkpoints by their rule (the same 89 steps after 0 as theirs), for a GPU.
+    "paper": GrokkingConfig(steps=100_000, batch_size=512, eval_every=500, n_eval=2000),
 }
 
 #: The tensor-similarity authors' released grokking run, for comparison (tdooms/tensor-similarity,
@@ -127,11 +240,13 @@ CONFIGS: dict[str, GrokkingConfig] = {
 #: then moves the 4th start by hand one checkpoint earlier, to 7517). ``to_final``: similarity of
 #: the first checkpoint with val accuracy 1 (step 23333) to the last (100k), from their
 #: ``tn_similarity.npy`` and ``act_similarity.npy`` (mean per-sample cosine of the logits on all
-#: p^2 pairs, i.e. behavioural similarity). Not numbers printed in the paper: read off its data.
+#: p^2 pairs, i.e. behavioural similarity). Not numbers printed in the paper: read off its data,
+#: which ships as ``experiments/reference/grokking_authors.npz`` (:func:`authors_run`); the tests
+#: recompute every number here from that file.
 PAPER = {
     "steps": 100_000,
     "events": {
-        "train accuracy >= 0.5": 301,
+        "train accuracy >= 0.5": 352,
         "train accuracy >= 0.99": 1076,
         "val loss peak": 1545,
         "val accuracy >= 0.5": 8176,
@@ -368,6 +483,268 @@ def compare_boundaries(starts, steps, events, /) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------- the authors' run, matched protocols
+
+#: The authors' released run, as data: ``experiments/reference/grokking_authors.npz`` (its ``source``
+#: entry names the repository, commit, files and derivation).
+AUTHORS_FILE = ("reference", "grokking_authors.npz")
+
+
+def authors_run(path: str | pathlib.Path | None = None) -> dict | None:
+    """The authors' released grokking run (tdooms/tensor-similarity), or None when its file is not installed.
+
+    Args:
+      path: the ``.npz`` (default: the copy shipped beside this module).
+
+    Returns:
+      ``{"steps": (90,) int, "matrices": {"tensor (symmetric)", "behavioural": (90, 90)},
+      "train_accuracy", "val_accuracy", "train_loss", "val_loss": (90,), "source": dict}``.
+      Their behavioural similarity is the mean per-sample cosine of the logits on all
+      ``p^2`` pairs (ours: on ``n_eval`` held-out pairs).
+
+    Raises:
+      ValueError: a damaged file (missing entries, wrong shapes, non-finite numbers), naming it.
+    """
+    if path is None:
+        import importlib.resources
+        res = importlib.resources.files("funsim.experiments")
+        for part in AUTHORS_FILE:
+            res = res / part
+        if not res.is_file():
+            return None
+        with importlib.resources.as_file(res) as p:
+            return authors_run(p)
+    path = pathlib.Path(path)
+    keys = ("steps", "tensor_symmetric", "behavioural", "train_accuracy", "val_accuracy", "train_loss", "val_loss",
+            "source")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            d = {k: z[k] for k in keys if k in z.files}
+    except Exception as e:  # a truncated or corrupted archive: zipfile, OSError or ValueError
+        raise ValueError(f"{path}: not a readable .npz of the authors' grokking run ({type(e).__name__}: {e}).") from e
+    missing = [k for k in keys if k not in d]
+    if missing:
+        raise ValueError(f"{path}: missing entries {missing}; expected {list(keys)}.")
+    steps = np.asarray(d["steps"], np.int64)
+    n = len(steps)
+    if steps.ndim != 1 or n < 2 or np.any(np.diff(steps) <= 0) or steps[0] != 0:
+        raise ValueError(f"{path}: steps must be increasing from 0, got shape {steps.shape}.")
+    out = {"steps": steps, "matrices": {}, "source": json.loads(str(d["source"]))}
+    iu = np.triu_indices(n)
+    for key, name in (("tensor_symmetric", "tensor (symmetric)"), ("behavioural", "behavioural")):
+        tri = np.asarray(d[key], np.float64)
+        if tri.shape != (len(iu[0]),) or not np.all(np.isfinite(tri)):
+            raise ValueError(f"{path}: {key} must hold the {len(iu[0])} finite upper-triangle entries of a "
+                             f"{n} x {n} matrix, got shape {tri.shape}.")
+        m = np.zeros((n, n))
+        m[iu] = tri
+        out["matrices"][name] = m + np.triu(m, 1).T
+    for key in ("train_accuracy", "val_accuracy", "train_loss", "val_loss"):
+        v = np.asarray(d[key], np.float64)
+        if v.shape != (n,) or not np.all(np.isfinite(v)):
+            raise ValueError(f"{path}: {key} must be {n} finite numbers, got shape {v.shape}.")
+        out[key] = v
+    return out
+
+
+def _check_steps(steps, name):
+    s = np.asarray(steps)
+    if s.ndim != 1 or len(s) == 0 or not np.issubdtype(s.dtype, np.integer) and not np.all(s == np.round(s)):
+        raise ValueError(f"{name} must be a non-empty 1-D sequence of integer steps, got shape {s.shape}.")
+    s = s.astype(np.int64)
+    if np.any(np.diff(s) <= 0) or s[0] < 0:
+        raise ValueError(f"{name} must be strictly increasing and non-negative, got {s[:5].tolist()}...")
+    return s
+
+
+def mutual_nearest(steps_a, steps_b, /) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs ``(i, j)`` whose steps are each other's nearest checkpoint (ties: the earlier one).
+
+    The pairs are one-to-one and increasing in both ``i`` and ``j``: a common grid at
+    the locally sparser spacing of the two runs.
+
+    Args:
+      steps_a, steps_b: strictly increasing checkpoint steps.
+
+    Returns:
+      ``(ia, ib)``, int arrays of equal length.
+
+    Examples:
+      >>> ia, ib = mutual_nearest([0, 10, 20, 30, 40], [0, 19, 41])
+      >>> ia.tolist(), ib.tolist()
+      ([0, 2, 4], [0, 1, 2])
+    """
+    a = _check_steps(steps_a, "steps_a")
+    b = _check_steps(steps_b, "steps_b")
+    nb = np.argmin(np.abs(a[:, None] - b[None, :]), axis=1)  # argmin: the first (earlier) of ties
+    na = np.argmin(np.abs(b[:, None] - a[None, :]), axis=1)
+    ia = np.flatnonzero(na[nb] == np.arange(len(a)))
+    return ia, nb[ia]
+
+
+def matched_grid(steps_a, steps_b, /, *, horizon: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """A common checkpoint grid of two runs up to a common horizon.
+
+    Both runs are cut at ``horizon`` (default: the shorter run's last step), then
+    paired by :func:`mutual_nearest`.
+
+    Returns:
+      ``(ia, ib, horizon)``: indices into ``steps_a`` and ``steps_b``.
+
+    Raises:
+      ValueError: a horizon before either run's first checkpoint.
+
+    Examples:
+      >>> ia, ib, h = matched_grid([0, 5, 10, 20, 40], [0, 4, 11, 42, 60, 90])   # 42 > 40: cut
+      >>> ia.tolist(), ib.tolist(), h
+      ([0, 1, 2], [0, 1, 2], 40)
+      >>> matched_grid([0, 5, 10, 20, 40], [0, 4, 11, 42, 60, 90], horizon=45)[:2]   # 40 and 42 pair up
+      (array([0, 1, 2, 4]), array([0, 1, 2, 3]))
+    """
+    a = _check_steps(steps_a, "steps_a")
+    b = _check_steps(steps_b, "steps_b")
+    h = int(min(a[-1], b[-1])) if horizon is None else int(horizon)
+    if h < max(a[0], b[0]):
+        raise ValueError(f"horizon {h} lies before a run's first checkpoint ({a[0]}, {b[0]}).")
+    ka, kb = np.flatnonzero(a <= h), np.flatnonzero(b <= h)
+    i, j = mutual_nearest(a[ka], b[kb])
+    return ka[i], kb[j], h
+
+
+def phase_starts(matrix, /, *, n_segments: int, cost: str = "pairwise") -> list[int]:
+    """Segment starts (checkpoint indices) of a checkpoint-similarity matrix (``similarity.change_points``, float64)."""
+    from funsim import similarity
+    with jax.enable_x64(True):  # costs of long segments nearly tie in float32
+        seg = similarity.change_points(np.asarray(matrix, np.float64), n_segments=n_segments, cost=cost)
+    return [int(i) for i in seg.starts]
+
+
+def _first_at_one(val_accuracy, idx):
+    """Position in ``idx`` of the first checkpoint with every held-out pair right (None if none)."""
+    acc = np.asarray(val_accuracy, np.float64)[idx]
+    hit = np.flatnonzero(acc >= 1.0)
+    return int(hit[0]) if len(hit) else None
+
+
+def compare_runs(ours: dict, theirs: dict, /, *, n_segments: int, cost: str = "pairwise", horizon: int | None = None,
+                 tolerance: int = 2) -> dict:
+    """Two runs' phases and post-generalisation similarity, like with like: on a common grid, to a common horizon.
+
+    Each run is ``{"steps": (n,), "matrices": {measure: (n, n)}, "val_accuracy": (n,)}``;
+    the measures both runs have are compared. The common grid is :func:`matched_grid`;
+    each run's matrix is restricted to it and segmented into ``n_segments`` phases, and
+    the k-th boundaries of the two runs are set side by side (their offset in grid
+    checkpoints). Similarity to the final checkpoint is taken on the grid as well:
+    from each run's first grid checkpoint with held-out accuracy 1 to the grid's last.
+
+    Returns:
+      ``{"horizon", "n_grid", "steps": {"ours", "theirs"} (grid steps), "max_relative_mismatch"
+      (max |s_ours - s_theirs| / s_theirs over the grid, steps > 0), "phases": {measure: {"ours",
+      "theirs": start steps; "offsets": grid checkpoints, ours minus theirs, per boundary;
+      "within_tolerance": boundaries with |offset| <= tolerance}}, "to_final": {"ours", "theirs":
+      {"from_step", "to_step", measure: similarity} or None}}``.
+    """
+    ia, ib, h = matched_grid(ours["steps"], theirs["steps"], horizon=horizon)
+    if len(ia) < n_segments:
+        raise ValueError(f"The common grid has {len(ia)} checkpoints, fewer than n_segments={n_segments}.")
+    sa = np.asarray(ours["steps"], np.int64)[ia]
+    sb = np.asarray(theirs["steps"], np.int64)[ib]
+    pos = sb > 0
+    out = {"horizon": h, "n_grid": int(len(ia)), "steps": {"ours": sa.tolist(), "theirs": sb.tolist()},
+           "max_relative_mismatch": float(np.max(np.abs(sa[pos] - sb[pos]) / sb[pos])) if np.any(pos) else 0.0,
+           "phases": {}, "to_final": {}}
+    common = [m for m in ours["matrices"] if m in theirs["matrices"]]
+    for m in common:
+        pa = phase_starts(np.asarray(ours["matrices"][m])[np.ix_(ia, ia)], n_segments=n_segments, cost=cost)
+        pb = phase_starts(np.asarray(theirs["matrices"][m])[np.ix_(ib, ib)], n_segments=n_segments, cost=cost)
+        off = [x - y for x, y in zip(pa[1:], pb[1:])]
+        out["phases"][m] = {"ours": [int(sa[i]) for i in pa], "theirs": [int(sb[i]) for i in pb], "offsets": off,
+                            "within_tolerance": int(sum(abs(o) <= tolerance for o in off))}
+    for name, run, idx, s in (("ours", ours, ia, sa), ("theirs", theirs, ib, sb)):
+        k = _first_at_one(run["val_accuracy"], idx)
+        if k is None:
+            out["to_final"][name] = None
+            continue
+        row = {"from_step": int(s[k]), "to_step": int(s[-1])}
+        row.update({m: float(np.asarray(run["matrices"][m])[idx[k], idx[-1]]) for m in common})
+        out["to_final"][name] = row
+    return out
+
+
+def reference_protocols(ref: dict, our_steps, /, *, n_segments: int, cost: str = "pairwise") -> dict:
+    """The authors' matrices segmented under four protocols: how far spacing and horizon move their phases.
+
+    ``"as released"``: their grid, their horizon; ``"at our horizon"``: their grid cut at our
+    last step; ``"on our grid"``: their nearest checkpoint to each of our steps (duplicates
+    merged; the resampling the first comparison used); ``"common grid"``: :func:`matched_grid`
+    of both runs up to the common horizon.
+
+    Returns:
+      ``{protocol: {"n": checkpoints, "horizon": last step, measure: start steps}}``.
+    """
+    st = np.asarray(ref["steps"], np.int64)
+    ours = _check_steps(our_steps, "our_steps")
+    near = np.unique(np.argmin(np.abs(ours[:, None] - st[None, :]), axis=1))
+    _, ib, _ = matched_grid(ours, st)
+    sets = {"as released": np.arange(len(st)), "at our horizon": np.flatnonzero(st <= ours[-1]),
+            "on our grid": near, "common grid": ib}
+    out = {}
+    for name, idx in sets.items():
+        row = {"n": int(len(idx)), "horizon": int(st[idx[-1]])}
+        for m, mat in ref["matrices"].items():
+            row[m] = [int(st[idx[i]]) for i in phase_starts(mat[np.ix_(idx, idx)], n_segments=n_segments, cost=cost)]
+        out[name] = row
+    return out
+
+
+def _tensor_only(tensor_starts, other_starts, tolerance):
+    return int(sum(all(abs(t - o) > tolerance for o in other_starts[1:]) for t in tensor_starts[1:]))
+
+
+def verdict_statistics(cfg: GrokkingConfig, *, steps, starts: dict, boundaries: dict, after: dict,
+                       comparison: dict | None) -> dict:
+    """The numbers :data:`RULES` judge (:data:`STATISTICS`), each a value or ``{"value": None, "reason": ...}``.
+
+    Args:
+      cfg: the config (``landmark_tolerance``).
+      steps: checkpoint steps.
+      starts: ``{measure: phase starts (indices)}`` with the primary cost.
+      boundaries: ``{measure: compare_boundaries(...)}``.
+      after: :func:`_after_generalisation`'s result.
+      comparison: :func:`compare_runs` (None: the authors' run was not available).
+    """
+    tol = cfg.landmark_tolerance
+    sym, beh = "tensor (symmetric)", "behavioural"
+    near = sum(1 for b in boundaries[sym] if b["checkpoints_apart"] is not None and abs(b["checkpoints_apart"]) <= tol)
+    at_one = after.get("val accuracy = 1")
+    never = {"value": None, "reason": "held-out accuracy never reached 1"}
+    stats = {
+        "boundaries_near_landmarks": int(near),
+        "to_final_tensor": never if at_one is None else at_one["similarity_to_final"][sym],
+        "to_final_behavioural": never if at_one is None else at_one["similarity_to_final"][beh],
+        "tensor_only_boundaries": _tensor_only(starts[sym], starts[beh], tol),
+    }
+    if comparison is None:
+        stats["boundaries_matching_authors"] = {"value": None, "reason": "the authors' run is not available"}
+    else:
+        stats["boundaries_matching_authors"] = comparison["phases"][sym]["within_tolerance"]
+    return stats
+
+
+def _authors_statistics(cfg: GrokkingConfig, ref: dict) -> dict:
+    """The same statistics on the authors' run as released (those its data defines)."""
+    st = [int(s) for s in ref["steps"]]
+    starts = {m: phase_starts(mat, n_segments=cfg.n_segments, cost=cfg.segment_cost) for m, mat in ref["matrices"].items()}
+    events = accuracy_events(st, ref["train_accuracy"], ref["val_accuracy"], ref["val_loss"])
+    bounds = {m: compare_boundaries(s, st, events) for m, s in starts.items()}
+    k = _first_at_one(ref["val_accuracy"], np.arange(len(st)))
+    after = {"val accuracy = 1": None if k is None else
+             {"similarity_to_final": {m: float(mat[k, -1]) for m, mat in ref["matrices"].items()}}}
+    stats = verdict_statistics(cfg, steps=st, starts=starts, boundaries=bounds, after=after, comparison=None)
+    stats["boundaries_matching_authors"] = {"value": None, "reason": "the reference itself"}
+    return stats
+
+
 # --------------------------------------------------------------------------- training
 
 
@@ -440,7 +817,7 @@ def _train(cfg: GrokkingConfig, tokens, workdir: pathlib.Path, progress: bool, l
     import jax.numpy as jnp
     from tqdm.auto import tqdm
 
-    from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
+    from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, train
 
     model = _model(cfg, cfg.seed)
     init = model.model.to_network()  # the arrays stay those of step 0: training replaces, never mutates
@@ -448,7 +825,8 @@ def _train(cfg: GrokkingConfig, tokens, workdir: pathlib.Path, progress: bool, l
         steps=cfg.steps, batch_size=cfg.batch_size or len(tokens.x_train), learning_rate=cfg.learning_rate,
         optimizer="adamw", weight_decay=cfg.weight_decay, seed=cfg.seed, eval_every=cfg.eval_every,
         eval_train_size=len(tokens.x_train),
-        checkpoint_steps=power_schedule(cfg.steps, cfg.n_checkpoints, power=cfg.checkpoint_power),
+        checkpoint_steps=checkpoint_schedule(cfg.steps, cfg.n_checkpoints, power=cfg.checkpoint_power,
+                                             rule=cfg.checkpoint_rule),
     )
     t0 = time.time()
     result = train(model, tokens.x_train, tokens.y_train, tokens.x_test, tokens.y_test, config=tcfg,
@@ -614,34 +992,50 @@ def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: 
     out = open_run("grokking", run_name, root=root, config=cfg)  # locked; a changed config is refused
     ds = data_lib.modular_addition(p=cfg.p, train_fraction=cfg.train_fraction, seed=cfg.data_seed, onehot=True)
     tokens = data_lib.modular_addition(p=cfg.p, train_fraction=cfg.train_fraction, seed=cfg.data_seed)  # same split
-    log(f"[1/5] training: p={cfg.p}, {len(ds.x_train)} train / {len(ds.x_test)} held-out pairs, "
+    log(f"[1/6] training: p={cfg.p}, {len(ds.x_train)} train / {len(ds.x_test)} held-out pairs, "
         f"{cfg.steps} steps, batch {cfg.batch_size or 'full'}")
     trained, steps, nets, train_seconds = _train(cfg, tokens, out / "model", progress, log)
     history = trained.history
 
-    log(f"[2/5] evaluating {len(steps)} checkpoints (step 0 = initialisation)")
+    log(f"[2/6] evaluating {len(steps)} checkpoints (step 0 = initialisation)")
     ev = {"train": evaluate_checkpoints(nets, ds.x_train, ds.y_train),
           "val": evaluate_checkpoints(nets, ds.x_test, ds.y_test)}
     events = accuracy_events(steps, ev["train"]["accuracy"], ev["val"]["accuracy"], ev["val"]["loss"])
 
-    log(f"[3/5] checkpoint x checkpoint similarity ({len(steps)} x {len(steps)}): tensor and baselines")
+    log(f"[3/6] checkpoint x checkpoint similarity ({len(steps)} x {len(steps)}): tensor and baselines")
     pick = np.random.default_rng(cfg.data_seed).choice(len(ds.x_test), size=min(cfg.n_eval, len(ds.x_test)), replace=False)
     matrices = checkpoint_matrices(nets, ds.x_test[np.sort(pick)])
     write_atomic(out / "matrices.npz", lambda f: np.savez(f, steps=np.asarray(steps),
                                                            **{k.replace(" ", "_"): v for k, v in matrices.items()}))
 
-    log(f"[4/5] phases: {cfg.n_segments} segments of every matrix (costs: pairwise, kernel)")
+    log(f"[4/6] phases: {cfg.n_segments} segments of every matrix (costs: pairwise, kernel)")
     segs = _segment(matrices, cfg.n_segments)
     primary = segs[cfg.segment_cost]
     boundaries = {name: compare_boundaries(st, steps, events) for name, st in primary.items()}
 
-    log("[5/5] Fourier content of the weights over training")
+    log("[5/6] Fourier content of the weights over training")
     spectra = operand_spectra(nets, cfg.p)
     summaries = {k: spectrum_summary(v, n_top=cfg.n_top_frequencies) for k, v in spectra.items()}
     spectra = {k: v.sum(axis=-2) for k, v in spectra.items()}  # the layer's spectrum: (n, K)
     write_atomic(out / "spectra.npz", lambda f: np.savez(f, steps=np.asarray(steps), **spectra))
 
     after = _after_generalisation(cfg, steps, events, matrices, summaries)
+
+    ref = authors_run() if cfg.compare_authors else None
+    comparison = protocols = authors_verdicts = authors_stats = None
+    if ref is not None:
+        log("[6/6] the authors' run beside ours at a matched grid and horizon; verdicts")
+        ours = {"steps": steps, "matrices": matrices, "val_accuracy": ev["val"]["accuracy"]}
+        comparison = compare_runs(ours, ref, n_segments=cfg.n_segments, cost=cfg.segment_cost,
+                                  horizon=cfg.compare_horizon, tolerance=cfg.landmark_tolerance)
+        protocols = reference_protocols(ref, steps, n_segments=cfg.n_segments, cost=cfg.segment_cost)
+        authors_stats = _authors_statistics(cfg, ref)
+        authors_verdicts = verdict_lib.judge_all(cfg.verdict_rules, authors_stats)
+    else:
+        log("[6/6] verdicts (the authors' run is " + ("not installed" if cfg.compare_authors else "not compared") + ")")
+    stats = verdict_statistics(cfg, steps=steps, starts=primary, boundaries=boundaries, after=after,
+                               comparison=comparison)
+    verdicts = verdict_lib.judge_all(cfg.verdict_rules, stats)
     metrics = {
         "steps": steps,
         "train_seconds": round(train_seconds, 1),
@@ -658,6 +1052,13 @@ def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: 
                          "boundaries_vs_events": boundaries},
         "fourier": {k: {s: v.tolist() for s, v in d.items() if s != "distribution"} for k, d in summaries.items()},
         "after_generalisation": after,
+        "authors": None if ref is None else {"source": ref["source"], "matched": comparison, "protocols": protocols},
+        "authors_missing_reason": None if ref is not None else
+        ("compare_authors is off" if not cfg.compare_authors else "experiments/reference/grokking_authors.npz is not installed"),
+        "verdict_statistics": stats,
+        "verdicts": [v.to_json() for v in verdicts],
+        "authors_verdict_statistics": authors_stats,
+        "authors_verdicts": None if authors_verdicts is None else [v.to_json() for v in authors_verdicts],
         "paper": PAPER,
     }
     metrics["seconds"] = round(time.time() - t0, 1)
@@ -696,10 +1097,6 @@ def _after_generalisation(cfg, steps, events, matrices, summaries) -> dict:
             "unit_purity": {k: [float(v["unit_purity"][i]), float(v["unit_purity"][-1])] for k, v in summaries.items()},
             "spectrum_total_variation_to_final": tv,
         }
-    ref = out.get("val accuracy = 1") or out.get("val accuracy >= 0.99")
-    out["reorganisation_continues"] = (
-        None if ref is None else bool(ref["similarity_to_final"]["tensor (symmetric)"] < cfg.reorganisation_threshold)
-    )
     top = {k: [int(j) + 1 for j in np.argsort(v["distribution"][-1])[::-1][: cfg.n_top_frequencies]] for k, v in summaries.items()}
     out["final_top_frequencies"] = top
     return out
@@ -780,11 +1177,59 @@ def summary(cfg: GrokkingConfig, m: dict) -> str:
                   f"frequencies {a:.2f} -> {b:.2f}; TV {ref['spectrum_total_variation_to_final'][k]:.3f}"
                   for k, (a, b) in ref["effective_frequencies"].items()]
         lines += ["", "Strongest frequencies at the end: " + "; ".join(f"{k}: {v}" for k, v in after["final_top_frequencies"].items()) + "."]
-        verdict = "reproduced" if after["reorganisation_continues"] else "not reproduced"
-        lines += ["", f"Continued reorganisation after generalisation (tensor similarity to the final checkpoint below "
-                  f"{cfg.reorganisation_threshold}): **{verdict}**."]
+    lines += _authors_section(cfg, m)
+    verdicts = verdict_lib.judge_all(cfg.verdict_rules, m["verdict_statistics"])
+    ref_stats = m.get("authors_verdict_statistics")
+    ref = None if ref_stats is None else {v.rule.claim: v for v in verdict_lib.judge_all(cfg.verdict_rules, ref_stats)}
+    lines += ["", "## Verdicts", "",
+              f"Each label is computed by code from the rule in the run's config (`verdict_rules`; tolerances in "
+              f"checkpoints: {cfg.landmark_tolerance}). The last column applies the same rule to the authors' "
+              "released run, where its data defines the statistic.", ""]
+    lines += verdict_lib.markdown_table(verdicts, reference=ref, reference_name="authors' run")
     lines += ["", "Figures: " + ", ".join(f"`{f}`" for f in m["figures"]) + "; matrices in `matrices.npz`, spectra in `spectra.npz`.", ""]
     return "\n".join(lines)
+
+
+def _steps_text(v):
+    return ", ".join(f"{x:,}" for x in v)
+
+
+def _authors_section(cfg: GrokkingConfig, m: dict) -> list[str]:
+    """The comparison with the authors' released run, at a matched grid and horizon."""
+    a = m.get("authors")
+    lines = ["", "## The authors' run, like with like", ""]
+    if a is None:
+        return lines + [f"Not compared: {m.get('authors_missing_reason') or 'no reference data'}."]
+    c, prot = a["matched"], a["protocols"]
+    lines += [f"Both runs cut at step {c['horizon']:,} and paired by mutually nearest checkpoints: {c['n_grid']} "
+              f"common checkpoints (largest step mismatch {c['max_relative_mismatch']:.1%}). Phases "
+              f"({cfg.n_segments} segments, {cfg.segment_cost} cost) of each run's matrix on that grid; offset = "
+              "our boundary minus theirs, in grid checkpoints. Their behavioural similarity is on all p^2 pairs, "
+              "ours on held-out pairs.", "",
+              "| matrix | ours | authors' | offsets |", "|---|---|---|---|"]
+    for name, ph in c["phases"].items():
+        lines.append(f"| {name} | {_steps_text(ph['ours'])} | {_steps_text(ph['theirs'])} | "
+                     f"{', '.join(f'{o:+d}' for o in ph['offsets'])} |")
+    lines += ["", "Similarity of the first common-grid checkpoint with held-out accuracy 1 to the grid's last:", "",
+              "| run | from step | to step | " + " | ".join(c["phases"]) + " |",
+              "|---|---:|---:|" + "---:|" * len(c["phases"])]
+    for who, label in (("ours", "ours"), ("theirs", "authors'")):
+        r = c["to_final"].get(who)
+        if r is None:
+            lines.append(f"| {label} | n/a | n/a |" + " n/a |" * len(c["phases"]))
+        else:
+            lines.append(f"| {label} | {r['from_step']:,} | {r['to_step']:,} | "
+                         + " | ".join(f"{r[k]:.3f}" for k in c["phases"]) + " |")
+    lines += ["", "The authors' matrices alone under four protocols (phase starts): the spacing and the run "
+              "length move them.", "", "| protocol | checkpoints | last step | tensor (symmetric) | behavioural |",
+              "|---|---:|---:|---|---|"]
+    for name, row in prot.items():
+        lines.append(f"| {name} | {row['n']} | {row['horizon']:,} | {_steps_text(row['tensor (symmetric)'])} | "
+                     f"{_steps_text(row['behavioural'])} |")
+    src = a["source"]
+    lines += ["", f"Source: {src.get('repository')} at {str(src.get('commit'))[:12]}, "
+              f"`{src['files'][0].rsplit('/', 1)[0]}/`."]
+    return lines
 
 
 # --------------------------------------------------------------------------- CLI

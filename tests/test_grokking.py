@@ -1,5 +1,7 @@
 """The grokking experiment: its data, its analysis helpers against references, and the driver end to end."""
 
+import dataclasses
+import io
 import json
 import shutil
 
@@ -7,10 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from funsim import similarity
-from funsim.experiments import cli, grokking
+from funsim.experiments import cli, grokking, verdict
 from funsim.experiments.data import modular_addition
+from funsim.experiments.io import to_jsonable
 
 
 # --------------------------------------------------------------------------- data
@@ -265,6 +270,18 @@ def test_grokking_smoke_end_to_end_and_resume(tmp_path, capsys):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     summary = (out / "summary.md").read_text()
     assert "paper's run" in summary and "| tensor (symmetric) |" in summary
+    # the verdicts: every rule of the config, its number and the label the rule gives it
+    stats = m["verdict_statistics"]
+    assert [v["claim"] for v in m["verdicts"]] == [r.claim for r in cfg.verdict_rules]
+    assert m["verdicts"] == [v.to_json() for v in verdict.judge_all(cfg.verdict_rules, stats)]
+    for rule, v in zip(cfg.verdict_rules, m["verdicts"]):
+        assert f"| {rule.claim} | `{rule.text()}` |" in summary and f"**{v['label']}**" in summary
+    # the smoke run never reaches held-out accuracy 1: that claim cannot be judged
+    assert m["verdicts"][1]["label"] == "inconclusive (held-out accuracy never reached 1)"
+    # the authors' run beside ours, cut at our horizon
+    assert m["authors"]["matched"]["horizon"] == cfg.steps
+    assert all(s <= cfg.steps for s in m["authors"]["matched"]["steps"]["ours"])
+    assert "## The authors' run, like with like" in summary and "| as released | 90 | 100,000 |" in summary
     assert "# grokking" in printed and str(out) in printed
     assert not list(out.glob("**/*.tmp*"))
 
@@ -292,3 +309,192 @@ def test_grokking_config_file_and_bad_fields(tmp_path):
         grokking._config_from(str(bad))
     with pytest.raises(ValueError, match="neither one of smoke, default, paper nor a JSON file"):
         grokking._config_from("defualt")
+
+
+# --------------------------------------------------------------------------- the authors' run, matched protocols
+
+def test_checkpoint_schedule_is_the_authors_rule():
+    ref = grokking.authors_run()
+    # their released run: T = 100k, n = 100, 5th power -> exactly their 89 steps after 0
+    assert [0, *grokking.checkpoint_schedule(100_000, 100, power=5.0)] == ref["steps"].tolist()
+    from funsim.models.train import power_schedule
+    assert grokking.checkpoint_schedule(1000, 7, power=3.0, rule="power") == power_schedule(1000, 7, power=3.0)
+    t = grokking.checkpoint_schedule(50_000, 100)
+    assert t[-1] == 50_000 and list(t) == sorted(set(t)) and t[0] >= 1
+    # the default and paper configs use the authors' rule at the 5th power
+    for name in ("default", "paper"):
+        cfg = grokking.CONFIGS[name]
+        assert (cfg.checkpoint_rule, cfg.checkpoint_power) == ("authors", 5.0)
+    with pytest.raises(ValueError, match="checkpoint rule must be one of"):
+        grokking.checkpoint_schedule(100, 5, rule="square")
+
+
+def test_authors_file_reproduces_the_paper_constants():
+    """Every number of PAPER recomputed from the shipped data (independent of the constants)."""
+    ref = grokking.authors_run()
+    assert ref["source"]["repository"] == "https://github.com/tdooms/tensor-similarity"
+    assert len(ref["source"]["commit"]) == 40 and ref["source"]["config"]["seed"] == 1337
+    steps = ref["steps"].tolist()
+    assert len(steps) == 90 and steps[-1] == grokking.PAPER["steps"]
+    ev = grokking.accuracy_events(steps, ref["train_accuracy"], ref["val_accuracy"], ref["val_loss"])
+    assert ev == grokking.PAPER["events"]
+    st = grokking.phase_starts(ref["matrices"]["tensor (symmetric)"], n_segments=5)
+    assert [steps[i] for i in st] == grokking.PAPER["phase_starts"]
+    # their published segmentation (metadata.json phases: 0, 124, 1545, 7517, 24953) is this DP
+    # optimum with the 4th start moved one checkpoint earlier by hand
+    assert steps[st[3] - 1] == 7517
+    k = steps.index(grokking.PAPER["events"]["val accuracy = 1"])
+    for name, key in (("tensor (symmetric)", "tensor (symmetric)"), ("behavioural", "behavioural")):
+        assert round(ref["matrices"][key][k, -1], 3) == grokking.PAPER["to_final"][name]
+    m = ref["matrices"]["tensor (symmetric)"]
+    assert np.all(np.abs(np.diag(m) - 1) < 1e-6) and np.all(m <= 1 + 1e-6)
+
+
+def test_authors_run_refuses_a_damaged_file(tmp_path):
+    import importlib.resources
+    res = importlib.resources.files("funsim.experiments")
+    for part in grokking.AUTHORS_FILE:
+        res = res / part
+    src = res.read_bytes()
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(src[: len(src) // 2])
+    with pytest.raises(ValueError, match="cut.npz: not a readable .npz"):
+        grokking.authors_run(cut)
+    with np.load(io.BytesIO(src)) as z:
+        d = {k: z[k] for k in z.files}
+    np.savez(tmp_path / "missing.npz", **{k: v for k, v in d.items() if k != "behavioural"})
+    with pytest.raises(ValueError, match=r"missing.npz: missing entries \['behavioural'\]"):
+        grokking.authors_run(tmp_path / "missing.npz")
+    bad = dict(d, tensor_symmetric=np.where(np.arange(d["tensor_symmetric"].size) == 5, np.nan, d["tensor_symmetric"]))
+    np.savez(tmp_path / "nan.npz", **bad)
+    with pytest.raises(ValueError, match="nan.npz: tensor_symmetric must hold the 4095 finite"):
+        grokking.authors_run(tmp_path / "nan.npz")
+
+
+def _mnn_reference(a, b):
+    """Brute force: pairs (i, j) where each is the other's nearest (ties to the earlier index)."""
+    def nearest(x, ys):
+        d = [abs(x - y) for y in ys]
+        return d.index(min(d))
+    return [(i, j) for i in range(len(a)) for j in range(len(b)) if nearest(a[i], b) == j and nearest(b[j], a) == i]
+
+
+steps_strategy = st.lists(st.integers(0, 5000), min_size=1, max_size=40, unique=True).map(sorted)
+
+
+@given(a=steps_strategy, b=steps_strategy)
+def test_mutual_nearest_against_brute_force(a, b):
+    ia, ib = grokking.mutual_nearest(a, b)
+    assert list(zip(ia.tolist(), ib.tolist())) == _mnn_reference(a, b)
+    assert np.all(np.diff(ia) > 0) and np.all(np.diff(ib) > 0)  # one-to-one and order-preserving
+    ia2, ib2 = grokking.mutual_nearest(a, a)
+    assert ia2.tolist() == ib2.tolist() == list(range(len(a)))
+
+
+def test_matched_grid_errors():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        grokking.matched_grid([0, 5, 5], [0, 3])
+    with pytest.raises(ValueError, match="horizon 2 lies before"):
+        grokking.matched_grid([3, 5], [0, 3], horizon=2)
+
+
+# A known answer: four phases planted in step space, [0, 100), [100, 1000), [1000, 5000), [5000, 12000)
+# and a fifth from 12000. Similarity 1 within a phase, 0.3 + 0.1 * (closeness of the phases) across.
+PLANTED = (0, 100, 1000, 5000, 12000)
+
+
+def _planted_run(steps, generalise_at=3000):
+    steps = np.asarray(steps)
+    phase = np.searchsorted(PLANTED, steps, side="right") - 1
+    m = np.where(phase[:, None] == phase[None, :], 1.0, 0.3 + 0.1 / (1 + np.abs(phase[:, None] - phase[None, :])))
+    val = (steps >= generalise_at).astype(float)
+    return {"steps": steps, "matrices": {"tensor (symmetric)": m, "behavioural": m ** 2}, "val_accuracy": val}
+
+
+def test_compare_runs_recovers_planted_phases_at_a_matched_horizon():
+    a = _planted_run([0, *grokking.checkpoint_schedule(10_000, 60)])  # the authors' rule, 10k steps
+    from funsim.models.train import power_schedule
+    b = _planted_run([0, *power_schedule(20_000, 80, power=2.0)])  # square spacing, twice as long
+    c = grokking.compare_runs(a, b, n_segments=4)
+    assert c["horizon"] == 10_000
+    sa, sb = np.array(c["steps"]["ours"]), np.array(c["steps"]["theirs"])
+    assert sa[-1] <= 10_000 and sb[-1] <= 10_000 and len(sa) == len(sb) == c["n_grid"]
+    first_at = lambda s, t: int(s[np.searchsorted(s, t)])
+    for name in ("tensor (symmetric)", "behavioural"):
+        ph = c["phases"][name]
+        assert ph["ours"] == [0, *(first_at(sa, t) for t in PLANTED[1:4])]
+        assert ph["theirs"] == [0, *(first_at(sb, t) for t in PLANTED[1:4])]
+        # a grid pair may straddle a planted boundary (e.g. 990 paired with 1010): then one run's phase
+        # opens a grid checkpoint later; the offset is exactly that difference in grid positions
+        expected = [int(np.searchsorted(sa, t) - np.searchsorted(sb, t)) for t in PLANTED[1:4]]
+        assert ph["offsets"] == expected and all(abs(o) <= 1 for o in expected)
+        assert ph["within_tolerance"] == 3
+    for who, s in (("ours", sa), ("theirs", sb)):
+        tf = c["to_final"][who]
+        assert tf["from_step"] == first_at(s, 3000) and tf["to_step"] == s[-1]
+        assert tf["tensor (symmetric)"] == pytest.approx(0.3 + 0.1 / 2)  # phase 2 vs phase 3
+        assert tf["behavioural"] == pytest.approx((0.3 + 0.1 / 2) ** 2)
+    # unmatched, the longer run's fourth boundary is the phase beyond the other's horizon
+    full = grokking.phase_starts(b["matrices"]["tensor (symmetric)"], n_segments=5)
+    assert b["steps"][full[-1]] == first_at(b["steps"], 12_000)
+    # a run that never generalises has no post-generalisation similarity
+    never = dict(b, val_accuracy=np.zeros(len(b["steps"])))
+    assert grokking.compare_runs(a, never, n_segments=4)["to_final"]["theirs"] is None
+
+
+def test_reference_protocols_on_planted_phases():
+    from funsim.models.train import power_schedule
+    ref = _planted_run([0, *grokking.checkpoint_schedule(20_000, 90)])
+    ours = [0, *power_schedule(8_000, 50, power=2.0)]
+    st = ref["steps"]
+    first_at = lambda s, t: int(s[np.searchsorted(s, t)])
+    released = grokking.reference_protocols(ref, ours, n_segments=5)["as released"]
+    assert released["n"] == len(st) and released["horizon"] == 20_000
+    assert released["tensor (symmetric)"] == [0, *(first_at(st, t) for t in PLANTED[1:])]
+    p = grokking.reference_protocols(ref, ours, n_segments=4)  # up to our horizon: four phases
+    for name in ("at our horizon", "on our grid", "common grid"):
+        row = p[name]
+        assert row["horizon"] <= 8_000 + 500  # nearest checkpoints may step a little past our last
+        kept = st[st <= row["horizon"]] if name == "at our horizon" else None
+        got = row["tensor (symmetric)"]
+        assert len(got) == 4 and got[0] == 0 and all(g >= t for g, t in zip(got[1:], PLANTED[1:4]))
+        if kept is not None:
+            assert got == [0, *(first_at(kept, t) for t in PLANTED[1:4])]
+    assert p["on our grid"]["n"] <= len(ours) and p["at our horizon"]["n"] == int(np.sum(st <= 8_000))
+
+
+def test_verdict_statistics_from_known_boundaries():
+    cfg = grokking.CONFIGS["default"]
+    bounds = {"tensor (symmetric)": [{"checkpoints_apart": a} for a in (0, -2, 3, None)]}
+    starts = {"tensor (symmetric)": [0, 10, 20, 30, 40], "behavioural": [0, 11, 23, 30, 45]}
+    after = {"val accuracy = 1": {"similarity_to_final": {"tensor (symmetric)": 0.8, "behavioural": 0.85}}}
+    s = grokking.verdict_statistics(cfg, steps=list(range(50)), starts=starts, boundaries=bounds, after=after,
+                                    comparison=None)
+    assert s["boundaries_near_landmarks"] == 2  # |0| and |-2| <= 2
+    assert s["tensor_only_boundaries"] == 2  # 20 (nearest 23: 3 apart) and 40 (nearest 45)
+    assert s["to_final_tensor"] == 0.8 and s["to_final_behavioural"] == 0.85
+    assert s["boundaries_matching_authors"]["value"] is None
+    s = grokking.verdict_statistics(cfg, steps=list(range(50)), starts=starts, boundaries=bounds,
+                                    after={"val accuracy = 1": None}, comparison=None)
+    labels = {v.rule.statistic: v.label for v in verdict.judge_all(cfg.verdict_rules, s)}
+    assert labels["to_final_tensor"] == "inconclusive (held-out accuracy never reached 1)"
+    assert labels["boundaries_matching_authors"] == "inconclusive (the authors' run is not available)"
+    assert labels["boundaries_near_landmarks"] == "not reproduced"
+    assert labels["tensor_only_boundaries"] == "tensor-specific"
+
+
+def test_verdict_rules_in_the_config(tmp_path):
+    cfg = grokking.CONFIGS["default"]
+    assert {r.statistic for r in cfg.verdict_rules} <= set(grokking.STATISTICS)
+    # config.json round trip: the rules come back as Rule objects, the config equal
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps(to_jsonable(cfg)))
+    assert grokking._config_from(str(path))[1] == cfg
+    # a rule on a statistic the driver does not compute is refused at load time
+    d = to_jsonable(cfg)
+    d["verdict_rules"][0]["statistic"] = "boundaries_near_landmark"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="names the statistic 'boundaries_near_landmark'"):
+        grokking._config_from(str(path))
+    with pytest.raises(ValueError, match="checkpoint_rule must be one of"):
+        dataclasses.replace(cfg, checkpoint_rule="square")
