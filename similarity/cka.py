@@ -677,7 +677,7 @@ def cka_merge(a: CKAState, b: CKAState, /) -> CKAState:
       >>> cka_merge(cka_init(), cka_init()).count.tolist()
       0.0
     """
-    return jax.tree_util.tree_map(jnp.add, a, b)
+    return jax.tree.map(jnp.add, a, b)
 
 
 def cka_finalize(state: CKAState, /) -> jax.Array:

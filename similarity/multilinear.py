@@ -499,7 +499,7 @@ def validate_network_pair(net_a, net_b, /, *, names: tuple[str, str] = ("net_a",
       >>> import numpy as np
       >>> a = LinearLayer(np.ones((2, 3), np.float32))
       >>> b = LinearLayer(np.ones((2, 3), np.float16))  # half precision computes in float32
-      >>> [x.dtype.name for x in jax.tree_util.tree_leaves(validate_network_pair(a, b))]
+      >>> [x.dtype.name for x in jax.tree.leaves(validate_network_pair(a, b))]
       ['float32', 'float32']
     """
     na, nb = names
@@ -517,8 +517,8 @@ def validate_network_pair(net_a, net_b, /, *, names: tuple[str, str] = ("net_a",
             f"{na} has {oa} outputs but {nb} has {ob}; compare networks with the same outputs, "
             "or restrict both with a head (LinearLayer) first."
         )
-    dt = jnp.promote_types(jax.tree_util.tree_leaves(net_a)[0].dtype,
-                           jax.tree_util.tree_leaves(net_b)[0].dtype)
+    dt = jnp.promote_types(jax.tree.leaves(net_a)[0].dtype,
+                           jax.tree.leaves(net_b)[0].dtype)
     return _cast_network(net_a, dt, na, check=False), _cast_network(net_b, dt, nb, check=False)
 
 

@@ -569,18 +569,18 @@ def stack_networks(nets, /) -> tuple:
     nets = [validate_network(n, f"nets[{i}]") for i, n in enumerate(nets)]
     if not nets:
         raise ValueError("nets is empty; pass at least one network.")
-    ref = jax.tree_util.tree_structure(nets[0])
-    ref_shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(nets[0])]
+    ref = jax.tree.structure(nets[0])
+    ref_shapes = [np.shape(x) for x in jax.tree.leaves(nets[0])]
     for i, n in enumerate(nets[1:], 1):
-        shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(n)]
-        if jax.tree_util.tree_structure(n) != ref or shapes != ref_shapes:
+        shapes = [np.shape(x) for x in jax.tree.leaves(n)]
+        if jax.tree.structure(n) != ref or shapes != ref_shapes:
             raise ValueError(
                 f"nets[{i}] does not have the structure and shapes of nets[0] (leaf shapes "
                 f"{shapes} vs {ref_shapes}); checkpoints must share one architecture to be "
                 "stacked. Pad hidden units with zeros (zero rows of left/right and zero "
                 "columns of down do not change the function)."
             )
-    return jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *nets)
+    return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *nets)
 
 
 @functools.partial(jax.jit, static_argnames=("program", "outputs"))
@@ -646,7 +646,7 @@ def similarity_matrix(
         stacked = stack_networks(nets)
     else:
         stacked = validate_network(nets, "nets", batch_ndim=1)
-    one = jax.tree_util.tree_map(lambda x: x[0], stacked)
+    one = jax.tree.map(lambda x: x[0], stacked)
     program, code = _resolved(metric, method, network_depth(one))
     outputs = resolve_outputs(outputs, one[-1].d_out)
     gram = _matrix_jit(stacked, code, program, outputs)
@@ -689,10 +689,10 @@ def weight_cosine(net_a, net_b, /) -> jax.Array:
     """
     net_a = validate_network(net_a, "net_a")
     net_b = validate_network(net_b, "net_b")
-    la, lb = jax.tree_util.tree_leaves(net_a), jax.tree_util.tree_leaves(net_b)
+    la, lb = jax.tree.leaves(net_a), jax.tree.leaves(net_b)
     sa = [np.shape(x) for x in la]
     sb = [np.shape(x) for x in lb]
-    if jax.tree_util.tree_structure(net_a) != jax.tree_util.tree_structure(net_b) or sa != sb:
+    if jax.tree.structure(net_a) != jax.tree.structure(net_b) or sa != sb:
         raise ValueError(
             f"weight_cosine needs networks with the same structure and leaf shapes, got {sa} "
             f"and {sb}. Weight cosine is only defined between identical architectures; "

@@ -27,20 +27,7 @@ PACKAGES = {"similarity": "funsim.similarity", "models": "funsim.models", "exper
 LAYER = {"funsim.similarity": 0, "funsim.models": 1, "funsim.experiments": 2}
 
 #: (module, offence) pairs known on other branches; the integrator empties this at merge.
-ALLOWED = {
-    # `files` makes these shared names public (the config check moves into experiments.io)
-    ("funsim.experiments.zoo", "from funsim.models.train import _fingerprint"),
-    ("funsim.experiments.zoo", "from funsim.models.train import _diff"),
-    ("funsim.experiments.similarity_study", "zoo_lib._manifest"),
-    # one tree API: one-token changes in modules others are editing now, left to their owners to avoid
-    # conflicts (`sed -i 's/jax\.tree_util\.tree_\(map\|leaves\|structure\)/jax.tree.\1/g' FILE`):
-    # `measures` removes the cka one, `grid` the multilinear and tensor_similarity ones
-    ("funsim.similarity.cka", "jax.tree_util.tree_map"),
-    ("funsim.similarity.multilinear", "jax.tree_util.tree_leaves"),
-    ("funsim.similarity.tensor_similarity", "jax.tree_util.tree_leaves"),
-    ("funsim.similarity.tensor_similarity", "jax.tree_util.tree_map"),
-    ("funsim.similarity.tensor_similarity", "jax.tree_util.tree_structure"),
-}
+ALLOWED: set = set()
 
 
 def module_name(path: Path) -> str:

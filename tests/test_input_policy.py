@@ -15,6 +15,8 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import re
+
 import numpy as np
 import pytest
 
@@ -198,8 +200,13 @@ def test_one_minimum_rows_rule_for_every_family(family):
         sim.fit_stitcher(x[:3], y[:3], family=family)  # n - 1 = 2 < 3 features
     with pytest.raises(ValueError, match=RULE):
         sim.fit_stitchers([x[:3]], [y[:3]], family=family)
-    with pytest.raises(ValueError, match=RULE):
-        sim.compare_grid([x], [y], measures=[f"stitch/{family}"])
+    with pytest.raises(ValueError, match=RULE):  # the grid refuses the same cell on request ...
+        sim.compare_grid([x], [y], measures=[f"stitch/{family}"], on_undefined="raise")
+    with pytest.warns(sim.UndefinedCellWarning, match=RULE):  # ... and by default keeps it as NaN
+        grid = sim.compare_grid([x], [y], measures=[f"stitch/{family}"])
+    name = f"stitch/{family}"
+    assert np.isnan(np.asarray(grid.tables[name])[0, 0])
+    assert re.search(RULE, grid.undefined[name][(0, 0)])
     ok = sim.reconstruction_score(rng.normal(size=(10, 3)), rng.normal(size=(10, 3)), family=family)
     assert np.isfinite(float(ok.held_out))  # 5 train rows > 3 features
     if family == "affine":  # the one family with a regulariser: ridge lifts the rule
