@@ -259,6 +259,34 @@ def test_closed_form_stitcher_matches_least_squares(family):
         assert np.linalg.norm(got - want) / spread <= tol, (family, np.linalg.norm(got - want) / spread)
 
 
+@pytest.mark.parametrize("family", similarity.FAMILIES)
+def test_held_out_reconstruction_score_matches_least_squares(family):
+    """``reconstruction_score`` with its default split (train and test rows, overlap check and
+    all) in float32, against the float64 fit on the same train rows scored on the test rows.
+
+    It once failed with x64 off only: the row-overlap check built a uint32 constant from a
+    Python int, which JAX reads as int32 there. Tolerance as for the fit (1e-4 absolute on a
+    score in [-1, 1], the score's denominator being the test rows' spread).
+    """
+    y, x = pair_data(3)  # a narrower source: the orthogonal families' padding adds no target columns
+    idx = np.arange(x.shape[0])
+    tr, te = idx[::2], idx[1::2]
+    r = similarity.reconstruction_score(x, y, family=family, split=(tr, te))
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    mx, my = x64[tr].mean(0), y64[tr].mean(0)
+    if family == "affine":
+        w, *_ = np.linalg.lstsq(x64[tr] - mx, y64[tr] - my, rcond=None)
+        pred = (x64[te] - mx) @ w + my
+    else:  # the fit of the train rows, applied to the test rows
+        s = similarity.fit_stitcher(x[tr], y[tr], family=family)
+        pred = np.asarray(similarity.apply_stitcher(s, x[te]), np.float64)
+        assert np.allclose(np.asarray(similarity.apply_stitcher(s, x[tr]), np.float64),
+                           _ref_stitch_predictions(x64[tr], y64[tr], family), atol=1e-4 * np.abs(y64).max())
+    yc = y64[te] - y64[te].mean(0)
+    want = 1 - np.sum((y64[te] - pred) ** 2) / np.sum(yc**2)  # residual about the fit, spread about the mean
+    assert abs(float(r.held_out) - want) <= 1e-4, (family, float(r.held_out), want)
+
+
 def test_task_loss_stitcher_fit_matches_plain_gradient_descent():
     """25 plain SGD steps of the affine stitcher on a linear head's mean cross-entropy, against the
     same steps written out in float64 NumPy (analytic gradient). Losses within 2e-6 relative and
@@ -449,3 +477,27 @@ def test_exact_attention_similarity_refuses_an_inner_product_beyond_float32():
     assert np.isfinite(float(similarity.attention_similarity(a, b, context=2)))
     with pytest.raises(ValueError, match=r"not finite in float32.*scale=1e\+06.*jax_enable_x64"):
         similarity.attention_similarity(a, b, context=2, scale=1e6)
+
+
+# ------------------------------------------------------------------ the README's examples, as users run them
+def _readme_blocks():
+    from tests.test_readme import README, python_blocks
+
+    return [pytest.param(f"README.md:{line}", code, id=f"README.md:{line}")
+            for line, code, marker in python_blocks(README.read_text()) if marker is None]
+
+
+@pytest.mark.parametrize("where, code", _readme_blocks())
+def test_readme_examples_run_with_x64_off(where, code, monkeypatch):
+    """Each README example runs with x64 off, the default a user has, and every value it states
+    (a number in a comment) holds at the digits shown. The x64 suite runs the same blocks in
+    float64 (tests/test_readme.py); a crash that only float32 shows was once missed that way."""
+    import warnings
+
+    from tests.test_readme import ROOT, _run
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".* is float64 but JAX's x64 mode is off")  # NumPy input
+        _run(code, where)

@@ -66,7 +66,7 @@ def _params():
 def test_harness_finds_the_blocks():
     blocks = python_blocks("intro\n<!-- readme-test: slow -->\n```python\nx = 1\n```\n```bash\nls\n```\n")
     assert blocks == [(4, "x = 1", "slow")]
-    assert len(python_blocks(README.read_text())) >= 5
+    assert len(python_blocks(README.read_text())) >= 3  # one example per family
 
 
 def _run(code: str, where_block: str) -> None:
@@ -99,3 +99,69 @@ def test_readme_block_runs(where, code, monkeypatch, tmp_path):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     assert os.getcwd() == str(ROOT)
     _run(code, where)
+
+
+# ------------------------------------------------------------------ the README's table of measures
+def _expand(pattern: str) -> list[str]:
+    """``a/{b,c}/d`` -> ``["a/b/d", "a/c/d"]`` (every brace group, left to right)."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    return [q for alt in m.group(1).split(",") for q in _expand(pattern[: m.start()] + alt + pattern[m.end():])]
+
+
+def _measure_table() -> list[tuple[list[str], str, bool]]:
+    """``(name patterns, kind cell, differentiable)`` of each row of the README's measure table."""
+    lines = README.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| registered names |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        names, kind, grad = (c.strip() for c in line.strip("|").split(" | "))
+        patterns = [q for tok in re.findall(r"`([^`]+)`", names) for q in _expand(tok)]
+        rows.append((patterns, kind, grad.startswith("yes")))
+    return rows
+
+
+def test_the_readme_measure_table_is_the_registry():
+    """Every registered measure is in exactly one row of the README's table, with its kind and
+    with "yes" under `jax.grad` exactly when the registry says it is differentiable; every row
+    names a registered measure (no stale rows)."""
+    from fnmatch import fnmatchcase
+
+    from funsim import similarity
+
+    rows = _measure_table()
+    assert len(rows) >= 5
+    names = similarity.list_measures()
+    for name in names:
+        m = similarity.measure(name)
+        hits = [r for r in rows if any(fnmatchcase(name, p) for p in r[0])]
+        assert len(hits) == 1, (name, [r[0] for r in hits])
+        patterns, kind, grad = hits[0]
+        assert m.kind in kind, (name, m.kind, kind)
+        assert grad == m.differentiable, (name, m.differentiable, m.gradient)
+    for patterns, _, _ in rows:
+        for p in patterns:
+            assert any(fnmatchcase(n, p) for n in names), f"README measure table: {p!r} names no registered measure"
+
+
+def test_relative_links_in_the_docs_resolve():
+    """Every relative link of README.md and docs/*.md points at a file of the repository (and a
+    heading of it, for a ``#fragment`` into a Markdown file)."""
+    bad = []
+    for path in (README, *sorted((ROOT / "docs").glob("*.md"))):
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"[a-z]+:", target) or not re.search(r"[./#]", target):
+                continue  # http(s), mailto; ``[x](y)`` in a formula
+            file, _, frag = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                bad.append(f"{path.name}: {target}")
+            elif frag and dest.suffix == ".md":
+                slugs = {re.sub(r"[^\w\- ]", "", h.strip("# ").lower()).replace(" ", "-")
+                         for h in dest.read_text().splitlines() if h.startswith("#")}
+                if frag not in slugs:
+                    bad.append(f"{path.name}: {target} (no such heading)")
+    assert not bad, bad
