@@ -247,12 +247,41 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
         xlabel="checkpoint step (power-spaced)", ylabel="similarity to final",
     ))
 
+    figures.insert(0, _overview_figure(cfg, metrics, names, pairs, out / "overview.png"))
     metrics["seconds"] = round(time.time() - t0, 1)
     write_json_atomic(out / "metrics.json", metrics)
     log("[5/5] " + summary(metrics, out, figures))
     metrics["figures"] = [str(f) for f in figures]
     metrics["out"] = str(out)
     return metrics
+
+
+def _overview_figure(cfg, metrics: dict, names: dict, pairs: dict, path: pathlib.Path) -> pathlib.Path:
+    """The three families in one row: linear CKA between the MLP seeds, layer x layer; the affine
+    stitching score from the MLP into the bilinear network, held out; each bilinear checkpoint's
+    tensor similarity to the final network."""
+    from funsim.experiments import plotting
+
+    fig, axes = plotting.subplots(1, 3, figsize=(12.5, 3.7))
+    a, b = pairs["mlp_seeds"]
+    cka = np.asarray(metrics["representational"]["mlp_seeds"]["cka/linear"], float) if "cka/linear" in cfg.measures else None
+    if cka is not None:
+        plotting.heatmap(axes[0], cka, names[a], names[b], title="Representational: linear CKA, MLP seed 0 vs 1",
+                         xlabel=b, ylabel=a, vmin=0.0, vmax=1.0)
+    else:
+        axes[0].axis("off")
+    a, b = pairs["mlp_vs_bilinear"]
+    st = metrics["stitching"]["mlp_vs_bilinear"]["affine"]["a->b"]
+    plotting.heatmap(axes[1], np.asarray(st, float), names[a], names[b], xlabel=b, ylabel=a,
+                     title="Functional: affine stitching MLP -> bilinear (held out)", vmax=1.0)
+    ck = metrics["tensor_similarity"]["checkpoints"]
+    for m in ("symmetric", "gaussian"):
+        axes[2].plot(ck["steps"], ck[m], marker="o", label=m)
+    axes[2].set(xlabel="checkpoint step", ylabel="similarity to the final network")
+    axes[2].set_title("Weight-based: tensor similarity over training", fontsize=9)
+    axes[2].legend(fontsize=8)
+    axes[2].grid(alpha=0.3)
+    return plotting.save(fig, path)
 
 
 def summary(metrics: dict, out: pathlib.Path, figures) -> str:

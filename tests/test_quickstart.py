@@ -36,7 +36,7 @@ def test_quickstart_tiny_end_to_end(tmp_path, capsys):
     assert set(ts["seeds"]) >= {"frobenius", "symmetric", "gaussian", "weight cosine (baseline)"}
     assert ts["checkpoints"]["symmetric"][-1] == pytest.approx(1.0, abs=1e-5)  # final vs itself
     assert (out / "tensor_checkpoints.png").exists()
-    for png in ("training.png", "representational_mlp_seeds.png", "stitching_mlp_vs_bilinear.png"):
+    for png in ("overview.png", "training.png", "representational_mlp_seeds.png", "stitching_mlp_vs_bilinear.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert not list(out.glob("**/*.tmp*"))  # atomic writes leave no temp files
