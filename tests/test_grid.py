@@ -13,6 +13,7 @@ import pytest
 
 import funsim.similarity as sim
 from funsim.similarity.grid import compare_grid
+from tests._compiles import CompileCounter
 
 N = 36
 STITCH = [f"stitch/{fam}{fig}" for fam in ("affine", "scaled_orthogonal", "orthogonal") for fig in ("", "/in_sample")]
@@ -157,26 +158,6 @@ def test_ridge_is_part_of_the_name(grid):
                        ("stitch/orthogonal/ridge=0.1", "Unknown measure name")):
         with pytest.raises(ValueError, match=match):
             compare_grid(a, b, measures=[bad])
-
-
-class CompileCounter:
-    """Counts the programs JAX lowers and compiles while active, from ``jax.monitoring`` events."""
-
-    EVENTS = ("/jax/core/compile/jaxpr_to_mlir_module_duration", "/jax/core/compile/backend_compile_duration")
-
-    def __init__(self):
-        self.count = 0
-
-    def _listen(self, event, duration, **kwargs):
-        self.count += event in self.EVENTS
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._listen)
-        return False
 
 
 def test_compiles_once_per_shape_and_measure_set(grid):
