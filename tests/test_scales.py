@@ -173,8 +173,8 @@ def _grid_agrees_with_pairwise(names, monkeypatch):
     x = rng.normal(size=(16, 4)) + 1.0  # well conditioned: not a rank suspect in float32
     y = np.tanh(x @ rng.normal(size=(4, 3))) + 0.3 * rng.normal(size=(16, 3))
     wide = rng.normal(size=(16, 18))
-    a = [v.astype(np.float32) for v in (x, 1e20 * x, 1e-20 * x, 1e18 * wide)]
-    b = [v.astype(np.float32) for v in (y, 1e19 * y, 1e-19 * y)]
+    a = [v.astype(np.float32) for v in (1e20 * x, 1e-20 * x, 1e18 * wide)]
+    b = [v.astype(np.float32) for v in (1e19 * y, 1e-19 * y)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", similarity.UndefinedCellWarning)
         g = compare_grid(a, b, measures=names, reverse=True)
