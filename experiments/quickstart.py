@@ -185,8 +185,8 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
     t0 = time.time()
     _log = log
     log = lambda msg: _log(f"{msg}  [{time.time() - t0:.0f} s]" if msg.startswith("[") else msg)
-    out = open_run("quickstart", run_name, root=root)  # locked: a second run into it is refused
-    write_json_atomic(out / "config.json", cfg)
+    # locked (a second run into it is refused); config.json written, or a changed config refused, before any work
+    out = open_run("quickstart", run_name, root=root, config=cfg)
     ds = data_lib.load(cfg.dataset)
     if cfg.n_train is not None:
         ds = ds.subset(cfg.n_train)

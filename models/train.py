@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pathlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +49,7 @@ from tqdm.auto import tqdm
 
 from funsim.models.io import checkpoint_manager as _checkpoint_manager
 from funsim.models.io import fingerprint as _fingerprint
-from funsim.models.io import read_json, to_jsonable, write_json_atomic
+from funsim.models.io import DamagedFileError, read_json, to_jsonable, write_json_atomic
 from funsim.models.io import setup_diff as _diff
 
 __all__ = [
@@ -599,6 +600,7 @@ def train(
     history: list[dict] = []
     start = 0
     manager = None
+    rebuild: dict[int, Any] = {}  # evaluations missing from metrics.json on resume: step -> params (None: the current)
     if workdir is not None:
         workdir = pathlib.Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -618,13 +620,14 @@ def train(
         if last is not None:
             import orbax.checkpoint as ocp
 
+            init_params = params
             template = _to_tree(params, opt_state)
             restored = manager.restore(last, args=ocp.args.StandardRestore(template))
             params = jax.tree.unflatten(jax.tree.structure(params), restored["params"])
             opt_state = jax.tree.unflatten(jax.tree.structure(opt_state), restored["opt_state"])
             start = int(last)
-            if (workdir / "metrics.json").exists():
-                history = [h for h in read_json(workdir / "metrics.json")["history"] if h["step"] <= start]
+            history = _resumed_history(workdir / "metrics.json", start)
+            rebuild = _missing_evaluations(history, start, cfg, manager, init_params, template)
 
     xs_tr, ys_tr = jnp.asarray(x_train), jnp.asarray(y_train)
     sub = min(cfg.eval_train_size, n)
@@ -643,6 +646,11 @@ def train(
             write_json_atomic(workdir / "metrics.json", {"history": history})
         return m
 
+    if rebuild:  # metrics.json was damaged, deleted or short: evaluate again what the checkpoints allow
+        for step, p in sorted(rebuild.items()):
+            history.append({"step": step, **{k: float(v) for k, v in evaluate(params if p is None else p).items()}})
+        history.sort(key=lambda h: h["step"])
+        write_json_atomic(workdir / "metrics.json", {"history": history})
     ckpt_steps = set(cfg.checkpoint_set())
     if start == 0 and not history:
         log_eval(0)
@@ -688,6 +696,54 @@ def train(
         manager.close()
     nnx.update(model, params)
     return TrainResult(model, history, start, opt_state)
+
+
+def _resumed_history(path: pathlib.Path, start: int) -> list[dict]:
+    """The evaluations up to ``start`` recorded in ``metrics.json``; ``[]`` (with a warning naming
+    the file) if it is damaged, so that the resume rebuilds them instead of failing."""
+    if not path.exists():
+        return []
+    try:
+        recorded = read_json(path)["history"]
+        return [dict(h) for h in recorded if int(h["step"]) <= start]
+    except (DamagedFileError, KeyError, TypeError, ValueError) as e:
+        warnings.warn(f"{path} is damaged ({e}); resuming from the checkpoint at step {start} and rebuilding the "
+                      "evaluations the checkpoints allow.", stacklevel=3)
+        return []
+
+
+def _missing_evaluations(history: list[dict], start: int, cfg: TrainConfig, manager, init_params, template) -> dict:
+    """``{step: params}`` for the evaluations up to ``start`` that ``history`` lacks and that can be
+    computed again: step 0 (the initial parameters, which the run's identity pins), each checkpoint
+    at an evaluation step, and ``start`` itself (the restored parameters, ``None``). Warns about the
+    ones that cannot (no checkpoint kept at that step)."""
+    due = {0, *range(cfg.eval_every, start + 1, cfg.eval_every)} | ({start} if start == cfg.steps else set())
+    missing = sorted(due - {int(h["step"]) for h in history})
+    if not missing:
+        return {}
+    import orbax.checkpoint as ocp
+
+    kept = set(manager.all_steps())
+    out, lost = {}, []
+    for step in missing:
+        if step == start:
+            out[step] = None
+        elif step == 0:
+            out[step] = init_params
+        elif step in kept:
+            try:
+                restored = manager.restore(step, args=ocp.args.StandardRestore(template))
+            except Exception:  # noqa: BLE001  a damaged older checkpoint: that evaluation stays missing
+                lost.append(step)
+                continue
+            out[step] = jax.tree.unflatten(jax.tree.structure(init_params), restored["params"])
+        else:
+            lost.append(step)
+    if lost and out:  # (a history already rebuilt stays as it is, silently)
+        warnings.warn(f"{manager.workdir / 'metrics.json'} lacks the evaluations at steps {lost} and no intact "
+                      f"checkpoint is kept there; they stay missing (the history has {len(due) - len(lost)} of {len(due)}).",
+                      stacklevel=3)
+    return out
 
 
 def list_checkpoints(workdir: str | pathlib.Path) -> tuple[int, ...]:

@@ -61,6 +61,7 @@ from funsim.similarity.moments import split_weights as split_weights
 
 # --- stitching and usable information ---
 from funsim.similarity.stitching import FAMILIES as FAMILIES
+from funsim.similarity.stitching import HeldOutOverlapWarning as HeldOutOverlapWarning
 from funsim.similarity.stitching import ReconstructionScore as ReconstructionScore
 from funsim.similarity.stitching import Stitcher as Stitcher
 from funsim.similarity.stitching import StitchingAsymmetry as StitchingAsymmetry
@@ -139,4 +140,5 @@ from funsim.similarity.estimators import attention_quadrature_inner as attention
 from funsim.similarity.grid import MOMENT_MEASURES as MOMENT_MEASURES
 from funsim.similarity.grid import GridResult as GridResult
 from funsim.similarity.grid import UndefinedCellWarning as UndefinedCellWarning
+from funsim.similarity._validate import PrecisionWarning as PrecisionWarning
 from funsim.similarity.grid import compare_grid as compare_grid

@@ -60,6 +60,7 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import stitching as S
+from funsim.similarity._linalg import pow2_at
 from funsim.similarity.moments import FullMoments, LayerMoments, MomentPair, PairMoments, split_weights
 from funsim.similarity.registry import Measure, list_measures
 from funsim.similarity.registry import measure as get_measure
@@ -414,7 +415,9 @@ def _gram_ratio(gram, mask=None):
 
 @jax.jit
 def _layer_health(z):
-    """``(centred rms, rms, lambda_min / lambda_max)`` of each layer of a stack ``(L, n, d)``."""
+    """``(centred rms, rms, lambda_min / lambda_max)`` of each layer of a stack ``(L, n, d)``, each layer
+    first divided by its power-of-two scale (exact; the squares cannot overflow or underflow)."""
+    z = z / pow2_at(jnp.max(jnp.abs(z), axis=(1, 2)))[:, None, None]
     zc = z - jnp.mean(z, axis=1, keepdims=True)
     g = jnp.einsum("lni,lnj->lij", zc, zc)
     ss = jnp.trace(g, axis1=1, axis2=2)
@@ -435,27 +438,33 @@ def _layer_health(z):
 def _acc_means(zs, w_tr):
     """Pass 1 for a tuple of L ``(c, d)`` chunks.
 
-    Returns ``(sum_train (L*d,) or None, sum_all (L*d,))``: column sums over the
+    Returns ``(sum_train (L*d,) or None, sum_all (L*d,), max_abs (L,))``: column sums over the
     train rows and over all rows, as matrix-vector products (XLA's CPU reductions
-    are several times slower). A NaN or Inf anywhere in a layer makes its sums
+    are several times slower), and each layer's largest magnitude (for its power-of-two
+    scale, :func:`similarity._linalg.pow2_at`). A NaN or Inf anywhere in a layer makes its sums
     non-finite, which is the input check (:func:`_raise_non_finite`).
     """
     ones = jnp.ones((zs[0].shape[0],), zs[0].dtype)
     return (
         None if w_tr is None else jnp.concatenate([w_tr @ z for z in zs]),
         jnp.concatenate([ones @ z for z in zs]),
+        jnp.stack([jnp.max(jnp.abs(z)) for z in zs]),
     )
 
 
 @functools.partial(jax.jit, static_argnames=("split", "full", "raw"))
-def _acc_layer(zs, mean_tr, mean_all, w_tr, w_te, *, split, full, raw=False):
+def _acc_layer(zs, scale, mean_tr, mean_all, w_tr, w_te, *, split, full, raw=False):
     """Pass 2 for a tuple of L ``(c, d)`` chunks: each layer's centred second moments ``(L, d, d)``.
+
+    Of the data divided by each layer's power-of-two ``scale`` ``(L,)`` (exact, so the
+    products can neither overflow nor underflow); the means are those of the scaled data.
 
     ``split``: train/test moments around the train mean; ``full``: the all-rows
     moment around the all-rows mean, or with ``raw`` the uncentred ``Z^T Z`` (one
     matrix product per layer on the layer as it is, no centred copy; see
     :func:`_centre_raw`).
     """
+    zs = tuple(z / scale[k] for k, z in enumerate(zs))
     out = {}
     if split:
         z = jnp.stack(zs)  # (L, c, d)
@@ -499,11 +508,13 @@ def _pair_blocks(u, v, la, lb):
 
 
 @functools.partial(jax.jit, static_argnames=("split", "full", "sharding"))
-def _acc_cross(zas, zbs, ma_tr, mb_tr, ma_all, mb_all, w_tr, w_te, pad_a, *, split, full, sharding):
+def _acc_cross(zas, zbs, ca, cb, ma_tr, mb_tr, ma_all, mb_all, w_tr, w_te, pad_a, *, split, full, sharding):
     """Pass 2 cross moments of every pair of two tuples of chunks, ``(La, da, Lb, db)`` each.
 
-    ``ma_*``: the source group's means ``(L*da,)``, of which ``pad_a`` picks the
-    layers in ``zas`` (padded source layers repeat). ``sharding`` (or None) places
+    ``ca``, ``cb``: each group's power-of-two scales ``(L,)``; the data is divided by them (exact)
+    and ``ma_*``, ``mb_*`` are the means of the scaled data. ``ma_*``: the source group's means
+    ``(L*da,)``, of which ``pad_a`` (also for ``ca``) picks the layers in ``zas`` (padded source
+    layers repeat). ``sharding`` (or None) places
     the source block's columns, whole layers per device, so each device computes
     the pairs of its own source layers.
     """
@@ -511,7 +522,9 @@ def _acc_cross(zas, zbs, ma_tr, mb_tr, ma_all, mb_all, w_tr, w_te, pad_a, *, spl
     da = zas[0].shape[1]
     ma_tr = None if ma_tr is None else ma_tr.reshape(-1, da)[pad_a].reshape(-1)
     ma_all = ma_all.reshape(-1, da)[pad_a].reshape(-1)
-    za, zb = jnp.concatenate(zas, axis=1), jnp.concatenate(zbs, axis=1)
+    ca = ca[pad_a]
+    za = jnp.concatenate([z / ca[k] for k, z in enumerate(zas)], axis=1)
+    zb = jnp.concatenate([z / cb[k] for k, z in enumerate(zbs)], axis=1)
     if sharding is not None:
         za = jax.lax.with_sharding_constraint(za, sharding)
     out = {}
@@ -634,22 +647,32 @@ def _raise_constant(side_name, idx, scale, norm, n, d, dtype, where) -> None:
 
 
 def _means(lay: _Layers, mo: _Moments) -> dict:
-    """Pass 1: ``{(side, w): (train mean or None, all-rows mean)}``, each ``(L*w,)``; NaN/Inf checks."""
+    """Pass 1: ``{(side, w): (train mean or None, all-rows mean, scale)}``; NaN/Inf checks.
+
+    ``scale`` ``(L,)``: each layer's power-of-two scale (:func:`similarity._linalg.pow2_at` of its
+    largest magnitude); the means ``(L*w,)`` are those of the layer divided by it. Every later
+    pass divides the data by the same scale before forming products (exact), so the grid's
+    moments neither overflow nor underflow in float32 (1e-20 ... 1e20), like the pairwise functions.
+    """
     means = {}
     for side in "ab":
         for w, g in lay.mgroups(side).items():
-            acc = None
+            acc, amax = None, None
             for lo, hi in mo.chunks:
-                acc = _add(acc, _acc_means(_chunk(lay, side, g.pidx, w, lo, hi), mo.weights(lo, hi)[0]))
+                s_tr, s_all, m = _acc_means(_chunk(lay, side, g.pidx, w, lo, hi), mo.weights(lo, hi)[0])
+                acc = _add(acc, (s_tr, s_all))
+                amax = m if amax is None else jnp.maximum(amax, m)
             _raise_non_finite(_SIDE_NAMES[side], lay, side, g.pidx, np.asarray(acc[1]).reshape(len(g.pidx), w))
-            means[side, w] = _divide_means(acc[0], acc[1], mo.w_tr, lay.n)
+            means[side, w] = _divide_means(acc[0], acc[1], amax, mo.w_tr, lay.n)
     return means
 
 
 @jax.jit
-def _divide_means(s_tr, s_all, w_tr, n):
-    """Column sums to means: ``(train mean or None, all-rows mean)``."""
-    return (None if s_tr is None else s_tr / jnp.sum(w_tr)), s_all / n
+def _divide_means(s_tr, s_all, amax, w_tr, n):
+    """Column sums to the means of the scaled layers: ``(train mean or None, all-rows mean, scale (L,))``."""
+    c = pow2_at(amax)
+    cols = jnp.repeat(c, s_all.shape[0] // c.shape[0])
+    return (None if s_tr is None else s_tr / jnp.sum(w_tr) / cols), s_all / n / cols, c
 
 
 def _layer_moments(lay: _Layers, mo: _Moments, means: dict, sus: _Suspects, *, strict: bool) -> dict:
@@ -661,27 +684,27 @@ def _layer_moments(lay: _Layers, mo: _Moments, means: dict, sus: _Suspects, *, s
     out = {}
     for side in "ab":
         for w, g in lay.mgroups(side).items():
-            mean_tr, mean_all = means[side, w]
+            mean_tr, mean_all, scale_w = means[side, w]
             raw = mo.acc_flags["full"]  # the all-rows Gram matrix from the uncentred one, where that is exact enough
             acc = None
             for lo, hi in mo.chunks:
-                acc = _add(acc, _acc_layer(_chunk(lay, side, g.pidx, w, lo, hi), mean_tr, mean_all,
+                acc = _add(acc, _acc_layer(_chunk(lay, side, g.pidx, w, lo, hi), scale_w, mean_tr, mean_all,
                                            *mo.weights(lo, hi), **mo.acc_flags, raw=raw))
             if raw:
                 g_all, amp = _centre_raw(acc.pop("g_raw"), mean_all, lay.n)
                 if not np.all(np.asarray(amp) <= _RAW_GRAM_MAX_AMPLIFICATION):  # an offset layer, or a constant one
                     g_all = None
                     for lo, hi in mo.chunks:
-                        g_all = _add(g_all, _acc_layer(_chunk(lay, side, g.pidx, w, lo, hi), mean_tr, mean_all,
-                                                       None, None, split=False, full=True)["g_all"])
+                        g_all = _add(g_all, _acc_layer(_chunk(lay, side, g.pidx, w, lo, hi), scale_w, mean_tr,
+                                                       mean_all, None, None, split=False, full=True)["g_all"])
                 acc["g_all"] = g_all
-            out[side, w] = _finish_layers(acc, mean_tr, mean_all, mo.w_te, lay.n, split=mo.split, full=mo.full,
-                                          derive=mo.derive_full)
+            out[side, w] = _finish_layers(acc, mean_tr, mean_all, scale_w, mo.w_te, lay.n, split=mo.split,
+                                          full=mo.full, derive=mo.derive_full)
             where, real, d = _SIDE_NAMES[side], len(g.idx), g.widths[: len(g.idx)]
             for kind, rows, what, mean in (("split", mo.n_train, "the train rows", mean_tr),
                                            ("full", lay.n, "samples", mean_all)):
-                if kind in out[side, w]:
-                    norm = np.asarray(out[side, w][kind].norm)[:real]
+                if kind in out[side, w]:  # relative to the scaled layer (the mean is the scaled one's)
+                    norm = (np.asarray(out[side, w][kind].norm) / np.asarray(scale_w))[:real]
                     scale = _scale(np.asarray(mean).reshape(-1, w)[:real], norm, rows, d)
                     if strict:
                         _raise_constant(where, g.idx, scale, norm, rows, d, lay.dtype, what)
@@ -697,9 +720,11 @@ def _layer_moments(lay: _Layers, mo: _Moments, means: dict, sus: _Suspects, *, s
 
 
 @functools.partial(jax.jit, static_argnames=("split", "full", "derive"))
-def _finish_layers(sums, mean_tr, mean_all, w_te, n, *, split, full, derive) -> dict:
+def _finish_layers(sums, mean_tr, mean_all, scale, w_te, n, *, split, full, derive) -> dict:
     """Normalise one width group's sums into stacked per-layer moments (one program).
 
+    The sums and means are those of the layers divided by their power-of-two ``scale`` ``(L,)``;
+    the moments' ``norm`` and ``mean`` are given back in the layers' own units (exact).
     ``derive``: the all-rows moment from the train and test ones (:func:`_shift_full`).
     """
     if derive:
@@ -711,8 +736,8 @@ def _finish_layers(sums, mean_tr, mean_all, w_te, n, *, split, full, derive) -> 
         norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
         den = _safe(norm)  # a constant layer: zero moments, not 0/0 (its cells are decided pairwise)
         out["split"] = LayerMoments(
-            mean=mean_tr.reshape(norm.shape[0], -1),
-            norm=norm,
+            mean=mean_tr.reshape(norm.shape[0], -1) * scale[:, None],
+            norm=norm * scale,
             gram_train=sums["g_tr"] / den[:, None, None] ** 2,
             gram_test=sums["g_te"] / den[:, None, None] ** 2,
             sum_test=sums["s_te"] / den[:, None],
@@ -720,7 +745,7 @@ def _finish_layers(sums, mean_tr, mean_all, w_te, n, *, split, full, derive) -> 
         )
     if full:
         norm = jnp.sqrt(jnp.trace(sums["g_all"], axis1=1, axis2=2))
-        out["full"] = FullMoments(norm, sums["g_all"] / _safe(norm)[:, None, None] ** 2)
+        out["full"] = FullMoments(norm * scale, sums["g_all"] / _safe(norm)[:, None, None] ** 2)
     return out
 
 
@@ -741,31 +766,33 @@ def _cross_sums(lay: _Layers, mo: _Moments, means: dict, ga: _Group, gb: _Group,
     for the source layers ``pad_a`` and every target layer (one large GEMM per chunk)."""
     da, db = ga.width, gb.width
     idx_a = [ga.pidx[k] for k in pad_a]
-    ma_tr, ma_all = means["a", da]
-    mb_tr, mb_all = means["b", db]
+    ma_tr, ma_all, ca = means["a", da]
+    mb_tr, mb_all, cb = means["b", db]
     shard = None if plan.mesh is None else NamedSharding(plan.mesh, P(None, "pairs"))
     acc = None
     for lo, hi in mo.chunks:
-        rest = _replicate_computed(plan, (ma_tr, mb_tr, ma_all, mb_all, *mo.weights(lo, hi), pad_a))
+        rest = _replicate_computed(plan, (ca, cb, ma_tr, mb_tr, ma_all, mb_all, *mo.weights(lo, hi), pad_a))
         acc = _add(acc, _acc_cross(_replicate(plan, _chunk(lay, "a", idx_a, da, lo, hi)),
                                    _replicate(plan, _chunk(lay, "b", gb.pidx, db, lo, hi)),
                                    *rest, sharding=shard, **mo.acc_flags))
     return acc
 
 
-def _pair_moments(kinds, xa, yb, sums, delta_a, delta_b, n, derive):
+def _pair_moments(kinds, xa, yb, sums, delta_a, delta_b, ca, cb, n, derive):
     """One pair's normalised cross moments ``{kind: PairMoments or (wa, wb)}`` from its centred sums.
 
-    ``delta_*``: all-rows minus train mean of each side (``derive``: the all-rows sums
+    The sums are those of the layers divided by their power-of-two scales ``ca``, ``cb``, so they
+    are normalised by the norms in the same units (``norm / c``, exact).
+    ``delta_*``: all-rows minus train mean of each (scaled) side (``derive``: the all-rows sums
     from the train and test ones, :func:`_shift_full`).
     """
     out = {}
     if "split" in kinds:
-        den = _safe(xa["split"].norm) * _safe(yb["split"].norm)
+        den = (_safe(xa["split"].norm) / ca) * (_safe(yb["split"].norm) / cb)
         out["split"] = PairMoments(sums["c_tr"] / den, sums["c_te"] / den)
     if "full" in kinds:
         c_all = _shift_full(sums["c_tr"] + sums["c_te"], delta_a, delta_b, n) if derive else sums["c_all"]
-        out["full"] = c_all / (_safe(xa["full"].norm) * _safe(yb["full"].norm))
+        out["full"] = c_all / ((_safe(xa["full"].norm) / ca) * (_safe(yb["full"].norm) / cb))
     return out
 
 
@@ -823,9 +850,9 @@ def _moment_evaluator(entries: tuple[_Entry, ...], derive: bool):
     kinds = sorted({e.spec.moments for e in entries})
     hooks = tuple(h for h, _ in _hooks(entries))
 
-    def cell(xa, exa, dla, yb, exb, dlb, sums, n):
+    def cell(xa, exa, dla, ca, yb, exb, dlb, cb, sums, n):
         ex = {h: (exa[k], exb[k]) for k, h in enumerate(hooks)}
-        pair = _pair_moments(kinds, xa, yb, sums, dla, dlb, n, derive)
+        pair = _pair_moments(kinds, xa, yb, sums, dla, dlb, ca, cb, n, derive)
         ctx = {}
         for kind in kinds:
             cross = pair[kind]
@@ -835,18 +862,18 @@ def _moment_evaluator(entries: tuple[_Entry, ...], derive: bool):
         rev = {e.name: e.spec.finish(ctx[e.spec.moments].transposed()) for e in entries if e.reverse}
         return fwd, rev
 
-    def run(layers_a, layers_b, extras_a, extras_b, deltas, pad_a, sums, n):
+    def run(layers_a, layers_b, extras_a, extras_b, deltas, scales, pad_a, sums, n):
         # The SVDs go through similarity._linalg.svd (in MomentPair.svd and the
         # stitching fits), which on the CPU runs a vmapped batch as unbatched kernels:
         # jaxlib's batched CPU SVD blocks XLA's thread pool and deadlocks when several
         # run at once (see that module).
-        xa, exa, dla = _pick((layers_a, extras_a, deltas[0]), pad_a)
+        xa, exa, dla, ca = _pick((layers_a, extras_a, deltas[0], scales[0]), pad_a)
 
-        def row(x, ex, dl, s):  # s: (da, Lb, db), the pairs of one source layer
-            return jax.vmap(lambda y, ey, dy, sy: cell(x, ex, dl, y, ey, dy, sy, n),
-                            in_axes=(0, 0, 0, 1))(layers_b, extras_b, deltas[1], s)
+        def row(x, ex, dl, c, s):  # s: (da, Lb, db), the pairs of one source layer
+            return jax.vmap(lambda y, ey, dy, cy, sy: cell(x, ex, dl, c, y, ey, dy, cy, sy, n),
+                            in_axes=(0, 0, 0, 0, 1))(layers_b, extras_b, deltas[1], scales[1], s)
 
-        return jax.vmap(row)(xa, exa, dla, sums)
+        return jax.vmap(row)(xa, exa, dla, ca, sums)
 
     return jax.jit(run)
 
@@ -905,7 +932,7 @@ def _moment_tables(lay: _Layers, moment, sus: _Suspects, *, reverse, weights, ch
         extras[side, w] = tuple(_map_layers_jit(h)(v[kind], mask) for h, kind in hooks)
     evaluate = _moment_evaluator(entries, mo.derive_full)
     deltas = {k: (None if not mo.derive_full else (mean_all - mean_tr).reshape(-1, k[1]))
-              for k, (mean_tr, mean_all) in means.items()}
+              for k, (mean_tr, mean_all, _) in means.items()}
     fwd = {e.name: np.full((len(lay.va), len(lay.vb)), np.nan, dtype=lay.dtype) for e in entries}
     rev = {e.name: np.full_like(fwd[e.name], np.nan) for e in entries if e.reverse}
     for da, db in lay.pair_groups():
@@ -913,7 +940,8 @@ def _moment_tables(lay: _Layers, moment, sus: _Suspects, *, reverse, weights, ch
         pad_a = _source_rows(ga, plan.ndev)
         sums = _cross_sums(lay, mo, means, ga, gb, pad_a, plan)
         res_f, res_r = evaluate(*_replicate_computed(plan, (lms["a", da], lms["b", db], extras["a", da], extras["b", db],
-                                                   (deltas["a", da], deltas["b", db]), pad_a)), sums, lay.n)
+                                                   (deltas["a", da], deltas["b", db]),
+                                                   (means["a", da][2], means["b", db][2]), pad_a)), sums, lay.n)
         ra, rb = len(ga.idx), len(gb.idx)  # the real layers come first; the repeats are dropped
         rows, cols = np.asarray(ga.idx)[:, None], np.asarray(gb.idx)[None, :]
         for out, res in ((fwd, res_f), (rev, res_r)):

@@ -58,6 +58,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity._linalg import pow2_scale as _pow2_scale
 from funsim.similarity._linalg import svd as _svd
 
 __all__ = [
@@ -151,11 +152,22 @@ def _centre(x: jax.Array) -> jax.Array:
     return x - jnp.mean(x, axis=0, keepdims=True)
 
 
+def _scaled_centre(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(Xc / c, ||Xc|| / c, c)`` with ``c`` the power-of-two scale of ``x`` (exact: products of
+    ``x / c`` neither overflow nor underflow, float32 data at 1e-20 ... 1e20 included)."""
+    c = _pow2_scale(x)
+    xc = _centre(x / c)
+    return xc, jnp.sqrt(jnp.sum(xc * xc)), c
+
+
 def full_moments(x: jax.Array, /) -> FullMoments:
-    """:class:`FullMoments` of ``x: (n, d)`` (pure; a constant ``x`` gives NaN)."""
-    xc = _centre(x)
-    norm = jnp.sqrt(jnp.sum(xc * xc))
-    return FullMoments(norm, jnp.einsum("ni,nj->ij", xc, xc) / norm**2)
+    """:class:`FullMoments` of ``x: (n, d)`` (pure; a constant ``x`` gives NaN).
+
+    The products are formed on ``x`` divided by its power-of-two scale (exact), so
+    they cannot overflow or underflow; ``norm`` is in the units of ``x``.
+    """
+    xc, norm, c = _scaled_centre(x)
+    return FullMoments(norm * c, jnp.einsum("ni,nj->ij", xc, xc) / norm**2)
 
 
 def full_pair(x: jax.Array, y: jax.Array, /) -> MomentPair:
@@ -167,9 +179,10 @@ def full_pair(x: jax.Array, y: jax.Array, /) -> MomentPair:
       >>> [round(float(v), 6) for v in ctx.svd()[1]]  # singular values of the normalised cross moment
       [1.0]
     """
-    mx, my = full_moments(x), full_moments(y)
-    xc, yc = _centre(x), _centre(y)
-    return MomentPair(mx, my, jnp.einsum("ni,nj->ij", xc, yc) / (mx.norm * my.norm))
+    (xc, nx, cx), (yc, ny, cy) = _scaled_centre(x), _scaled_centre(y)
+    mx = FullMoments(nx * cx, jnp.einsum("ni,nj->ij", xc, xc) / nx**2)
+    my = FullMoments(ny * cy, jnp.einsum("ni,nj->ij", yc, yc) / ny**2)
+    return MomentPair(mx, my, jnp.einsum("ni,nj->ij", xc, yc) / (nx * ny))
 
 
 class _Cell:

@@ -291,9 +291,19 @@ def _procrustes_finish(ctx: MomentPair) -> jax.Array:
 
 
 def _procrustes_shape_finish(ctx: MomentPair, *, distance: str) -> jax.Array:
-    """The alpha = 1 shape distance from all-rows moments (no whitening, so no scale)."""
+    """The alpha = 1 shape distance from all-rows moments (no whitening, so no scale).
+
+    The euclidean one is formed relative to the larger norm, as :func:`_shape_pair` does, so that
+    the squares cannot overflow or underflow (float32 data at 1e-20 ... 1e20)."""
+    nbs = _nbs_finish(ctx)
+    if distance == "angular":  # arccos of the normalised nuclear norm: the norms cancel
+        one = jnp.ones_like(nbs)
+        return _distance(one, one, nbs, distance)
     nx, ny = ctx.x.norm, ctx.y.norm
-    return _distance(nx**2, ny**2, nx * ny * _nbs_finish(ctx), distance)
+    m = jax.lax.stop_gradient(jnp.maximum(nx, ny))
+    m = jnp.where(m > 0, m, jnp.ones_like(m))
+    a, b = nx / m, ny / m
+    return m * _distance(a**2, b**2, a * b * nbs, distance)
 
 
 @jax.jit

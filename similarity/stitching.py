@@ -150,7 +150,7 @@ def _weighted_mean(z: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def layer_moments(
-    z: jax.Array, w_train: jax.Array, w_test: jax.Array, /, *, normalize: bool = True
+    z: jax.Array, w_train: jax.Array, w_test: jax.Array, /, *, normalise: bool = True, **old_spelling
 ) -> LayerMoments:
     """Moments of one layer given 0/1 row weights for the train and test rows.
 
@@ -158,16 +158,18 @@ def layer_moments(
       z: ``(n, d)``.
       w_train: ``(n,)`` 1.0 for train rows, else 0.0.
       w_test: ``(n,)`` 1.0 for test rows, else 0.0.
-      normalize: divide by the train Frobenius norm.
+      normalise: divide by the train Frobenius norm (``normalize=``, the old spelling, is
+        accepted with a ``DeprecationWarning``).
 
     Returns:
       A :class:`LayerMoments`.
     """
+    normalise = _normalise_option(normalise, old_spelling, "layer_moments")
     c = pow2_scale(z)  # exact; the moments of z / c cannot overflow
     mean = _weighted_mean(z / c, w_train)
     zc = z / c - mean[None, :]
     g_tr = jnp.einsum("n,ni,nj->ij", w_train, zc, zc)
-    norm = jnp.sqrt(jnp.trace(g_tr)) if normalize else 1.0 / c
+    norm = jnp.sqrt(jnp.trace(g_tr)) if normalise else 1.0 / c
     u = zc / norm
     return LayerMoments(
         mean=mean * c,

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from funsim.similarity._gaussian_forms import set_partitions
 from funsim.similarity._validate import check_bool, check_choice, check_positive_result, check_rep, is_concrete
 from funsim.similarity.multilinear import (
     apply_network,
@@ -231,18 +232,6 @@ def _closure_inner(nodes_a, nodes_b, outputs):
 # ---------------------------------------------------------------------------
 
 
-def _set_partitions(items):
-    """All set partitions of a list (15 for four items)."""
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for part in _set_partitions(rest):
-        yield [[first]] + part
-        for i in range(len(part)):
-            yield part[:i] + [[first] + part[i]] + part[i + 1:]
-
-
 _SIDE = {0: "k", 1: "k", 2: "K", 3: "K"}  # items 0, 1 are (P_k, Q_k); 2, 3 are (P'_K, Q'_K)
 _IDX = "pqrstu"
 
@@ -350,7 +339,7 @@ def _fourth_moments(pa, qa, pb, qb):
     parts = {0: _split(pa), 1: _split(qa), 2: _split(pb), 3: _split(qb)}
     cache: dict = {}
     total = 0.0
-    for partition in _set_partitions([0, 1, 2, 3]):
+    for partition in set_partitions([0, 1, 2, 3]):
         term = 1.0
         for block in partition:
             key = tuple(block)

@@ -202,7 +202,7 @@ def test_streaming_merge_and_psum():
         return jax.lax.psum(cka_accumulate(cka_init(), a, b), "dev")
 
     states = jax.vmap(per_device, axis_name="dev")(xs, ys)
-    one = jax.tree_util.tree_map(lambda v: v[0], states)
+    one = jax.tree.map(lambda v: v[0], states)
     assert float(one.count) == 4
     assert float(cka_finalize(one)) == pytest.approx(seq, rel=1e-12)
 

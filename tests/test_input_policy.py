@@ -39,7 +39,7 @@ def _as32(*arrays, half):
 
 
 def _leaves32(tree):
-    return [np.asarray(v) for v in jax.tree_util.tree_leaves(tree)]
+    return [np.asarray(v) for v in jax.tree.leaves(tree)]
 
 
 X, Y = _reps()
@@ -85,7 +85,7 @@ def test_half_precision_public_functions(name):
 
 
 def _cast_net(net, dtype):
-    return jax.tree_util.tree_map(lambda a: np.asarray(a).astype(dtype), net)
+    return jax.tree.map(lambda a: np.asarray(a).astype(dtype), net)
 
 
 NET_CASES = {
@@ -116,8 +116,8 @@ def test_half_precision_networks(name):
 
 
 def test_integer_weights_are_cast():
-    ints = jax.tree_util.tree_map(lambda a: np.round(3 * np.asarray(a)).astype(np.int32), NET_A)
-    floats = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), ints)
+    ints = jax.tree.map(lambda a: np.round(3 * np.asarray(a)).astype(np.int32), NET_A)
+    floats = jax.tree.map(lambda a: np.asarray(a, np.float64), ints)
     for metric in sim.TENSOR_METRICS:
         assert float(sim.tensor_similarity(ints, NET_B, metric=metric)) == pytest.approx(
             float(sim.tensor_similarity(floats, NET_B, metric=metric)), rel=1e-12)

@@ -111,7 +111,7 @@ def test_pytrees_are_jit_and_vmap_friendly():
     layer = bilinear(rng, 3, 2, 3, bias=True, residual=True)
     x = rng.normal(size=(4, 3))
     np.testing.assert_allclose(jax.jit(apply_layer)(layer, x), apply_layer(layer, x), rtol=1e-12)
-    stacked = jax.tree_util.tree_map(lambda *xs: np.stack(xs), layer, layer)
+    stacked = jax.tree.map(lambda *xs: np.stack(xs), layer, layer)
     out = jax.vmap(lambda lay: lift(lay)[2])(stacked)
     np.testing.assert_allclose(out[1], lift(layer)[2], rtol=1e-14)
 
@@ -144,15 +144,15 @@ def test_validate_network_errors():
         validate_network((LinearLayer(np.ones((2, 3), dtype=complex)),), "net")
     with pytest.raises(TypeError, match=r"net\[0\].residual must be True or False, got 'yes'"):
         validate_network((dataclasses.replace(good, residual="yes"),), "net")
-    stacked = jax.tree_util.tree_map(lambda *xs: np.stack(xs), good, good)
+    stacked = jax.tree.map(lambda *xs: np.stack(xs), good, good)
     _assert_same_network(validate_network(stacked, batch_ndim=1), (stacked,))
     with pytest.raises(ValueError, match="must have rank 3"):
         validate_network(good, "nets", batch_ndim=1)
 
 
 def _assert_same_network(got, want):
-    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert isinstance(g, jax.Array)
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
@@ -167,7 +167,7 @@ def test_validate_network_casts_to_the_compute_dtype(dtype, want):
     layer = BilinearLayer(np.ones((2, 3), dtype), np.ones((2, 3), dtype), np.ones((1, 2), dtype),
                           left_bias=np.ones(2, np.float32))
     (out,) = validate_network(layer)
-    leaves = jax.tree_util.tree_leaves(out)
+    leaves = jax.tree.leaves(out)
     assert {x.dtype for x in leaves} == {np.dtype(np.promote_types(want, np.float32))}
     np.testing.assert_array_equal(np.asarray(out.left), np.ones((2, 3)))
 

@@ -47,3 +47,22 @@ def test_quickstart_rejects_unknown_measure_and_dataset(tmp_path):
         cli.main(["quickstart", "--tiny", "--measures", "cka/lineer", "--root", str(tmp_path)])
     with pytest.raises(SystemExit):
         cli.main(["quickstart", "--dataset", "imagenet", "--root", str(tmp_path)])
+
+
+def test_quickstart_refuses_a_changed_config_in_the_same_run_folder(tmp_path):
+    """A rerun into the same run folder with another config overwrote config.json (and then mixed
+    results of two configs); now it is refused before any work, and config.json is kept."""
+    import dataclasses
+
+    from funsim.experiments.io import check_run_config
+    from funsim.experiments.quickstart import run
+
+    out = tmp_path / "quickstart" / "again"
+    out.mkdir(parents=True)
+    assert check_run_config(out, TINY)  # what a first run of TINY leaves
+    saved = (out / "config.json").read_text()
+    changed = dataclasses.replace(TINY, n_compare=TINY.n_compare + 1)
+    with pytest.raises(ValueError, match=r"(?s)Refusing to resume .*again.*n_compare.*another --run name"):
+        run(changed, root=tmp_path, run_name="again", progress=False, log=lambda *_: None)
+    assert (out / "config.json").read_text() == saved
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]  # nothing else written, lock released

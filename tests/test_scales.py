@@ -20,7 +20,7 @@ import pytest
 
 from funsim import similarity
 from funsim.similarity import list_measures, measure
-from funsim.similarity.stitching import HeldOutOverlapWarning
+from funsim.similarity import HeldOutOverlapWarning
 from tests.invariance import invariance_data
 
 NAMES = list_measures()
@@ -120,7 +120,7 @@ def test_float64_input_with_x64_off_warns_once():
         "import warnings, numpy as np\n"
         "warnings.simplefilter('always')\n"
         "from funsim import similarity\n"
-        "from funsim.similarity._validate import PrecisionWarning\n"
+        "from funsim.similarity import PrecisionWarning\n"
         "x = np.random.default_rng(0).normal(size=(10, 3))\n"
         "with warnings.catch_warnings(record=True) as w:\n"
         "    warnings.simplefilter('always')\n"
@@ -142,3 +142,93 @@ def test_float32_input_gives_float32_without_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert similarity.cka(jnp.asarray(x), x).dtype == np.float32
+
+
+def _cell_outcome(m, x, y):
+    try:
+        return float(m(x, y)), None
+    except ValueError as e:
+        return None, str(e)
+
+
+def _grid_agrees_with_pairwise(names, monkeypatch):
+    """Every cell of a float32 grid is the pairwise value to float32 accuracy, or NaN with the pairwise
+    message where that call raises; the layers include 1e-20 ... 1e20 scales and a wide one (d >= n).
+    Returns the measures that refused a cell, and those whose cells the grid had to leave to the
+    pairwise call (its fallback for suspect layers and non-finite cells), other than the wide layer's."""
+    from funsim.similarity import grid as G
+    from funsim.similarity.grid import compare_grid
+
+    fallback = set()
+    real = G._pairwise_cell
+
+    def spy(m, xa, yb, dtype):
+        if max(xa.shape[1], yb.shape[1]) < xa.shape[0]:  # the wide layer is a suspect by design
+            fallback.add(m.name)
+        return real(m, xa, yb, dtype)
+
+    monkeypatch.setattr(G, "_pairwise_cell", spy)
+
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(16, 4)) + 1.0  # well conditioned: not a rank suspect in float32
+    y = np.tanh(x @ rng.normal(size=(4, 3))) + 0.3 * rng.normal(size=(16, 3))
+    wide = rng.normal(size=(16, 18))
+    a = [v.astype(np.float32) for v in (1e20 * x, 1e-20 * x, 1e18 * wide)]
+    b = [v.astype(np.float32) for v in (1e19 * y, 1e-19 * y)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", similarity.UndefinedCellWarning)
+        g = compare_grid(a, b, measures=names, reverse=True)
+    refused = set()
+    for name in names:
+        m = measure(name)
+        for rev, tables, undefined in ((False, g.tables, g.undefined), (True, g.reverse, g.reverse_undefined)):
+            t = np.asarray(tables[name])
+            assert t.dtype == np.float32, name
+            for i, xa in enumerate(a):
+                for j, yb in enumerate(b):
+                    value, reason = _cell_outcome(m, yb, xa) if rev else _cell_outcome(m, xa, yb)
+                    where = (name, "reverse" if rev else "forward", i, j)
+                    if reason is None:
+                        assert (i, j) not in undefined[name] and np.isfinite(t[i, j]), (where, undefined[name].get((i, j)))
+                        assert t[i, j] == pytest.approx(value, abs=2 * _f32_tol(name, value)), (where, t[i, j], value)
+                    else:
+                        assert np.isnan(t[i, j]) and undefined[name].get((i, j)) == reason, (where, t[i, j])
+                        refused.add(name)
+    return refused, fallback
+
+
+def test_grid_agrees_with_pairwise_at_extreme_scales_float32(monkeypatch):
+    """The grid forms its own moments (streamed sums of squares), so it pre-scales each layer by its
+    power of two as the pairwise functions do. Before, its float32 moments overflowed near 1e19 and
+    tiny layers looked constant, so every such cell fell back to the pairwise call: right only
+    through that fallback, and at the cost of the pair loop. Now the moment measures' cells at
+    1e-20 ... 1e20 are the grid's own and agree; the CCA family refuses the wide layer as the
+    pairwise calls do (the full registry: the slow variant below)."""
+    moment = [n for n in list_measures() if measure(n).moments is not None]
+    assert len(moment) > 10
+    refused, fallback = _grid_agrees_with_pairwise(moment + ["svcca", "cca/mean", "pwcca"], monkeypatch)
+    assert {"svcca", "cca/mean", "pwcca"} <= refused
+    assert not fallback & set(moment), sorted(fallback & set(moment))
+
+
+@pytest.mark.slow
+def test_grid_agrees_with_pairwise_at_extreme_scales_float32_every_measure(monkeypatch):
+    refused, _ = _grid_agrees_with_pairwise(list_measures(), monkeypatch)
+    assert {"svcca", "cca/mean", "pwcca"} <= refused
+
+
+def test_full_moments_at_extreme_scales_float32():
+    """``similarity.moments.full_moments`` / ``full_pair`` sum squares of each side divided by its power
+    of two: before, float32 data at 1e20 gave an infinite norm and a NaN Gram matrix, 1e-20 underflowed."""
+    from funsim.similarity.moments import full_moments, full_pair
+
+    rng = np.random.default_rng(13)
+    x, y = rng.normal(size=(20, 3)) + 2.0, rng.normal(size=(20, 2))
+    ref, ref_pair = full_moments(x), full_pair(x, y)
+    for s in (1e-20, 1e20):
+        m = full_moments((s * x).astype(np.float32))
+        np.testing.assert_allclose(np.asarray(m.gram), np.asarray(ref.gram), atol=1e-6, err_msg=str(s))
+        assert float(m.norm) == pytest.approx(s * float(ref.norm), rel=1e-5)
+        p = full_pair((s * x).astype(np.float32), y.astype(np.float32))
+        np.testing.assert_allclose(np.asarray(p.cross), np.asarray(ref_pair.cross), atol=1e-6, err_msg=str(s))
+        assert float(p.y.norm) == pytest.approx(float(ref_pair.y.norm), rel=1e-5)

@@ -33,3 +33,17 @@ def test_normalise_option_and_its_deprecated_spelling(fit):
         call(normalise="yes")
     with pytest.raises(TypeError, match="unexpected keyword argument 'normalization'"):
         call(normalization=False)
+
+
+def test_layer_moments_normalise_and_its_deprecated_spelling():
+    from funsim.similarity.stitching import layer_moments
+
+    z = np.random.default_rng(2).normal(size=(12, 3))
+    w_tr, w_te = (np.arange(12) < 8).astype(float), (np.arange(12) >= 8).astype(float)
+    new = layer_moments(z, w_tr, w_te, normalise=False)
+    with pytest.warns(DeprecationWarning, match="normalise="):
+        old = layer_moments(z, w_tr, w_te, normalize=False)
+    np.testing.assert_array_equal(np.asarray(old.gram_train), np.asarray(new.gram_train))
+    assert float(new.norm) == 1.0 and float(layer_moments(z, w_tr, w_te).norm) != 1.0  # the option does something
+    with pytest.raises(TypeError, match="unexpected keyword argument 'normalization'"):
+        layer_moments(z, w_tr, w_te, normalization=False)

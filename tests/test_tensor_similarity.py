@@ -30,6 +30,7 @@ from funsim.similarity import (
     tensor_similarity,
     weight_cosine,
 )
+from tests._compiles import CompileCounter
 from tests._tensor_nets import bilinear, deep, linear, np_tree_inner
 
 EXACT_RTOL = 1e-8
@@ -371,7 +372,7 @@ def test_similarity_is_bounded(seed, setting, scale):
 
 
 def stack(nets):
-    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *nets)
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *nets)
 
 
 def test_jit_and_vmap_over_checkpoints():
@@ -420,7 +421,7 @@ def test_gradients(metric, method, depth):
 
 def test_float32_matches_float64():
     a, b = TWO["embed_head_residual_bias"]
-    to32 = lambda n: jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), n)
+    to32 = lambda n: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), n)
     for metric, method in (("gaussian", "exact"),):
         s64 = tensor_similarity(a, b, metric=metric, method=method)
         s32 = tensor_similarity(to32(a), to32(b), metric=metric, method=method)
@@ -435,8 +436,8 @@ def test_weight_cosine_matches_numpy():
     rng = np.random.default_rng(14)
     a = (bilinear(rng, 3, 2, 2, bias=True), linear(rng, 2, 2))
     b = (bilinear(rng, 3, 2, 2, bias=True), linear(rng, 2, 2))
-    va = np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(a)])
-    vb = np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(b)])
+    va = np.concatenate([np.ravel(x) for x in jax.tree.leaves(a)])
+    vb = np.concatenate([np.ravel(x) for x in jax.tree.leaves(b)])
     expect = va @ vb / np.linalg.norm(va) / np.linalg.norm(vb)
     assert rel(weight_cosine(a, b), expect) < 1e-12
 
@@ -502,27 +503,6 @@ def test_bad_input():
 # ------------------------------ compilation --------------------------------
 
 
-class _Compiles:
-    """Counts the programs JAX lowers while active (``jax.monitoring`` events, not cache sizes)."""
-
-    EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
-
-    def __init__(self):
-        self.names = []
-
-    def _listen(self, event, duration, **kwargs):
-        if event == self.EVENT:
-            self.names.append(kwargs.get("fun_name"))
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._listen)
-        return False
-
-
 def test_the_metric_is_data_one_program_for_every_metric():
     """frobenius and symmetric (any depth) and gaussian (depth 1) share one compiled program per
     entry point and shape: the metric is a traced switch index, not a static argument."""
@@ -536,15 +516,15 @@ def test_the_metric_is_data_one_program_for_every_metric():
         lambda m: similarity_matrix([a, a2], metric=m)[0, 1],
     ]
     for call in calls:
-        with _Compiles() as first:
+        with CompileCounter() as first:
             call("symmetric")
-        with _Compiles() as rest:
+        with CompileCounter() as rest:
             values = {m: float(call(m)) for m in ("frobenius", "gaussian", "symmetric")}
         assert len(first.names) >= 1 and rest.names == [], rest.names
         assert len(set(values.values())) == 3  # three different metrics, all computed
-    with _Compiles() as first:
+    with CompileCounter() as first:
         tensor_similarity(two_a, two_b, metric="frobenius")
-    with _Compiles() as rest:
+    with CompileCounter() as rest:
         tensor_similarity(two_a, two_b, metric="symmetric")
     assert len(first.names) >= 1 and rest.names == []
     # the values are those of each metric's reference (materialised tree tensors, quadrature)

@@ -407,3 +407,36 @@ def _rows_seen(mk, ds, cfg):
     out = [np.array([lookup[np.asarray(r, np.float32).tobytes()] for r in batch]) for batch in _RecordRows.seen]
     assert len(out) == cfg.steps
     return out
+
+
+def test_resume_rebuilds_a_damaged_or_deleted_metrics_file(tmp_path):
+    """A finished run whose metrics.json is damaged resumed with a DamagedFileError; deleting it as the
+    message said made the rerun stop with an IndexError (no history). Now the resume evaluates again
+    what it can (step 0 from the initial parameters the run's identity pins, each checkpoint at an
+    evaluation step, the newest checkpoint) and warns, naming the file, about what is lost."""
+    ds = _gauss()
+    cfg = TrainConfig(steps=40, batch_size=32, learning_rate=3e-2, eval_every=20, checkpoint_steps=(7,))
+    run = lambda: train(models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(0)), ds.x_train, ds.y_train, ds.x_test,
+                        ds.y_test, config=cfg, workdir=tmp_path, progress=False)
+    first = run().history
+    assert [h["step"] for h in first] == [0, 20, 40] and list_checkpoints(tmp_path) == (7, 40)
+    kept = [first[0], first[2]]  # step 20 has no checkpoint: it cannot be evaluated again
+    metrics = tmp_path / "metrics.json"
+    for damage in ("truncate", "delete"):
+        if damage == "truncate":
+            metrics.write_text(metrics.read_text()[:25])
+        else:
+            metrics.unlink()
+        with pytest.warns(UserWarning) as rec:
+            r = run()
+        messages = " | ".join(str(w.message) for w in rec)
+        assert "steps [20]" in messages and str(metrics) in messages, messages
+        assert ("is damaged" in messages) == (damage == "truncate"), messages
+        assert [h["step"] for h in r.history] == [0, 40] and r.final["step"] == 40
+        for got, want in zip(r.history, kept):
+            assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
+        assert read_json(metrics)["history"] == r.history
+    # an intact file: nothing rebuilt, nothing warned
+    with __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("error")
+        assert run().history == r.history
