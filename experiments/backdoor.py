@@ -54,7 +54,9 @@ import time
 import numpy as np
 
 from funsim.experiments import curriculum as cur
+from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import releases_run_locks
+from funsim.experiments.verdict import Rule
 
 #: the paper's block gaps (tdooms/tensor-similarity, SVHN backdoor bundle)
 PAPER = {
@@ -63,6 +65,28 @@ PAPER = {
     "behavioural (clean)": 0.09,
     "matrix cosine": 0.15,
 }
+
+#: The statistics :func:`verdict_statistics` computes (block gaps ``mean(B x B) - mean(A x B)``).
+STATISTICS = {
+    "tensor_gap_ratio": "block gap of tensor similarity (symmetric) / block gap of behavioural similarity on clean images",
+    "target_slice_excess": "block gap of the target class's slice minus the largest other slice's (symmetric)",
+    "behavioural_gap_clean": "block gap of behavioural similarity on clean test images",
+    "tensor_minus_weight_cosine_gap": "block gap of tensor similarity (symmetric) minus that of matrix cosine",
+    "behavioural_gap_poisoned": "block gap of behavioural similarity on stamped test images",
+    "attack_success": "share of stamped test images of the other classes classified as the target, at the end",
+}
+
+#: The verdict rules, committed before the runs they judge. Thresholds set knowing the paper's numbers
+#: (SVHN: gap ratio 0.24 / 0.09 = 2.7, behavioural 0.09, tensor - matrix cosine 0.09, poisoned 0.62) and
+#: the first pass's (mnist5k: 3.6, target-slice excess 0.114, 0.089, 0.208, 0.602).
+RULES: tuple[Rule, ...] = (
+    Rule("tensor similarity flags the backdoor from the weights alone", "tensor_gap_ratio", ">=", 2.0,
+         requires=(Rule("the backdoor is learned", "attack_success", ">", 0.5, labels=("learned", "not learned")),)),
+    Rule("the flag is localised to the target class", "target_slice_excess", ">", 0.05),
+    Rule("behavioural similarity on clean data barely sees it", "behavioural_gap_clean", "<", 0.15),
+    Rule("matrix cosine of the weights sees less than tensor similarity", "tensor_minus_weight_cosine_gap", ">", 0.0),
+    Rule("behavioural similarity on stamped inputs sees it", "behavioural_gap_poisoned", ">", 0.3),
+)
 
 
 # --------------------------------------------------------------------------- the poison
@@ -198,6 +222,7 @@ class BackdoorConfig:
         1 (the ink colour) on MNIST-like data with a black background.
       noise_std: Gaussian input noise during training (both phases).
       seed: model and minibatch seed.
+      verdict_rules: the rules that label the claims (:data:`RULES`; each names one of :data:`STATISTICS`).
     """
 
     dataset: str = "mnist5k"
@@ -216,6 +241,11 @@ class BackdoorConfig:
     patch_value: float = 1.0
     noise_std: float = 0.05
     seed: int = 0
+    verdict_rules: tuple[Rule, ...] = RULES
+
+    def __post_init__(self):
+        object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
+        verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="BackdoorConfig")
 
 
 CONFIGS = {

@@ -44,7 +44,9 @@ import time
 import numpy as np
 
 from funsim.experiments import curriculum as cur
+from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import releases_run_locks
+from funsim.experiments.verdict import Rule
 
 #: the paper's curriculum: (stage name, digits trained on)
 CURRICULUM = (
@@ -68,6 +70,37 @@ PAPER = {
     "add 9": {"difference_slice_target": 0.382},
     "add 8": {"difference_slice_target": -0.890},
 }
+
+#: The statistics :func:`verdict_statistics` computes (end-of-stage values; reference = the end of
+#: ``reference_stage``; "target" = the digit removed and re-added; tensor = the Gaussian metric).
+STATISTICS = {
+    "cka_minus_tensor_at_remove": "CKA of the logits minus tensor similarity to the reference at the end of "
+                                  "'remove <target>' (how much more tensor similarity drops)",
+    "target_slice_margin": "the smallest other class slice minus the target's slice at 'remove <target>'",
+    "target_slice_at_remove": "the target class's slice of tensor similarity to the reference at 'remove <target>'",
+    "target_accuracy_at_remove": "test accuracy on the target class at the end of 'remove <target>'",
+    "tensor_at_readd": "tensor similarity to the reference at the end of 're-add <target>'",
+    "tensor_at_repeat": "tensor similarity to the reference at the end of 'repeat' (the drift baseline; no rule)",
+    "difference_slice_at_add9": "the second model's fine-tuning difference vs the checkpoint at the end of "
+                                "'add <target>', target slice",
+    "difference_slice_at_remove": "the same at the end of 'remove <target>'",
+}
+
+#: The verdict rules, committed before the runs they judge. Thresholds set knowing the paper's numbers
+#: (SVHN: CKA - tensor 0.116 at 'remove 9'; class-9 slice -0.07 with class-9 accuracy 0.00; 0.995 at
+#: 're-add 9'; difference slice 0.38 at 'add 9', -0.86 at 'remove 9') and the first pass's (mnist5k,
+#: 20 epochs per stage: 0.028; margin 0.129; slice 0.761 with class-9 accuracy 0.20; 0.890; 0.38; 0.07).
+RULES: tuple[Rule, ...] = (
+    Rule("tensor similarity drops more than CKA when the target is removed", "cka_minus_tensor_at_remove", ">", 0.05),
+    Rule("the drop is localised to the target class", "target_slice_margin", ">=", 0.05),
+    Rule("the target class's slice collapses once the class is forgotten", "target_slice_at_remove", "<", 0.2,
+         requires=(Rule("the target class is forgotten", "target_accuracy_at_remove", "<=", 0.05,
+                        labels=("forgotten", "not forgotten")),)),
+    Rule("re-adding the target restores the network", "tensor_at_readd", ">=", 0.95),
+    Rule("the second model's fine-tuning difference tracks the target when it is added",
+         "difference_slice_at_add9", ">", 0.2),
+    Rule("... and turns negative when it is removed", "difference_slice_at_remove", "<", 0.0),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +128,7 @@ class ForgettingConfig:
       split_data: give the two models disjoint halves of the training images (as the
         paper did); False trains both on all of them (different seeds only).
       seed: the first model's seed; ``seed + 1`` is the second model's.
+      verdict_rules: the rules that label the claims (:data:`RULES`; each names one of :data:`STATISTICS`).
     """
 
     dataset: str = "mnist5k"
@@ -117,6 +151,11 @@ class ForgettingConfig:
     difference: bool = True
     split_data: bool = False
     seed: int = 0
+    verdict_rules: tuple[Rule, ...] = RULES
+
+    def __post_init__(self):
+        object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
+        verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="ForgettingConfig")
 
 
 CONFIGS = {
