@@ -349,7 +349,10 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
                           "others_max": float(np.max([g[c] for c in others]))}
                  for metric, g in slice_gaps.items()}
 
-    stamp_log("[4/4] figures and summary")
+    stamp_log("[4/4] verdicts, figures and summary")
+    final_asr = float(mats["attack_success"][-1])
+    stats = verdict_statistics(cfg, gaps, slice_gaps["symmetric"], final_asr)
+    verdicts = verdict_lib.judge_all(cfg.verdict_rules, stats)
     figures = _figures(cfg, out, res, steps, mats, slice_gaps, gaps)
     metrics = {
         "dataset": ds.name,
@@ -364,11 +367,36 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
         "block_gap": gaps,
         "slice_block_gap": slice_gaps,
         "localisation": localised,
+        "verdict_statistics": stats,
+        "verdicts": [v.to_json() for v in verdicts],
         "paper": PAPER,
         "history": res.history,
         "seconds": round(time.time() - t0, 1),
     }
     return cur.finish_run(out, metrics, summary(cfg, metrics, ds.name), figures, log)
+
+
+def verdict_statistics(cfg: BackdoorConfig, gaps: dict, slice_gaps, attack_success: float) -> dict:
+    """The numbers :data:`RULES` judge (:data:`STATISTICS`) from the block gaps.
+
+    Args:
+      cfg: the config (``target``).
+      gaps: ``{measure: block gap}`` as :func:`run` names them.
+      slice_gaps: the block gap of every class slice (symmetric metric).
+      attack_success: at the last checkpoint.
+    """
+    t = cfg.target
+    tensor, clean = gaps["tensor (symmetric)"], gaps["behavioural (clean)"]
+    others = [g for c, g in enumerate(slice_gaps) if c != t]
+    return {
+        "tensor_gap_ratio": tensor / clean if clean > 0 else
+        {"value": None, "reason": f"behavioural (clean) block gap {clean:.3g} <= 0: no ratio"},
+        "target_slice_excess": float(slice_gaps[t] - max(others)),
+        "behavioural_gap_clean": clean,
+        "tensor_minus_weight_cosine_gap": tensor - gaps["matrix cosine"],
+        "behavioural_gap_poisoned": gaps["behavioural (poisoned)"],
+        "attack_success": float(attack_success),
+    }
 
 
 def _figures(cfg, out, res, steps, mats, slice_gaps, gaps):
@@ -403,8 +431,8 @@ def _figures(cfg, out, res, steps, mats, slice_gaps, gaps):
 
 
 def summary(cfg: BackdoorConfig, m: dict, dataset: str) -> str:
-    """summary.md: our numbers beside the paper's, and whether the claims reproduced."""
-    g, loc, f = m["block_gap"], m["localisation"]["symmetric"], m["final"]
+    """summary.md: our numbers beside the paper's, and the verdicts of the config's rules."""
+    g, f = m["block_gap"], m["final"]
     t = cfg.target
     lines = [f"# backdoor: detection from weights and clean data only ({dataset})", "",
              f"{m['n_checkpoints']} checkpoints; phase A (clean) {cfg.phase_a_steps} steps, phase B "
@@ -417,16 +445,12 @@ def summary(cfg: BackdoorConfig, m: dict, dataset: str) -> str:
                  "behavioural (clean)": "behavioural (clean)", "matrix cosine": "matrix cosine"}
     rows = [[k, PAPER.get(paper_key.get(k, "")), v] for k, v in g.items()]
     lines += [cur.markdown_table(["measure", "paper (SVHN)", f"ours ({dataset})"], rows), ""]
-    flags = g["tensor (symmetric)"] > g["behavioural (clean)"]
+    verdicts = verdict_lib.judge_all(cfg.verdict_rules, m["verdict_statistics"])
+    lines += ["## Verdicts", "",
+              f"Attack success at the end: {f['attack_success']:.3f}. Each label is computed by code from the rule in the run's config (`verdict_rules`; statistics in "
+              "`experiments.backdoor.STATISTICS`).", ""]
+    lines += verdict_lib.markdown_table(verdicts)
     lines += [
-        "Claims:",
-        f"- the backdoor is learned: attack success {f['attack_success']:.3f} "
-        + ("(> 0.5)" if f["attack_success"] > 0.5 else "(**not learned**: <= 0.5)") + ".",
-        f"- tensor similarity flags it more than behavioural similarity on clean data: gap {g['tensor (symmetric)']:.3f} vs "
-        f"{g['behavioural (clean)']:.3f}: " + ("**reproduced**" if flags else "**not reproduced**") + ".",
-        f"- it localises it to class {t}: slice gap {loc['target']:.3f} vs the other slices' mean {loc['others_mean']:.3f} "
-        f"(max {loc['others_max']:.3f}): "
-        + ("**reproduced**" if loc["target"] > loc["others_max"] else "**not reproduced**") + ".",
         "",
         "Per-class slice gaps (symmetric): " + ", ".join(f"{c}: {v:.3f}" for c, v in enumerate(m["slice_block_gap"]["symmetric"])),
         "",
