@@ -582,3 +582,7 @@ def test_verdict_rules_in_the_config(tmp_path):
         grokking._config_from(str(path))
     with pytest.raises(ValueError, match="checkpoint_rule must be one of"):
         dataclasses.replace(cfg, checkpoint_rule="square")
+    # the paper config draws its minibatches epoch by epoch, as the authors' shuffled data loader
+    assert grokking.CONFIGS["paper"].sampling == "epochs" and grokking.CONFIGS["paper"].batch_size == 512
+    with pytest.raises(ValueError, match="sampling must be 'independent' or 'epochs'"):
+        dataclasses.replace(cfg, sampling="shuffled")
