@@ -54,7 +54,9 @@ import time
 import numpy as np
 
 from funsim.experiments import curriculum as cur
+from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import releases_run_locks
+from funsim.experiments.verdict import Rule
 
 #: the paper's block gaps (tdooms/tensor-similarity, SVHN backdoor bundle)
 PAPER = {
@@ -63,6 +65,28 @@ PAPER = {
     "behavioural (clean)": 0.09,
     "matrix cosine": 0.15,
 }
+
+#: The statistics :func:`verdict_statistics` computes (block gaps ``mean(B x B) - mean(A x B)``).
+STATISTICS = {
+    "tensor_gap_ratio": "block gap of tensor similarity (symmetric) / block gap of behavioural similarity on clean images",
+    "target_slice_excess": "block gap of the target class's slice minus the largest other slice's (symmetric)",
+    "behavioural_gap_clean": "block gap of behavioural similarity on clean test images",
+    "tensor_minus_weight_cosine_gap": "block gap of tensor similarity (symmetric) minus that of matrix cosine",
+    "behavioural_gap_poisoned": "block gap of behavioural similarity on stamped test images",
+    "attack_success": "share of stamped test images of the other classes classified as the target, at the end",
+}
+
+#: The verdict rules, committed before the runs they judge. Thresholds set knowing the paper's numbers
+#: (SVHN: gap ratio 0.24 / 0.09 = 2.7, behavioural 0.09, tensor - matrix cosine 0.09, poisoned 0.62) and
+#: the first pass's (mnist5k: 3.6, target-slice excess 0.114, 0.089, 0.208, 0.602).
+RULES: tuple[Rule, ...] = (
+    Rule("tensor similarity flags the backdoor from the weights alone", "tensor_gap_ratio", ">=", 2.0,
+         requires=(Rule("the backdoor is learned", "attack_success", ">", 0.5, labels=("learned", "not learned")),)),
+    Rule("the flag is localised to the target class", "target_slice_excess", ">", 0.05),
+    Rule("behavioural similarity on clean data barely sees it", "behavioural_gap_clean", "<", 0.15),
+    Rule("matrix cosine of the weights sees less than tensor similarity", "tensor_minus_weight_cosine_gap", ">", 0.0),
+    Rule("behavioural similarity on stamped inputs sees it", "behavioural_gap_poisoned", ">", 0.3),
+)
 
 
 # --------------------------------------------------------------------------- the poison
@@ -198,6 +222,7 @@ class BackdoorConfig:
         1 (the ink colour) on MNIST-like data with a black background.
       noise_std: Gaussian input noise during training (both phases).
       seed: model and minibatch seed.
+      verdict_rules: the rules that label the claims (:data:`RULES`; each names one of :data:`STATISTICS`).
     """
 
     dataset: str = "mnist5k"
@@ -216,6 +241,11 @@ class BackdoorConfig:
     patch_value: float = 1.0
     noise_std: float = 0.05
     seed: int = 0
+    verdict_rules: tuple[Rule, ...] = RULES
+
+    def __post_init__(self):
+        object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
+        verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="BackdoorConfig")
 
 
 CONFIGS = {
@@ -319,7 +349,10 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
                           "others_max": float(np.max([g[c] for c in others]))}
                  for metric, g in slice_gaps.items()}
 
-    stamp_log("[4/4] figures and summary")
+    stamp_log("[4/4] verdicts, figures and summary")
+    final_asr = float(mats["attack_success"][-1])
+    stats = verdict_statistics(cfg, gaps, slice_gaps["symmetric"], final_asr)
+    verdicts = verdict_lib.judge_all(cfg.verdict_rules, stats)
     figures = _figures(cfg, out, res, steps, mats, slice_gaps, gaps)
     metrics = {
         "dataset": ds.name,
@@ -334,11 +367,36 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
         "block_gap": gaps,
         "slice_block_gap": slice_gaps,
         "localisation": localised,
+        "verdict_statistics": stats,
+        "verdicts": [v.to_json() for v in verdicts],
         "paper": PAPER,
         "history": res.history,
         "seconds": round(time.time() - t0, 1),
     }
     return cur.finish_run(out, metrics, summary(cfg, metrics, ds.name), figures, log)
+
+
+def verdict_statistics(cfg: BackdoorConfig, gaps: dict, slice_gaps, attack_success: float) -> dict:
+    """The numbers :data:`RULES` judge (:data:`STATISTICS`) from the block gaps.
+
+    Args:
+      cfg: the config (``target``).
+      gaps: ``{measure: block gap}`` as :func:`run` names them.
+      slice_gaps: the block gap of every class slice (symmetric metric).
+      attack_success: at the last checkpoint.
+    """
+    t = cfg.target
+    tensor, clean = gaps["tensor (symmetric)"], gaps["behavioural (clean)"]
+    others = [g for c, g in enumerate(slice_gaps) if c != t]
+    return {
+        "tensor_gap_ratio": tensor / clean if clean > 0 else
+        {"value": None, "reason": f"behavioural (clean) block gap {clean:.3g} <= 0: no ratio"},
+        "target_slice_excess": float(slice_gaps[t] - max(others)),
+        "behavioural_gap_clean": clean,
+        "tensor_minus_weight_cosine_gap": tensor - gaps["matrix cosine"],
+        "behavioural_gap_poisoned": gaps["behavioural (poisoned)"],
+        "attack_success": float(attack_success),
+    }
 
 
 def _figures(cfg, out, res, steps, mats, slice_gaps, gaps):
@@ -373,8 +431,8 @@ def _figures(cfg, out, res, steps, mats, slice_gaps, gaps):
 
 
 def summary(cfg: BackdoorConfig, m: dict, dataset: str) -> str:
-    """summary.md: our numbers beside the paper's, and whether the claims reproduced."""
-    g, loc, f = m["block_gap"], m["localisation"]["symmetric"], m["final"]
+    """summary.md: our numbers beside the paper's, and the verdicts of the config's rules."""
+    g, f = m["block_gap"], m["final"]
     t = cfg.target
     lines = [f"# backdoor: detection from weights and clean data only ({dataset})", "",
              f"{m['n_checkpoints']} checkpoints; phase A (clean) {cfg.phase_a_steps} steps, phase B "
@@ -387,16 +445,12 @@ def summary(cfg: BackdoorConfig, m: dict, dataset: str) -> str:
                  "behavioural (clean)": "behavioural (clean)", "matrix cosine": "matrix cosine"}
     rows = [[k, PAPER.get(paper_key.get(k, "")), v] for k, v in g.items()]
     lines += [cur.markdown_table(["measure", "paper (SVHN)", f"ours ({dataset})"], rows), ""]
-    flags = g["tensor (symmetric)"] > g["behavioural (clean)"]
+    verdicts = verdict_lib.judge_all(cfg.verdict_rules, m["verdict_statistics"])
+    lines += ["## Verdicts", "",
+              f"Attack success at the end: {f['attack_success']:.3f}. Each label is computed by code from the rule in the run's config (`verdict_rules`; statistics in "
+              "`experiments.backdoor.STATISTICS`).", ""]
+    lines += verdict_lib.markdown_table(verdicts)
     lines += [
-        "Claims:",
-        f"- the backdoor is learned: attack success {f['attack_success']:.3f} "
-        + ("(> 0.5)" if f["attack_success"] > 0.5 else "(**not learned**: <= 0.5)") + ".",
-        f"- tensor similarity flags it more than behavioural similarity on clean data: gap {g['tensor (symmetric)']:.3f} vs "
-        f"{g['behavioural (clean)']:.3f}: " + ("**reproduced**" if flags else "**not reproduced**") + ".",
-        f"- it localises it to class {t}: slice gap {loc['target']:.3f} vs the other slices' mean {loc['others_mean']:.3f} "
-        f"(max {loc['others_max']:.3f}): "
-        + ("**reproduced**" if loc["target"] > loc["others_max"] else "**not reproduced**") + ".",
         "",
         "Per-class slice gaps (symmetric): " + ", ".join(f"{c}: {v:.3f}" for c, v in enumerate(m["slice_block_gap"]["symmetric"])),
         "",

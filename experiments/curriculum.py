@@ -109,6 +109,7 @@ def train_stages(
     config,
     workdir: str | pathlib.Path,
     carry_optimizer: bool = False,
+    same_seed: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> CurriculumResult:
@@ -122,10 +123,12 @@ def train_stages(
       config: a :class:`models.train.TrainConfig` template; each stage uses it
         with ``steps`` set to the stage's and ``seed`` to ``config.seed + k``
         (so the minibatches of global step ``offset_k + s`` come from
-        ``fold_in(key(seed + k), s)``).
+        ``fold_in(key(seed + k), s)``), or to ``config.seed`` with ``same_seed``.
       workdir: the curriculum's directory; stage ``k`` trains in ``<k>-<name>/``.
       carry_optimizer: hand each stage the previous stage's optimiser state
         (``init_opt_state``) instead of a fresh one.
+      same_seed: every stage trains with ``config.seed`` (the same minibatch key
+        stream, as the tensor-similarity authors' ``fit`` reseeds each stage).
       progress: tqdm bars.
       log: where a one-line report per stage goes.
 
@@ -154,7 +157,7 @@ def train_stages(
     offset = 0
     opt_state = None
     for k, stage in enumerate(stages):
-        cfg = dataclasses.replace(config, steps=int(stage.steps), seed=config.seed + k)
+        cfg = dataclasses.replace(config, steps=int(stage.steps), seed=config.seed if same_seed else config.seed + k)
         wd = workdir / f"{k}-{_slug(stage.name)}"
         res = train(
             model, stage.x_train, stage.y_train, x_test, y_test,

@@ -11,22 +11,28 @@ What it does (the tensor-similarity paper's progressive-training experiment):
 1. trains embedding -> one bilinear layer -> head (no residual, no biases;
    the paper: embed 128, hidden 256, AdamW with weight decay 0.5, batch 248)
    through the curriculum: digits 0-4, add 5, add 6, add 7, add 8, add 9,
-   repeat, remove 9, re-add 9; 20 epochs of each stage's images with a fresh
-   AdamW and a cosine decay per stage, as the paper's code did; checkpoints
-   every ``checkpoint_every`` steps (each stage resumable);
+   repeat, remove 9, re-add 9; ``stage_steps`` (1,500) steps per stage with a
+   fresh AdamW and a cosine decay per stage, every stage from the same seed
+   (the same minibatch key stream), as the paper's code did; checkpoints
+   every ``checkpoint_every`` steps (each stage resumable). The paper ran 20
+   epochs of SVHN per stage, 3,600-5,900 steps; 20 epochs of mnist5k's 4,000
+   images would be 160-320, too few to forget a class (``paper`` keeps 20 epochs);
 2. computes the checkpoint x checkpoint matrices of tensor similarity (Gaussian,
    the paper's metric, and symmetric), of its ten per-class slices, and of the
    baselines: linear CKA of the logits, behavioural similarity (mean per-sample
    cosine of the logits) on the test images, matrix cosine of the weights;
 3. reads off the similarity of every checkpoint to the reference (the end of
-   "add 9"): whole network and per class, next to the per-class test accuracy;
+   "add 9"): whole network and per class, next to the per-class test accuracy
+   (class 9's accuracy at "remove 9" says whether it was forgotten at all);
 4. trains a second model (another seed; with ``split_data``, as in the paper, on
    the other half of the training images, by default on the same images since
    mnist5k is small) on digits 0-8, fine-tunes it on 0-9, and compares the difference of the two
    (``similarity.difference``: fine-tuned minus base, exact) with every
    checkpoint of the first model;
-5. writes ``results/forgetting/<run>/``: config.json, metrics.json, similarity.npz,
-   the stage checkpoints, PNG figures and summary.md with our numbers beside the paper's.
+5. the verdicts: ``verdict_rules`` applied to :func:`verdict_statistics`;
+6. writes ``results/forgetting/<run>/``: config.json, metrics.json, similarity.npz,
+   the stage checkpoints, PNG figures and summary.md with our numbers beside the
+   paper's, and each rule with its number and computed label.
 
 The paper's numbers (SVHN, end of each stage): at "remove 9" tensor similarity
 to the reference 0.814 vs CKA 0.930, with the class-9 slice at -0.07; at
@@ -44,7 +50,9 @@ import time
 import numpy as np
 
 from funsim.experiments import curriculum as cur
+from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import releases_run_locks
+from funsim.experiments.verdict import Rule
 
 #: the paper's curriculum: (stage name, digits trained on)
 CURRICULUM = (
@@ -69,6 +77,37 @@ PAPER = {
     "add 8": {"difference_slice_target": -0.890},
 }
 
+#: The statistics :func:`verdict_statistics` computes (end-of-stage values; reference = the end of
+#: ``reference_stage``; "target" = the digit removed and re-added; tensor = the Gaussian metric).
+STATISTICS = {
+    "cka_minus_tensor_at_remove": "CKA of the logits minus tensor similarity to the reference at the end of "
+                                  "'remove <target>' (how much more tensor similarity drops)",
+    "target_slice_margin": "the smallest other class slice minus the target's slice at 'remove <target>'",
+    "target_slice_at_remove": "the target class's slice of tensor similarity to the reference at 'remove <target>'",
+    "target_accuracy_at_remove": "test accuracy on the target class at the end of 'remove <target>'",
+    "tensor_at_readd": "tensor similarity to the reference at the end of 're-add <target>'",
+    "tensor_at_repeat": "tensor similarity to the reference at the end of 'repeat' (the drift baseline; no rule)",
+    "difference_slice_at_add9": "the second model's fine-tuning difference vs the checkpoint at the end of "
+                                "'add <target>', target slice",
+    "difference_slice_at_remove": "the same at the end of 'remove <target>'",
+}
+
+#: The verdict rules, committed before the runs they judge. Thresholds set knowing the paper's numbers
+#: (SVHN: CKA - tensor 0.116 at 'remove 9'; class-9 slice -0.07 with class-9 accuracy 0.00; 0.995 at
+#: 're-add 9'; difference slice 0.38 at 'add 9', -0.86 at 'remove 9') and the first pass's (mnist5k,
+#: 20 epochs per stage: 0.028; margin 0.129; slice 0.761 with class-9 accuracy 0.20; 0.890; 0.38; 0.07).
+RULES: tuple[Rule, ...] = (
+    Rule("tensor similarity drops more than CKA when the target is removed", "cka_minus_tensor_at_remove", ">", 0.05),
+    Rule("the drop is localised to the target class", "target_slice_margin", ">=", 0.05),
+    Rule("the target class's slice collapses once the class is forgotten", "target_slice_at_remove", "<", 0.2,
+         requires=(Rule("the target class is forgotten", "target_accuracy_at_remove", "<=", 0.05,
+                        labels=("forgotten", "not forgotten")),)),
+    Rule("re-adding the target restores the network", "tensor_at_readd", ">=", 0.95),
+    Rule("the second model's fine-tuning difference tracks the target when it is added",
+         "difference_slice_at_add9", ">", 0.2),
+    Rule("... and turns negative when it is removed", "difference_slice_at_remove", "<", 0.0),
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class ForgettingConfig:
@@ -81,9 +120,12 @@ class ForgettingConfig:
       n_eval: test images for CKA, behavioural similarity and per-class accuracy.
       d_model, d_hidden: embedding width and bilinear hidden units.
       learning_rate, weight_decay, batch_size: AdamW.
-      stage_steps: optimiser steps per stage (when ``stage_epochs`` is None).
+      stage_steps: optimiser steps per stage (when ``stage_epochs`` is None; default 1,500:
+        the paper's 20 SVHN epochs were 3,600-5,900 steps per stage).
       stage_epochs: if set, each stage runs this many epochs of its own data
         (``floor(n_stage / batch_size)`` steps per epoch; the paper: 20).
+      same_seed: every stage from ``seed`` (the paper's ``fit`` reseeds each stage alike);
+        False: stage ``k`` from ``seed + k``.
       checkpoint_every: checkpoint interval within each stage.
       lr_schedule: ``"cosine"`` (decay to 0 within every stage, fresh AdamW per
         stage, as the paper) or ``"constant"``.
@@ -95,6 +137,7 @@ class ForgettingConfig:
       split_data: give the two models disjoint halves of the training images (as the
         paper did); False trains both on all of them (different seeds only).
       seed: the first model's seed; ``seed + 1`` is the second model's.
+      verdict_rules: the rules that label the claims (:data:`RULES`; each names one of :data:`STATISTICS`).
     """
 
     dataset: str = "mnist5k"
@@ -106,9 +149,10 @@ class ForgettingConfig:
     learning_rate: float = 1e-3
     weight_decay: float = 0.5
     batch_size: int = 248
-    stage_steps: int = 300
-    stage_epochs: float | None = 20
-    checkpoint_every: int = 40
+    stage_steps: int = 1500
+    stage_epochs: float | None = None
+    same_seed: bool = True
+    checkpoint_every: int = 250
     lr_schedule: str = "cosine"
     carry_optimizer: bool = False
     curriculum: tuple = CURRICULUM
@@ -117,6 +161,11 @@ class ForgettingConfig:
     difference: bool = True
     split_data: bool = False
     seed: int = 0
+    verdict_rules: tuple[Rule, ...] = RULES
+
+    def __post_init__(self):
+        object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
+        verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="ForgettingConfig")
 
 
 CONFIGS = {
@@ -124,7 +173,7 @@ CONFIGS = {
                               stage_steps=30, checkpoint_every=15, learning_rate=1e-2),
     "default": ForgettingConfig(),
     "paper": ForgettingConfig(dataset="svhn_cropped", grayscale=True, n_eval=2000, split_data=True,
-                              checkpoint_every=250),
+                              stage_epochs=20, checkpoint_every=250),
 }
 
 
@@ -193,7 +242,7 @@ def _difference_network(cfg, ds_b, out, progress, log):
     stages = _stages(cfg, ds_b.x_train, ds_b.y_train, (("base without target", base), ("fine-tune all", digits)))
     tcfg = _train_config(cfg, min(len(s.y_train) for s in stages))
     res = cur.train_stages(model, stages, ds_b.x_test, ds_b.y_test, config=tcfg, workdir=out / "model_b",
-                           carry_optimizer=cfg.carry_optimizer, progress=progress, log=log)
+                           carry_optimizer=cfg.carry_optimizer, same_seed=cfg.same_seed, progress=progress, log=log)
     nets = cur.load_stage_networks(lambda: _make_model(cfg, ds_b.input_shape, 10, cfg.seed + 1), res)
     ends = [int(np.flatnonzero(res.stage_index == k)[-1]) for k in range(2)]
     base_net, ft_net = nets[ends[0]], nets[ends[1]]
@@ -234,7 +283,7 @@ def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name
     model = _make_model(cfg, ds.input_shape, n_classes, cfg.seed)
     res = cur.train_stages(model, stages, ds.x_test, ds.y_test,
                            config=tcfg, workdir=out / "model_a", carry_optimizer=cfg.carry_optimizer,
-                           progress=progress, log=log)
+                           same_seed=cfg.same_seed, progress=progress, log=log)
     steps = res.steps
     nets = cur.load_stage_networks(lambda: _make_model(cfg, ds.input_shape, n_classes, cfg.seed), res)
 
@@ -294,7 +343,9 @@ def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name
     else:
         stamp("[4/5] difference model skipped (difference=False)")
 
-    stamp("[5/5] figures and summary")
+    stamp("[5/5] verdicts, figures and summary")
+    stats = verdict_statistics(cfg, at_stage)
+    verdicts = verdict_lib.judge_all(cfg.verdict_rules, stats)
     figures = _figures(cfg, out, res, steps, mats, curves, slices, difference, names)
     metrics = {
         "dataset": ds.name,
@@ -305,11 +356,39 @@ def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name
         "at_stage_end": at_stage,
         "to_reference": {k: v for k, v in curves.items()},
         "difference": difference,
+        "verdict_statistics": stats,
+        "verdicts": [v.to_json() for v in verdicts],
         "paper": PAPER,
         "history": res.history,
         "seconds": round(time.time() - t0, 1),
     }
     return cur.finish_run(out, metrics, summary(cfg, metrics, ds.name), figures, log)
+
+
+def verdict_statistics(cfg: ForgettingConfig, at_stage: dict) -> dict:
+    """The numbers :data:`RULES` judge (:data:`STATISTICS`), from the end-of-stage values.
+
+    Each is a number or ``{"value": None, "reason": ...}`` when the run has no such stage
+    (a custom curriculum) or no difference model.
+    """
+    t = cfg.target
+    remove, readd, add = f"remove {t}", f"re-add {t}", f"add {t}"
+    g = "tensor (gaussian)"
+    missing = lambda stage: {"value": None, "reason": f"no stage {stage!r}"}
+    no_diff = {"value": None, "reason": "no difference model (difference=False)"}
+    rm, ra, ad, rp = (at_stage.get(k) for k in (remove, readd, add, "repeat"))
+    stats = {
+        "cka_minus_tensor_at_remove": missing(remove) if rm is None else rm["CKA (logits)"] - rm[g],
+        "target_slice_margin": missing(remove) if rm is None else rm["slice_others_min"] - rm["slice_target"],
+        "target_slice_at_remove": missing(remove) if rm is None else rm["slice_target"],
+        "target_accuracy_at_remove": missing(remove) if rm is None else rm["class_accuracy"][t],
+        "tensor_at_readd": missing(readd) if ra is None else ra[g],
+        "tensor_at_repeat": missing("repeat") if rp is None else rp[g],
+    }
+    dk = f"class-{t} slice (gaussian)"
+    for name, stage, v in (("difference_slice_at_add9", add, ad), ("difference_slice_at_remove", remove, rm)):
+        stats[name] = missing(stage) if v is None else no_diff if "difference" not in v else v["difference"][dk]
+    return stats
 
 
 def _figures(cfg, out, res, steps, mats, curves, slices, difference, names):
@@ -351,7 +430,7 @@ def _figures(cfg, out, res, steps, mats, curves, slices, difference, names):
 
 
 def summary(cfg: ForgettingConfig, m: dict, dataset: str) -> str:
-    """summary.md: our numbers beside the paper's, and whether the claims reproduced."""
+    """summary.md: our numbers beside the paper's, and the verdicts of the config's rules."""
     st = m["at_stage_end"]
     rm, ra = st.get("remove 9"), st.get("re-add 9")
     lines = [f"# forgetting: catastrophic forgetting through a curriculum ({dataset})", ""]
@@ -375,23 +454,24 @@ def summary(cfg: ForgettingConfig, m: dict, dataset: str) -> str:
             rows += [[f"difference vs checkpoint, class-{cfg.target} slice, at {s!r}", PAPER[s]["difference_slice_target"],
                       st[s]["difference"][dk]] for s in ("add 8", "add 9", "remove 9", "re-add 9") if s in st]
         lines += [cur.markdown_table(["quantity", "paper (SVHN)", f"ours ({dataset})"], rows), ""]
-        drop_t, drop_c = 1 - rm[g], 1 - rm["CKA (logits)"]
-        lines += [
-            "Claims:",
-            f"- tensor similarity drops more than CKA at 'remove 9': 1 - tensor = {drop_t:.3f} vs 1 - CKA = {drop_c:.3f}: "
-            + ("**reproduced**" if drop_t > drop_c else "**not reproduced**") + ".",
-            f"- the drop is localised to class {cfg.target}: its slice {rm['slice_target']:.3f} vs the others' minimum "
-            f"{rm['slice_others_min']:.3f}: " + ("**reproduced**" if rm["slice_target"] < rm["slice_others_min"] else "**not reproduced**") + ".",
-            f"- re-adding {cfg.target} restores it: {ra[g]:.3f} (paper 0.995; the class-{cfg.target} slice goes from "
-            f"{rm['slice_target']:.3f} to {ra['slice_target']:.3f}): "
-            + ("**reproduced**" if ra[g] > rm[g] and ra[g] > 0.95 else "**not reproduced** (criterion: > 0.95 and above 'remove 9')") + ".",
-            "",
-        ]
+        lines += [f"Class-{cfg.target} test accuracy at the end of 'remove {cfg.target}': "
+                  f"{rm['class_accuracy'][cfg.target]:.3f} (paper: 0.00); at 're-add {cfg.target}': "
+                  f"{ra['class_accuracy'][cfg.target]:.3f}.", ""]
+    verdicts = verdict_lib.judge_all(cfg.verdict_rules, m["verdict_statistics"])
+    lines += ["## Verdicts", "",
+              "Each label is computed by code from the rule in the run's config (`verdict_rules`); the number is "
+              "the statistic the rule names (`experiments.forgetting.STATISTICS`).", ""]
+    lines += verdict_lib.markdown_table(verdicts)
+    rep = m["verdict_statistics"]["tensor_at_repeat"]
+    lines += ["", "Drift baseline (no rule): tensor similarity to the reference at the end of 'repeat' "
+              + ("n/a" if isinstance(rep, dict) else f"{rep:.3f}") + " (paper 0.995).", ""]
     lines.append("Similarity to the reference at the end of every stage:")
     lines.append("")
     keys = ["tensor (gaussian)", "tensor (symmetric)", "CKA (logits)", "behavioural (test logits)", "matrix cosine (weights)"]
-    rows = [[name, *[v[k] for k in keys], v["slice_target"], v["slice_others_mean"]] for name, v in st.items()]
-    lines += [cur.markdown_table(["stage", *keys, f"slice {cfg.target}", "other slices (mean)"], rows), ""]
+    rows = [[name, *[v[k] for k in keys], v["slice_target"], v["slice_others_mean"], v["class_accuracy"][cfg.target]]
+            for name, v in st.items()]
+    lines += [cur.markdown_table(["stage", *keys, f"slice {cfg.target}", "other slices (mean)",
+                                  f"class-{cfg.target} accuracy"], rows), ""]
     if m["difference"] is not None:
         dk = list(m["difference"])
         rows = [[name, *[v["difference"][k] for k in dk]] for name, v in st.items()]

@@ -4,8 +4,9 @@ Run::
 
     funsim grokking --config default      # 50k full-batch steps, 90 checkpoints spaced by the 5th power
     funsim grokking --config smoke        # seconds (the test suite runs it)
-    funsim grokking --config paper        # the authors' 100k steps at batch 512, for a GPU
+    funsim grokking --config paper        # the authors' 100k steps at batch 512 (about 5 min here)
     funsim grokking --config my.json      # any GrokkingConfig fields
+    funsim grokking --authors-run DIR     # beside the authors' released run (see below)
 
 Rerunning the same command resumes: the run directory defaults to the config's
 name, training continues from its last checkpoint and the analysis is redone.
@@ -31,7 +32,14 @@ Steps:
    checkpoint grid and horizon (:func:`compare_runs`): phase starts and
    similarity to the final checkpoint, like with like; their matrix alone under
    each protocol (:func:`reference_protocols`) shows how much the phase starts
-   move with the spacing and the run length;
+   move with the spacing and the run length. The project ships none of their
+   files: clone https://github.com/tdooms/tensor-similarity and point
+   ``--authors-run`` (or ``FUNSIM_GROKKING_AUTHORS``) at its
+   ``workspaces/logan/grokking_summary_bundle/results_grokking_summary/``
+   (``checkpoint_steps.npy``, ``tn_similarity.npy``, ``act_similarity.npy``,
+   ``training_history.json``, ``config.json``; checked at commit
+   bc914a4babc943541d414b4239b1df7f032d115b). Without it the summary says
+   how to get them and the comparison's verdict is inconclusive;
 7. the verdicts: every rule of ``GrokkingConfig.verdict_rules`` applied to the
    statistics of :func:`verdict_statistics` (:mod:`experiments.verdict`);
 8. write ``results/grokking/<run>/``: ``config.json``, ``metrics.json``
@@ -133,6 +141,8 @@ class GrokkingConfig:
       seed: model initialisation and minibatch order.
       steps: optimiser steps.
       batch_size: minibatch size (None: full batch, every training pair each step).
+      sampling: how minibatches are drawn below the full batch (``models.train.TrainConfig.sampling``):
+        ``"independent"`` or ``"epochs"`` (a fresh shuffle per epoch, as the authors' data loader; ``paper``).
       learning_rate, weight_decay: AdamW.
       n_checkpoints, checkpoint_power, checkpoint_rule: the checkpoint steps,
         :func:`checkpoint_schedule` (``"authors"``: their rule, the default; ``"power"``:
@@ -143,7 +153,8 @@ class GrokkingConfig:
       segment_cost: ``"pairwise"`` (the authors' choice) or ``"kernel"``; both are reported.
       n_top_frequencies: k of the "power in the top-k frequencies" statistic.
       compare_authors: set the authors' released run beside ours (:func:`authors_run`;
-        skipped, with a note in the summary, when its data file is not installed).
+        skipped, with a note in the summary, when its files are not given: ``run(authors_dir=)``,
+        ``--authors-run DIR`` or ``FUNSIM_GROKKING_AUTHORS``).
       compare_horizon: the common horizon of that comparison (None: the shorter run's last step).
       landmark_tolerance: checkpoints within which two boundaries (or a boundary and a
         landmark) count as the same, in the verdict statistics.
@@ -158,6 +169,7 @@ class GrokkingConfig:
     seed: int = 0
     steps: int = 50_000
     batch_size: int | None = None
+    sampling: str = "independent"
     learning_rate: float = 1e-3
     weight_decay: float = 0.3
     n_checkpoints: int = 100
@@ -176,6 +188,8 @@ class GrokkingConfig:
     def __post_init__(self):
         object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
         verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="GrokkingConfig")
+        if self.sampling not in ("independent", "epochs"):
+            raise ValueError(f"GrokkingConfig.sampling must be 'independent' or 'epochs', got {self.sampling!r}.")
         if self.checkpoint_rule not in CHECKPOINT_RULES:
             raise ValueError(f"GrokkingConfig.checkpoint_rule must be one of {', '.join(CHECKPOINT_RULES)}, "
                              f"got {self.checkpoint_rule!r}.")
@@ -224,11 +238,14 @@ CONFIGS: dict[str, GrokkingConfig] = {
         eval_every=40, n_eval=40, n_segments=3, n_top_frequencies=2,
     ),
     # 50k full-batch steps (held-out accuracy reaches 1 at about 22k on this CPU), checkpoints by the
-    # authors' rule: 88 checkpoints with step 0 (theirs: 90 over 100k steps).
+    # authors' rule: 88 checkpoints with step 0 (theirs: 90 over 100k steps). 7.0 min wall, 213 s CPU
+    # time on the shared 2-core CPU (load ~9-14).
     "default": GrokkingConfig(),
-    # The authors' run (tdooms/tensor-similarity, grokking summary bundle): batch 512, 100k steps,
-    # 100 checkpoints by their rule (the same 89 steps after 0 as theirs), for a GPU.
-    "paper": GrokkingConfig(steps=100_000, batch_size=512, eval_every=500, n_eval=2000),
+    # The authors' run (tdooms/tensor-similarity, grokking summary bundle): batch 512 drawn epoch by epoch
+    # (their shuffled data loader), 100k steps, 100 checkpoints by their rule (the same 89 steps after 0
+    # as theirs). Their seed (1337) is a PyTorch seed: the run cannot be replayed, only its protocol.
+    # 4.8 min wall, 114 s CPU time on the shared 2-core CPU (load ~11; about 2 ms per step).
+    "paper": GrokkingConfig(steps=100_000, batch_size=512, sampling="epochs", eval_every=500, n_eval=2000),
 }
 
 #: The tensor-similarity authors' released grokking run, for comparison (tdooms/tensor-similarity,
@@ -241,8 +258,8 @@ CONFIGS: dict[str, GrokkingConfig] = {
 #: the first checkpoint with val accuracy 1 (step 23333) to the last (100k), from their
 #: ``tn_similarity.npy`` and ``act_similarity.npy`` (mean per-sample cosine of the logits on all
 #: p^2 pairs, i.e. behavioural similarity). Not numbers printed in the paper: read off its data,
-#: which ships as ``experiments/reference/grokking_authors.npz`` (:func:`authors_run`); the tests
-#: recompute every number here from that file.
+#: which the project does not ship: :func:`authors_run` reads the authors' files from a clone; the
+#: tests recompute every number here from them when ``FUNSIM_GROKKING_AUTHORS`` points at that folder.
 PAPER = {
     "steps": 100_000,
     "events": {
@@ -485,65 +502,117 @@ def compare_boundaries(starts, steps, events, /) -> list[dict]:
 
 # --------------------------------------------------------------------------- the authors' run, matched protocols
 
-#: The authors' released run, as data: ``experiments/reference/grokking_authors.npz`` (its ``source``
-#: entry names the repository, commit, files and derivation).
-AUTHORS_FILE = ("reference", "grokking_authors.npz")
+#: Where the authors' released grokking run lives: a clone of tdooms/tensor-similarity, this folder.
+#: The project ships none of their files; :func:`authors_run` reads them from a directory the user
+#: points at (``--authors-run DIR`` or the environment variable :data:`AUTHORS_ENV`).
+AUTHORS_REPOSITORY = "https://github.com/tdooms/tensor-similarity"
+AUTHORS_BUNDLE = "workspaces/logan/grokking_summary_bundle/results_grokking_summary"
+AUTHORS_ENV = "FUNSIM_GROKKING_AUTHORS"
+#: The files :func:`authors_run` reads (as the authors released them).
+AUTHORS_FILES = ("checkpoint_steps.npy", "tn_similarity.npy", "act_similarity.npy", "training_history.json",
+                 "config.json")
+AUTHORS_HOWTO = (f"to compare, clone {AUTHORS_REPOSITORY} (checked against commit bc914a4babc9) and pass "
+                 f"`--authors-run <clone>/{AUTHORS_BUNDLE}` (or set {AUTHORS_ENV} to that directory)")
 
 
-def authors_run(path: str | pathlib.Path | None = None) -> dict | None:
-    """The authors' released grokking run (tdooms/tensor-similarity), or None when its file is not installed.
+def authors_run(directory: str | pathlib.Path | None = None) -> dict | None:
+    """The authors' released grokking run (tdooms/tensor-similarity), read from their original files.
+
+    The files are the authors' (:data:`AUTHORS_FILES`, in their
+    ``workspaces/logan/grokking_summary_bundle/results_grokking_summary/``): their checkpoint
+    steps, symmetric tensor-similarity matrix (``tn_similarity.npy``), behavioural
+    similarity (``act_similarity.npy``: mean per-sample cosine of the logits on all
+    ``p^2`` pairs; ours is on ``n_eval`` held-out pairs), training history and config.
+    Their run: p = 113, hidden 64, AdamW lr 1e-3, weight decay 0.3, 30% of pairs for
+    training, batch 512, 100k steps, seed 1337, 90 checkpoints by the 5th-power rule.
 
     Args:
-      path: the ``.npz`` (default: the copy shipped beside this module).
+      directory: the folder holding those files. None: the environment variable
+        :data:`AUTHORS_ENV`; unset (or empty), the run is not available and None comes back.
 
     Returns:
-      ``{"steps": (90,) int, "matrices": {"tensor (symmetric)", "behavioural": (90, 90)},
-      "train_accuracy", "val_accuracy", "train_loss", "val_loss": (90,), "source": dict}``.
-      Their behavioural similarity is the mean per-sample cosine of the logits on all
-      ``p^2`` pairs (ours: on ``n_eval`` held-out pairs).
+      ``{"steps": (n,) int, "matrices": {"tensor (symmetric)", "behavioural": (n, n)},
+      "train_accuracy", "val_accuracy", "train_loss", "val_loss": (n,), "source": dict}``,
+      or None when no directory is given.
 
     Raises:
-      ValueError: a damaged file (missing entries, wrong shapes, non-finite numbers), naming it.
+      ValueError: a directory that does not exist, a missing or damaged file, wrong
+        shapes, non-finite numbers, a history without a checkpoint's step; the message
+        names the file.
     """
-    if path is None:
-        import importlib.resources
-        res = importlib.resources.files("funsim.experiments")
-        for part in AUTHORS_FILE:
-            res = res / part
-        if not res.is_file():
+    import os
+
+    if directory is None:
+        directory = os.environ.get(AUTHORS_ENV) or None
+        if directory is None:
             return None
-        with importlib.resources.as_file(res) as p:
-            return authors_run(p)
-    path = pathlib.Path(path)
-    keys = ("steps", "tensor_symmetric", "behavioural", "train_accuracy", "val_accuracy", "train_loss", "val_loss",
-            "source")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            d = {k: z[k] for k in keys if k in z.files}
-    except Exception as e:  # a truncated or corrupted archive: zipfile, OSError or ValueError
-        raise ValueError(f"{path}: not a readable .npz of the authors' grokking run ({type(e).__name__}: {e}).") from e
-    missing = [k for k in keys if k not in d]
-    if missing:
-        raise ValueError(f"{path}: missing entries {missing}; expected {list(keys)}.")
-    steps = np.asarray(d["steps"], np.int64)
+    d = pathlib.Path(directory)
+    if not d.is_dir():
+        raise ValueError(f"The authors' grokking run: {d} is not a directory; {AUTHORS_HOWTO}.")
+    for name in AUTHORS_FILES:
+        if not (d / name).is_file():
+            raise ValueError(f"The authors' grokking run: {d / name} is missing (expected the files "
+                             f"{', '.join(AUTHORS_FILES)} of {AUTHORS_BUNDLE}/); {AUTHORS_HOWTO}.")
+
+    def npy(name):
+        try:
+            return np.load(d / name, allow_pickle=False)
+        except Exception as e:  # truncated or not an .npy file
+            raise ValueError(f"{d / name}: not a readable .npy file ({type(e).__name__}: {e}).") from None
+
+    def js(name):
+        try:
+            return json.loads((d / name).read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"{d / name}: not a readable JSON file ({type(e).__name__}: {e}).") from None
+
+    raw = npy("checkpoint_steps.npy")
+    steps = np.asarray(raw)
+    if steps.ndim != 1 or len(steps) < 2 or not np.all(np.isfinite(steps)) or np.any(steps != np.round(steps)):
+        raise ValueError(f"{d / 'checkpoint_steps.npy'}: expected a 1-D array of at least 2 integer steps, "
+                         f"got shape {steps.shape}.")
+    steps = steps.astype(np.int64)
+    if steps[0] != 0 or np.any(np.diff(steps) <= 0):
+        raise ValueError(f"{d / 'checkpoint_steps.npy'}: steps must increase strictly from 0, got "
+                         f"{steps[:5].tolist()}...")
     n = len(steps)
-    if steps.ndim != 1 or n < 2 or np.any(np.diff(steps) <= 0) or steps[0] != 0:
-        raise ValueError(f"{path}: steps must be increasing from 0, got shape {steps.shape}.")
-    out = {"steps": steps, "matrices": {}, "source": json.loads(str(d["source"]))}
-    iu = np.triu_indices(n)
-    for key, name in (("tensor_symmetric", "tensor (symmetric)"), ("behavioural", "behavioural")):
-        tri = np.asarray(d[key], np.float64)
-        if tri.shape != (len(iu[0]),) or not np.all(np.isfinite(tri)):
-            raise ValueError(f"{path}: {key} must hold the {len(iu[0])} finite upper-triangle entries of a "
-                             f"{n} x {n} matrix, got shape {tri.shape}.")
-        m = np.zeros((n, n))
-        m[iu] = tri
-        out["matrices"][name] = m + np.triu(m, 1).T
-    for key in ("train_accuracy", "val_accuracy", "train_loss", "val_loss"):
-        v = np.asarray(d[key], np.float64)
-        if v.shape != (n,) or not np.all(np.isfinite(v)):
-            raise ValueError(f"{path}: {key} must be {n} finite numbers, got shape {v.shape}.")
-        out[key] = v
+    out = {"steps": steps, "matrices": {}}
+    for name, key in (("tn_similarity.npy", "tensor (symmetric)"), ("act_similarity.npy", "behavioural")):
+        m = np.asarray(npy(name), np.float64)
+        if m.shape != (n, n):
+            raise ValueError(f"{d / name}: expected a {n} x {n} matrix (one row per checkpoint of "
+                             f"checkpoint_steps.npy), got shape {m.shape}.")
+        if not np.all(np.isfinite(m)):
+            raise ValueError(f"{d / name}: {int(np.sum(~np.isfinite(m)))} non-finite entries.")
+        if not np.allclose(m, m.T, atol=1e-6):
+            raise ValueError(f"{d / name}: not symmetric (largest |S - S^T| = {np.abs(m - m.T).max():.3g}).")
+        out["matrices"][key] = m
+    hist = js("training_history.json")
+    fields = {"train_accuracy": "train_acc", "val_accuracy": "val_acc", "train_loss": "train_loss",
+              "val_loss": "val_loss"}
+    if not isinstance(hist, dict):
+        raise ValueError(f"{d / 'training_history.json'}: expected an object keyed by step, got {type(hist).__name__}.")
+    for ours, theirs in fields.items():
+        vals = []
+        for s in steps:
+            row = hist.get(str(int(s)))
+            if not isinstance(row, dict) or theirs not in row:
+                raise ValueError(f"{d / 'training_history.json'}: no {theirs!r} at checkpoint step {int(s)}.")
+            vals.append(row[theirs])
+        try:
+            v = np.asarray(vals, np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{d / 'training_history.json'}: {theirs!r} must be numbers.") from None
+        if not np.all(np.isfinite(v)):
+            raise ValueError(f"{d / 'training_history.json'}: non-finite {theirs!r} at steps "
+                             f"{steps[~np.isfinite(v)][:5].tolist()}.")
+        out[ours] = v
+    cfg = js("config.json")
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{d / 'config.json'}: expected a JSON object, got {type(cfg).__name__}.")
+    out["source"] = {"repository": AUTHORS_REPOSITORY, "path": AUTHORS_BUNDLE, "directory": str(d.resolve()),
+                     "files": list(AUTHORS_FILES),
+                     "config": {k: v for k, v in cfg.items() if k != "output_dir"}}
     return out
 
 
@@ -613,6 +682,8 @@ def matched_grid(steps_a, steps_b, /, *, horizon: int | None = None) -> tuple[np
 
 def phase_starts(matrix, /, *, n_segments: int, cost: str = "pairwise") -> list[int]:
     """Segment starts (checkpoint indices) of a checkpoint-similarity matrix (``similarity.change_points``, float64)."""
+    import jax
+
     from funsim import similarity
     with jax.enable_x64(True):  # costs of long segments nearly tie in float32
         seg = similarity.change_points(np.asarray(matrix, np.float64), n_segments=n_segments, cost=cost)
@@ -824,7 +895,7 @@ def _train(cfg: GrokkingConfig, tokens, workdir: pathlib.Path, progress: bool, l
     tcfg = TrainConfig(
         steps=cfg.steps, batch_size=cfg.batch_size or len(tokens.x_train), learning_rate=cfg.learning_rate,
         optimizer="adamw", weight_decay=cfg.weight_decay, seed=cfg.seed, eval_every=cfg.eval_every,
-        eval_train_size=len(tokens.x_train),
+        eval_train_size=len(tokens.x_train), sampling=cfg.sampling,
         checkpoint_steps=checkpoint_schedule(cfg.steps, cfg.n_checkpoints, power=cfg.checkpoint_power,
                                              rule=cfg.checkpoint_rule),
     )
@@ -982,13 +1053,20 @@ def _segment(matrices, n_segments: int) -> dict[str, dict[str, list[int]]]:
 
 @releases_run_locks
 def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
-        progress: bool = True, log=print) -> dict:
-    """Run the grokking experiment; returns the metrics (also written to metrics.json)."""
+        progress: bool = True, log=print, authors_dir: str | pathlib.Path | None = None) -> dict:
+    """Run the grokking experiment; returns the metrics (also written to metrics.json).
+
+    ``authors_dir``: the folder of the authors' released run (:func:`authors_run`; None: the
+    environment variable ``FUNSIM_GROKKING_AUTHORS``, else not compared). It is where data
+    lives, not part of the protocol, so it is not a config field (a resumed run may read it
+    from elsewhere). A directory given but unreadable is an error before any training.
+    """
     from funsim.experiments import data as data_lib
 
     t0 = time.time()
     _log = log
     log = lambda msg: _log(f"{msg}  [{time.time() - t0:.0f} s]")
+    ref = authors_run(authors_dir) if cfg.compare_authors else None  # a bad directory fails here, before training
     out = open_run("grokking", run_name, root=root, config=cfg)  # locked; a changed config is refused
     ds = data_lib.modular_addition(p=cfg.p, train_fraction=cfg.train_fraction, seed=cfg.data_seed, onehot=True)
     tokens = data_lib.modular_addition(p=cfg.p, train_fraction=cfg.train_fraction, seed=cfg.data_seed)  # same split
@@ -1021,7 +1099,6 @@ def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: 
 
     after = _after_generalisation(cfg, steps, events, matrices, summaries)
 
-    ref = authors_run() if cfg.compare_authors else None
     comparison = protocols = authors_verdicts = authors_stats = None
     if ref is not None:
         log("[6/6] the authors' run beside ours at a matched grid and horizon; verdicts")
@@ -1032,7 +1109,7 @@ def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: 
         authors_stats = _authors_statistics(cfg, ref)
         authors_verdicts = verdict_lib.judge_all(cfg.verdict_rules, authors_stats)
     else:
-        log("[6/6] verdicts (the authors' run is " + ("not installed" if cfg.compare_authors else "not compared") + ")")
+        log("[6/6] verdicts (the authors' run is " + ("not given" if cfg.compare_authors else "not compared") + ")")
     stats = verdict_statistics(cfg, steps=steps, starts=primary, boundaries=boundaries, after=after,
                                comparison=comparison)
     verdicts = verdict_lib.judge_all(cfg.verdict_rules, stats)
@@ -1054,7 +1131,7 @@ def run(cfg: GrokkingConfig, *, root: str | pathlib.Path = "results", run_name: 
         "after_generalisation": after,
         "authors": None if ref is None else {"source": ref["source"], "matched": comparison, "protocols": protocols},
         "authors_missing_reason": None if ref is not None else
-        ("compare_authors is off" if not cfg.compare_authors else "experiments/reference/grokking_authors.npz is not installed"),
+        ("compare_authors is off" if not cfg.compare_authors else f"the authors' released run was not given; {AUTHORS_HOWTO}"),
         "verdict_statistics": stats,
         "verdicts": [v.to_json() for v in verdicts],
         "authors_verdict_statistics": authors_stats,
@@ -1227,8 +1304,8 @@ def _authors_section(cfg: GrokkingConfig, m: dict) -> list[str]:
         lines.append(f"| {name} | {row['n']} | {row['horizon']:,} | {_steps_text(row['tensor (symmetric)'])} | "
                      f"{_steps_text(row['behavioural'])} |")
     src = a["source"]
-    lines += ["", f"Source: {src.get('repository')} at {str(src.get('commit'))[:12]}, "
-              f"`{src['files'][0].rsplit('/', 1)[0]}/`."]
+    lines += ["", f"Source: the authors' files ({', '.join(f'`{f}`' for f in src['files'])}) of {src['repository']}, "
+              f"`{src['path']}/`, read from `{src['directory']}`."]
     return lines
 
 
@@ -1247,9 +1324,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", default=None, help="run name (default: the config's name, so a rerun resumes)")
     parser.add_argument("--root", default="results", help="results root directory (default: results)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
+    parser.add_argument("--authors-run", default=None, metavar="DIR",
+                        help=f"the authors' released run to compare with: a clone's {AUTHORS_BUNDLE}/ "
+                             f"(default: ${AUTHORS_ENV}; unset: not compared)")
 
 
 def main(args: argparse.Namespace) -> int:
     name, cfg = _config_from(args.config)
-    run(cfg, root=args.root, run_name=args.run or name, progress=not args.no_progress)
+    run(cfg, root=args.root, run_name=args.run or name, progress=not args.no_progress,
+        authors_dir=args.authors_run)
     return 0

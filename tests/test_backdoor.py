@@ -7,8 +7,11 @@ import jax
 import numpy as np
 import pytest
 
+from funsim import similarity
 from funsim.experiments import backdoor as bd
 from funsim.experiments import cli
+from funsim.experiments import curriculum as cur
+from funsim.experiments import verdict
 
 DIAMOND = np.array([
     [0, 0, 1, 0, 0],
@@ -117,8 +120,34 @@ def test_backdoor_smoke_end_to_end(tmp_path, capsys):
             np.testing.assert_allclose(np.diagonal(mat), 1.0, atol=1e-6)
             assert np.all(mat <= 1 + 1e-6) and np.all(mat >= -1 - 1e-6)
         assert f["tensor/symmetric/outputs"].shape == (10, len(steps), len(steps))
+        mats = {k: f[k] for k in ("tensor/symmetric", "behavioral/clean", "cka/clean", "weight_cosine")}
     summary = (out / "summary.md").read_text()
-    assert "| tensor (symmetric) | 0.240 |" in summary and "Claims:" in summary
+    assert "| tensor (symmetric) | 0.240 |" in summary and "## Verdicts" in summary
+    # the claim's direction on the seeded run: tensor similarity's block gap exceeds behavioural (clean)'s
+    bg = m["block_gap"]
+    assert bg["tensor (symmetric)"] > bg["behavioural (clean)"]
+    # the statistics from the gaps, the labels from the config's rules, each printed with its rule
+    stats = m["verdict_statistics"]
+    assert stats["tensor_gap_ratio"] == pytest.approx(bg["tensor (symmetric)"] / bg["behavioural (clean)"])
+    assert stats["target_slice_excess"] == pytest.approx(g[9] - max(g[:9]))
+    assert stats["tensor_minus_weight_cosine_gap"] == pytest.approx(bg["tensor (symmetric)"] - bg["matrix cosine"])
+    assert stats["attack_success"] == m["final"]["attack_success"]
+    assert m["verdicts"] == [v.to_json() for v in verdict.judge_all(cfg.verdict_rules, stats)]
+    for rule, v in zip(cfg.verdict_rules, m["verdicts"]):
+        assert f"| {rule.claim} | `{rule.text()}` |" in summary and f"**{v['label']}**" in summary
+    # matrix entries against the pairwise library functions on the run's own checkpoints
+    ds = cur.load_images(cfg.dataset, n_train=cfg.n_train)
+    x = np.asarray(ds.x_test[: cfg.n_eval]).reshape(min(cfg.n_eval, len(ds.x_test)), -1)
+    ref = {
+        "tensor/symmetric": lambda a, b: similarity.tensor_similarity(a, b, metric="symmetric"),
+        "weight_cosine": similarity.weight_cosine,
+        "behavioral/clean": lambda a, b: similarity.behavioural_similarity(a, b, x),
+        "cka/clean": lambda a, b: similarity.cka(similarity.apply_network(a, x), similarity.apply_network(b, x)),
+    }
+    for i, j in ((1, len(steps) - 1), (2, 4), (5, 0)):
+        a, b = _network_at(out, cfg, ds.input_shape, steps, i), _network_at(out, cfg, ds.input_shape, steps, j)
+        for k, fn in ref.items():
+            assert mats[k][i, j] == pytest.approx(float(fn(a, b)), rel=1e-4, abs=1e-5), (k, i, j)
     for png in ("training.png", "heatmaps.png", "slice_heatmaps.png", "slice_gaps.png", "gaps.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob("**/*.tmp*"))
@@ -132,6 +161,36 @@ def test_backdoor_smoke_end_to_end(tmp_path, capsys):
     p.write_text(json.dumps({**json.loads((out / "config.json").read_text()), "poison_rate": 0.2}))
     with pytest.raises(ValueError, match="poison_rate: saved 0.1, now 0.2"):
         cli.main(["backdoor", "--config", str(p), "--run", "smoke", "--no-progress", "--root", str(tmp_path)])
+
+
+def _network_at(out, cfg, input_shape, steps, i):
+    """The network of the smoke run's i-th checkpoint, read back from its phase directory."""
+    from funsim.models.train import load_checkpoint
+    make = lambda: bd._make_model(cfg, input_shape, 10)
+    s = int(steps[i])
+    if s == 0:
+        return make().to_network()
+    k, local = (0, s) if s <= cfg.phase_a_steps else (1, s - cfg.phase_a_steps)
+    (wd,) = (out / "model").glob(f"{k}-*")
+    return load_checkpoint(make(), wd, local).to_network()
+
+
+def test_verdict_statistics_on_known_gaps():
+    cfg = bd.CONFIGS["default"]
+    gaps = {"tensor (symmetric)": 0.24, "behavioural (clean)": 0.09, "matrix cosine": 0.15, "behavioural (poisoned)": 0.62}
+    slices = [0.1] * 9 + [0.43]
+    s = bd.verdict_statistics(cfg, gaps, slices, 0.95)
+    assert s["tensor_gap_ratio"] == pytest.approx(0.24 / 0.09) and s["target_slice_excess"] == pytest.approx(0.33)
+    assert [v.label for v in verdict.judge_all(cfg.verdict_rules, s)] == ["reproduced"] * 5  # the paper's numbers
+    # a backdoor that was not learned: the detection rule is inconclusive, not a fail
+    v = verdict.judge_all(cfg.verdict_rules, bd.verdict_statistics(cfg, gaps, slices, 0.3))
+    assert v[0].label == "inconclusive (not learned)"
+    # a behavioural gap <= 0 leaves the ratio undefined
+    s = bd.verdict_statistics(cfg, dict(gaps, **{"behavioural (clean)": -0.01}), slices, 0.95)
+    assert verdict.judge_all(cfg.verdict_rules, s)[0].label.startswith("inconclusive (behavioural (clean) block gap")
+    # localisation fails when another class's slice moves as much
+    s = bd.verdict_statistics(cfg, gaps, [0.1] * 8 + [0.42, 0.43], 0.95)
+    assert verdict.judge_all(cfg.verdict_rules, s)[1].label == "not reproduced"
 
 
 def test_backdoor_paper_config_runs_on_mock_svhn_without_downloading(tmp_path):

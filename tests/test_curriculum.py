@@ -142,6 +142,27 @@ def test_train_stages_counts_steps_globally_and_resumes(tmp_path):
                          carry_optimizer=True)
 
 
+def test_train_stages_same_seed(tmp_path, monkeypatch):
+    """``same_seed``: every stage trains from ``config.seed`` (the authors' fit); else stage k from seed + k."""
+    import funsim.models.train as mt
+    ds = _gauss()
+    x01, y01 = cur.select_classes(ds.x_train, ds.y_train, [0, 1])
+    stages = [cur.Stage("a", 2, x01, y01), cur.Stage("b", 2, ds.x_train, ds.y_train), cur.Stage("c", 2, x01, y01)]
+    cfg = TrainConfig(steps=1, batch_size=16, eval_every=2, checkpoint_every=2, seed=7)
+    seen, real = [], mt.train
+
+    def spy(*args, config, **kw):
+        seen.append(config.seed)
+        return real(*args, config=config, **kw)
+
+    monkeypatch.setattr(mt, "train", spy)
+    for same, expected in ((True, [7, 7, 7]), (False, [7, 8, 9])):
+        seen.clear()
+        cur.train_stages(_bil(), stages, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path / str(same),
+                         same_seed=same, progress=False, log=lambda s: None)
+        assert seen == expected
+
+
 def test_grayscale_and_class_selection():
     rng = np.random.default_rng(0)
     x = rng.random((4, 3, 3, 3)).astype(np.float32)

@@ -8,7 +8,9 @@ import pytest
 
 from funsim import similarity
 from funsim.experiments import cli
+from funsim.experiments import curriculum as cur
 from funsim.experiments import forgetting as fg
+from funsim.experiments import verdict
 from funsim.similarity import BilinearLayer, LinearLayer
 
 
@@ -41,6 +43,7 @@ def test_forgetting_smoke_end_to_end(tmp_path):
             np.testing.assert_allclose(mat, mat.T, atol=1e-12)
             np.testing.assert_allclose(np.diagonal(mat), 1.0, atol=1e-6)
             assert np.all(np.abs(mat) <= 1 + 1e-6)
+        mats = {k: f[k] for k in ("tensor/gaussian", "tensor/symmetric", "cka", "behavioral", "weight_cosine")}
         sl = f["tensor/gaussian/outputs"]
         assert sl.shape == (10, len(steps), len(steps))
         np.testing.assert_allclose(np.diagonal(sl, axis1=1, axis2=2), 1.0, atol=1e-6)
@@ -56,10 +59,84 @@ def test_forgetting_smoke_end_to_end(tmp_path):
     for h in m["history"]:
         assert 0 <= h["test_accuracy"] <= 1 and 0 <= h["train_accuracy"] <= 1
     text = (out / "summary.md").read_text()
-    assert "| tensor similarity at 'remove 9' | 0.814 |" in text and "Claims:" in text
+    assert "| tensor similarity at 'remove 9' | 0.814 |" in text and "## Verdicts" in text
+    # the seeded smoke run forgets 9 and its slice drops below the other classes' (the claim's direction)
+    rm = st["remove 9"]
+    assert rm["class_accuracy"][9] <= 0.05 and rm["slice_target"] < rm["slice_others_mean"]
+    # every statistic from the end-of-stage values, every label from the config's rules, printed
+    stats = m["verdict_statistics"]
+    assert stats["cka_minus_tensor_at_remove"] == pytest.approx(rm["CKA (logits)"] - rm["tensor (gaussian)"])
+    assert stats["target_slice_margin"] == pytest.approx(rm["slice_others_min"] - rm["slice_target"])
+    assert stats["target_accuracy_at_remove"] == rm["class_accuracy"][9]
+    assert stats["tensor_at_readd"] == st["re-add 9"]["tensor (gaussian)"]
+    assert stats["difference_slice_at_remove"] == rm["difference"]["class-9 slice (gaussian)"]
+    assert m["verdicts"] == [v.to_json() for v in verdict.judge_all(cfg.verdict_rules, stats)]
+    for rule, v in zip(cfg.verdict_rules, m["verdicts"]):
+        assert f"| {rule.claim} | `{rule.text()}` |" in text and f"**{v['label']}**" in text
+    # matrix entries against the pairwise library functions on the run's own checkpoints
+    ds = cur.load_images(cfg.dataset, n_train=cfg.n_train)
+    x = np.asarray(ds.x_test[: cfg.n_eval]).reshape(min(cfg.n_eval, len(ds.x_test)), -1)
+    ref = {
+        "tensor/gaussian": lambda a, b: similarity.tensor_similarity(a, b, metric="gaussian"),
+        "tensor/symmetric": lambda a, b: similarity.tensor_similarity(a, b, metric="symmetric"),
+        "weight_cosine": similarity.weight_cosine,
+        "behavioral": lambda a, b: similarity.behavioural_similarity(a, b, x),
+        "cka": lambda a, b: similarity.cka(similarity.apply_network(a, x), similarity.apply_network(b, x)),
+    }
+    for i, j in ((1, len(steps) - 1), (7, 15), (12, 3)):
+        a, b = _network_at(out, cfg, m, i), _network_at(out, cfg, m, j)
+        for k, f in ref.items():
+            assert mats[k][i, j] == pytest.approx(float(f(a, b)), rel=1e-4, abs=1e-5), (k, i, j)
     for png in ("heatmaps.png", "slice_heatmaps.png", "to_reference.png", "slices_to_reference.png",
                 "class_accuracy.png", "difference.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _network_at(out, cfg, m, i):
+    """The network of the smoke run's i-th checkpoint, read back from its stage directory."""
+    from funsim.models.train import load_checkpoint
+    s = m["steps"][i]
+    make = lambda: fg._make_model(cfg, (28, 28, 1), 10, cfg.seed)
+    if s == 0:
+        return make().to_network()
+    for k, (a, b, _) in enumerate(m["stage_spans"]):
+        if a < s <= b:
+            (wd,) = (out / "model_a").glob(f"{k}-*")
+            return load_checkpoint(make(), wd, s - a).to_network()
+    raise AssertionError(f"step {s} in no stage")
+
+
+def test_default_protocol():
+    """The authors' protocol at mnist5k's size: >= 1,500 steps per stage, one seed for every stage."""
+    cfg = fg.CONFIGS["default"]
+    assert cfg.stage_epochs is None and cfg.stage_steps >= 1500 and cfg.same_seed
+    assert fg.CONFIGS["paper"].stage_epochs == 20 and fg.CONFIGS["paper"].same_seed
+    assert {r.statistic for r in cfg.verdict_rules} <= set(fg.STATISTICS)
+
+
+def test_verdict_statistics_on_known_stage_values():
+    cfg = fg.CONFIGS["default"]
+    acc = [1.0] * 9 + [0.0]
+    stage = lambda t, c, sl, diff: {"tensor (gaussian)": t, "CKA (logits)": c, "slice_target": sl,
+                                    "slice_others_min": 0.9, "class_accuracy": acc,
+                                    "difference": {"class-9 slice (gaussian)": diff}}
+    at = {"add 9": stage(1.0, 1.0, 1.0, 0.4), "repeat": stage(0.99, 0.99, 0.99, 0.3),
+          "remove 9": stage(0.8, 0.93, -0.07, -0.86), "re-add 9": stage(0.995, 0.99, 0.98, 0.39)}
+    s = fg.verdict_statistics(cfg, at)
+    assert s["cka_minus_tensor_at_remove"] == pytest.approx(0.13) and s["target_slice_margin"] == pytest.approx(0.97)
+    labels = [v.label for v in verdict.judge_all(cfg.verdict_rules, s)]
+    assert labels == ["reproduced"] * 6  # the paper's numbers pass every rule
+    # class 9 not forgotten: the slice rule is inconclusive whatever the slice says
+    at["remove 9"] = dict(at["remove 9"], class_accuracy=[1.0] * 9 + [0.2])
+    v = verdict.judge_all(cfg.verdict_rules, fg.verdict_statistics(cfg, at))
+    assert v[2].label == "inconclusive (not forgotten)" and v[0].label == "reproduced"
+    # no such stage / no difference model: undefined, never a pass or a fail
+    del at["re-add 9"]
+    for k in at.values():
+        del k["difference"]
+    v = {x.rule.statistic: x.label for x in verdict.judge_all(cfg.verdict_rules, fg.verdict_statistics(cfg, at))}
+    assert v["tensor_at_readd"] == "inconclusive (no stage 're-add 9')"
+    assert v["difference_slice_at_add9"] == "inconclusive (no difference model (difference=False))"
 
 
 def test_forgetting_svhn_path_on_mock_data_without_downloading(tmp_path):

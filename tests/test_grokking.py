@@ -1,7 +1,6 @@
 """The grokking experiment: its data, its analysis helpers against references, and the driver end to end."""
 
 import dataclasses
-import io
 import json
 import shutil
 
@@ -183,7 +182,7 @@ def test_checkpoint_matrices_equal_the_pairwise_library_functions():
         "tensor (symmetric)": lambda a, b: similarity.tensor_similarity(a, b, metric="symmetric"),
         "tensor (gaussian)": lambda a, b: similarity.tensor_similarity(a, b, metric="gaussian"),
         "weight cosine": similarity.weight_cosine,
-        "behavioural": lambda a, b: similarity.behavioral_similarity(a, b, x),
+        "behavioural": lambda a, b: similarity.behavioural_similarity(a, b, x),
         "CKA (logits)": lambda a, b: similarity.cka(similarity.apply_network(a, x), similarity.apply_network(b, x)),
     }
     for name, f in ref.items():
@@ -230,14 +229,33 @@ def test_accuracy_events_and_boundaries():
 # --------------------------------------------------------------------------- the driver
 
 
-def _run_smoke(tmp_path, capsys):
-    rc = cli.main(["grokking", "--config", "smoke", "--no-progress", "--root", str(tmp_path)])
+def _run_smoke(tmp_path, capsys, *extra):
+    rc = cli.main(["grokking", "--config", "smoke", "--no-progress", "--root", str(tmp_path), *extra])
     assert rc == 0
     return capsys.readouterr().out
 
 
-def test_grokking_smoke_end_to_end_and_resume(tmp_path, capsys):
-    printed = _run_smoke(tmp_path, capsys)
+def _write_authors_dir(path, run, *, train_accuracy=None, config=None):
+    """A directory in the format of the authors' released files, from a planted run (:func:`_planted_run`)."""
+    path.mkdir(parents=True, exist_ok=True)
+    steps = np.asarray(run["steps"], np.int64)
+    np.save(path / "checkpoint_steps.npy", steps)
+    np.save(path / "tn_similarity.npy", run["matrices"]["tensor (symmetric)"])
+    np.save(path / "act_similarity.npy", run["matrices"]["behavioural"])
+    train = np.linspace(0.01, 1.0, len(steps)) if train_accuracy is None else train_accuracy
+    val = np.asarray(run["val_accuracy"], np.float64)
+    hist = {str(int(s)): {"train_loss": float(4.7 * (1 - t)), "train_acc": float(t), "val_loss": float(4.7 * (1 - v)),
+                          "val_acc": float(v)} for s, t, v in zip(steps, train, val)}
+    (path / "training_history.json").write_text(json.dumps(hist))
+    (path / "config.json").write_text(json.dumps(config or {"P": 113, "seed": 1337, "output_dir": "/home/x"}))
+    return path
+
+
+def test_grokking_smoke_end_to_end_and_resume(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(grokking.AUTHORS_ENV, raising=False)
+    # a planted run in the authors' format, on their 90 steps over 100k (the real files are not shipped)
+    authors = _write_authors_dir(tmp_path / "authors", _planted_run([0, *grokking.checkpoint_schedule(100_000, 100)]))
+    printed = _run_smoke(tmp_path, capsys, "--authors-run", str(authors))
     out = tmp_path / "grokking" / "smoke"  # the run is named after the config
     cfg = grokking.CONFIGS["smoke"]
     assert json.loads((out / "config.json").read_text())["p"] == cfg.p
@@ -285,12 +303,19 @@ def test_grokking_smoke_end_to_end_and_resume(tmp_path, capsys):
     assert "# grokking" in printed and str(out) in printed
     assert not list(out.glob("**/*.tmp*"))
 
-    # interrupted after the 5th of 8 checkpoints: the rerun resumes and reproduces the run
+    assert m["authors"]["source"]["directory"] == str(authors.resolve())
+    assert "output_dir" not in m["authors"]["source"]["config"]
+
+    # interrupted after the 5th of 8 checkpoints: the rerun resumes and reproduces the run (this time
+    # without the authors' files: the summary says how to get them, that verdict is inconclusive)
     ckdir = out / "model" / "checkpoints"
     for s in steps[-3:]:
         shutil.rmtree(ckdir / str(s))
     printed = _run_smoke(tmp_path, capsys)
     assert f"resumed from step {steps[-4]}" in printed
+    assert "Not compared: the authors' released run was not given; to compare, clone " \
+           "https://github.com/tdooms/tensor-similarity" in printed and "--authors-run" in printed
+    assert "inconclusive (the authors' run is not available)" in printed
     again = np.load(out / "matrices.npz")
     for name in grokking.MEASURES:
         np.testing.assert_array_equal(again[name.replace(" ", "_")], mats[name.replace(" ", "_")])
@@ -314,9 +339,11 @@ def test_grokking_config_file_and_bad_fields(tmp_path):
 # --------------------------------------------------------------------------- the authors' run, matched protocols
 
 def test_checkpoint_schedule_is_the_authors_rule():
-    ref = grokking.authors_run()
-    # their released run: T = 100k, n = 100, 5th power -> exactly their 89 steps after 0
-    assert [0, *grokking.checkpoint_schedule(100_000, 100, power=5.0)] == ref["steps"].tolist()
+    # floor(T (i / (n - 1))^5) in exact integer arithmetic (T = 100k, n = 100: the authors' run),
+    # duplicates merged: 89 steps after 0 (their released steps are compared in the test below)
+    exact = sorted({100_000 * i ** 5 // 99 ** 5 for i in range(100)} - {0})
+    assert list(grokking.checkpoint_schedule(100_000, 100, power=5.0)) == exact
+    assert len(exact) == 89 and exact[:6] == [1, 2, 3, 5, 7, 11] and exact[-2:] == [95_050, 100_000]
     from funsim.models.train import power_schedule
     assert grokking.checkpoint_schedule(1000, 7, power=3.0, rule="power") == power_schedule(1000, 7, power=3.0)
     t = grokking.checkpoint_schedule(50_000, 100)
@@ -329,13 +356,22 @@ def test_checkpoint_schedule_is_the_authors_rule():
         grokking.checkpoint_schedule(100, 5, rule="square")
 
 
-def test_authors_file_reproduces_the_paper_constants():
-    """Every number of PAPER recomputed from the shipped data (independent of the constants)."""
+_AUTHORS = __import__("os").environ.get(grokking.AUTHORS_ENV)
+needs_authors = pytest.mark.skipif(
+    not _AUTHORS, reason=f"the authors' released grokking files are not shipped: set {grokking.AUTHORS_ENV} to a clone's "
+                         f"{grokking.AUTHORS_BUNDLE}/ to recompute every PAPER number from them")
+
+
+@needs_authors
+def test_authors_files_reproduce_the_paper_constants():
+    """Every number of PAPER recomputed from the authors' released files (independent of the constants)."""
     ref = grokking.authors_run()
     assert ref["source"]["repository"] == "https://github.com/tdooms/tensor-similarity"
-    assert len(ref["source"]["commit"]) == 40 and ref["source"]["config"]["seed"] == 1337
+    assert ref["source"]["config"]["seed"] == 1337 and "output_dir" not in ref["source"]["config"]
     steps = ref["steps"].tolist()
     assert len(steps) == 90 and steps[-1] == grokking.PAPER["steps"]
+    # their released steps are the authors' rule: T = 100k, n = 100, 5th power
+    assert [0, *grokking.checkpoint_schedule(100_000, 100, power=5.0)] == steps
     ev = grokking.accuracy_events(steps, ref["train_accuracy"], ref["val_accuracy"], ref["val_loss"])
     assert ev == grokking.PAPER["events"]
     st = grokking.phase_starts(ref["matrices"]["tensor (symmetric)"], n_segments=5)
@@ -350,25 +386,73 @@ def test_authors_file_reproduces_the_paper_constants():
     assert np.all(np.abs(np.diag(m) - 1) < 1e-6) and np.all(m <= 1 + 1e-6)
 
 
-def test_authors_run_refuses_a_damaged_file(tmp_path):
-    import importlib.resources
-    res = importlib.resources.files("funsim.experiments")
-    for part in grokking.AUTHORS_FILE:
-        res = res / part
-    src = res.read_bytes()
-    cut = tmp_path / "cut.npz"
-    cut.write_bytes(src[: len(src) // 2])
-    with pytest.raises(ValueError, match="cut.npz: not a readable .npz"):
-        grokking.authors_run(cut)
-    with np.load(io.BytesIO(src)) as z:
-        d = {k: z[k] for k in z.files}
-    np.savez(tmp_path / "missing.npz", **{k: v for k, v in d.items() if k != "behavioural"})
-    with pytest.raises(ValueError, match=r"missing.npz: missing entries \['behavioural'\]"):
-        grokking.authors_run(tmp_path / "missing.npz")
-    bad = dict(d, tensor_symmetric=np.where(np.arange(d["tensor_symmetric"].size) == 5, np.nan, d["tensor_symmetric"]))
-    np.savez(tmp_path / "nan.npz", **bad)
-    with pytest.raises(ValueError, match="nan.npz: tensor_symmetric must hold the 4095 finite"):
-        grokking.authors_run(tmp_path / "nan.npz")
+def test_authors_run_reads_the_authors_format(tmp_path, monkeypatch):
+    monkeypatch.delenv(grokking.AUTHORS_ENV, raising=False)
+    assert grokking.authors_run() is None  # nothing given: not available
+    run = _planted_run([0, *grokking.checkpoint_schedule(20_000, 40)])
+    train = np.linspace(0.0, 1.0, len(run["steps"]))
+    d = _write_authors_dir(tmp_path / "a", run, train_accuracy=train)
+    for ref in (grokking.authors_run(d), grokking.authors_run(str(d))):
+        assert ref["steps"].dtype == np.int64 and ref["steps"].tolist() == run["steps"].tolist()
+        for k in ("tensor (symmetric)", "behavioural"):
+            np.testing.assert_array_equal(ref["matrices"][k], run["matrices"][k])
+        np.testing.assert_allclose(ref["train_accuracy"], train)
+        np.testing.assert_allclose(ref["val_accuracy"], run["val_accuracy"])
+        np.testing.assert_allclose(ref["val_loss"], 4.7 * (1 - run["val_accuracy"]))
+        assert ref["source"]["config"] == {"P": 113, "seed": 1337}  # their output_dir dropped
+    monkeypatch.setenv(grokking.AUTHORS_ENV, str(d))  # the environment variable, when no directory is given
+    assert grokking.authors_run()["steps"].tolist() == run["steps"].tolist()
+    monkeypatch.setenv(grokking.AUTHORS_ENV, str(tmp_path / "nowhere"))  # set but wrong: an error, not None
+    with pytest.raises(ValueError, match="nowhere is not a directory; to compare, clone"):
+        grokking.authors_run()
+
+
+def test_authors_run_refuses_damaged_files(tmp_path):
+    run = _planted_run([0, *grokking.checkpoint_schedule(20_000, 40)])
+    n = len(run["steps"])
+
+    def fresh(name):
+        return _write_authors_dir(tmp_path / name, run)
+
+    d = fresh("missing")
+    (d / "act_similarity.npy").unlink()
+    with pytest.raises(ValueError, match=r"missing/act_similarity.npy is missing .*--authors-run"):
+        grokking.authors_run(d)
+    d = fresh("cut")
+    b = (d / "tn_similarity.npy").read_bytes()
+    (d / "tn_similarity.npy").write_bytes(b[: len(b) // 2])
+    with pytest.raises(ValueError, match="cut/tn_similarity.npy: not a readable .npy file"):
+        grokking.authors_run(d)
+    d = fresh("shape")
+    np.save(d / "tn_similarity.npy", run["matrices"]["tensor (symmetric)"][:-1])
+    with pytest.raises(ValueError, match=f"shape/tn_similarity.npy: expected a {n} x {n} matrix"):
+        grokking.authors_run(d)
+    d = fresh("nan")
+    m = run["matrices"]["behavioural"].copy()
+    m[3, 4] = m[4, 3] = np.nan
+    np.save(d / "act_similarity.npy", m)
+    with pytest.raises(ValueError, match="nan/act_similarity.npy: 2 non-finite entries"):
+        grokking.authors_run(d)
+    d = fresh("asym")
+    m = run["matrices"]["behavioural"].copy()
+    m[3, 4] += 0.1
+    np.save(d / "act_similarity.npy", m)
+    with pytest.raises(ValueError, match="asym/act_similarity.npy: not symmetric"):
+        grokking.authors_run(d)
+    d = fresh("steps")
+    np.save(d / "checkpoint_steps.npy", run["steps"][::-1])
+    with pytest.raises(ValueError, match="steps/checkpoint_steps.npy: steps must increase strictly from 0"):
+        grokking.authors_run(d)
+    d = fresh("history")
+    h = json.loads((d / "training_history.json").read_text())
+    del h[str(int(run["steps"][7]))]["val_acc"]
+    (d / "training_history.json").write_text(json.dumps(h))
+    with pytest.raises(ValueError, match=f"history/training_history.json: no 'val_acc' at checkpoint step {run['steps'][7]}"):
+        grokking.authors_run(d)
+    d = fresh("json")
+    (d / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="json/config.json: not a readable JSON file"):
+        grokking.authors_run(d)
 
 
 def _mnn_reference(a, b):
@@ -498,3 +582,7 @@ def test_verdict_rules_in_the_config(tmp_path):
         grokking._config_from(str(path))
     with pytest.raises(ValueError, match="checkpoint_rule must be one of"):
         dataclasses.replace(cfg, checkpoint_rule="square")
+    # the paper config draws its minibatches epoch by epoch, as the authors' shuffled data loader
+    assert grokking.CONFIGS["paper"].sampling == "epochs" and grokking.CONFIGS["paper"].batch_size == 512
+    with pytest.raises(ValueError, match="sampling must be 'independent' or 'epochs'"):
+        dataclasses.replace(cfg, sampling="shuffled")

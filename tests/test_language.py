@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from funsim.experiments import language
+from funsim.experiments import language, verdict
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,21 @@ def test_smoke_run_writes_sane_outputs(smoke):
             assert np.all((v >= 0) & (v <= 1)), key
         if key.endswith("kl"):
             assert np.all(v >= -1e-12), key
-    assert "Paper's claim" in (out / "summary.md").read_text()
+    text = (out / "summary.md").read_text()
+    assert "Paper's claim" in text
+    # every label from the config's rules, printed with its rule; the overall label from the claim's rules
+    cfg = language.CONFIGS["smoke"]
+    stats = language.verdict_statistics(cfg, metrics)
+    assert stats == metrics["verdict_statistics"]
+    verdicts = verdict.judge_all(cfg.verdict_rules, stats)
+    assert metrics["verdicts"] == [v.to_json() for v in verdicts]
+    for rule, v in zip(cfg.verdict_rules, metrics["verdicts"]):
+        assert f"| {rule.claim} | `{rule.text()}` |" in text and f"**{v['label']}**" in text
+    assert f"**{language.claim_label(verdicts)}**" in text
+    # the transition ratio recomputed from the primary matrix's adjacent entries
+    prim = np.asarray(metrics["matrices"][language.PRIMARY])
+    d = 1 - np.array([prim[i, i + 1] for i in range(n - 1)])
+    assert stats["primary_transition_ratio"] == pytest.approx(d.max() / np.median(d))
 
 
 def test_smoke_matrices_equal_the_pairwise_library_functions(smoke):
@@ -65,6 +79,42 @@ def test_smoke_matrices_equal_the_pairwise_library_functions(smoke):
             assert m[key][i, j] == pytest.approx(ref, abs=2e-6), key  # float32 networks
         wa, wb = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(nets[k])]).astype(np.float64) for k in (i, j))
         assert m["weight_cosine"][i, j] == pytest.approx(wa @ wb / np.linalg.norm(wa) / np.linalg.norm(wb), abs=1e-12)
+        # behaviour: the mean per-position cosine of the two checkpoints' logits on the held-out windows
+        from funsim.experiments import data as data_lib
+        ds = data_lib.load("shakespeare", seq_len=cfg.seq_len, max_chars=cfg.max_chars)
+        x = ds.x_test[: cfg.n_eval_windows]
+        la, lb = (np.asarray(similarity.apply_attention_network(nets[k], x), np.float64) for k in (i, j))
+        cos = (la * lb).sum(-1) / np.linalg.norm(la, axis=-1) / np.linalg.norm(lb, axis=-1)
+        assert m["behavioral/held_out"][i, j] == pytest.approx(cos.mean(), abs=1e-5)
+
+
+def test_verdict_statistics_on_planted_matrices():
+    """A matrix with one sharp step and three blocks beside smooth baselines passes the claim's rules; swapped, it fails."""
+    cfg = language.CONFIGS["default"]
+    n = 12
+    t = np.arange(n)
+    smooth = np.exp(-np.abs(t[:, None] - t[None, :]) / 6.0)  # every adjacent change the same
+    phase = np.searchsorted([4, 8], t, side="right")
+    blocky = np.where(phase[:, None] == phase[None, :], 0.98, 0.3) + 0.02 * (t[:, None] == t[None, :])
+    blocky = blocky - 0.004 * np.abs(t[:, None] - t[None, :]) * (phase[:, None] == phase[None, :])
+    np.fill_diagonal(blocky, 1.0)
+    steps = list(range(0, 120, 10))
+    from funsim.experiments import checkpoint_similarity as cs
+
+    def metrics(primary, baseline):
+        mats = {k: baseline for k in language.MATRICES}
+        mats[language.PRIMARY] = primary
+        return {"matrices": mats, "blocks": {k: cs.block_summary(m, steps, (3,)) for k, m in mats.items()},
+                "ngrams": {"2gram_agreement": list(np.minimum(t, 3) / 3)}}
+
+    s = language.verdict_statistics(cfg, metrics(blocky, smooth))
+    assert s["primary_transition_ratio"] > 3 and s["transition_ratio_margin"] > 0 and s["explained_margin"] > 0.02
+    v = verdict.judge_all(cfg.verdict_rules, s)
+    assert language.claim_label(v) == "reproduced"
+    s = language.verdict_statistics(cfg, metrics(smooth, blocky))
+    assert s["primary_transition_ratio"] == pytest.approx(1.0) and s["explained_margin"] < 0
+    assert language.claim_label(verdict.judge_all(cfg.verdict_rules, s)) == "not reproduced at this scale"
+    assert language.transition_ratio(np.eye(2)) is None
 
 
 def test_smoke_monte_carlo_check_agrees_with_exact(smoke):

@@ -35,6 +35,12 @@ def test_quickstart_tiny_end_to_end(tmp_path, capsys):
     ts = m["tensor_similarity"]
     assert set(ts["seeds"]) >= {"frobenius", "symmetric", "gaussian", "weight cosine (baseline)"}
     assert ts["checkpoints"]["symmetric"][-1] == pytest.approx(1.0, abs=1e-5)  # final vs itself
+    # a check that can fail (the seeded run's direction): an earlier checkpoint of the same run is further
+    # from the final network than the final is from itself, and nearer than the other seed's final network
+    for metric in ("symmetric", "gaussian"):
+        to_final = ts["checkpoints"][metric]
+        assert len(to_final) >= 2 and np.all(np.diff(to_final) > 0), (metric, to_final)
+        assert to_final[-2] > ts["seeds"][metric], (metric, to_final, ts["seeds"][metric])
     assert (out / "tensor_checkpoints.png").exists()
     for png in ("overview.png", "training.png", "representational_mlp_seeds.png", "stitching_mlp_vs_bilinear.png"):
         data = (out / png).read_bytes()
