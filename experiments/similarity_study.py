@@ -354,9 +354,9 @@ def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pat
     measures = list(cfg.measures) + list(stitch_measure_names(cfg))
     log(f"      {ds}: {len(reps)} layers x {len(reps)} layers, {len(measures)} measures, one compare_grid call")
     tables = _grid(reps, measures, cfg)
-    mine = set(distributed.my_units(pairs))
+    mine = {(a.id, b.id) for a, b in distributed.my_units(pairs)}
     for a, b in todo:
-        if (a, b) not in mine:
+        if (a.id, b.id) not in mine:
             continue
         write_json_atomic(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json",
                           {"model_a": a.id, "model_b": b.id, "rows": _pair_rows(ds, a, b, index, tables, cfg)})
@@ -589,7 +589,8 @@ def _write_table(out: pathlib.Path, files: list[pathlib.Path]) -> int:
     n = 0
     for f in files:
         for r in read_json(f)["rows"]:
-            w.writerow({**r, "value": repr(float(r["value"]))})
+            # an undefined cell (NaN) is stored as JSON null in its unit file; "nan" in the table
+            w.writerow({**r, "value": repr(float("nan") if r["value"] is None else float(r["value"]))})
             n += 1
     write_table_atomic(out / "comparisons.csv", buf.getvalue().encode(), n)  # with its manifest: rows, SHA-256
     return n
