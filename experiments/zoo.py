@@ -438,10 +438,10 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
     jobs = _jobs(cfg, loaded, {k: d["sha1"] for k, d in manifest["datasets"].items() if d["status"] == "ok"}, out)
     _check_resumable(jobs, {**previous["models"], **{j.id: e for j in jobs if (e := _read_unit(out, j))}}, out)
     finished = {job.id: e for job in jobs if (e := _unit_entry(out, job)) is not None}
+    known = dict(finished)  # finished models with sound checkpoints, in config order
     if main_process:
         write_json_atomic(out / "config.json", cfg)
-        manifest["models"] = {j.id: finished.get(j.id) or previous["models"][j.id] for j in jobs
-                              if j.id in finished or j.id in previous["models"]}
+        manifest["models"] = known
         write_json_atomic(path, manifest)
 
     mine = distributed.my_units(jobs)
@@ -460,8 +460,9 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
             say(f"      {job.id}: test accuracy {entry['test_accuracy']:.3f} ({entry['seconds']:.0f} s)")
         if job.id not in finished:  # this model's unit: written once, by its process
             write_json_atomic(_unit_path(out, job), entry)
+        known[job.id] = entry
         if main_process:  # zoo.json, rewritten as models finish: what an interrupted run has so far
-            manifest["models"] = {j.id: e for j in jobs if (e := _unit_entry(out, j)) is not None}
+            manifest["models"] = {j.id: known[j.id] for j in jobs if j.id in known}
             write_json_atomic(path, manifest)
     bar.close()
     if n_proc > 1:  # the other processes' models

@@ -136,3 +136,30 @@ def test_a_killed_process_is_rerun_and_finishes_only_its_missing_models(tmp_path
     ref = tmp_path / "reference"
     _launch(capsys, 1, "zoo", "--config", zoo_cfg, "--root", str(ref))
     _same_zoo(_manifest(ref), _manifest(root))
+
+
+def test_a_run_folder_in_use_is_refused_by_every_process_at_once(tmp_path):
+    """Process 0 cannot lock the study's folder (another run holds it): both processes end with status 1 and a
+    clear message, at once (no wait at JAX's shutdown barrier), even without the launcher's fail-fast."""
+    from funsim.experiments import io as xio
+
+    zoo_dir = tmp_path / "zoo" / "fake"
+    zoo_dir.mkdir(parents=True)
+    (zoo_dir / "zoo.json").write_text(json.dumps({"datasets": {}, "models": {}, "complete": True}))
+    cfg = tmp_path / "study.json"
+    cfg.write_text(json.dumps({"base": "smoke", "name": "locked", "zoo": str(zoo_dir)}))
+    folder = tmp_path / "similarity_study" / "locked"
+    xio.acquire_run_lock(folder)  # "another run", alive: this test's own process
+    try:
+        argv = [sys.executable, "-m", "funsim.experiments.cli", "similarity-study", "--config", str(cfg), "--root",
+                str(tmp_path), "--no-progress"]
+        res = launch.run_processes(argv, 2, stop_on_failure=False, timeout_s=300, grace_s=5)
+    finally:
+        xio.release_run_lock(folder)
+    assert res.returncodes == [1, 1] and not res.timed_out, res.describe()
+    assert res.seconds < 150, res.describe()  # not JAX's 300 s shutdown barrier
+    tail0, tail1 = ("".join(t) for t in res.tails)
+    assert "is in use by another run" in tail0, tail0
+    assert "process 0 of this 2-process run could not open the run folder" in tail1, tail1
+    assert "ending this process with status 1" in tail0 and "ending this process with status 1" in tail1
+    assert sorted(p.name for p in folder.iterdir()) == []  # nothing written by either process (lock released)
