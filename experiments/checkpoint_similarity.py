@@ -38,6 +38,10 @@ change-point segmentation of ``similarity.change_points``), the block gap betwee
 phases of training, and the figures the drivers draw (heatmap panels with stage
 boundaries, and curves over training steps with the stages shaded).
 
+In a run of several JAX processes (``funsim launch -n N``, a cluster) the tensor
+matrices' upper-triangle pair list is sharded over the global mesh (every device
+of every process); every process gets the whole matrix, equal to one process's.
+
 Cost: tensor similarity is ``O(h^2 d)`` per pair of one-bilinear-layer
 checkpoints (``h`` hidden units, ``d`` inputs), so ``n^2`` of them dominate;
 the baselines are cheap once each checkpoint's outputs are computed (once).
@@ -166,6 +170,78 @@ def _inner_rows_per_output(stacked, ref, metric, method):
     return jax.vmap(one)(jnp.arange(_n_outputs(ref)))
 
 
+# --------------------------------------------------------------------------- several processes
+
+#: Pairs of checkpoints each device evaluates at once (``lax.map`` batch) when the pair list is sharded.
+PAIR_BATCH = 8
+
+
+def _sharded_over_processes() -> bool:
+    """Whether the pair lists are sharded over a global mesh: a run of several JAX processes."""
+    return jax.process_count() > 1
+
+
+def _pair_inner(kind: str, metric: str, method: str, n_out: int, sliceable: bool, context, scale):
+    """``(net_a, net_b) -> (o,)`` inner products of one checkpoint pair (``o = 1`` for whole networks)."""
+    if kind == "attention":
+        return lambda a, b: similarity.attention_inner(a, b, context=context, method=method, scale=scale)[None]
+    inner = functools.partial(similarity.tensor_inner, metric=metric, method=method)
+    if sliceable:
+        return lambda a, b: jax.vmap(lambda c: inner(_slice_output(a, c), _slice_output(b, c)))(jnp.arange(n_out))
+    return lambda a, b: jnp.stack([inner(a, b, outputs=(c,)) for c in range(n_out)])
+
+
+@functools.lru_cache(maxsize=32)
+def _pairs_program(mesh, kind, metric, method, n_out, sliceable, context, scale):
+    """One compiled program per (mesh, metric, ...): every device maps its share of the pairs, then all-gathers."""
+    from jax.sharding import PartitionSpec as P
+
+    pair = _pair_inner(kind, metric, method, n_out, sliceable, context, scale)
+
+    def local(tree, ii, jj):
+        def one(ij):
+            i, j = ij
+            take = lambda k: jax.tree.map(lambda x: x[k], tree)  # noqa: E731
+            return pair(take(i), take(j))
+
+        vals = jax.lax.map(one, (ii, jj), batch_size=PAIR_BATCH)
+        return jax.lax.all_gather(vals, "pairs", tiled=True)
+
+    # all_gather makes the values replicated; the static check cannot see it through lax.map
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("pairs"), P("pairs")), out_specs=P(),
+                                 check_vma=False))
+
+
+def _global_pair_inner(stacked, *, kind: str, metric: str = "gaussian", method: str = "auto", n_out: int = 1,
+                       sliceable: bool = True, context=None, scale: float = 1.0) -> np.ndarray:
+    """``(o, n, n)`` inner products of every checkpoint pair, the upper triangle sharded over every device.
+
+    For a run of several JAX processes (``funsim launch``, a cluster): the
+    ``n (n + 1) / 2`` pairs ``i <= j`` are split over the global mesh (every
+    device of every process), each device evaluates its share, and every process
+    gets the whole matrix. Each process must pass the same checkpoints.
+    """
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n = _n_checkpoints(stacked)
+    iu, ju = np.triu_indices(n)
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    mesh = Mesh(np.array(devices), ("pairs",))
+    pad = (-len(iu)) % len(devices)  # padded with pair (0, 0), dropped below
+    ii = np.concatenate([iu, np.zeros(pad, iu.dtype)]).astype(np.int32)
+    jj = np.concatenate([ju, np.zeros(pad, ju.dtype)]).astype(np.int32)
+    shard, rep = NamedSharding(mesh, P("pairs")), NamedSharding(mesh, P())
+    glob = lambda a, sh: jax.make_array_from_callback(a.shape, sh, lambda idx: a[idx])  # noqa: E731
+    tree = jax.tree.map(lambda x: glob(np.asarray(x), rep), stacked)
+    program = _pairs_program(mesh, kind, metric, method, n_out, sliceable, context, scale)
+    vals = np.asarray(jax.device_get(program(tree, glob(ii, shard), glob(jj, shard))), np.float64)[:len(iu)]
+    out = np.zeros((vals.shape[1], n, n))
+    out[:, iu, ju] = vals.T
+    out[:, ju, iu] = vals.T
+    return out
+
+
 def _require_positive(own, what: str, axes: Sequence[str]) -> np.ndarray:
     """``own`` (self inner products, float64) after checking every entry is positive.
 
@@ -237,7 +313,10 @@ def tensor_matrices(
     n_out = _n_outputs(stacked)
     out = {}
     for metric in metrics:
-        if _slice_output(stacked, 0) is not None:
+        if _sharded_over_processes():  # several processes: the pair list over the global mesh
+            inner = _global_pair_inner(stacked, kind="multilinear", metric=metric, method=method, n_out=n_out,
+                                       sliceable=_slice_output(stacked, 0) is not None)
+        elif _slice_output(stacked, 0) is not None:
             inner = np.asarray(_inner_matrices_per_output(stacked, metric, method), np.float64)
         else:  # a residual last layer cannot be sliced: one call per output
             inner = np.stack([
@@ -268,8 +347,11 @@ def _attention_matrices(stacked, metrics, method, per_output, context, scale, re
                          "similarity.attention_similarity_matrix with outputs=... for the slices you need.")
     out = {}
     for metric in metrics:
-        inner = np.asarray(similarity.attention_similarity_matrix(
-            stacked, context=context, method=method, scale=scale, return_inner=True), np.float64)
+        if _sharded_over_processes():  # several processes: the pair list over the global mesh
+            inner = _global_pair_inner(stacked, kind="attention", method=method, context=context, scale=scale)[0]
+        else:
+            inner = np.asarray(similarity.attention_similarity_matrix(
+                stacked, context=context, method=method, scale=scale, return_inner=True), np.float64)
         inner = (inner + inner.T) / 2
         d = _require_positive(np.diagonal(inner), f"tensor/{metric}", ("checkpoint",))
         out[f"tensor/{metric}"] = inner if return_inner else inner / np.sqrt(d[:, None] * d[None, :])

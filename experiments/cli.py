@@ -10,6 +10,13 @@ Mistakes a user can fix are printed as one line, ``funsim COMMAND: error: ...``,
 without a traceback: a bad config file (exit status 2, as argparse's own errors),
 a run folder in use by another run, or a damaged result file or checkpoint (exit
 status 1); each message names the file and the fix.
+
+A subcommand whose module sets ``SUPPORTS_MULTIPROCESS = True`` first joins the
+multi-process run it belongs to (``distributed.initialize()``: ``funsim launch``,
+or ``FUNSIM_DISTRIBUTED=1`` on a cluster), unless the module also sets
+``JOINS_JAX_RUNTIME = False`` (its processes share no computation and split the
+work by ``FUNSIM_PROCESS_ID`` alone: the zoo). In such a run a process that ends
+with an error status ends at once, so that the others stop too.
 """
 
 from __future__ import annotations
@@ -80,14 +87,44 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    name = _command(argv)  # args.command is launch's own command line for `funsim launch`
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    multiprocess = getattr(module, "SUPPORTS_MULTIPROCESS", False)
+    if multiprocess and getattr(module, "JOINS_JAX_RUNTIME", True):  # join the run of N processes (or nothing)
+        from funsim.experiments import distributed
+
+        distributed.initialize()
     try:
-        return int(args._main(args) or 0)
+        status = int(args._main(args) or 0)
     except Exception as e:
         status = _user_error_status(e)
         if status is None:
             raise
         print(f"funsim {args.command}: error: {e}", file=sys.stderr)
-        return status
+    if status and multiprocess:
+        _exit_now_if_one_of_many(status)
+    return status
+
+
+def _exit_now_if_one_of_many(status: int) -> None:
+    """In a run of several processes, end this one now with ``status``.
+
+    Returning would wait at JAX's shutdown barrier (up to ``FUNSIM_SHUTDOWN_TIMEOUT``
+    seconds) for processes that may be waiting for this one's units; ending at
+    once lets ``funsim launch`` (or the others' heartbeats) stop them too.
+    """
+    import os
+
+    jax = sys.modules.get("jax")
+    if jax is None or not jax.distributed.is_initialized() or jax.process_count() == 1:
+        return
+    from funsim.experiments import distributed
+
+    print(f"{distributed.log_prefix()}funsim: ending this process with status {status} so that the other "
+          "processes of the run stop too.", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,13 @@ __all__ = [
     "log_prefix",
     "show_progress",
     "rows_across_processes",
+    "ENV_WAIT_TIMEOUT",
+    "WAIT_TIMEOUT_S",
+    "my_units",
+    "owner",
+    "wait_for_files",
+    "barrier",
+    "all_agree",
 ]
 
 ENV_COORDINATOR = "FUNSIM_COORDINATOR"
@@ -72,6 +79,8 @@ ENV_INIT_TIMEOUT = "FUNSIM_INIT_TIMEOUT"
 """Seconds to wait for every process to connect (default :data:`INIT_TIMEOUT_S`)."""
 ENV_SHUTDOWN_TIMEOUT = "FUNSIM_SHUTDOWN_TIMEOUT"
 """Seconds a finished process waits at exit for the others to finish (default :data:`SHUTDOWN_TIMEOUT_S`)."""
+ENV_WAIT_TIMEOUT = "FUNSIM_WAIT_TIMEOUT"
+"""Seconds a process waits for the other processes' unit files without any new one appearing (default :data:`WAIT_TIMEOUT_S`)."""
 ENV_CLUSTER = "FUNSIM_DISTRIBUTED"
 """``1``: call ``jax.distributed.initialize()`` with no arguments (SLURM, Cloud TPU pods)."""
 
@@ -81,6 +90,11 @@ ENV_CLUSTER = "FUNSIM_DISTRIBUTED"
 HEARTBEAT_TIMEOUT_S = 60
 INIT_TIMEOUT_S = 300
 SHUTDOWN_TIMEOUT_S = 300
+# How long the processes of a driver wait for each other's units (zoo models,
+# study pairs) with no new unit appearing: a backstop for a process that hangs
+# (a dead one is noticed within the heartbeat timeout). One unit can be a long
+# training run on a cluster, so the default is generous.
+WAIT_TIMEOUT_S = 6 * 3600
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -358,3 +372,101 @@ def rows_across_processes(local: Any, /) -> Any:
     sharding = NamedSharding(Mesh(np.array(devices), ("rows",)), PartitionSpec("rows"))
     return jax.make_array_from_process_local_data(sharding, local,
                                                   (local.shape[0] * jax.process_count(), *local.shape[1:]))
+
+
+# ----------------------------------------------------------------------------- units of work
+
+
+def owner(k: int, count: int | None = None) -> int:
+    """The process that does unit ``k`` of a driver's unit list: ``k mod process_count()`` (round robin).
+
+    Examples:
+      >>> [owner(k, 3) for k in range(7)]
+      [0, 1, 2, 0, 1, 2, 0]
+    """
+    return int(k) % (process_count() if count is None else int(count))
+
+
+def my_units(units, /, index: int | None = None, count: int | None = None) -> list:
+    """This process's share of ``units``: every unit ``k`` with ``owner(k) == process_index()``.
+
+    Deterministic: every process computes the same unit list (in the same
+    order) and takes its own share, so no process talks to another to split
+    the work, and a rerun with another number of processes splits it afresh.
+
+    Examples:
+      >>> my_units(["a", "b", "c", "d", "e"], index=1, count=2)
+      ['b', 'd']
+      >>> my_units(["a", "b"])          # one process: everything
+      ['a', 'b']
+    """
+    index = process_index() if index is None else int(index)
+    count = process_count() if count is None else int(count)
+    if not 0 <= index < count:
+        raise ValueError(f"index={index} must be in 0 .. count - 1 = {count - 1}.")
+    return [u for k, u in enumerate(units) if k % count == index]
+
+
+def wait_for_files(paths, /, *, what: str, done=None, timeout_s: float | None = None, poll_s: float = 0.5,
+                   log=None) -> None:
+    """Wait until every file in ``paths`` is written (by this or another process of the run).
+
+    The bound is on progress, not on the total: a :class:`TimeoutError` comes
+    when no new file has appeared for ``timeout_s`` seconds (default
+    :data:`ENV_WAIT_TIMEOUT` or :data:`WAIT_TIMEOUT_S`); its message lists the
+    missing files. A process that dies is noticed sooner, by JAX's heartbeats.
+
+    Args:
+      paths: the files (``pathlib.Path``).
+      what: what they are, for the messages (e.g. ``"zoo models"``).
+      done: ``path -> bool`` (default: the file exists).
+      timeout_s: seconds without progress before giving up.
+      poll_s: seconds between looks.
+      log: ``str -> None`` for one line while waiting (default: none).
+    """
+    import pathlib
+    import time
+
+    paths = [pathlib.Path(p) for p in paths]
+    done = done or (lambda p: p.is_file())
+    if timeout_s is None:
+        timeout_s = _env_int(os.environ, ENV_WAIT_TIMEOUT, WAIT_TIMEOUT_S, minimum=1)
+    missing = [p for p in paths if not done(p)]
+    if missing and log is not None:
+        log(f"waiting for {len(missing)} of {len(paths)} {what} from the other processes")
+    last, t_last = len(missing), time.monotonic()
+    while missing:
+        if time.monotonic() - t_last > timeout_s:
+            shown = ", ".join(str(p) for p in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                                               else "")
+            raise TimeoutError(
+                f"{log_prefix()}no new {what} for {timeout_s:g} s; still missing {len(missing)} of {len(paths)}: "
+                f"{shown}. A process of the run is stuck or gone. Stop the run and rerun the same command (with any "
+                f"number of processes): finished units are kept. ({ENV_WAIT_TIMEOUT} sets this bound.)")
+        time.sleep(poll_s)
+        missing = [p for p in missing if not done(p)]
+        if len(missing) < last:
+            last, t_last = len(missing), time.monotonic()
+
+
+def barrier(name: str) -> None:
+    """Wait until every process of the run gets here (nothing in a single process)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def all_agree(ok: bool, /) -> list[bool]:
+    """Every process's ``ok``, in process order (``[ok]`` in a single process); a collective: all must call it."""
+    import jax
+
+    if jax.process_count() == 1:
+        return [bool(ok)]
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    every = multihost_utils.process_allgather(np.array([1 if ok else 0], np.int32))
+    return [bool(v) for v in np.asarray(every).ravel()]

@@ -513,7 +513,7 @@ def acquire_run_lock(out: str | os.PathLike) -> pathlib.Path:
                 f"Taking over the lock {path} left by a run that is no longer running ({_describe_holder(info)}"
                 + ("; that pid is now another process" if alive else "") + "): it was interrupted, and this run "
                 "resumes its work.", RuntimeWarning, stacklevel=2)
-        me = {"pid": os.getpid(), "host": socket.gethostname(),
+        me = {"pid": os.getpid(), "host": socket.gethostname(), **_run_identity(),
               "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
               "argv": [pathlib.Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else []}
         f.seek(0)
@@ -572,11 +572,91 @@ def open_run(experiment: str, run: str | None = None, *, root: str | os.PathLike
     with a changed config is refused before any work (:func:`check_run_config`).
     Decorate ``run`` with :func:`releases_run_locks`.
 
+    In a run of N processes (``funsim launch``, SLURM, a TPU pod) every process
+    calls it: process 0 takes the lock and writes or checks ``config.json`` for
+    all of them, the others take no lock of their own and wait to hear that it
+    did (a collective), so that every process refuses together. The processes
+    then write only their own units, and process 0 the shared files.
+
     Raises:
-      RunLockedError: another live run holds the folder.
+      RunLockedError: another live run holds the folder (in every process of a multi-process run).
       SetupMismatchError: (a ``ValueError``) the folder holds a run with another config.
     """
     out = results_dir(experiment, run, root=root)
+    count, index = _processes()
+    if count == 1:
+        count, index = _launched_processes()
+        if count > 1 and index > 0:  # processes that do not join JAX's runtime: no collective to agree with
+            _wait_for_the_first_process(out, count)
+            return out
+        _lock_and_check(out, config)
+        return out
+    # N processes of one run write into one folder: process 0 holds the lock (and
+    # writes or checks config.json) for all of them; the others join once it has.
+    # Every process learns whether it did, so all refuse together, none writes alone.
+    error = None
+    if index == 0:
+        try:
+            _lock_and_check(out, config)
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the others have been told
+            error = e
+    from funsim.experiments import distributed
+
+    ok = distributed.all_agree(error is None)
+    if error is not None:
+        raise error
+    if not ok[0]:
+        raise RunLockedError(f"{out}: process 0 of this {count}-process run could not open the run folder (it is "
+                             "in use by another run, or holds a run with another config); process 0's error says "
+                             "which and the fix. Nothing was written.")
+    return out
+
+
+def _processes() -> tuple[int, int]:
+    """``(process count, process index)`` of a multi-process JAX run, ``(1, 0)`` otherwise (never imports JAX)."""
+    jax = sys.modules.get("jax")
+    if jax is None or not jax.distributed.is_initialized():
+        return 1, 0
+    return jax.process_count(), jax.process_index()
+
+
+def _launched_processes() -> tuple[int, int]:
+    """``(count, index)`` from ``funsim launch``'s variables, for a driver that splits its units over the
+    processes without joining JAX's runtime (the zoo); ``(1, 0)`` otherwise."""
+    from funsim.experiments import distributed
+
+    return distributed.process_count(), distributed.process_index()
+
+
+def _run_identity() -> dict:
+    """What tells the processes of one launched run apart from another run's: the coordinator's address."""
+    run = os.environ.get("FUNSIM_COORDINATOR") or (
+        f"slurm:{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '')}" if "SLURM_JOB_ID" in os.environ
+        else None)
+    return {"launch": run} if run else {}
+
+
+def _wait_for_the_first_process(out: pathlib.Path, count: int) -> None:
+    """Process ``i > 0`` of a launched run: wait until process 0 of the same run holds the folder's lock."""
+    import time
+
+    from funsim.experiments import distributed
+
+    path, me = out / LOCK_FILE, _run_identity()
+    limit = distributed.INIT_TIMEOUT_S
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        info = _read_lock_info(path) if path.is_file() else None
+        if isinstance(info, dict) and me and info.get("launch") == me.get("launch"):
+            return
+        time.sleep(0.2)
+    info = _read_lock_info(path) if path.is_file() else None
+    raise RunLockedError(f"{out}: process 0 of this {count}-process run did not take the run folder's lock within "
+                         f"{limit} s" + (f"; it is held by another run ({_describe_holder(info)})" if info else "")
+                         + ". Process 0's error says why; nothing was written by this process.")
+
+
+def _lock_and_check(out: pathlib.Path, config: Any) -> None:
     acquire_run_lock(out)
     if config is not None:
         try:
@@ -584,7 +664,6 @@ def open_run(experiment: str, run: str | None = None, *, root: str | os.PathLike
         except BaseException:
             release_run_lock(out)
             raise
-    return out
 
 
 # ----------------------------------------------------------------------------- result files

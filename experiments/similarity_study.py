@@ -44,6 +44,14 @@ command skips every file that exists, so an interrupted study loses at most
 the unit in progress (the grid of one data set, or one stitching target), and
 the assembled table is identical. A rerun with a changed config is refused.
 
+**N processes** (``funsim launch -n N similarity-study ...``, or a cluster): each
+data set's grid is one ``compare_grid`` call whose layer pairs are sharded over
+every device of every process (every process gets the full tables), and model
+pair ``k`` is written by process ``k mod N``; stitching target ``j`` is trained
+by process ``j mod N`` on its own devices. Every process waits until all unit
+files exist; process 0 then writes the table and the report, once. A rerun with
+any number of processes computes only the missing units.
+
 Writes ``results/similarity_study/<run>/``: ``config.json``, the unit files,
 ``comparisons.csv`` (the tidy table, columns in :data:`COLUMNS`),
 ``metrics.json`` (atomic) and ``summary.md``.
@@ -66,6 +74,8 @@ import numpy as np
 
 from funsim.experiments.io import (config_overrides, config_type, open_run, read_json, releases_run_locks,
                                   write_json_atomic, write_table_atomic, write_text_atomic)
+
+SUPPORTS_MULTIPROCESS = True  # `funsim launch -n N similarity-study`: units are split over the processes
 
 __all__ = [
     "StudyConfig", "CONFIGS", "COLUMNS", "CoarseTail", "config_from_dict", "run", "read_table",
@@ -324,12 +334,17 @@ def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pat
     """Compare every model pair of ``ds`` (skipping the pairs already written); returns timings."""
     import funsim.models as models_lib
 
+    from funsim.experiments import distributed
+
     pdir = out / "pairs" / ds
     pairs = _model_pairs(models)
     todo = [(a, b) for a, b in pairs if not _unit_done(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json")]
-    if not todo:
+    # N processes: the grid is one compare_grid call over the global mesh (a collective), so all of them run
+    # it if any process misses a pair file; each then writes its own share of the pair files.
+    units = [pdir / f"{_slug(a.id)}__{_slug(b.id)}.json" for a, b in pairs]
+    if not any(distributed.all_agree(bool(todo))):
         log(f"      {ds}: all {len(pairs)} model pairs compared before")
-        return {"pairs": len(pairs), "computed": 0, "seconds": 0.0}
+        return {"pairs": len(pairs), "computed": 0, "seconds": 0.0, "units": units}
     t0 = time.time()
     reps, index = {}, {}
     for m in models:
@@ -339,10 +354,13 @@ def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pat
     measures = list(cfg.measures) + list(stitch_measure_names(cfg))
     log(f"      {ds}: {len(reps)} layers x {len(reps)} layers, {len(measures)} measures, one compare_grid call")
     tables = _grid(reps, measures, cfg)
+    mine = {(a.id, b.id) for a, b in distributed.my_units(pairs)}
     for a, b in todo:
+        if (a.id, b.id) not in mine:
+            continue
         write_json_atomic(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json",
                           {"model_a": a.id, "model_b": b.id, "rows": _pair_rows(ds, a, b, index, tables, cfg)})
-    return {"pairs": len(pairs), "computed": len(todo), "seconds": round(time.time() - t0, 1)}
+    return {"pairs": len(pairs), "computed": len(todo), "seconds": round(time.time() - t0, 1), "units": units}
 
 
 # ----------------------------------------------------------------------------- stage 2: task-loss stitching
@@ -493,6 +511,8 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
     import jax
     from tqdm.auto import tqdm
 
+    from funsim.experiments import distributed
+
     targets_all = _stitch_targets(models, cfg)
     groupings = {g: tuple(int(c) for c in manifest_ds["coarse"][g]["map"])
                  for g in cfg.coarse_groupings if g in manifest_ds.get("coarse", {})
@@ -500,11 +520,14 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
     tasks = {"fine": None, **{f"coarse:{g}": m for g, m in groupings.items()}}
     jobs = [(fam, name, lt, srcs) for fam in cfg.stitch_families for name, lt, srcs in targets_all]
     path = lambda task, fam, name, lt: out / "stitch" / ds / task.replace(":", "_") / fam / f"{name}__{lt}.json"  # noqa: E731
-    todo = [(j, job) for j, job in enumerate(jobs) if not all([_unit_done(path(t, *job[:3])) for t in tasks])]
+    # N processes: job j (a stitching target) is trained by process j mod N, on its own devices
+    todo = [(j, job) for j, job in distributed.my_units(list(enumerate(jobs)))
+            if not all([_unit_done(path(t, *job[:3])) for t in tasks])]
     n_pairs = sum(len(s) for _, _, _, s in jobs)
+    units = [path(t, *job[:3]) for job in jobs for t in tasks]
     if not todo:
         log(f"      {ds}: all {len(jobs)} stitching targets done before")
-        return {"targets": len(jobs), "computed": 0, "seconds": 0.0, "source_target_pairs": n_pairs}
+        return {"targets": len(jobs), "computed": 0, "seconds": 0.0, "source_target_pairs": n_pairs, "units": units}
     t0 = time.time()
     ds_obj = zdata.dataset
     n_tr = len(ds_obj.x_train) if cfg.stitch_train_rows is None else min(cfg.stitch_train_rows, len(ds_obj.x_train))
@@ -517,7 +540,7 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
     log(f"      {ds}: task-loss stitching, {len(todo)} targets ({', '.join(cfg.stitch_families)}; tasks "
         f"{', '.join(tasks)}), {n_tr} training rows, {len(x_te)} held-out rows")
     order = {m.id: k for k, m in enumerate(models)}
-    bar = tqdm(todo, desc=f"stitch {ds}", disable=not progress, leave=False)
+    bar = tqdm(todo, desc=f"stitch {ds}", disable=not distributed.show_progress(progress), leave=False)
     for j, (fam, name, lt, srcs) in bar:
         bar.set_postfix_str(f"{name}:{lt}")
         targets = [m for m in models if m.name == name]
@@ -528,7 +551,7 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
                                                           "rows": r})
     bar.close()
     return {"targets": len(jobs), "computed": len(todo), "seconds": round(time.time() - t0, 1),
-            "source_target_pairs": n_pairs}
+            "source_target_pairs": n_pairs, "units": units}
 
 
 # ----------------------------------------------------------------------------- the table
@@ -566,7 +589,8 @@ def _write_table(out: pathlib.Path, files: list[pathlib.Path]) -> int:
     n = 0
     for f in files:
         for r in read_json(f)["rows"]:
-            w.writerow({**r, "value": repr(float(r["value"]))})
+            # an undefined cell (NaN) is stored as JSON null in its unit file; "nan" in the table
+            w.writerow({**r, "value": repr(float("nan") if r["value"] is None else float(r["value"]))})
             n += 1
     write_table_atomic(out / "comparisons.csv", buf.getvalue().encode(), n)  # with its manifest: rows, SHA-256
     return n
@@ -646,10 +670,14 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     """
     from tqdm.auto import tqdm
 
+    from funsim.experiments import distributed
     from funsim.experiments import zoo as zoo_lib
 
     _check_config(cfg)
     t0 = time.time()
+    n_proc = distributed.process_count()
+    if n_proc > 1:
+        log = (lambda say: lambda msg: say(distributed.log_prefix() + msg))(log)
     zoo_dir = _zoo_dir(cfg, root)
     manifest = zoo_lib.read_manifest(zoo_dir)
     out = open_run("similarity_study", run_name or cfg.name, root=root, config=cfg)  # locked; a changed config is refused
@@ -659,7 +687,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     if missing:
         raise ValueError(f"Data sets {missing} are not trained in the zoo {zoo_dir}; it has {available}.")
     stages = {}
-    bar = tqdm(ds_list, desc="similarity study", disable=not progress)
+    bar = tqdm(ds_list, desc="similarity study", disable=not distributed.show_progress(progress))
     for ds in bar:
         bar.set_postfix_str(ds)
         zoo = zoo_lib.load_zoo(zoo_dir, datasets=(ds,))
@@ -671,6 +699,12 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
                   if cfg.stitch_families else {})
         stages[ds] = {"models": len(models), "grid": grid, "stitch": stitch}
     bar.close()
+    units = [f for s in stages.values() for f in s["grid"].pop("units") + s["stitch"].pop("units", [])]
+    if n_proc > 1:  # the other processes' units: model pairs and stitching targets
+        distributed.wait_for_files(units, what="study units", done=_unit_done, log=log)
+    if not distributed.is_main_process():  # process 0 writes the table and the report; wait, then read them
+        distributed.barrier("similarity study: merged")
+        return {**read_json(out / "metrics.json"), "out": str(out)}
     n_rows = _write_table(out, _unit_files(out, ds_list))
     seconds = round(time.time() - t0, 1)
     metrics = {
@@ -681,6 +715,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     write_json_atomic(out / "metrics.json", metrics)
     write_text_atomic(out / "summary.md", summary(cfg, metrics))
     log(f"[done] {n_rows} comparisons in {out}/comparisons.csv; {seconds:.0f} s this invocation")
+    distributed.barrier("similarity study: merged")
     return {**metrics, "out": str(out)}
 
 

@@ -16,6 +16,8 @@ name, so ``funsim zoo --config default`` always continues ``results/zoo/default/
 
 Writes ``results/zoo/<run>/``:
 
+* ``units/<data set>/<model>_s<seed>.json``: each finished model's manifest entry
+  (written by the process that trained it; see :func:`run` for N processes);
 * ``config.json``; ``zoo.json``, the manifest :func:`load_zoo` reads: per data
   set how to load it, its sizes, a fingerprint and its coarse groupings; per
   model its data set, architecture, seed, test accuracy, workdir, layer names,
@@ -50,6 +52,10 @@ __all__ = [
 ]
 
 MANIFEST = "zoo.json"
+SUPPORTS_MULTIPROCESS = True  # `funsim launch -n N zoo`: models are split over the processes (see run)
+# Each process trains its own models, with no collective: the processes do not join JAX's multi-process
+# runtime (whose orbax checkpointing would make every save a joint one), only split the list.
+JOINS_JAX_RUNTIME = False
 # data sets read through tfds: they take the download / data_dir options
 _TFDS = (*data_lib.TFDS_NAMES, "cifar100_coarse")
 
@@ -383,19 +389,34 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
         progress: bool = True, log: Callable[[str], None] = print) -> dict:
     """Train the zoo (resuming a previous run of the same name); returns the metrics dict.
 
+    In a run of N processes (``funsim launch -n N zoo ...``; elsewhere, set
+    ``FUNSIM_PROCESS_ID`` and ``FUNSIM_NUM_PROCESSES`` yourself) model ``k`` of
+    the zoo's list (config order) is trained by process ``k mod N``
+    (:func:`experiments.distributed.my_units`), each on its own devices; the
+    processes share no computation, so they do not join JAX's multi-process
+    runtime. Process 0 holds the run's lock. Each finished model is written
+    atomically as ``units/<data set>/<model>_s<seed>.json``; every process waits
+    until all models are written (``FUNSIM_WAIT_TIMEOUT`` bounds a wait without
+    progress), then process 0 writes ``zoo.json``, the figures, ``metrics.json``
+    and ``summary.md`` once. A rerun, with any number of processes, trains only
+    the models that have no unit file; the others' returns name their models.
+
     Raises:
       DataNotFoundError: a data set that is not ``optional`` is absent.
       ValueError: the run holds models trained with a different setup, or on other data.
+      TimeoutError: (N processes) no other process finished a model for ``FUNSIM_WAIT_TIMEOUT`` seconds.
     """
     from tqdm.auto import tqdm
 
-    from funsim.experiments import plotting
-    from funsim.models.io import checkpoint_problem
+    from funsim.experiments import distributed, plotting
 
     t0 = time.time()
-    out = open_run("zoo", run_name or cfg.name, root=root)  # locked: a second run into it is refused
+    main_process = distributed.is_main_process()
+    say = (lambda msg: log(distributed.log_prefix() + msg)) if distributed.process_count() > 1 else log
+    say_main = say if main_process else (lambda msg: None)
+    out = open_run("zoo", run_name or cfg.name, root=root)  # locked (by process 0): a second run into it is refused
     path = out / MANIFEST
-    previous = _previous_manifest(path, log)
+    previous = _previous_manifest(path, say_main)
     # the manifest lists the current config's data sets and models, in config order
     manifest = {"experiment": "zoo", "config": to_jsonable(cfg), "complete": False, "datasets": {}, "models": {}}
 
@@ -408,35 +429,56 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
             if not spec.optional:
                 raise
             manifest["datasets"][spec.name] = {"status": "skipped", "name": spec.name, "reason": str(e)}
-            log(f"[data] {spec.name}: skipped (optional, not available): {str(e).split('. ')[0]}.")
+            say_main(f"[data] {spec.name}: skipped (optional, not available): {str(e).split('. ')[0]}.")
             continue
         manifest["datasets"][spec.name] = _dataset_entry(spec, options, ds)
         loaded[spec.name] = (spec, ds)
-        log(f"[data] {spec.name}: {len(ds.x_train)} train, {len(ds.x_test)} test, input {ds.input_shape}, "
-            f"{ds.n_classes} classes")
+        say_main(f"[data] {spec.name}: {len(ds.x_train)} train, {len(ds.x_test)} test, input {ds.input_shape}, "
+                 f"{ds.n_classes} classes")
     jobs = _jobs(cfg, loaded, {k: d["sha1"] for k, d in manifest["datasets"].items() if d["status"] == "ok"}, out)
-    _check_resumable(jobs, previous["models"], out)
-    write_json_atomic(out / "config.json", cfg)
-    write_json_atomic(path, manifest)
+    _check_resumable(jobs, {**previous["models"], **{j.id: e for j in jobs if (e := _read_unit(out, j))}}, out)
+    finished = {job.id: e for job in jobs if (e := _unit_entry(out, job)) is not None}
+    known = dict(finished)  # finished models with sound checkpoints, in config order
+    if main_process:
+        write_json_atomic(out / "config.json", cfg)
+        manifest["models"] = known
+        write_json_atomic(path, manifest)
 
-    log(f"[zoo] {len(jobs)} models: {len(loaded)} data sets x {len(cfg.models)} architectures x {len(cfg.seeds)} seeds")
-    bar = tqdm(jobs, desc="zoo", disable=not progress)
+    mine = distributed.my_units(jobs)
+    n_proc = distributed.process_count()
+    say_main(f"[zoo] {len(jobs)} models: {len(loaded)} data sets x {len(cfg.models)} architectures x "
+             f"{len(cfg.seeds)} seeds" + (f"; {n_proc} processes, model k trained by process k mod {n_proc}"
+                                          if n_proc > 1 else ""))
+    bar = tqdm(mine, desc="zoo", disable=not distributed.show_progress(progress))
     for job in bar:
         bar.set_postfix_str(job.id)
-        entry = previous["models"].get(job.id)
-        damaged = entry is not None and checkpoint_problem(job.workdir)
-        if damaged:  # training sets the damaged checkpoint aside and resumes from the last good one
-            log(f"      {job.id}: its final checkpoint is damaged ({damaged}); retraining it from its last good one")
-            entry = None
+        entry = _finished_entry(out, job, finished.get(job.id) or previous["models"].get(job.id), say)
         if entry is not None:
-            log(f"      {job.id}: done before (test accuracy {entry['test_accuracy']:.3f}), not retrained")
+            say(f"      {job.id}: done before (test accuracy {entry['test_accuracy']:.3f}), not retrained")
         else:
-            entry = _train_one(job, loaded[job.id.split("/")[0]][1], out, progress)
-            log(f"      {job.id}: test accuracy {entry['test_accuracy']:.3f} ({entry['seconds']:.0f} s)")
-        manifest["models"][job.id] = entry
-        write_json_atomic(path, manifest)
+            entry = _train_one(job, loaded[job.id.split("/")[0]][1], out, distributed.show_progress(progress))
+            say(f"      {job.id}: test accuracy {entry['test_accuracy']:.3f} ({entry['seconds']:.0f} s)")
+        if job.id not in finished:  # this model's unit: written once, by its process
+            write_json_atomic(_unit_path(out, job), entry)
+        known[job.id] = entry
+        if main_process:  # zoo.json, rewritten as models finish: what an interrupted run has so far
+            manifest["models"] = {j.id: known[j.id] for j in jobs if j.id in known}
+            write_json_atomic(path, manifest)
     bar.close()
+    if n_proc > 1:  # the other processes' models
+        by_path = {_unit_path(out, j): j for j in jobs}
+        distributed.wait_for_files(list(by_path), what="zoo models",
+                                   done=lambda p: _unit_entry(out, by_path[p]) is not None, log=say)
+    if not main_process:  # process 0 writes the shared files
+        return {"out": str(out), "trained_here": [j.id for j in mine], "figures": []}
 
+    manifest["models"] = {}
+    for job in jobs:
+        entry = _unit_entry(out, job)
+        if entry is None:
+            raise RuntimeError(f"{_unit_path(out, job)} is missing or damaged after every process finished: rerun "
+                               "the same command to train that model again.")
+        manifest["models"][job.id] = entry
     figures = []
     for name in loaded:
         entries = [e for e in manifest["models"].values() if e["dataset"] == name]
@@ -459,12 +501,60 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
         "architectures": sorted({e["arch"] for e in manifest["models"].values()}),
         "seconds_this_invocation": seconds,
         "seconds_training": round(sum(e["seconds"] for e in manifest["models"].values()), 1),
+        "processes": n_proc,
     }
     write_json_atomic(out / "metrics.json", metrics)
     write_text_atomic(out / "summary.md", summary(cfg, manifest, metrics))
-    log(f"[done] {metrics['n_models']} models in {out}/ (zoo.json, summary.md, {len(figures)} figures); "
+    say(f"[done] {metrics['n_models']} models in {out}/ (zoo.json, summary.md, {len(figures)} figures); "
         f"{seconds:.0f} s this invocation")
     return {**metrics, "out": str(out), "figures": [str(f) for f in figures]}
+
+
+UNITS = "units"
+"""The folder of a zoo run's per-model unit files (one JSON manifest entry per finished model)."""
+
+
+def _unit_path(out: pathlib.Path, job: _Job) -> pathlib.Path:
+    return out / UNITS / f"{job.id}.json"
+
+
+def _read_unit(out: pathlib.Path, job: _Job) -> dict | None:
+    """The model's unit file as written, or None (absent, or damaged: then it is trained again)."""
+    from funsim.models.io import DamagedFileError
+
+    p = _unit_path(out, job)
+    if not p.is_file():
+        return None
+    try:
+        entry = read_json(p)
+    except DamagedFileError:
+        return None
+    return entry if isinstance(entry, dict) and "spec" in entry else None
+
+
+def _unit_entry(out: pathlib.Path, job: _Job) -> dict | None:
+    """The finished model's manifest entry from its unit file, or None (absent, damaged, or for another setup)."""
+    from funsim.models.io import checkpoint_problem, setup_diff
+
+    entry = _read_unit(out, job)
+    if entry is None or setup_diff(entry["spec"], job.spec):
+        return None
+    return None if checkpoint_problem(job.workdir) else entry
+
+
+def _finished_entry(out: pathlib.Path, job: _Job, entry: dict | None, log: Callable[[str], None]) -> dict | None:
+    """``entry`` if the model is finished and its final checkpoint is sound; else None (removing a stale unit file)."""
+    from funsim.models.io import checkpoint_problem
+
+    if entry is None:
+        _unit_path(out, job).unlink(missing_ok=True)
+        return None
+    damaged = checkpoint_problem(job.workdir)
+    if damaged:  # training sets the damaged checkpoint aside and resumes from the last good one
+        log(f"      {job.id}: its final checkpoint is damaged ({damaged}); retraining it from its last good one")
+        _unit_path(out, job).unlink(missing_ok=True)
+        return None
+    return entry
 
 
 def _previous_manifest(path: pathlib.Path, log: Callable[[str], None]) -> dict:

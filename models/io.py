@@ -325,6 +325,24 @@ def _fsync_dir(path: pathlib.Path) -> None:
         os.close(fd)
 
 
+
+def _one_process_options(ocp) -> dict:
+    """In a run of several JAX processes: orbax options that keep a checkpoint to this process alone.
+
+    Each process reads checkpoints on its own (e.g. every process of a similarity
+    study loads the zoo); orbax's default would make every process take part in
+    each one (its barriers wait for all of them).
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return {}
+    me = jax.process_index()
+    # orbax cannot create the folders itself then: CheckpointStore makes them
+    return {"create": False, "multiprocessing_options": ocp.options.MultiprocessingOptions(
+        primary_host=me, active_processes={me}, barrier_sync_key_prefix=f"process{me}")}
+
+
 class CheckpointManager:
     """orbax checkpoints of one training workdir (``workdir/checkpoints/<step>/``), each with its checksums.
 
@@ -348,7 +366,11 @@ class CheckpointManager:
         self.workdir = pathlib.Path(workdir).absolute()
         self.directory = self.workdir / "checkpoints"
         self._ocp = ocp
-        self._options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True, enable_async_checkpointing=False)
+        self._options = ocp.CheckpointManagerOptions(**{"max_to_keep": None, "create": True,
+                                                        "enable_async_checkpointing": False,
+                                                        **_one_process_options(ocp)})
+        if not self._options.create:
+            self.directory.mkdir(parents=True, exist_ok=True)
         self._manager = self._open(self.directory)
         self._incoming = None
         self._verified: set[int] = set()
@@ -424,6 +446,7 @@ class CheckpointManager:
         if (incoming / str(step)).exists():  # left by a process killed mid-save
             shutil.rmtree(incoming / str(step))
         if self._incoming is None:
+            incoming.mkdir(parents=True, exist_ok=True)
             self._incoming = self._ocp.CheckpointManager(incoming, options=self._options)
         else:
             self._incoming.reload()

@@ -780,7 +780,11 @@ def load_checkpoint(model: nnx.Module, workdir: str | pathlib.Path, step: int | 
     if step not in steps:
         mgr.close()
         raise ValueError(f"No checkpoint at step {step} in {workdir}; saved steps: {sorted(steps)}.")
-    restored = mgr.restore(step, args=ocp.args.StandardRestore(_to_tree(params, opt_state)))
+    template = _to_tree(params, opt_state)
+    if jax.process_count() > 1:  # one process of several: onto this process's own device (not the saved one's)
+        local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=local), template)
+    restored = mgr.restore(step, args=ocp.args.StandardRestore(template))
     mgr.close()
     nnx.update(model, jax.tree.unflatten(jax.tree.structure(params), restored["params"]))
     return model

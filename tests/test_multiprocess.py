@@ -142,7 +142,7 @@ def test_launch_timeout(capsys, script):
     (["-n", "0", "quickstart"], "-n must be at least 1"),
     (["-n", "2", "launch"], "cannot launch itself"),
     (["-n", "2", "quickstrat"], "unknown subcommand 'quickstrat'"),
-    (["-n", "2", "zoo", "--config", "smoke"], "`funsim zoo` does not split its work over processes yet"),
+    (["-n", "2", "grokking", "--config", "smoke"], "`funsim grokking` does not split its work over processes yet"),
     (["-n", "2", "missing_script.py"], "missing_script.py: no such script"),
     (["-n", "2", "--timeout", "0", "x.py"], "--timeout must be positive"),
 ])

@@ -130,7 +130,10 @@ def grid_worker(path: str, measures, *, reverse: bool = True, local_rows: bool =
         out["r:" + _key(name)] = np.asarray(t)
     undefined = getattr(g, "undefined", None)
     if undefined is not None:
-        out["undefined"] = np.array(json.dumps(undefined, sort_keys=True, default=repr))
+        # {measure: {(i, j): reason}}: cell keys as "i,j" (JSON keys are strings)
+        cells = {m: {",".join(map(str, k)) if isinstance(k, tuple) else str(k): v for k, v in c.items()}
+                 if isinstance(c, dict) else c for m, c in undefined.items()}
+        out["undefined"] = np.array(json.dumps(cells, sort_keys=True, default=repr))
     if check_sockets:
         out["listening"] = np.array(json.dumps(_listening_sockets()))
     return out

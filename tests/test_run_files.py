@@ -383,6 +383,7 @@ def test_a_damaged_zoo_manifest_is_rebuilt_without_retraining(tmp_path, referenc
     ref_dir, ref_params = reference_zoo
     out = tmp_path / "zoo" / "one"
     shutil.copytree(ref_dir, out)
+    shutil.rmtree(out / zoo.UNITS)  # no per-model unit files either (a zoo written before them): checkpoints only
     (out / "zoo.json").write_bytes((ref_dir / "zoo.json").read_bytes()[:300])
     with pytest.raises(xio.DamagedFileError, match=rf"{out / 'zoo.json'} is not valid JSON"):
         zoo.load_zoo(out)
@@ -392,6 +393,29 @@ def test_a_damaged_zoo_manifest_is_rebuilt_without_retraining(tmp_path, referenc
     entry = xio.read_json(out / "zoo.json")["models"]["digits/linear_s0"]
     assert entry["resumed_from"] == 16  # loaded from its final checkpoint, not retrained
     assert read_metrics(tmp_path) == read_metrics(ref_dir.parent.parent)
+    for a, b in zip(_params(out), ref_params):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_damaged_zoo_manifest_is_rebuilt_from_the_unit_files(tmp_path, reference_zoo):
+    """The per-model unit files survive a damaged zoo.json: the manifest is rebuilt from them, nothing is trained."""
+    import shutil
+
+    import numpy as np
+
+    from funsim.experiments import zoo
+
+    ref_dir, ref_params = reference_zoo
+    out = tmp_path / "zoo" / "one"
+    shutil.copytree(ref_dir, out)
+    unit = out / zoo.UNITS / "digits" / "linear_s0.json"
+    written = unit.stat().st_mtime_ns
+    (out / "zoo.json").write_bytes((ref_dir / "zoo.json").read_bytes()[:300])
+    logs = []
+    zoo.run(zoo.config_from_dict(ONE_MODEL), root=tmp_path, progress=False, log=logs.append)
+    assert any("digits/linear_s0: done before" in line for line in logs), logs
+    assert unit.stat().st_mtime_ns == written  # not written again
+    assert xio.read_json(out / "zoo.json")["models"] == xio.read_json(ref_dir / "zoo.json")["models"]
     for a, b in zip(_params(out), ref_params):
         np.testing.assert_array_equal(a, b)
 
