@@ -64,11 +64,12 @@ from typing import Any
 
 import numpy as np
 
+from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import (config_overrides, config_type, open_run, read_json, releases_run_locks,
                                   write_json_atomic, write_table_atomic, write_text_atomic)
 
 __all__ = [
-    "StudyConfig", "CONFIGS", "COLUMNS", "CoarseTail", "config_from_dict", "run", "read_table",
+    "StudyConfig", "CONFIGS", "COLUMNS", "STATISTICS", "RULES", "CoarseTail", "config_from_dict", "run", "read_table",
     "add_arguments", "main",
 ]
 
@@ -93,6 +94,74 @@ COLUMNS = ("dataset", "model_a", "layer_a", "depth_a", "model_b", "layer_b", "de
   predictions mapped to their groups: accuracy can only go up).
 * ``value``: the number.
 """
+
+# ----------------------------------------------------------------------------- verdict rules
+
+#: The statistics ``funsim report usable-information`` computes for the verdicts
+#: (``usable_information.verdict_statistics``); a rule may name any of them. Intervals are
+#: 95% cluster-bootstrap intervals resampling model pairs. "Task-loss" numbers are held-out
+#: relative accuracies (stitched / the target's own accuracy) of stitchers trained on the labels.
+STATISTICS = {
+    "share_below_095": "share of directed fine-task task-loss stitching pairs (every family of the run) with "
+                       "relative accuracy < 0.95 (the design is below the ceiling where this is large)",
+    "pairs_below_095": "the number of those pairs",
+    "asymmetry_kurtosis_task_orthogonal": "excess kurtosis [interval] of forward - reverse task-loss relative "
+                                          "accuracy per layer pair, orthogonal family",
+    "asymmetry_kurtosis_task_scaled_orthogonal": "the same, scaled-orthogonal family",
+    "asymmetry_kurtosis_task_affine": "the same, affine family",
+    "asymmetry_kurtosis_closed_form": "excess kurtosis [interval] of forward - reverse held-out closed-form affine "
+                                      "score per layer pair",
+    "order_violations_held_out": "share of directed layer pairs whose held-out closed-form scores break "
+                                 "orthogonal <= scaled orthogonal <= affine by more than 0.01",
+    "order_violations_task": "the same on task-loss relative accuracy (needs two or more task-loss families)",
+    "r2_cka": "R^2 [interval] of linear CKA against the in-sample scaled-orthogonal score (the paper code's "
+              "protocol), every directed layer pair of the run's main convention",
+    "r2_rsa": "the same for RSA (correlation-distance RDM, Spearman)",
+    "r2_min_cka_rsa_minus_svcca": "min(R^2 CKA, R^2 RSA) - R^2 SVCCA [interval], same pairs and score",
+    "granularity_coarse_minus_fine_summed": "mean paired (coarse - fine) task-loss relative accuracy [interval] over "
+                                            "pairs with fine relative accuracy < 0.95; coarse readout: the target's "
+                                            "fine softmax summed within each group",
+    "granularity_coarse_minus_fine_head": "the same with the authors' coarse readout (a new head trained on the "
+                                          "frozen penultimate features)",
+    "sufficiency_p_high_given_cka_090": "P(task-loss relative accuracy >= 0.95 | linear CKA >= 0.9)",
+    "high_with_low_cka_share": "share of pairs with task-loss relative accuracy >= 0.95 whose linear CKA is < 0.5",
+}
+
+_BELOW_CEILING = (verdict_lib.Rule("enough pairs below the ceiling (share)", "share_below_095", ">=", 0.2,
+                                   labels=("below the ceiling", "ceiling")),
+                  verdict_lib.Rule("enough pairs below the ceiling (count)", "pairs_below_095", ">=", 30,
+                                   labels=("enough pairs", "ceiling")))
+_HEAVY = ("heavy-tailed (reproduced)", "not heavy-tailed (not reproduced)")
+
+#: The verdict rules, fixed in the config before the runs they judge (committed on their own; the
+#: report prints each rule, its number and the label ``experiments.verdict`` computes). Thresholds:
+#: the paper gives figures, not numbers, for claims 1, 2, 4 and 5, so the rules ask for the direction
+#: with an interval that excludes no effect; claim 3 asks for R^2 > 0.8 (the paper: 0.937 CKA,
+#: 0.912 RSA). Claims judged on task-loss stitching require a design below the ceiling.
+RULES: tuple[verdict_lib.Rule, ...] = (
+    verdict_lib.Rule("1a asymmetry, task loss (orthogonal)", "asymmetry_kurtosis_task_orthogonal", ">", 0.0,
+                     labels=_HEAVY, interval=True, requires=_BELOW_CEILING[:1]),
+    verdict_lib.Rule("1a asymmetry, task loss (scaled orthogonal)", "asymmetry_kurtosis_task_scaled_orthogonal", ">",
+                     0.0, labels=_HEAVY, interval=True, requires=_BELOW_CEILING[:1]),
+    verdict_lib.Rule("1a asymmetry, task loss (affine)", "asymmetry_kurtosis_task_affine", ">", 0.0, labels=_HEAVY,
+                     interval=True, requires=_BELOW_CEILING[:1]),
+    verdict_lib.Rule("1b asymmetry, closed-form held-out affine score", "asymmetry_kurtosis_closed_form", ">", 0.0,
+                     labels=_HEAVY, interval=True),
+    verdict_lib.Rule("2a family order holds held out (closed form)", "order_violations_held_out", "<=", 0.01,
+                     labels=("holds", "broken")),
+    verdict_lib.Rule("2b family order holds on task loss", "order_violations_task", "<=", 0.05,
+                     labels=("holds", "broken"), requires=_BELOW_CEILING[:1]),
+    verdict_lib.Rule("3a CKA estimates the scaled-orthogonal score", "r2_cka", ">", 0.8, interval=True),
+    verdict_lib.Rule("3b RSA estimates the scaled-orthogonal score", "r2_rsa", ">", 0.8, interval=True),
+    verdict_lib.Rule("3c SVCCA estimates it less well than CKA and RSA", "r2_min_cka_rsa_minus_svcca", ">", 0.0,
+                     interval=True),
+    verdict_lib.Rule("4 coarse >= fine (summed-softmax readout)", "granularity_coarse_minus_fine_summed", ">", 0.0,
+                     interval=True, requires=_BELOW_CEILING),
+    verdict_lib.Rule("4 coarse >= fine (new coarse head)", "granularity_coarse_minus_fine_head", ">", 0.0,
+                     interval=True, requires=_BELOW_CEILING),
+    verdict_lib.Rule("5a high CKA is sufficient", "sufficiency_p_high_given_cka_090", ">=", 0.9),
+    verdict_lib.Rule("5b high CKA is not necessary", "high_with_low_cka_share", ">", 0.05),
+)
 
 # ----------------------------------------------------------------------------- config
 
@@ -122,6 +191,8 @@ class StudyConfig:
       stitch_train_rows: training rows for the stitchers (None: all).
       coarse_groupings: coarse label groupings to stitch on when the data set has
         them (``experiments.data.COARSE_GROUPINGS``).
+      verdict_rules: the rules that label the claims (:data:`RULES`; JSON: a list of
+        :class:`experiments.verdict.Rule` dicts). Each names one of :data:`STATISTICS`.
     """
 
     name: str
@@ -143,6 +214,11 @@ class StudyConfig:
     stitch_batch_size: int | None = 128
     stitch_train_rows: int | None = 1500
     coarse_groupings: tuple[str, ...] = ("coarse", "parity")
+    verdict_rules: tuple[verdict_lib.Rule, ...] = RULES
+
+    def __post_init__(self):
+        object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
+        verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="StudyConfig")
 
 
 _SMOKE = StudyConfig(name="smoke", zoo="smoke", n_rows=96, depth_tolerance=0.5, stitch_steps=20,
