@@ -37,9 +37,10 @@ from collections.abc import Callable
 import numpy as np
 
 from funsim.experiments import study_stats as st
+from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import acquire_run_lock, read_json, releases_run_locks, write_json_atomic, write_text_atomic
 
-__all__ = ["PAPER", "ReportOptions", "report", "ridge_slack"]
+__all__ = ["PAPER", "ReportOptions", "report", "ridge_slack", "verdict_statistics"]
 
 # The paper's numbers. The released code (antonioalmudevar/bridging_similarities)
 # computes the matrices, not these statistics; where the paper gives no number, None.
@@ -384,6 +385,117 @@ def _save(fig, path):
     return plotting.save(fig, path)
 
 
+# ----------------------------------------------------------------------------- verdict statistics
+
+
+def _undefined(reason: str) -> dict:
+    return {"value": None, "reason": reason}
+
+
+def _interval_stat(stat, arrays, keys, key, opts: ReportOptions, *, min_n: int = 4) -> dict:
+    """``{"value", "interval"}`` of a cluster bootstrap (model pairs), or undefined with the reason."""
+    if len(arrays[0]) < min_n:
+        return _undefined(f"{len(arrays[0])} pairs (fewer than {min_n})")
+    try:
+        ci = st.bootstrap(stat, tuple(np.asarray(a, np.float64) for a in arrays), key=key,
+                          n_resamples=opts.n_resamples, clusters=_clusters(keys))
+    except ValueError as e:
+        return _undefined(str(e).split(";")[0])
+    return {"value": ci.estimate, "interval": [ci.low, ci.high]}
+
+
+def _order_share(chains: list[np.ndarray], tol: float = 0.01) -> float:
+    bad = np.zeros(len(chains[0]), bool)
+    for lo, hi in zip(chains[:-1], chains[1:]):
+        bad |= lo > hi + tol
+    return float(np.mean(bad))
+
+
+def verdict_statistics(t: _Table, opts: ReportOptions, key) -> dict:
+    """The numbers the study's verdict rules judge (``similarity_study.STATISTICS``).
+
+    Each is a number, ``{"value", "interval"}`` (95% cluster bootstrap over model pairs),
+    or ``{"value": None, "reason": ...}`` when the run cannot define it.
+    """
+    import jax
+
+    out: dict = {}
+    task_fams = [f for f in FAMILIES if t.get(f"task/{f}/relative_accuracy", "held_out", "fine")]
+    fine_all = np.array([v for f in task_fams for v in t.get(f"task/{f}/relative_accuracy", "held_out", "fine").values()])
+    fine_all = fine_all[np.isfinite(fine_all)]
+    if len(fine_all):
+        out["share_below_095"] = float(np.mean(fine_all < 0.95))
+        out["pairs_below_095"] = int(np.sum(fine_all < 0.95))
+    else:
+        out["share_below_095"] = out["pairs_below_095"] = _undefined("no task-loss stitching in this run")
+    k = 0
+
+    def nxt():
+        nonlocal k
+        k += 1
+        return jax.random.fold_in(key, k)
+
+    for fam in FAMILIES:
+        keys, d = _asymmetry(t.get(f"task/{fam}/relative_accuracy", "held_out", "fine"))
+        name = f"asymmetry_kurtosis_task_{fam}"
+        out[name] = (_undefined(f"no task-loss stitching of the {fam} family in this run") if not len(d) else
+                     _interval_stat(st.excess_kurtosis, (d,), [(*kk, None) for kk in keys], nxt(), opts))
+    keys, d = _asymmetry(t.get("stitch/affine", "held_out"))
+    out["asymmetry_kurtosis_closed_form"] = _interval_stat(st.excess_kurtosis, (d,), [(*kk, None) for kk in keys],
+                                                           nxt(), opts)
+    keys, chain = _join(*(t.get(f"stitch/{f}", "held_out") for f in FAMILIES))
+    out["order_violations_held_out"] = _order_share(chain) if keys else _undefined("no closed-form scores")
+    if len(task_fams) >= 2:
+        keys, chain = _join(*(t.get(f"task/{f}/relative_accuracy", "held_out", "fine") for f in task_fams))
+        out["order_violations_task"] = _order_share(chain) if keys else _undefined("no pair stitched by every family")
+    else:
+        out["order_violations_task"] = _undefined(f"task-loss families in this run: {', '.join(task_fams) or 'none'}")
+    score = t.get("stitch/scaled_orthogonal", "in_sample")
+    for name, m in (("r2_cka", "cka/linear"), ("r2_rsa", "rsa/correlation/spearman")):
+        keys, (x, y) = _join_finite(_directed(t.get(m, "all")), score)
+        out[name] = _interval_stat(st.r2, (x, y), keys, nxt(), opts)
+    keys, (a, b, c, y) = _join_finite(*(_directed(t.get(m, "all")) for m in ("cka/linear", "rsa/correlation/spearman",
+                                                                             "svcca")), score)
+    out["r2_min_cka_rsa_minus_svcca"] = _interval_stat(st.r2_margin, (a, b, c, y), keys, nxt(), opts)
+    for name, prefix in (("granularity_coarse_minus_fine_summed", "coarse:"),
+                         ("granularity_coarse_minus_fine_head", "coarse_head:")):
+        diffs, dkeys = [], []
+        for fam in task_fams:
+            fine = t.get(f"task/{fam}/relative_accuracy", "held_out", "fine")
+            for task in t.tasks(prefix):
+                keys, (f, c) = _join_finite(fine, t.get(f"task/{fam}/relative_accuracy", "held_out", task))
+                low = f < 0.95
+                diffs += list(c[low] - f[low])
+                dkeys += [kk for kk, lo in zip(keys, low) if lo]
+        out[name] = (_undefined(f"no {prefix[:-1].replace('_', ' ')} task stitched below the ceiling in this run")
+                     if not diffs else _interval_stat(st.weighted_mean, (np.array(diffs),), dkeys, nxt(), opts,
+                                                      min_n=2))
+    func = {kk: v for f in task_fams for kk, v in
+            ((kk + (f,), v) for kk, v in t.get(f"task/{f}/relative_accuracy", "held_out", "fine").items())}
+    cka = _directed(t.get("cka/linear", "all"))
+    pairs = [(cka[kk[:-1]], v) for kk, v in func.items() if kk[:-1] in cka and np.isfinite(v)]
+    if pairs:
+        x, y = np.array(pairs).T
+        top, high = x >= 0.9, y >= 0.95
+        out["sufficiency_p_high_given_cka_090"] = (float(high[top].mean()) if top.any() else
+                                                   _undefined("no pair with linear CKA >= 0.9"))
+        out["high_with_low_cka_share"] = (float(np.mean(x[high] < 0.5)) if high.any() else
+                                          _undefined("no pair with relative accuracy >= 0.95"))
+    else:
+        out["sufficiency_p_high_given_cka_090"] = out["high_with_low_cka_share"] = _undefined(
+            "no task-loss stitching with linear CKA in this run")
+    return out
+
+
+def _join_finite(*dicts: dict) -> tuple[list, list[np.ndarray]]:
+    """:func:`_join` keeping only the keys where every value is finite (undefined cells are NaN)."""
+    keys, vals = _join(*dicts)
+    ok = np.ones(len(keys), bool)
+    for v in vals:
+        ok &= np.isfinite(v)
+    return [k for k, o in zip(keys, ok) if o], [v[ok] for v in vals]
+
+
 # ----------------------------------------------------------------------------- summary
 
 
@@ -396,6 +508,15 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions) -> 
          f"Study config `{cfg['name']}` on zoo `{cfg['zoo']}`; {m['rows']} comparisons. The paper: "
          f"{PAPER['scale'][0]}. Intervals are 95% bootstrap intervals resampling model pairs "
          f"({opts.n_resamples} resamples); R^2 is the squared Pearson correlation (the R^2 of a least-squares line).", ""]
+    rules = verdict_lib.coerce_rules(cfg.get("verdict_rules", ()))
+    L += ["## Verdicts", ""]
+    if rules:
+        L += ["Each label is computed by code from the rule in the run's config (`verdict_rules`), applied to the "
+              "statistic named in the rule.", ""]
+        L += verdict_lib.markdown_table(verdict_lib.judge_all(rules, m["verdict_statistics"]))
+    else:
+        L.append("This run's config has no verdict rules (a run from before they were added): no labels.")
+    L.append("")
     L += ["## Claim 1: stitching is asymmetric", "",
           "| quantity | n | sd | excess kurtosis [95% CI] (normal: 0) | beyond 3 sd (normal: 0.0027) | "
           "(q99-q01)/(q75-q25) (normal: 3.45) | max abs | paper |", "|---|---:|---:|---|---:|---:|---:|---|"]
@@ -509,6 +630,9 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     m["claim5"] = _claim5(t, options, out, plotting)
     m["gap"] = _gap(t, out, plotting)
     m["paper"] = {k: list(v) for k, v in PAPER.items()}
+    m["verdict_statistics"] = verdict_statistics(t, options, jax.random.fold_in(key, 7))
+    rules = verdict_lib.coerce_rules(cfg.get("verdict_rules", ()))
+    m["verdicts"] = [v.to_json() for v in verdict_lib.judge_all(rules, m["verdict_statistics"])]
     write_json_atomic(out / "metrics.json", m)
     write_text_atomic(out / "summary.md", _summary(run_dir, cfg, m, options))
     log(f"[report] {out}/summary.md and 6 figures")
