@@ -176,7 +176,20 @@ class StudyConfig:
       datasets: the data sets to study (None: every data set of the zoo).
       n_rows: comparison rows per data set: the test rows first, topped up with
         training rows when the test set is smaller (every model sees the same rows).
-      flatten: ``models.flatten`` policy for conv maps: ``"spatial_mean"`` or ``"flatten"``.
+      activation_point: where dense layers that end in an activation are read for the
+        comparisons: ``"pre_activation"`` (the raw linear output: the paper code's convention)
+        or ``"post_activation"`` (``models`` layer outputs). Task-loss stitching maps the
+        post-activation outputs either way.
+      flatten: ``models.flatten`` policy for conv maps: ``"flatten"`` (C*H*W features: the
+        paper code's convention) or ``"spatial_mean"`` (global average pooling, C features).
+      rsa_max_features: RSA is left undefined (NaN in the table, counted in the summary and
+        the report, never 0.0) for a layer pair whose wider layer has more features than this,
+        as the paper's code skips it (None: no limit). In the extra conventions' grids the
+        limit applies to every measure (their only cost bound).
+      conventions: extra feature conventions, ``"<activation_point>/<flatten>"`` each
+        (e.g. ``"post_activation/spatial_mean"``), compared with ``convention_measures`` only;
+        their rows carry the measure name ``<measure>@<convention>`` (the sensitivity table).
+      convention_measures: the measures of the extra conventions' grids.
       measures: registry names compared on every layer pair (the reconstruction
         scores are added from ``families``).
       families: stitcher families of the closed-form reconstruction scores.
@@ -199,7 +212,11 @@ class StudyConfig:
     zoo: str = "default"
     datasets: tuple[str, ...] | None = None
     n_rows: int = 600
-    flatten: str = "spatial_mean"
+    activation_point: str = "pre_activation"
+    flatten: str = "flatten"
+    rsa_max_features: int | None = 2048
+    conventions: tuple[str, ...] = ()
+    convention_measures: tuple[str, ...] = ("cka/linear", "rsa/correlation/spearman")
     measures: tuple[str, ...] = ("cka/linear", "cka/linear/debiased", "rsa/correlation/spearman", "svcca",
                                  "pwcca", "procrustes")
     families: tuple[str, ...] = ("orthogonal", "scaled_orthogonal", "affine")
@@ -221,15 +238,25 @@ class StudyConfig:
         verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="StudyConfig")
 
 
-_SMOKE = StudyConfig(name="smoke", zoo="smoke", n_rows=96, depth_tolerance=0.5, stitch_steps=20,
-                     stitch_batch_size=32, stitch_train_rows=128, coarse_groupings=("parity",))
+_SMOKE = StudyConfig(name="smoke", zoo="smoke", n_rows=96, flatten="spatial_mean", depth_tolerance=0.5,
+                     stitch_steps=20, stitch_batch_size=32, stitch_train_rows=128, coarse_groupings=("parity",),
+                     conventions=("post_activation/spatial_mean", "pre_activation/flatten"))
 # The offline run on results/zoo/default, sized to about 30 minutes on this 2-core CPU
 # (README: measured time and load). PWCCA is left to the smoke and paper configs:
 # on this CPU it alone took as long as every other measure together. 600 rows: the
 # held-out scores fit on 300, more than the widest layer (256); 1,500 stitching rows
 # (all of digits' training rows) keep one shape, so one compilation, across data sets.
-_DEFAULT = StudyConfig(name="default", measures=("cka/linear", "cka/linear/debiased", "rsa/correlation/spearman",
-                                                  "svcca", "procrustes"))
+# The main grid pools conv maps (`spatial_mean`): flattened maps (up to 6,272 features on
+# mnist5k) make the closed-form scores and linear CKA d x d problems, beyond this CPU's budget
+# (4 random layers of 784-3,136 features: RSA 147 s, CKA 30 s, the scores > 2 min at load 12).
+# The paper code's conventions for the representational measures come from the extra grids:
+# pre-activation dense layers with flattened conv maps (layers <= 2,048 features, as the
+# paper code's RSA), and post-activation pooled maps (the first pass's convention).
+_DEFAULT = StudyConfig(name="default", flatten="spatial_mean",
+                       measures=("cka/linear", "cka/linear/debiased", "rsa/correlation/spearman",
+                                 "rsa/correlation/pearson", "rsa/euclidean/spearman", "svcca", "procrustes"),
+                       conventions=("post_activation/spatial_mean", "pre_activation/flatten"),
+                       convention_measures=("cka/linear", "rsa/correlation/spearman"))
 _PAPER = StudyConfig(name="paper", zoo="paper", n_rows=2000, flatten="flatten", affine_ridge=1e-3,
                      stitch_families=("orthogonal", "scaled_orthogonal", "affine"), stitch_layers="all",
                      stitch_steps=2000, stitch_train_rows=None, coarse_groupings=("coarse",))
@@ -257,13 +284,25 @@ def _check_config(cfg: StudyConfig) -> None:
     from funsim import similarity
     if cfg.flatten not in ("spatial_mean", "flatten"):
         raise ValueError(f"flatten must be 'spatial_mean' or 'flatten', got {cfg.flatten!r}.")
+    if cfg.activation_point not in ("pre_activation", "post_activation"):
+        raise ValueError(f"activation_point must be 'pre_activation' or 'post_activation', got "
+                         f"{cfg.activation_point!r}.")
+    if cfg.rsa_max_features is not None and cfg.rsa_max_features < 1:
+        raise ValueError(f"rsa_max_features must be a positive int or None, got {cfg.rsa_max_features!r}.")
+    for c in cfg.conventions:
+        point, _, flat = c.partition("/")
+        if point not in ("pre_activation", "post_activation") or flat not in ("spatial_mean", "flatten"):
+            raise ValueError(f"conventions has {c!r}; each must be '<pre_activation|post_activation>/"
+                             "<flatten|spatial_mean>', e.g. 'post_activation/spatial_mean'.")
+        if (point, flat) == (cfg.activation_point, cfg.flatten):
+            raise ValueError(f"conventions has {c!r}, the main grid's own convention; list only the extra ones.")
     if cfg.stitch_layers not in ("dense", "all"):
         raise ValueError(f"stitch_layers must be 'dense' or 'all', got {cfg.stitch_layers!r}.")
     for f in (*cfg.families, *cfg.stitch_families):
         if f not in similarity.FAMILIES:
             raise ValueError(f"Unknown stitcher family {f!r}; valid: {', '.join(similarity.FAMILIES)}.")
     known = set(similarity.list_measures())
-    for m in cfg.measures:
+    for m in (*cfg.measures, *cfg.convention_measures):
         if m.startswith("stitch/"):
             raise ValueError(f"measures has {m!r}: the reconstruction scores come from `families`; list only "
                              "the other measures.")
@@ -346,11 +385,11 @@ def _rows(ds, n_rows: int) -> np.ndarray:
     return x
 
 
-def _features(model, x, batch: int = 1000) -> dict[str, np.ndarray]:
-    """``model.features`` on ``x``, compiled, in batches, as NumPy."""
+def _features(model, x, batch: int = 1000, point: str | None = None) -> dict[str, np.ndarray]:
+    """``model.features(x, point=point)`` on ``x``, compiled, in batches, as NumPy."""
     import funsim.models as models_lib
 
-    return models_lib.compiled(model, chunk=batch).features(np.asarray(x), as_numpy=True)
+    return models_lib.compiled(model, chunk=batch).features(np.asarray(x), as_numpy=True, point=point)
 
 
 def _row(ds, a, la, b, lb, measure, direction, split, task, value) -> dict:
@@ -367,8 +406,25 @@ def _grid(reps: dict, measures: list[str], cfg: StudyConfig) -> dict[str, np.nda
     import jax
 
     from funsim import similarity
+    if not measures:
+        return {}
     g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed))
     return {name: np.asarray(t, np.float64) for name, t in g.tables.items()}
+
+
+def _limited_grid(reps: dict, measures: list[str], cfg: StudyConfig, limit: int | None) -> tuple[dict, int]:
+    """:func:`_grid` on the layers of at most ``limit`` features; the other cells NaN. Returns the tables and
+    the number of layers left out."""
+    names = list(reps)
+    keep = [k for k, n in enumerate(names) if limit is None or reps[n].shape[1] <= limit]
+    sub = _grid({names[k]: reps[names[k]] for k in keep}, measures, cfg) if keep else {}
+    out = {}
+    for m in measures:
+        t = np.full((len(names), len(names)), np.nan)
+        if m in sub:
+            t[np.ix_(keep, keep)] = sub[m]
+        out[m] = t
+    return out, len(names) - len(keep)
 
 
 def _pair_rows(ds: str, a, b, index: dict, tables: dict, cfg: StudyConfig) -> list[dict]:
@@ -384,7 +440,7 @@ def _pair_rows(ds: str, a, b, index: dict, tables: dict, cfg: StudyConfig) -> li
                     fam, split = stitch[name]
                     rows.append(_row(ds, a, la, b, lb, f"stitch/{fam}", "a->b", split, "-", t[i, j]))
                     rows.append(_row(ds, a, la, b, lb, f"stitch/{fam}", "b->a", split, "-", t[j, i]))
-                elif similarity.measure(name).symmetric:
+                elif similarity.measure(name.split("@")[0]).symmetric:
                     rows.append(_row(ds, a, la, b, lb, name, "sym", "all", "-", t[i, j]))
                 else:
                     rows.append(_row(ds, a, la, b, lb, name, "a->b", "all", "-", t[i, j]))
@@ -407,18 +463,37 @@ def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pat
         log(f"      {ds}: all {len(pairs)} model pairs compared before")
         return {"pairs": len(pairs), "computed": 0, "seconds": 0.0}
     t0 = time.time()
-    reps, index = {}, {}
-    for m in models:
-        for layer, z in models_lib.flatten_features(_features(m.model, x), policy=cfg.flatten).items():
-            index[m.id, layer] = len(reps)
-            reps[f"{m.id}:{layer}"] = np.asarray(z, np.float32)
-    measures = list(cfg.measures) + list(stitch_measure_names(cfg))
-    log(f"      {ds}: {len(reps)} layers x {len(reps)} layers, {len(measures)} measures, one compare_grid call")
+
+    def representations(point: str, flat: str) -> tuple[dict, dict]:
+        reps, index = {}, {}
+        for m in models:
+            for layer, z in models_lib.flatten_features(_features(m.model, x, point=point), policy=flat).items():
+                index[m.id, layer] = len(reps)
+                reps[f"{m.id}:{layer}"] = np.asarray(z, np.float32)
+        return reps, index
+
+    reps, index = representations(cfg.activation_point, cfg.flatten)
+    rsa = [m for m in cfg.measures if m.startswith("rsa/")]
+    measures = [m for m in cfg.measures if m not in rsa] + list(stitch_measure_names(cfg))
+    log(f"      {ds}: {len(reps)} layers x {len(reps)} layers, {len(measures) + len(rsa)} measures "
+        f"({cfg.activation_point}, {cfg.flatten})")
     tables = _grid(reps, measures, cfg)
+    rsa_tables, skipped = _limited_grid(reps, rsa, cfg, cfg.rsa_max_features)
+    tables.update(rsa_tables)
+    undefined = {"rsa_layers_over_max_features": skipped if rsa else 0}
+    for conv in cfg.conventions:
+        point, _, flat = conv.partition("/")
+        creps, cindex = representations(point, flat)
+        assert cindex == index  # the same layers in the same order
+        ctables, cskipped = _limited_grid(creps, list(cfg.convention_measures), cfg, cfg.rsa_max_features)
+        log(f"      {ds}: convention {conv}: {len(creps) - cskipped} layers of <= {cfg.rsa_max_features} features "
+            f"({cskipped} left out, NaN)")
+        tables.update({f"{m}@{conv}": t for m, t in ctables.items()})
+        undefined[f"layers_over_max_features@{conv}"] = cskipped
     for a, b in todo:
         write_json_atomic(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json",
                           {"model_a": a.id, "model_b": b.id, "rows": _pair_rows(ds, a, b, index, tables, cfg)})
-    return {"pairs": len(pairs), "computed": len(todo), "seconds": round(time.time() - t0, 1)}
+    return {"pairs": len(pairs), "computed": len(todo), "seconds": round(time.time() - t0, 1), "undefined": undefined}
 
 
 # ----------------------------------------------------------------------------- stage 2: task-loss stitching
@@ -773,7 +848,10 @@ def summary(cfg: StudyConfig, metrics: dict) -> str:
              f"Zoo: `{metrics['zoo']}`; data sets: {', '.join(metrics['datasets'])}. "
              f"{metrics['layer_pair_comparisons']} layer pairs (each unordered pair of layers of two different models "
              f"once), {metrics['comparisons']} rows in `comparisons.csv`.", "",
-             f"Representations: {cfg.n_rows} rows per data set, conv maps by `{cfg.flatten}`; measures "
+             f"Representations: {cfg.n_rows} rows per data set, dense layers {cfg.activation_point.replace('_', '-')}, "
+             f"conv maps by `{cfg.flatten}`; RSA undefined (NaN) where a layer has more than {cfg.rsa_max_features} "
+             f"features; extra conventions {', '.join(cfg.conventions) or 'none'} (measures "
+             f"{', '.join(cfg.convention_measures)}, layers of at most {cfg.rsa_max_features} features); measures "
              f"{', '.join(cfg.measures)}; closed-form reconstruction scores of {', '.join(cfg.families)} "
              f"(affine ridge {cfg.affine_ridge:g}), held out (train fraction {cfg.split}) and in sample.", "",
              f"Task-loss stitching: families {', '.join(cfg.stitch_families) or 'none'}, {cfg.stitch_layers} layers at "
@@ -786,6 +864,10 @@ def summary(cfg: StudyConfig, metrics: dict) -> str:
         st = s["stitch"] or {"targets": 0, "source_target_pairs": 0, "seconds": 0}
         lines.append(f"| {ds} | {s['models']} | {s['grid']['pairs']} | {s['grid']['seconds']} | {st['targets']} | "
                      f"{st['source_target_pairs']} | {st['seconds']} |")
+    for ds, s in metrics["stages"].items():
+        for what, n in s["grid"].get("undefined", {}).items():
+            if n:
+                lines.append(f"- {ds}: {n} layers left out ({what.replace('_', ' ')}): their cells are NaN.")
     lines += ["", f"{metrics['seconds_this_invocation']:.0f} s this invocation (units done before are not redone).",
               "", "The findings: `funsim report usable-information --run <this directory>`.", ""]
     return "\n".join(lines)

@@ -244,7 +244,10 @@ def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plotting) ->
         for fam in FAMILIES:
             score = t.get(f"stitch/{fam}", split)
             for m in measures:
-                keys, (x, y) = _join(_directed(t.get(m, "all")), score)
+                all_keys, _ = _join(_directed(t.get(m, "all")), score)
+                keys, (x, y) = _join_finite(_directed(t.get(m, "all")), score)
+                if len(all_keys) > len(keys):
+                    res.setdefault("undefined_cells", {})[f"{split}/{fam}/{m}"] = len(all_keys) - len(keys)
                 if len(keys) < 4:
                     continue
                 k += 1
@@ -259,6 +262,7 @@ def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plotting) ->
                 res.setdefault(split, {}).setdefault(fam, {})[m] = {
                     "r2": ci.estimate, "ci95": [ci.low, ci.high], "null_mean": perm.null_mean,
                     "null_q95": perm.null_q95, "p_value": perm.p_value, "n": len(keys)}
+    measures = [m for m in measures if "@" not in m]  # the figure: the main convention (the others: tables)
     # rows: measures (the x axis of their panels, named once on the right); columns: families (the y
     # axis, named once at the top); each panel's title is its R^2
     fig, axes = plotting.subplots(len(measures), len(FAMILIES), figsize=(3.6 * len(FAMILIES) + 1.2, 2.6 * len(measures) + 0.8),
@@ -266,7 +270,7 @@ def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plotting) ->
     for i, m in enumerate(measures):
         for j, fam in enumerate(FAMILIES):
             ax = axes[i, j]
-            keys, (x, y) = _join(_directed(t.get(m, "all")), t.get(f"stitch/{fam}", "held_out"))
+            keys, (x, y) = _join_finite(_directed(t.get(m, "all")), t.get(f"stitch/{fam}", "held_out"))
             ax.scatter(x, y, s=3, alpha=0.3)
             r = res.get("held_out", {}).get(fam, {}).get(m)
             r2 = f"R² = {r['r2']:.3f}" if r else "R² undefined"
@@ -279,6 +283,52 @@ def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plotting) ->
     fig.supxlabel("the row's measure", fontsize=9)
     fig.supylabel("the column's reconstruction score (held out)", fontsize=9)
     _save(fig, out / "claim3_r2.png")
+    return res
+
+
+POPULATIONS = ("all", "same kind", "dense", "conv", "narrow")
+"""Layer populations of the claim-3 table: a directed pair belongs to ``dense`` / ``conv`` / ``narrow``
+(at most 32 channels or features) when both its layers do; ``same kind``: dense-dense and conv-conv
+pairs (the paper's code compares conv layers only with conv layers)."""
+
+
+def _layer_kinds(zoo_dir: pathlib.Path) -> dict:
+    """``(model id, layer) -> (kind, channels)``, kind ``"dense"`` or ``"conv"``, from the zoo's manifest."""
+    manifest = read_json(zoo_dir / "zoo.json")
+    return {(mid, layer): ("dense" if len(shape) == 1 else "conv", int(shape[-1]))
+            for mid, e in manifest["models"].items() for layer, shape in e["feature_shapes"].items()}
+
+
+def _in_population(pop: str, ka, kb) -> bool:
+    if pop == "all":
+        return True
+    if pop == "same kind":
+        return ka[0] == kb[0]
+    if pop == "narrow":
+        return ka[1] <= 32 and kb[1] <= 32
+    return ka[0] == pop and kb[0] == pop
+
+
+def _claim3_populations(t: _Table, kinds: dict, opts: ReportOptions, key) -> dict:
+    """R^2 [interval] of every representational measure (each convention the run computed) against the
+    in-sample scaled-orthogonal score (the paper code's protocol), per layer population."""
+    import jax
+
+    if not kinds:
+        return {}
+    score = t.get("stitch/scaled_orthogonal", "in_sample")
+    res: dict = {}
+    k = 0
+    for m in (m for m in t.measures() if not m.startswith(("stitch/", "task/"))):
+        keys, (x, y) = _join_finite(_directed(t.get(m, "all")), score)
+        for pop in POPULATIONS:
+            sel = np.array([_in_population(pop, kinds[kk[1], kk[2]], kinds[kk[3], kk[4]])
+                            if (kk[1], kk[2]) in kinds and (kk[3], kk[4]) in kinds else False for kk in keys], bool)
+            k += 1
+            pk = [kk for kk, s_ in zip(keys, sel) if s_]
+            r = _interval_stat(st.r2, (x[sel], y[sel]), pk, jax.random.fold_in(key, k), opts) if sel.size else \
+                _undefined("no pairs")
+            res.setdefault(m, {})[pop] = {**r, "n": int(sel.sum()), "models": len({(kk[1], kk[3]) for kk in pk})}
     return res
 
 
@@ -559,6 +609,22 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions) -> 
             L.append(f"| {meas} | " + " | ".join(cells) + f" | {paper} |")
         L.append("")
     L += [f"- R^2 undefined for {cell}: {why}" for cell, why in m["claim3"].get("undefined", {}).items()]
+    L += [f"- {cell}: {n} directed pairs undefined (NaN: a layer wider than the run's feature limit, or a cell the "
+          "grid could not define), left out" for cell, n in m["claim3"].get("undefined_cells", {}).items()]
+    pops = m.get("claim3_populations", {})
+    if pops:
+        L += ["", "**By layer population and feature convention** (R^2 [95% CI] against the in-sample "
+              "scaled-orthogonal score, the paper code's protocol; `measure@point/flatten`: an extra convention, "
+              "the main grid's otherwise; n: directed pairs). The paper: CKA 0.937, RSA 0.912.", "",
+              "| measure | " + " | ".join(POPULATIONS) + " |", "|---|" + "---|" * len(POPULATIONS)]
+        for meas, r in pops.items():
+            cells = []
+            for pop in POPULATIONS:
+                c = r[pop]
+                cells.append(f"- (n {c['n']})" if c.get("value") is None else
+                             f"{c['value']:.3f} [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}] (n {c['n']})")
+            L.append(f"| {meas} | " + " | ".join(cells) + " |")
+        L.append("")
     L += [f"The paper's R^2 against the scaled-orthogonal score: CKA {PAPER['r2_cka_scaled_orthogonal'][0]}, "
           f"RSA {PAPER['r2_rsa_scaled_orthogonal'][0]}. "
           "The paper's code scores in sample (its numbers compare with the in-sample rows); the null column is the "
@@ -626,6 +692,8 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     m["claim1"] = _claim1(t, options, jax.random.fold_in(key, 1), out, plotting)
     m["claim2"] = _claim2(t, float(cfg["affine_ridge"]), widths, out, plotting)
     m["claim3"] = _claim3(t, options, jax.random.fold_in(key, 3), out, plotting)
+    kinds = _layer_kinds(zoo_dir) if (zoo_dir / "zoo.json").is_file() else {}
+    m["claim3_populations"] = _claim3_populations(t, kinds, options, jax.random.fold_in(key, 33))
     m["claim4"] = _claim4(t, out, plotting)
     m["claim5"] = _claim5(t, options, out, plotting)
     m["gap"] = _gap(t, out, plotting)

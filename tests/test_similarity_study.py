@@ -297,3 +297,43 @@ def test_verdict_statistics_on_synthetic_tables_with_known_answers():
     labels = {v.rule.claim: v.label for v in verdict.judge_all(rules, noisy)}
     assert noisy["r2_cka"]["interval"][1] < 0.8
     assert labels["3a CKA estimates the scaled-orthogonal score"] == "not reproduced"
+
+
+def test_rsa_above_the_feature_limit_is_nan_and_counted():
+    """RSA of a layer wider than rsa_max_features is NaN (never 0.0); the other cells equal the plain grid."""
+    rng = np.random.default_rng(0)
+    reps = {"a": rng.normal(size=(20, 5)).astype(np.float32), "b": rng.normal(size=(20, 12)).astype(np.float32),
+            "c": rng.normal(size=(20, 7)).astype(np.float32)}
+    cfg = S.config_from_dict({"base": "smoke"})
+    tables, skipped = S._limited_grid(reps, ["rsa/correlation/spearman"], cfg, 8)
+    t = tables["rsa/correlation/spearman"]
+    assert skipped == 1 and np.all(np.isnan(t[1])) and np.all(np.isnan(t[:, 1]))
+    full = S._grid(reps, ["rsa/correlation/spearman"], cfg)["rsa/correlation/spearman"]
+    keep = [0, 2]
+    np.testing.assert_allclose(t[np.ix_(keep, keep)], full[np.ix_(keep, keep)], rtol=1e-6)
+
+
+def test_feature_conventions_in_the_table(tiny):
+    """The main grid reads MLP layers before the activation (the paper code's convention); the extra
+    convention's rows (post-activation) carry `@post_activation/spatial_mean` and are linear CKA of the
+    post-activation features, recomputed here with the library function."""
+    import funsim.models as models_lib
+    from funsim import similarity
+
+    root, run = tiny
+    t = S.read_table(run / "comparisons.csv")
+    zoo = zoo_lib.load_zoo(root / "zoo" / "tiny", datasets=("digits",))
+    mlps = [m for m in zoo.by_dataset("digits") if m.name == "mlp"]
+    a, b = mlps[0], mlps[1]
+    x = S._rows(zoo.data("digits").dataset, S.config_from_dict(TINY).n_rows)
+    for point, measure in (("pre_activation", "cka/linear"), ("post_activation",
+                                                             "cka/linear@post_activation/spatial_mean")):
+        fa = models_lib.compiled(a.model).features(x, point=point, as_numpy=True)["fc0"]
+        fb = models_lib.compiled(b.model).features(x, point=point, as_numpy=True)["fc0"]
+        row = _where(t, measure=measure, model_a=a.id, layer_a="fc0", model_b=b.id, layer_b="fc0")
+        assert row.sum() == 1
+        np.testing.assert_allclose(t["value"][row][0], float(similarity.cka(fa, fb)), rtol=1e-4)
+    pre = t["value"][_where(t, measure="cka/linear", model_a=a.id, layer_a="fc0", model_b=b.id, layer_b="fc0")]
+    post = t["value"][_where(t, measure="cka/linear@post_activation/spatial_mean", model_a=a.id, layer_a="fc0",
+                             model_b=b.id, layer_b="fc0")]
+    assert abs(pre[0] - post[0]) > 1e-4  # the two conventions differ
