@@ -185,7 +185,7 @@ class FeatureModel(nnx.Module):
     def _input_dtype(self):
         return jnp.result_type(float)
 
-    def tail(self, layer: str, z: ArrayLike, *, point: str = "post_activation") -> jax.Array:
+    def tail(self, layer: str, z: ArrayLike, *, point: str = "post_activation", until: str | None = None) -> jax.Array:
         """Run the rest of the network from the output of ``layer``.
 
         Args:
@@ -194,6 +194,8 @@ class FeatureModel(nnx.Module):
             ``"flatten"``-policy form ``(n, prod(shape))``.
           point: where ``z`` was tapped (see :meth:`features`); from a pre-activation
             tap the stage's activation is applied first.
+          until: stop after this stage (its output, e.g. ``"pool"`` for a new head on the
+            penultimate features); None: run to the logits. Must not come before ``layer``.
 
         Returns:
           logits, as ``self(x)`` would give them.
@@ -213,6 +215,9 @@ class FeatureModel(nnx.Module):
         act = self._pre_activation(i) if point == "pre_activation" else None
         if act is not None:
             z = act(z)
-        for j in range(i + 1, len(self._stage_names())):
+        stop = len(self._stage_names()) - 1 if until is None else self._index(until)
+        if stop < i:
+            raise ValueError(f"tail({layer!r}, until={until!r}): {until!r} comes before {layer!r}.")
+        for j in range(i + 1, stop + 1):
             z = self._stage(j, z)
         return z

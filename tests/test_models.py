@@ -416,3 +416,26 @@ def test_compiled_model_float64_matches_and_compiles_once_per_architecture():
         models.compiled(mk(0), chunk=0)
     with pytest.raises(TypeError, match="needs a Flax NNX model"):
         models.compiled(object())
+
+
+def test_tail_until_and_the_new_head_tail():
+    """tail(layer, z, until=s) is the stage s's output; HeadTail is that, flattened, through a linear head;
+    train_head fits a separable coarse task on frozen features."""
+    model, shape = ZOO["cnn"]
+    x = _input("cnn", shape, n=6)
+    feats = model.features(x)
+    np.testing.assert_allclose(model.tail("conv0", feats["conv0"], until="pool"), feats["pool"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="comes before"):
+        model.tail("pool", feats["pool"], until="conv0")
+    assert models.penultimate(model) == "pool" and models.penultimate(ZOO["linear"][0]) is None
+    rng = np.random.default_rng(0)
+    heads = [{"weight": rng.normal(size=(6, 2)).astype(np.float32), "bias": rng.normal(size=2).astype(np.float32)}
+             for _ in range(2)]
+    tail, params = models.stack_head_tails([model, model], "conv0", heads)
+    out = tail(jax.tree.map(lambda a: a[1], params), feats["conv0"])
+    np.testing.assert_allclose(out, np.asarray(feats["pool"]) @ heads[1]["weight"] + heads[1]["bias"], rtol=1e-5,
+                               atol=1e-5)
+    z = rng.normal(size=(200, 3))
+    y = (z[:, 0] + 0.5 * z[:, 1] > 0).astype(int)
+    h = models.train_head(z, y, 2, steps=300, learning_rate=0.05)
+    assert np.mean(np.argmax(z @ h["weight"] + h["bias"], 1) == y) > 0.97

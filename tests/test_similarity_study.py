@@ -337,3 +337,34 @@ def test_feature_conventions_in_the_table(tiny):
     post = t["value"][_where(t, measure="cka/linear@post_activation/spatial_mean", model_a=a.id, layer_a="fc0",
                              model_b=b.id, layer_b="fc0")]
     assert abs(pre[0] - post[0]) > 1e-4  # the two conventions differ
+
+
+def test_unsaturated_design_smoke(tiny):
+    """The unsaturated design's code path on the tiny zoo: three task-loss families, fewer stitching rows
+    (12) than the MLP's source width (16: the orthogonal closed-form start on the rows' span), the coarse
+    task through a new head on each target's penultimate features beside the summed softmax, and the report's
+    granularity statistics for both readouts."""
+    import jax
+
+    root, _ = tiny
+    cfg = S.config_from_dict({**TINY, "name": "unsat", "families": ["orthogonal", "scaled_orthogonal", "affine"],
+                              "stitch_families": ["orthogonal", "scaled_orthogonal", "affine"], "depth_tolerance": 0.5,
+                              "stitch_steps": 5, "stitch_train_rows_by_dataset": ["digits=12"], "conventions": []})
+    S.run(cfg, root=root, progress=False, log=lambda s: None)
+    run = root / "similarity_study" / "unsat"
+    t = S.read_table(run / "comparisons.csv")
+    for fam in cfg.stitch_families:
+        for task in ("fine", "coarse:parity", "coarse_head:parity"):
+            sel = _where(t, measure=f"task/{fam}/relative_accuracy", task=task)
+            assert sel.sum() > 0 and np.all(np.isfinite(t["value"][sel])), (fam, task)
+    # the head reads the MLP's penultimate stage (fc0): only fc0 targets take it, the logits do not
+    head = _where(t, measure="task/affine/own_accuracy", task="coarse_head:parity")
+    targets = {(a if d == "b->a" else b, la if d == "b->a" else lb) for a, la, b, lb, d in
+               zip(t["model_a"][head], t["layer_a"][head], t["model_b"][head], t["layer_b"][head], t["direction"][head])}
+    assert {layer for _, layer in targets} == {"fc0"}
+    assert np.all(t["value"][head] > 0.6)  # the new parity head on the frozen features works
+    stats = ui.verdict_statistics(ui._Table(t), ui.ReportOptions(n_resamples=20), jax.random.key(0))
+    assert stats["share_below_095"] is not None
+    for name in ("granularity_coarse_minus_fine_summed", "granularity_coarse_minus_fine_head"):
+        v = stats[name]
+        assert isinstance(v, dict) and (v["value"] is not None or "reason" in v), name
