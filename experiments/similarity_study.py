@@ -25,16 +25,20 @@ For each data set of the zoo, two stages, both batched:
    compiled, vmapped call (``models.stack_tails``), then scored on held-out rows.
    With a coarse grouping of the labels the same stitchers are also trained on
    the coarse task, through the target's tail followed by the marginalisation of
-   its softmax over each group (:class:`CoarseTail`; the paper instead trains a
-   new coarse head on the frozen backbone).
+   its softmax over each group (:class:`CoarseTail`), and (``coarse_head``) through
+   the paper code's readout: a new head per target model trained on its frozen
+   penultimate features (``models.HeadTail``).
 
-**Representations.** Conv maps ``(n, H, W, C)`` are reduced by
-``models.flatten`` with the config's ``flatten`` policy: ``spatial_mean``
-(global average pooling, ``C`` features: the paper code's ``gap`` option) in
-the default config, so that the default run fits this CPU; ``flatten`` (the
-paper code's default) in the paper config. Dense layers are used as they are.
-They are computed once per model and data set and kept in memory. Task-loss
-stitching always maps the raw activations.
+**Representations.** The feature convention is the config's: dense layers that end
+in an activation are read before it (``activation_point="pre_activation"``, the paper
+code's ``nn.Linear`` outputs) or after it; conv maps ``(n, H, W, C)`` are reduced by
+``models.flatten`` with the ``flatten`` policy: ``flatten`` (C*H*W features, the paper
+code's default) or ``spatial_mean`` (global average pooling, ``C`` features: what the
+default config's main grid uses, so that the closed-form scores fit this CPU). RSA is
+undefined (NaN, counted) for layers wider than ``rsa_max_features`` (2,048), as the paper
+code skips it. Extra ``conventions`` add grids of ``convention_measures`` only, with rows
+named ``<measure>@<point>/<flatten>``: the sensitivity of claim 3 to the convention.
+Task-loss stitching always maps the raw post-activation outputs.
 
 **Resumable.** Every unit of work is written atomically when it is done: one
 file per model pair (``pairs/<data set>/<A>__<B>.json``: all its layer pairs,
