@@ -156,7 +156,7 @@ def train_head(z, y, n_classes: int, /, *, steps: int = 500, learning_rate: floa
       >>> import numpy as np
       >>> z = np.array([[0.0], [1.0], [2.0], [3.0]]); y = np.array([0, 0, 1, 1])
       >>> h = train_head(z, y, 2, steps=300, learning_rate=0.1)
-      >>> (np.argmax(z @ h["weight"] + h["bias"], 1) == y).all()
+      >>> bool((np.argmax(z @ h["weight"] + h["bias"], 1) == y).all())
       True
     """
     import numpy as np
