@@ -294,7 +294,7 @@ def shared_rows(x: jax.Array, in_a: jax.Array, in_b: jax.Array) -> jax.Array:
     (about ``n 2^-32``): the count is for a warning, not for a computation.
     """
     h1, h2 = row_hash(x, 0x3C6EF372), row_hash(x, 0xA54FF53A)
-    big = jnp.iinfo(jnp.uint32).max
+    big = jnp.asarray(jnp.iinfo(jnp.uint32).max, jnp.uint32)  # typed: a Python int overflows int32 without x64
     key = jnp.where(in_a, h1, big)
     order = jnp.argsort(key)
     sk, s2, sa = key[order], h2[order], in_a[order]
