@@ -31,7 +31,7 @@ from jax.typing import ArrayLike
 __all__ = [
     "Interval", "PermutationResult", "r2", "weighted_moments", "excess_kurtosis", "resample_weights",
     "bootstrap", "permutation_test", "tail_statistics", "binned_probability", "count_violations",
-    "NORMAL_TAIL",
+    "NORMAL_TAIL", "weighted_mean", "r2_margin",
 ]
 
 # For a normal distribution: P(|z| > 3) and (q99 - q01) / (q75 - q25), the references of tail_statistics.
@@ -90,6 +90,33 @@ def r2(x: ArrayLike, y: ArrayLike, /, *, weights: ArrayLike | None = None) -> ja
     xc, yc = x - jnp.sum(w * x) / tot, y - jnp.sum(w * y) / tot
     sxy, sxx, syy = jnp.sum(w * xc * yc), jnp.sum(w * xc * xc), jnp.sum(w * yc * yc)
     return sxy * sxy / (sxx * syy)
+
+
+def weighted_mean(x: ArrayLike, /, *, weights: ArrayLike | None = None) -> jax.Array:
+    """The (frequency-)weighted mean of ``x`` (a statistic for :func:`bootstrap`).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> float(weighted_mean(jnp.array([1., 3.]), weights=jnp.array([3., 1.])))
+      1.5
+    """
+    x = _vec(x, "x")
+    w = jnp.ones_like(x) if weights is None else jnp.asarray(weights, x.dtype)
+    return jnp.sum(w * x) / jnp.sum(w)
+
+
+def r2_margin(a: ArrayLike, b: ArrayLike, c: ArrayLike, y: ArrayLike, /, *,
+              weights: ArrayLike | None = None) -> jax.Array:
+    """``min(R^2(a, y), R^2(b, y)) - R^2(c, y)`` (:func:`r2`): how much better the weaker of two measures
+    predicts ``y`` than a third; one statistic, so :func:`bootstrap` resamples the pairs jointly.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> y = jnp.array([0., 1., 2., 3.])
+      >>> round(float(r2_margin(y, 2 * y, jnp.array([1., 0., 1., 0.]), y)), 2)
+      0.8
+    """
+    return jnp.minimum(r2(a, y, weights=weights), r2(b, y, weights=weights)) - r2(c, y, weights=weights)
 
 
 def excess_kurtosis(x: ArrayLike, /, *, weights: ArrayLike | None = None) -> jax.Array:

@@ -31,6 +31,10 @@ from funsim.models.mlp import Linear as Linear
 from funsim.models.tails import TailApply as TailApply
 from funsim.models.tails import split_tail as split_tail
 from funsim.models.tails import stack_tails as stack_tails
+from funsim.models.tails import HeadTail as HeadTail
+from funsim.models.tails import penultimate as penultimate
+from funsim.models.tails import stack_head_tails as stack_head_tails
+from funsim.models.tails import train_head as train_head
 
 MODELS = {
     "linear": Linear,

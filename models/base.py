@@ -29,6 +29,15 @@ from flax import nnx
 from jax.typing import ArrayLike
 
 FLATTEN_POLICIES = ("flatten", "spatial_mean")
+ACTIVATION_POINTS = ("post_activation", "pre_activation")
+"""Where ``features`` taps a stage that ends in an elementwise activation: after it (the
+stage's output, the default) or before it (the raw linear output, as the usable-information
+paper's code reads MLP layers). Stages without such an activation give the same either way."""
+
+
+def _check_point(point: str) -> None:
+    if point not in ACTIVATION_POINTS:
+        raise ValueError(f"point must be one of {', '.join(repr(p) for p in ACTIVATION_POINTS)}, got {point!r}.")
 
 
 def flatten(z: ArrayLike, /, *, policy: str = "flatten") -> jax.Array:
@@ -106,6 +115,15 @@ class FeatureModel(nnx.Module):
     def _stage(self, i: int, z: jax.Array) -> jax.Array:
         raise NotImplementedError
 
+    def _pre_activation(self, i: int):
+        """The elementwise activation that ends stage ``i`` (``_stage(i, z) == act(_stage_pre(i, z))``),
+        or None when the stage has no pre-activation tap (the default)."""
+        return None
+
+    def _stage_pre(self, i: int, z: jax.Array) -> jax.Array:
+        """Stage ``i`` up to, not including, its final activation (only where :meth:`_pre_activation` is set)."""
+        raise NotImplementedError
+
     def _prepare(self, x: ArrayLike) -> jax.Array:
         """Validate ``x`` of shape ``(n, *input_shape)`` (float)."""
         x = jnp.asarray(x)
@@ -135,13 +153,27 @@ class FeatureModel(nnx.Module):
             z = self._stage(i, z)
         return z
 
-    def features(self, x: ArrayLike) -> dict[str, jax.Array]:
-        """Every stage's output, in order: ``{layer: (n, ...)}``."""
+    def features(self, x: ArrayLike, *, point: str = "post_activation") -> dict[str, jax.Array]:
+        """Every stage's output, in order: ``{layer: (n, ...)}``.
+
+        Args:
+          x: ``(n, *input_shape)``.
+          point: ``"post_activation"`` (each stage's output) or ``"pre_activation"``:
+            a stage that ends in an elementwise activation is tapped before it
+            (same shape); :meth:`tail` with the same ``point`` continues from there.
+        """
+        _check_point(point)
         z = self._prepare(x)
         out = {}
         for i, name in enumerate(self._stage_names()):
-            z = self._stage(i, z)
-            out[name] = z
+            act = self._pre_activation(i) if point == "pre_activation" else None
+            if act is None:
+                z = self._stage(i, z)
+                out[name] = z
+            else:
+                pre = self._stage_pre(i, z)
+                out[name] = pre
+                z = act(pre)
         return out
 
     def feature_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -153,13 +185,17 @@ class FeatureModel(nnx.Module):
     def _input_dtype(self):
         return jnp.result_type(float)
 
-    def tail(self, layer: str, z: ArrayLike) -> jax.Array:
+    def tail(self, layer: str, z: ArrayLike, *, point: str = "post_activation", until: str | None = None) -> jax.Array:
         """Run the rest of the network from the output of ``layer``.
 
         Args:
           layer: one of :meth:`layer_names`.
-          z: ``(n, *shape)`` as returned by ``features(x)[layer]``, or its
+          z: ``(n, *shape)`` as returned by ``features(x, point=point)[layer]``, or its
             ``"flatten"``-policy form ``(n, prod(shape))``.
+          point: where ``z`` was tapped (see :meth:`features`); from a pre-activation
+            tap the stage's activation is applied first.
+          until: stop after this stage (its output, e.g. ``"pool"`` for a new head on the
+            penultimate features); None: run to the logits. Must not come before ``layer``.
 
         Returns:
           logits, as ``self(x)`` would give them.
@@ -175,6 +211,13 @@ class FeatureModel(nnx.Module):
                     f"tail({layer!r}, z) expects z of shape (n, {', '.join(map(str, shape))}) "
                     f"or flattened (n, {int(np.prod(shape))}), got {tuple(z.shape)}."
                 )
-        for j in range(i + 1, len(self._stage_names())):
+        _check_point(point)
+        act = self._pre_activation(i) if point == "pre_activation" else None
+        if act is not None:
+            z = act(z)
+        stop = len(self._stage_names()) - 1 if until is None else self._index(until)
+        if stop < i:
+            raise ValueError(f"tail({layer!r}, until={until!r}): {until!r} comes before {layer!r}.")
+        for j in range(i + 1, stop + 1):
             z = self._stage(j, z)
         return z

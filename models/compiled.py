@@ -27,10 +27,11 @@ from flax import nnx
 __all__ = ["CompiledModel", "compiled"]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _features(graphdef, state, x):
+@functools.partial(jax.jit, static_argnames=("graphdef", "point"))
+def _features(graphdef, state, x, point=None):
     # as a list in the model's order: a dict would come back with its keys sorted
-    return list(nnx.merge(graphdef, state).features(x).values())
+    model = nnx.merge(graphdef, state)
+    return list((model.features(x) if point is None else model.features(x, point=point)).values())
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -38,9 +39,10 @@ def _logits(graphdef, state, x):
     return nnx.merge(graphdef, state)(x)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "layer"))
-def _tail(graphdef, state, z, layer):
-    return nnx.merge(graphdef, state).tail(layer, z)
+@functools.partial(jax.jit, static_argnames=("graphdef", "layer", "point"))
+def _tail(graphdef, state, z, layer, point=None):
+    model = nnx.merge(graphdef, state)
+    return model.tail(layer, z) if point is None else model.tail(layer, z, point=point)
 
 
 def _array(x):
@@ -94,21 +96,23 @@ class CompiledModel:
     chunk: int
     layers: tuple[str, ...] = ()
 
-    def features(self, x, /, *, as_numpy: bool = False) -> dict[str, Any]:
+    def features(self, x, /, *, as_numpy: bool = False, point: str | None = None) -> dict[str, Any]:
         """``model.features(x)``: every stage's output, ``{layer: (n, ...)}``.
 
         Args:
           x: ``(n, *input_shape)``.
           as_numpy: return NumPy arrays, each chunk moved off the device as it is done.
+          point: ``model.features(x, point=point)`` (None: the model's default, post-activation).
         """
         if not self.layers:
             raise TypeError("CompiledModel.features needs a model with layer_names() (every funsim model has it).")
-        values = _chunked(lambda a: _features(self.graphdef, self.state, a), _array(x), self.chunk, as_numpy)
+        values = _chunked(lambda a: _features(self.graphdef, self.state, a, point), _array(x), self.chunk, as_numpy)
         return dict(zip(self.layers, values, strict=True))
 
-    def tail(self, layer: str, z, /, *, as_numpy: bool = False):
-        """``model.tail(layer, z)``: logits from the activations of ``layer`` (or their flattened form)."""
-        return _chunked(lambda a: _tail(self.graphdef, self.state, a, layer), _array(z), self.chunk, as_numpy)
+    def tail(self, layer: str, z, /, *, as_numpy: bool = False, point: str | None = None):
+        """``model.tail(layer, z)``: logits from the activations of ``layer`` (or their flattened form);
+        ``point``: where ``z`` was tapped (``model.tail(layer, z, point=point)``; None: post-activation)."""
+        return _chunked(lambda a: _tail(self.graphdef, self.state, a, layer, point), _array(z), self.chunk, as_numpy)
 
     def __call__(self, x, /, *, as_numpy: bool = False):
         """``model(x)``: the logits."""

@@ -68,7 +68,8 @@ class MLP(FeatureModel):
     """Multilayer perceptron ``flatten -> [dense -> activation] * len(widths) -> dense``.
 
     Layers: ``("fc0", ..., "fc{k-1}", "logits")``; ``fc{i}`` is the output of
-    the i-th hidden layer after its activation.
+    the i-th hidden layer after its activation (``features(x, point="pre_activation")``:
+    before it, the dense layer's raw output).
 
     Args:
       input_shape: per-sample shape (int or tuple).
@@ -112,3 +113,11 @@ class MLP(FeatureModel):
         if i < len(self.hidden):
             return get_activation(self.activation)(self.hidden[i](z))
         return self.head(z)
+
+    def _pre_activation(self, i):
+        return get_activation(self.activation) if i < len(self.hidden) else None
+
+    def _stage_pre(self, i, z):
+        if i == 0:
+            z = z.reshape(z.shape[0], -1)
+        return self.hidden[i](z)

@@ -107,3 +107,105 @@ def stack_tails(models: Sequence[Any], layer: str, /) -> tuple[TailApply, Any]:
         raise ValueError("stack_tails needs one or more Flax NNX models of the same architecture "
                          "(equal nnx graphdefs); stitch into different architectures in separate calls.")
     return splits[0][0], jax.tree.map(lambda *a: jnp.stack(a), *(p for _, p in splits))
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadTail:
+    """A model's tail up to stage ``until``, then a new linear head: ``tail(params, h) -> (n, C)`` logits.
+
+    The usable-information paper's coarse task: a new head trained on the frozen
+    backbone's penultimate features (:func:`train_head`), and stitching trains through
+    the backbone's tail and that head. ``params = {"model": nnx state, "head": {"weight":
+    (d, C), "bias": (C,)}}``; hashable by value (one compiled loop per architecture).
+
+    Attributes:
+      graphdef: the model's ``nnx.GraphDef``.
+      layer: the layer whose activations ``h`` the tail takes.
+      until: the stage the head reads (e.g. ``"pool"``), flattened.
+    """
+
+    graphdef: Any
+    layer: str
+    until: str
+
+    def __call__(self, params: Any, h: jax.Array) -> jax.Array:
+        z = nnx.merge(self.graphdef, params["model"]).tail(self.layer, h, until=self.until)
+        z = z.reshape(z.shape[0], -1)
+        return z @ params["head"]["weight"] + params["head"]["bias"][None, :]
+
+
+def penultimate(model: Any) -> str | None:
+    """The stage before the logits (a new head's input), or None for a model with one stage."""
+    names = tuple(model.layer_names())
+    return names[-2] if len(names) > 1 else None
+
+
+def train_head(z, y, n_classes: int, /, *, steps: int = 500, learning_rate: float = 1e-2) -> dict:
+    """A softmax-regression head on frozen features: full-batch Adam on the mean cross-entropy.
+
+    Args:
+      z: ``(n, d)`` features (e.g. a model's penultimate stage on its training rows).
+      y: ``(n,)`` integer labels in ``[0, n_classes)``.
+      n_classes: outputs of the head.
+      steps, learning_rate: Adam (from zero weights: the problem is convex).
+
+    Returns:
+      ``{"weight": (d, n_classes), "bias": (n_classes,)}`` (NumPy).
+
+    Examples:
+      >>> import numpy as np
+      >>> z = np.array([[0.0], [1.0], [2.0], [3.0]]); y = np.array([0, 0, 1, 1])
+      >>> h = train_head(z, y, 2, steps=300, learning_rate=0.1)
+      >>> bool((np.argmax(z @ h["weight"] + h["bias"], 1) == y).all())
+      True
+    """
+    import numpy as np
+
+    z = np.asarray(z)
+    y = np.asarray(y)
+    if z.ndim != 2 or y.shape != (z.shape[0],):
+        raise ValueError(f"train_head needs z (n, d) and y (n,), got {z.shape} and {y.shape}.")
+    if y.min() < 0 or y.max() >= n_classes:
+        raise ValueError(f"train_head: labels must lie in [0, {n_classes}), got [{y.min()}, {y.max()}].")
+    mu, sd = z.mean(0), z.std(0) + 1e-6  # standardised inside, folded back into the head
+    w, b = _fit_head(jnp.asarray((z - mu) / sd), jnp.asarray(y), n_classes, steps, float(learning_rate))
+    w, b = np.asarray(w) / sd[:, None], np.asarray(b)
+    return {"weight": w.astype(z.dtype), "bias": (b - mu @ w).astype(z.dtype)}
+
+
+def _fit_head(z, y, n_classes, steps, learning_rate):
+    return _fit_head_jit(z, y, learning_rate, n_classes=n_classes, steps=steps)
+
+
+def _head_loss(p, z, y):
+    logits = z @ p["weight"] + p["bias"][None, :]
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
+
+
+@jax.jit
+def _head_step(p, m, v, t, z, y, lr):
+    g = jax.grad(_head_loss)(p, z, y)
+    m = jax.tree.map(lambda a, b: 0.9 * a + 0.1 * b, m, g)
+    v = jax.tree.map(lambda a, b: 0.999 * a + 0.001 * b * b, v, g)
+    step = jax.tree.map(lambda a, b: lr * (a / (1 - 0.9**t)) / (jnp.sqrt(b / (1 - 0.999**t)) + 1e-8), m, v)
+    return jax.tree.map(lambda a, s: a - s, p, step), m, v
+
+
+def _fit_head_jit(z, y, lr, *, n_classes, steps):
+    p = {"weight": jnp.zeros((z.shape[1], n_classes), z.dtype), "bias": jnp.zeros((n_classes,), z.dtype)}
+    m = jax.tree.map(jnp.zeros_like, p)
+    v = jax.tree.map(jnp.zeros_like, p)
+    lr = jnp.asarray(lr, z.dtype)
+    for t in range(1, steps + 1):
+        p, m, v = _head_step(p, m, v, jnp.asarray(t, z.dtype), z, y, lr)
+    return p["weight"], p["bias"]
+
+
+def stack_head_tails(models: Sequence[Any], layer: str, heads: Sequence[dict], /) -> tuple[HeadTail, Any]:
+    """:func:`stack_tails` with a new head per model on its penultimate stage: ``(HeadTail, params (M, ...))``."""
+    tail, state = stack_tails(models, layer)
+    until = penultimate(models[0])
+    if until is None:
+        raise ValueError("stack_head_tails: the model has a single stage, so no penultimate features for a head.")
+    head = jax.tree.map(lambda *a: jnp.stack([jnp.asarray(x) for x in a]), *heads)
+    return HeadTail(tail.graphdef, layer, until), {"model": state, "head": head}

@@ -131,11 +131,59 @@ def _haar(key: jax.Array, m: int) -> np.ndarray:
     return q * np.sign(np.diag(r))
 
 
+def procrustes_start(x, y, *, scaled: bool) -> tuple[np.ndarray, np.ndarray, float]:
+    """The least-squares (scaled) orthogonal map of ``y`` on ``x``, also with fewer rows than features.
+
+    ``W = U V^T`` from the thin SVD ``U S V^T`` of the centred cross-covariance
+    ``Xc^T Yc``; ``s = tr(S) / ||Xc||^2`` when ``scaled`` (else 1); ``b = mean(y) -
+    s mean(x) W``. With ``n - 1`` below the widths, ``Xc^T Yc`` has rank ``< min(d_x, d_y)``
+    and the singular vectors of its zero singular values are any orthonormal
+    completion: every such ``W`` has the same residual ``||Yc||^2 - 2 s tr(S) + s^2 ||Xc||^2``,
+    the minimum over the family on these rows. Host-side, float64.
+
+    Returns:
+      ``(weight (d_x, d_y), bias (d_y,), scale)``; ``weight`` has orthonormal columns
+      (``d_x >= d_y``) or rows.
+
+    Examples:
+      >>> import numpy as np
+      >>> rng = np.random.default_rng(0)
+      >>> x = rng.normal(size=(5, 8)); w, b, s = procrustes_start(x, x[:, :3], scaled=False)
+      >>> bool(np.allclose(w.T @ w, np.eye(3)))
+      True
+    """
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    mx, my = x.mean(0), y.mean(0)
+    xc, yc = x - mx, y - my
+    u, sv, vt = np.linalg.svd(xc.T @ yc, full_matrices=False)
+    weight = u @ vt
+    scale = float(sv.sum() / np.sum(xc * xc)) if scaled else 1.0
+    return weight, my - scale * mx @ weight, scale
+
+
 def _closed_form(family, srcs, z_tgts, ridge):
-    """``fit_stitchers`` of every (tail m, source k) pair: ``[m][k] -> (weight, bias, scale)``."""
+    """``fit_stitchers`` of every (tail m, source k) pair: ``[m][k] -> (weight, bias, scale)``.
+
+    The orthogonal families fall back to :func:`procrustes_start` (their exact optimum on the
+    fitting rows) when a source has at least as many features as there are rows, which
+    ``fit_stitchers`` refuses."""
     affine = family == "affine"
     k_count = len(srcs)
     flat = lambda z: z.reshape(-1, z.shape[-1])  # noqa: E731  NHWC: pixels are samples
+    n_rows = int(flat(srcs[0]).shape[0])
+    if not affine and max(int(s.shape[-1]) for s in srcs) > n_rows - 1:
+        out = []
+        for t in z_tgts:
+            row = []
+            for s_ in srcs:
+                w, b, sc = procrustes_start(flat(s_), flat(t), scaled=family == "scaled_orthogonal")
+                if not sc > 0:
+                    raise ValueError(
+                        f"The closed-form {family} fit has scale {sc} <= 0 (the source is constant or "
+                        "uncorrelated with the target); use init='identity' or 'random'.")
+                row.append((w, b, sc))
+            out.append(row)
+        return out
     try:
         fits = fit_stitchers(
             [flat(s) for _ in z_tgts for s in srcs],

@@ -145,3 +145,19 @@ def test_full_size_grid_does_not_hang():
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_shared_rows_without_x64():
+    """shared_rows runs in the default float32/int32 mode too (the test suite enables x64: this checks the
+    other mode): it used to overflow on its uint32 sentinel, from the grid's pairwise fallback."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from funsim.similarity._linalg import shared_rows
+
+    x = np.arange(12, dtype=np.float32).reshape(6, 2)
+    x[4] = x[0]  # one b row equals an a row
+    with jax.enable_x64(False):
+        n = shared_rows(jnp.asarray(x), jnp.asarray([1, 1, 1, 0, 0, 0], bool), jnp.asarray([0, 0, 0, 1, 1, 1], bool))
+    assert int(n) == 1

@@ -79,6 +79,45 @@ def test_tail_from_every_layer_reproduces_the_model(name):
         )
 
 
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_tail_from_every_pre_activation_tap_reproduces_the_model(name):
+    """tail(layer, ., point="pre_activation") after features(x, point="pre_activation") is the model,
+    for every layer of every architecture (stages without a pre-activation tap give the same as before)."""
+    model, shape = ZOO[name]
+    x = _input(name, shape)
+    logits = model(x)
+    pre, post = model.features(x, point="pre_activation"), model.features(x)
+    assert tuple(pre) == model.layer_names()
+    for layer, z in pre.items():
+        assert z.shape == post[layer].shape, layer
+        np.testing.assert_allclose(model.tail(layer, z, point="pre_activation"), logits, rtol=1e-5, atol=1e-5,
+                                   err_msg=layer)
+    fast = models.compiled(model, chunk=2)
+    for layer, z in fast.features(x, point="pre_activation", as_numpy=True).items():
+        np.testing.assert_allclose(z, pre[layer], rtol=1e-5, atol=1e-5, err_msg=layer)
+        np.testing.assert_allclose(fast.tail(layer, z, point="pre_activation", as_numpy=True), logits, rtol=1e-5,
+                                   atol=1e-5, err_msg=layer)
+
+
+def test_mlp_pre_activation_taps_against_numpy():
+    """An MLP's pre-activation tap is the dense layer's raw output x W + b (NumPy), and differs from
+    the post-activation one exactly by the activation; the logits are the same tap either way."""
+    model = models.MLP(IMG, 10, widths=(16, 12), activation="relu", rngs=nnx.Rngs(3))
+    x = np.random.default_rng(1).normal(size=(5, *IMG)).astype(np.float32)
+    pre = model.features(x, point="pre_activation")
+    h = x.reshape(5, -1).astype(np.float64)
+    for i, layer in enumerate(("fc0", "fc1")):
+        dense = model.hidden[i]
+        ref = h @ np.asarray(dense.kernel[...], np.float64) + np.asarray(dense.bias[...], np.float64)
+        np.testing.assert_allclose(pre[layer], ref, rtol=1e-4, atol=1e-5)
+        assert np.any(ref < 0)  # so that the two taps differ
+        h = np.maximum(ref, 0.0)
+        np.testing.assert_allclose(model.features(x)[layer], h, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(pre["logits"], model.features(x)["logits"])
+    with pytest.raises(ValueError, match="point must be one of 'post_activation', 'pre_activation'"):
+        model.features(x, point="pre")
+
+
 @pytest.mark.parametrize("name", ["cnn", "bilinear_mlp"])
 def test_tail_under_jit(name):
     model, shape = ZOO[name]
@@ -377,3 +416,26 @@ def test_compiled_model_float64_matches_and_compiles_once_per_architecture():
         models.compiled(mk(0), chunk=0)
     with pytest.raises(TypeError, match="needs a Flax NNX model"):
         models.compiled(object())
+
+
+def test_tail_until_and_the_new_head_tail():
+    """tail(layer, z, until=s) is the stage s's output; HeadTail is that, flattened, through a linear head;
+    train_head fits a separable coarse task on frozen features."""
+    model, shape = ZOO["cnn"]
+    x = _input("cnn", shape, n=6)
+    feats = model.features(x)
+    np.testing.assert_allclose(model.tail("conv0", feats["conv0"], until="pool"), feats["pool"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="comes before"):
+        model.tail("pool", feats["pool"], until="conv0")
+    assert models.penultimate(model) == "pool" and models.penultimate(ZOO["linear"][0]) is None
+    rng = np.random.default_rng(0)
+    heads = [{"weight": rng.normal(size=(6, 2)).astype(np.float32), "bias": rng.normal(size=2).astype(np.float32)}
+             for _ in range(2)]
+    tail, params = models.stack_head_tails([model, model], "conv0", heads)
+    out = tail(jax.tree.map(lambda a: a[1], params), feats["conv0"])
+    np.testing.assert_allclose(out, np.asarray(feats["pool"]) @ heads[1]["weight"] + heads[1]["bias"], rtol=1e-5,
+                               atol=1e-5)
+    z = rng.normal(size=(200, 3))
+    y = (z[:, 0] + 0.5 * z[:, 1] > 0).astype(int)
+    h = models.train_head(z, y, 2, steps=300, learning_rate=0.05)
+    assert np.mean(np.argmax(z @ h["weight"] + h["bias"], 1) == y) > 0.97

@@ -432,3 +432,49 @@ def test_every_listed_optimizer_runs():
         _, h = train_stitcher(z, y, _head, jnp.eye(3, 2), family="affine", init="identity",
                               target_shape=(3,), steps=30, optimizer=name, learning_rate=0.05)
         assert h.train_loss[-1] < h.train_loss[0], name
+
+
+def test_orthogonal_closed_form_start_with_fewer_rows_than_source_features():
+    """The orthogonal families' closed-form start where the source is wider than the fitting rows: the
+    Procrustes solution on the rows' span (any completion), orthonormal, with the family's least residual on
+    those rows (||Yc||^2 - 2 s tr(S) + s^2 ||Xc||^2, the nuclear-norm formula); equal to ``fit_stitchers``
+    where that is well posed; and the padded start of ``init_params`` carries it exactly."""
+    import funsim.similarity as sim
+    from funsim.similarity._stitch_param import init_params, materialise, procrustes_start
+
+    rng = np.random.default_rng(0)
+    for scaled in (False, True):
+        fam = "scaled_orthogonal" if scaled else "orthogonal"
+        # well posed: the fallback equals the library fit
+        x, y = rng.normal(size=(40, 6)), rng.normal(size=(40, 3))
+        w, b, s = procrustes_start(x, y, scaled=scaled)
+        ref = sim.fit_stitchers([x], [y], family=fam, ridge=0.0, normalise=False)[0]
+        np.testing.assert_allclose(w, np.asarray(ref.weight), atol=1e-8)
+        np.testing.assert_allclose(b, np.asarray(ref.bias), atol=1e-8)
+        np.testing.assert_allclose(s, float(ref.scale), rtol=1e-8)
+        # fewer rows than features: refused by fit_stitchers, solved here
+        x, y = rng.normal(size=(10, 16)), rng.normal(size=(10, 4))
+        with pytest.raises(ValueError, match="more fitting rows than source features"):
+            sim.fit_stitchers([x], [y], family=fam, ridge=0.0, normalise=False)
+        w, b, s = procrustes_start(x, y, scaled=scaled)
+        np.testing.assert_allclose(w.T @ w, np.eye(4), atol=1e-10)
+        xc, yc = x - x.mean(0), y - y.mean(0)
+        nuc = np.linalg.svd(xc.T @ yc, compute_uv=False).sum()
+        best = np.sum(yc**2) - 2 * s * nuc + s**2 * np.sum(xc**2)
+        # the family's residual: the target zero-padded to the source width, a square orthogonal Q
+        full = complete_orthogonal(w)
+        ypad = np.concatenate([yc, np.zeros((10, 12))], axis=1)
+        np.testing.assert_allclose(np.sum((ypad - s * xc @ full) ** 2), best, rtol=1e-9)
+        np.testing.assert_allclose(b, y.mean(0) - s * x.mean(0) @ w, atol=1e-12)
+        if scaled:
+            np.testing.assert_allclose(s, nuc / np.sum(xc**2), rtol=1e-12)
+        for _ in range(20):  # no orthogonal map does better on these rows
+            q, _r = np.linalg.qr(rng.normal(size=(16, 16)))
+            assert np.sum((ypad - s * xc @ q) ** 2) >= best - 1e-9
+        params, consts = init_params(fam, "closed_form", [jnp.asarray(x)], [jnp.asarray(y)], d_tgt=4, n_tails=1,
+                                     ridge=0.0, keys=jax.random.split(jax.random.key(0), 1), dtype=jnp.float64)
+        one = jax.tree.map(lambda a: a[0, 0], params)
+        weight, scale, bias, q = materialise(one, jax.tree.map(lambda a: a[0, 0], consts), family=fam)
+        np.testing.assert_allclose(np.asarray(weight)[:16], w, atol=1e-8)
+        np.testing.assert_allclose(np.asarray(bias), b, atol=1e-8)
+        np.testing.assert_allclose(float(scale), s, rtol=1e-8)
