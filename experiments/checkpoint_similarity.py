@@ -872,13 +872,8 @@ def heatmap_panels(
             idx, names = zip(*starts)
             ax.set_xticks(idx, names, rotation=60, ha="right", fontsize=7)
             ax.set_yticks(idx, [f"{nm} ({steps[i]})" for i, nm in starts], fontsize=7)
-        # every panel has the same checkpoints: name them on the left column and the lowest row only
-        left, bottom = k % ncols == 0, k + ncols >= n
-        ax.tick_params(labelleft=left, labelbottom=bottom)
-        if left:
-            ax.set_ylabel("checkpoint (stage, global step)", fontsize=8)
-        if bottom:
-            ax.set_xlabel("checkpoint (stage start)", fontsize=8)
+        plotting.label_shared_axes(ax, k, ncols, n, xlabel="checkpoint (stage start)",
+                                   ylabel="checkpoint (stage, global step)")
         ax.set_title(title, fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     for ax in axes.ravel()[n:]:

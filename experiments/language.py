@@ -313,13 +313,8 @@ def _matrix_figure(panels, steps, path, *, suptitle):
             ax.axvline(b - 0.5, color="red", lw=1.2)
         ax.set_xticks(ticks, [str(steps[i]) for i in ticks], rotation=45, fontsize=7)
         ax.set_yticks(ticks, [str(steps[i]) for i in ticks], fontsize=7)
-        # the same checkpoints in every panel: named on the left column and the lowest row only
-        left, bottom = k % ncols == 0, k + ncols >= n
-        ax.tick_params(labelleft=left, labelbottom=bottom)
-        if left:
-            ax.set_ylabel("checkpoint (training step)", fontsize=8)
-        if bottom:
-            ax.set_xlabel("checkpoint (training step)", fontsize=8)
+        plotting.label_shared_axes(ax, k, ncols, n, xlabel="checkpoint (training step)",
+                                   ylabel="checkpoint (training step)")
         ax.set_title(title, fontsize=8)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     for ax in axes.ravel()[n:]:

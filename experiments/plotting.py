@@ -24,7 +24,7 @@ import matplotlib.image  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["heatmap", "heatmap_grid", "training_curves", "curve_panels", "bar_chart", "lines", "save", "subplots", "title_figure",
+__all__ = ["heatmap", "heatmap_grid", "label_shared_axes", "training_curves", "curve_panels", "bar_chart", "lines", "save", "subplots", "title_figure",
            "text_overlaps", "drop_crowded_ticklabels", "TextOverlapWarning"]
 
 
@@ -194,6 +194,19 @@ def heatmap(
     return im
 
 
+def label_shared_axes(ax, k: int, ncols: int, n: int, *, xlabel: str = "", ylabel: str = "") -> tuple[bool, bool]:
+    """Panel ``k`` of ``n`` in a grid of ``ncols`` columns that share their axes: tick labels and
+    ``ylabel`` on the left column only, tick labels and ``xlabel`` on the lowest panel of each
+    column only. Returns ``(left, bottom)``."""
+    left, bottom = k % ncols == 0, k + ncols >= n
+    ax.tick_params(labelleft=left, labelbottom=bottom)
+    if left and ylabel:
+        ax.set_ylabel(ylabel, fontsize=8)
+    if bottom and xlabel:
+        ax.set_xlabel(xlabel, fontsize=8)
+    return left, bottom
+
+
 def heatmap_grid(
     matrices: Mapping[str, np.ndarray],
     row_labels: Sequence[str],
@@ -218,10 +231,8 @@ def heatmap_grid(
     fig, axes = subplots(nrows, ncols, figsize=(3.6 * ncols, 3.1 * nrows), squeeze=False)
     for k, (ax, (title, m)) in enumerate(zip(axes.ravel(), matrices.items())):
         vmin, vmax = (ranges or {}).get(title, (None, None))
-        left, bottom = k % ncols == 0, k + ncols >= n  # rows named on the left column, columns on the lowest row
-        heatmap(ax, m, row_labels, col_labels, title=title, xlabel=xlabel if bottom else "",
-                ylabel=ylabel if left else "", vmin=vmin, vmax=vmax, cmap=(cmaps or {}).get(title, "viridis"))
-        ax.tick_params(labelleft=left, labelbottom=bottom)
+        heatmap(ax, m, row_labels, col_labels, title=title, vmin=vmin, vmax=vmax, cmap=(cmaps or {}).get(title, "viridis"))
+        label_shared_axes(ax, k, ncols, n, xlabel=xlabel, ylabel=ylabel)
     for ax in axes.ravel()[n:]:
         ax.axis("off")
     title_figure(fig, suptitle, fontsize=11)
@@ -271,8 +282,7 @@ def curve_panels(
         ax.set_title(name, fontsize=9)
         if ylim is not None:
             ax.set_ylim(*ylim)
-        # shared axes: ticks are named on the left column and on the lowest panel of each column
-        ax.tick_params(labelbottom=k + ncols >= n, labelleft=k % ncols == 0)
+        label_shared_axes(ax, k, ncols, n)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     for ax in axes.ravel()[n:]:
