@@ -50,7 +50,13 @@ def test_smoke_config_end_to_end_through_the_cli(tmp_path):
     assert cli.main(["report", "usable-information", "--run", str(run), "--n-resamples", "100",
                      "--n-permutations", "100"]) == 0
     t = S.read_table(run / "comparisons.csv")
-    assert set(S.CONFIGS["smoke"].measures) <= set(t["measure"]) and np.all(np.isfinite(t["value"]))
+    assert set(S.CONFIGS["smoke"].measures) <= set(t["measure"])
+    # a cell is NaN only where the measure is undefined for the layers (the grid keeps it as NaN with its
+    # reason, as the pairwise call refuses it); on the smoke zoo that happens for PWCCA only, and most of its
+    # cells, and every other measure's, are finite
+    bad = ~np.isfinite(t["value"])
+    assert set(t["measure"][bad]) <= {"pwcca"}, sorted(set(t["measure"][bad]))
+    assert np.isfinite(t["value"][t["measure"] == "pwcca"]).mean() > 0.5
     assert read_json(run / "metrics.json")["layer_pair_comparisons"] == 58
     for f in FIGURES:
         assert (run / "usable_information" / f).read_bytes()[:8] == PNG
