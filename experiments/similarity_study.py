@@ -449,14 +449,23 @@ def _row(ds, a, la, b, lb, measure, direction, split, task, value) -> dict:
 
 
 def _grid(reps: dict, measures: list[str], cfg: StudyConfig) -> dict[str, np.ndarray]:
-    """One :func:`similarity.compare_grid` call over every layer of every model: ``{measure: (L, L)}``."""
+    """One :func:`similarity.compare_grid` call over every layer of every model: ``{measure: (L, L)}``.
+
+    The compiled programs are released afterwards (``jax.clear_caches``): a grid of ten width buckets
+    compiles a few hundred, each holding about 55 memory mappings of JIT code on XLA:CPU, and a process
+    that keeps several grids' worth reaches Linux's default limit of 65,530 mappings, where LLVM fails
+    ("Cannot allocate memory") and the process dies with a segmentation fault (measured: the default
+    study on digits, 80 layers). The persistent compilation cache, when on, keeps them on disk.
+    """
     import jax
 
     from funsim import similarity
     if not measures:
         return {}
     g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed))
-    return {name: np.asarray(t, np.float64) for name, t in g.tables.items()}
+    tables = {name: np.asarray(t, np.float64) for name, t in g.tables.items()}
+    jax.clear_caches()
+    return tables
 
 
 def _limited_grid(reps: dict, measures: list[str], cfg: StudyConfig, limit: int | None) -> tuple[dict, int]:
@@ -901,6 +910,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
       FileNotFoundError: no zoo at ``cfg.zoo``.
       ValueError: a bad config, or a run directory holding a study with another config.
     """
+    import jax
     from tqdm.auto import tqdm
 
     from funsim.experiments import distributed
@@ -931,6 +941,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
         stitch = (_stitch_stage(ds, models, zdata, manifest["datasets"][ds], cfg, out, log, progress)
                   if cfg.stitch_families else {})
         stages[ds] = {"models": len(models), "grid": grid, "stitch": stitch}
+        jax.clear_caches()  # this data set's programs (see _grid: the JIT code's memory mappings are bounded)
     bar.close()
     units = [f for s in stages.values() for f in s["grid"].pop("units") + s["stitch"].pop("units", [])]
     if n_proc > 1:  # the other processes' units: model pairs and stitching targets

@@ -45,6 +45,7 @@ from funsim.similarity.shape import procrustes_distance as procrustes_distance
 from funsim.similarity.shape import partial_whiten as partial_whiten
 from funsim.similarity.regression import linear_regression_r2 as linear_regression_r2
 from funsim.similarity.registry import Measure as Measure
+from funsim.similarity.registry import DEGENERACIES as DEGENERACIES
 from funsim.similarity.registry import INVARIANCES as INVARIANCES
 from funsim.similarity.registry import measure as measure
 from funsim.similarity.registry import list_measures as list_measures

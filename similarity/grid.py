@@ -345,31 +345,41 @@ def _pick(tree, k):
 # loop again). It flags the layers where a measure can be undefined, cheaply and
 # generously, from statistics it has anyway: near-constant layers, numerically
 # rank-deficient ones (by NumPy's matrix_rank tolerance with a wide margin, on the
-# train rows for the reconstruction scores), sources a moment measure's own width
-# check refuses. Every cell of a flagged layer, and every cell that comes out
+# train rows for the reconstruction scores) and layers with a sample constant across
+# features, both only for the measures not declared robust to them
+# (``Measure.robust_to``: defined there with one value), and sources a moment
+# measure's own width check refuses. Every cell of a flagged layer, and every cell that comes out
 # non-finite, is then computed by the pairwise call itself: its value, or NaN and
 # its message. Flagging too much costs only pairwise calls; every other cell is
 # the grid's own value.
 
 
 class _Suspects:
-    """Layers whose cells the pairwise call decides: ``layer[side]`` for every measure,
-    ``source[name][side]`` for one measure with that side as the source."""
+    """Layers whose cells the pairwise call decides: ``layer[side]`` (near-constant layers) for every
+    measure, ``kind[degeneracy][side]`` (:data:`similarity.DEGENERACIES`) for the measures not robust
+    to it, ``source[name][side]`` for one measure with that side as the source."""
 
     def __init__(self, la: int, lb: int):
         self.layer = {"a": np.zeros(la, bool), "b": np.zeros(lb, bool)}
+        self.kind: dict[str, dict[str, np.ndarray]] = {}
         self.source: dict[str, dict[str, np.ndarray]] = {}
 
-    def flag(self, side: str, idx, bad) -> None:
-        self.layer[side][np.asarray(idx)[np.asarray(bad, bool)]] = True
+    def flag(self, side: str, idx, bad, kind: str | None = None) -> None:
+        flags = self.layer if kind is None else self.kind.setdefault(
+            kind, {s: np.zeros_like(v) for s, v in self.layer.items()})
+        flags[side][np.asarray(idx)[np.asarray(bad, bool)]] = True
 
     def flag_source(self, name: str, side: str, k: int) -> None:
         src = self.source.setdefault(name, {s: np.zeros_like(v) for s, v in self.layer.items()})
         src[side][k] = True
 
-    def cells(self, name: str, src_side: str, rows_side: str = "a") -> np.ndarray:
+    def cells(self, name: str, src_side: str, robust_to=frozenset()) -> np.ndarray:
         """``(La, Lb)`` mask of the suspect cells of ``name`` whose source is ``src_side``."""
         bad_a, bad_b = self.layer["a"].copy(), self.layer["b"].copy()
+        for kind, flags in self.kind.items():
+            if kind not in robust_to:
+                bad_a |= flags["a"]
+                bad_b |= flags["b"]
         if name in self.source:
             (bad_a if src_side == "a" else bad_b)[:] |= self.source[name][src_side]
         return bad_a[:, None] | bad_b[None, :]
@@ -413,17 +423,24 @@ def _gram_ratio(gram, mask=None):
     return ev[:, 0] / jnp.maximum(ev[:, -1], jnp.finfo(gram.dtype).tiny)
 
 
+_ROW_TOL = 1e-6  # flag layers with a row whose spread across features is below this fraction of max |z|
+
+
 @jax.jit
 def _layer_health(z):
-    """``(centred rms, rms, lambda_min / lambda_max)`` of each layer of a stack ``(L, n, d)``, each layer
-    first divided by its power-of-two scale (exact; the squares cannot overflow or underflow)."""
+    """``(centred rms, rms, lambda_min / lambda_max, smallest row spread)`` of each layer of a stack
+    ``(L, n, d)``, each layer first divided by its power-of-two scale (exact; the squares cannot
+    overflow or underflow). The row spread (``max_i |z_ri - z_r0|`` over ``max |z|``) is zero for a
+    sample constant across features (all zero too), where correlation and cosine distances are undefined."""
     z = z / pow2_at(jnp.max(jnp.abs(z), axis=(1, 2)))[:, None, None]
+    top = jnp.max(jnp.abs(z), axis=(1, 2))
+    row_dev = jnp.min(jnp.max(jnp.abs(z - z[:, :, :1]), axis=2), axis=1) / jnp.where(top > 0, top, 1.0)
     zc = z - jnp.mean(z, axis=1, keepdims=True)
     g = jnp.einsum("lni,lnj->lij", zc, zc)
     ss = jnp.trace(g, axis1=1, axis2=2)
     size = z.shape[1] * z.shape[2]
     rms_all = jnp.sqrt(jnp.einsum("lni,lni->l", z, z) / size)
-    return jnp.sqrt(ss / size), rms_all, _gram_ratio(g / jnp.where(ss > 0, ss, 1.0)[:, None, None])
+    return jnp.sqrt(ss / size), rms_all, _gram_ratio(g / jnp.where(ss > 0, ss, 1.0)[:, None, None]), row_dev
 
 
 # ----------------------------------------------------------------------------- moment passes
@@ -715,7 +732,8 @@ def _layer_moments(lay: _Layers, mo: _Moments, means: dict, sus: _Suspects, *, s
                 ratio = _gram_ratio(out[side, w]["split"].gram_train, mask)
                 ratio = np.asarray(ratio)[:real]
                 for k, dk in enumerate(d[:real]):
-                    sus.flag(side, [g.idx[k]], _rank_suspect(ratio[k:k + 1], int(round(mo.n_train)), int(dk), lay.dtype))
+                    sus.flag(side, [g.idx[k]], _rank_suspect(ratio[k:k + 1], int(round(mo.n_train)), int(dk),
+                                                             lay.dtype), "rank_deficient")
     return out
 
 
@@ -1035,8 +1053,10 @@ def _flag_generic_layers(lay: _Layers, stacks: _Stacks, sus: _Suspects) -> None:
     """Near-constant and rank-suspect layers (all rows), for the measures without moments."""
     for side in "ab":
         for d, idx in lay.side(side)[1].items():
-            rms, scale, ratio = (np.asarray(v) for v in _layer_health(stacks(side, d)))
-            sus.flag(side, idx, _near_constant(rms, scale, lay.dtype) | _rank_suspect(ratio, lay.n, d, lay.dtype))
+            rms, scale, ratio, row_dev = (np.asarray(v) for v in _layer_health(stacks(side, d)))
+            sus.flag(side, idx, _near_constant(rms, scale, lay.dtype))
+            sus.flag(side, idx, _rank_suspect(ratio, lay.n, d, lay.dtype), "rank_deficient")
+            sus.flag(side, idx, ~(row_dev > _ROW_TOL), "constant_rows")
 
 
 def _pairwise_cell(m: Measure, x, y, dtype) -> tuple[float | None, str | None]:
@@ -1281,7 +1301,9 @@ def compare_grid(
         fwd, rev = _moment_tables(lay, moment, sus, reverse=reverse, weights=weights, chunk_size=chunk_size,
                                   plan=plan, strict=strict)
     stacks = _Stacks(lay, plan)
-    if generic:
+    # the moment passes flag near-constant layers (and rank-deficient ones on the train rows); samples
+    # constant across features need the layers themselves (no built-in moment measure minds them)
+    if generic or (not streaming and any("constant_rows" not in m.robust_to for _, m in moment)):
         _flag_generic_layers(lay, stacks, sus)
     for name, m in generic:
         fwd[name], r = _generic_table(lay, m, reverse=reverse and not m.symmetric, plan=plan,
@@ -1292,13 +1314,15 @@ def compare_grid(
     undefined, rev_undefined = {}, {}
     for name in measures:
         m = get_measure(name)
-        undefined[name] = _settle(name, m, fwd[name], sus.cells(name, "a"), lay, reverse=False, strict=strict)
+        undefined[name] = _settle(name, m, fwd[name], sus.cells(name, "a", m.robust_to), lay,
+                                  reverse=False, strict=strict)
         if name in rev:
-            rev_undefined[name] = _settle(name, m, rev[name], sus.cells(name, "b"), lay, reverse=True,
-                                          strict=strict)
+            rev_undefined[name] = _settle(name, m, rev[name], sus.cells(name, "b", m.robust_to), lay,
+                                          reverse=True, strict=strict)
         elif reverse:  # a symmetric measure is its own reverse, where both directions are defined
             rev[name], rev_undefined[name] = _settle_symmetric_reverse(
-                name, m, fwd[name], undefined[name], sus.cells(name, "b"), lay, strict=strict)
+                name, m, fwd[name], undefined[name], sus.cells(name, "b", m.robust_to), lay,
+                strict=strict)
     _warn_undefined(undefined, rev_undefined, lay)
     tables = {name: jnp.asarray(fwd[name]) for name in measures}
     rev_tables = {}

@@ -54,6 +54,7 @@ from funsim.similarity.shape import (
 )
 
 __all__ = [
+    "DEGENERACIES",
     "INVARIANCES",
     "KINDS",
     "Measure",
@@ -72,6 +73,11 @@ INVARIANCES: dict[str, str] = {
     "invertible_linear": "x -> x A, A invertible",
 }
 KINDS = ("score", "distance")
+#: Degenerate (but valid) layers on which a measure may be undefined, or depend on an arbitrary choice.
+DEGENERACIES: dict[str, str] = {
+    "rank_deficient": "linearly dependent features, or more features than rows (numerically)",
+    "constant_rows": "a sample whose features are all equal (e.g. all zero after a ReLU)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +106,12 @@ class Measure:
       gradient: one line on the gradient: why it is not differentiable and what
         to use instead, or what it is at the measure's kinks (e.g. the
         subgradient 0 at a distance of zero). Empty when there is nothing to say.
+      robust_to: the :data:`DEGENERACIES` on which the measure is defined with one
+        value: the pairwise call never raises there and makes no arbitrary choice
+        (of a basis of a null space, say). :func:`similarity.compare_grid` keeps
+        its batched values for such layers, and computes the cells of the other
+        degenerate layers by the pairwise call (the default: none, the safe
+        choice). Checked for every registered measure against the pairwise calls.
     """
 
     name: str
@@ -113,6 +125,7 @@ class Measure:
     moments: MomentStats | None = dataclasses.field(default=None, compare=False, repr=False)
     differentiable: bool = True
     gradient: str = ""
+    robust_to: frozenset = frozenset()
 
     def __call__(self, x, y, /) -> jax.Array:
         return self.fn(x, y)
@@ -136,6 +149,7 @@ def make_measure(
     moments: MomentStats | None = None,
     differentiable: bool = True,
     gradient: str = "",
+    robust_to: Iterable[str] = (),
 ) -> Measure:
     """Build and validate a :class:`Measure` without registering it (for :func:`register_family` builders).
 
@@ -157,6 +171,8 @@ def make_measure(
         differences). Declare False for a measure without a useful gradient and
         make ``fn`` raise under differentiation (e.g. a ``jax.custom_jvp``
         whose rule raises), never return zeros.
+      robust_to: names from :data:`DEGENERACIES` on which the measure is defined
+        with one value (see :class:`Measure`; default none: the safe choice).
       gradient: one line: required when ``differentiable`` is False (why, and
         what to use instead); otherwise what the gradient is at kinks, if any.
 
@@ -198,8 +214,11 @@ def make_measure(
             f"measure {name!r} is declared not differentiable: say why and what to use instead in "
             "gradient='...' (one line)."
         )
+    robust = frozenset(robust_to)
+    for r in robust:
+        V.check_choice(r, "robust_to", DEGENERACIES)
     return Measure(name, fn, kind, V.check_bool(symmetric, "symmetric"), inv, description, (lo, hi), stats,
-                   moments, differentiable, gradient)
+                   moments, differentiable, gradient, robust)
 
 
 def register(name: str, fn: Callable[..., jax.Array], *, overwrite: bool = False, **spec) -> Measure:
@@ -210,7 +229,7 @@ def register(name: str, fn: Callable[..., jax.Array], *, overwrite: bool = False
       fn: ``fn(x, y) -> ()`` array.
       overwrite: replace an existing entry instead of raising.
       **spec: ``kind``, ``symmetric``, ``invariances``, ``description`` (required),
-        ``bounds``, ``stats``, ``moments``, ``differentiable``, ``gradient``: see
+        ``bounds``, ``stats``, ``moments``, ``differentiable``, ``gradient``, ``robust_to``: see
         :func:`make_measure`.
 
     Returns:
@@ -325,6 +344,8 @@ def measure(name: str) -> Measure:
 # ------------------------------------------------------------------ built-in entries
 
 _ALL_BUT_LINEAR = frozenset({"translation", "rotation", "isotropic_scale", "permutation"})
+_ROBUST = frozenset(DEGENERACIES)
+_ROWS_ONLY = frozenset({"constant_rows"})  # the fits and whitened metrics: undefined on rank-deficient layers
 
 for _deb in (False, True):
     for _k in ("linear", "rbf"):
@@ -342,6 +363,7 @@ for _deb in (False, True):
             moments=linear_cka_moment_stats() if (_k, _deb) == ("linear", False) else None,
             gradient="the median bandwidth is differentiated too (it moves with its middle entries)"
             if _k == "rbf" else "",
+            robust_to=_ROBUST,
         )
 
 _RDM_INV = {
@@ -366,36 +388,42 @@ for _metric in RDM_METRICS:
             differentiable=_cmp not in _RANKED,
             gradient="ranks are piecewise constant: grad raises; use compare='pearson', 'cosine' or "
             "'cosine_cov'" if _cmp in _RANKED else "",
+            # the correlation (cosine) distance is undefined for a constant (zero) sample
+            robust_to=_ROBUST if _metric in ("euclidean", "sqeuclidean") else {"rank_deficient"},
         )
 
 register("cca/r2", cca_r2, bounds=(0.0, 1.0), kind="score", symmetric=True,
          invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
          description="mean squared canonical correlation R^2_CCA (needs d < n)",
-         stats=cca_layer_stats(reduce="r2"))
+         stats=cca_layer_stats(reduce="r2"), robust_to=_ROWS_ONLY)
 register("cca/mean", cca_mean, bounds=(0.0, 1.0), kind="score", symmetric=True,
          invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
-         description="mean canonical correlation (needs d < n)", stats=cca_layer_stats(reduce="mean"))
+         description="mean canonical correlation (needs d < n)", stats=cca_layer_stats(reduce="mean"),
+         robust_to=_ROWS_ONLY)
 register("svcca", svcca, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
          description="SVCCA: mean CCA of the top-SVD subspaces keeping 99% variance (needs d < n)",
          stats=svcca_layer_stats(),
-         gradient="the number of kept directions is held fixed (it changes only in steps)")
+         gradient="the number of kept directions is held fixed (it changes only in steps)", robust_to=_ROWS_ONLY)
 _PWCCA_INV = {"translation", "isotropic_scale", "permutation"}
 _PWCCA_WHAT = "projection-weighted CCA as google/svcca computes it (weights from the narrower side, x on a tie)"
 _PWCCA_GRAD = ("where canonical correlations coincide their directions are held fixed: exact when all are 1 "
                "(y = x Q, y = s x)")
 register("pwcca", pwcca, bounds=(0.0, 1.0), kind="score", symmetric=False, invariances=_PWCCA_INV,
-         description=f"{_PWCCA_WHAT}; needs d < n", stats=pwcca_layer_stats(), gradient=_PWCCA_GRAD)
+         description=f"{_PWCCA_WHAT}; needs d < n", stats=pwcca_layer_stats(), gradient=_PWCCA_GRAD,
+         robust_to=_ROWS_ONLY)
 register("nbs", nbs, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
-         description="normalised Bures similarity ||Xc^T Yc||_* / (||Xc|| ||Yc||)", moments=nbs_moment_stats())
+         description="normalised Bures similarity ||Xc^T Yc||_* / (||Xc|| ||Yc||)", moments=nbs_moment_stats(),
+         robust_to=_ROBUST)
 register("procrustes", procrustes_distance, bounds=(0.0, 2.0), kind="distance", symmetric=True,
          invariances=_ALL_BUT_LINEAR,
          description="Ding et al. squared Procrustes distance 2 - 2 NBS on unit-norm data",
-         moments=procrustes_moment_stats())
+         moments=procrustes_moment_stats(), robust_to=_ROBUST)
 register("regression/r2", linear_regression_r2, bounds=(0.0, 1.0), kind="score", symmetric=False,
          invariances=_ALL_BUT_LINEAR,
          description="directed linear-regression R^2 of the second argument from the first",
          stats=regression_layer_stats(),
-         gradient="directions below the rank tolerance stay in the null space (the rank is held fixed)")
+         gradient="directions below the rank tolerance stay in the null space (the rank is held fixed)",
+         robust_to=_ROBUST)
 
 
 def _pwcca_builder(epsilon: float) -> Measure:
@@ -405,7 +433,7 @@ def _pwcca_builder(epsilon: float) -> Measure:
         f"pwcca/epsilon={_fmt(epsilon)}", functools.partial(pwcca, epsilon=epsilon), kind="score",
         symmetric=False, invariances=_PWCCA_INV, bounds=(0.0, 1.0),
         description=f"{_PWCCA_WHAT}; neurons below epsilon={_fmt(epsilon)} x the largest variance dropped",
-        stats=pwcca_layer_stats(epsilon=epsilon), gradient=_PWCCA_GRAD,
+        stats=pwcca_layer_stats(epsilon=epsilon), gradient=_PWCCA_GRAD, robust_to=_ROWS_ONLY,
     )
 
 
@@ -431,6 +459,7 @@ def _shape_builder(distance: str) -> Callable[[float], Measure]:
             stats=shape_layer_stats(alpha=alpha, distance=distance),
             moments=shape_moment_stats(alpha=alpha, distance=distance),
             gradient="at a distance of zero (y = x Q) the subgradient 0",
+            robust_to=_ROBUST if alpha == 1.0 else _ROWS_ONLY,  # alpha = 1: no whitening (Procrustes)
         )
 
     return build
@@ -449,7 +478,7 @@ def _ridge_builder(ridge: float) -> Measure:
         functools.partial(linear_regression_r2, ridge=ridge),
         kind="score", symmetric=False, invariances=inv, bounds=(0.0, 1.0),
         description=f"directed ridge-regression R^2 (ridge={_fmt(ridge)}, in-sample)",
-        stats=regression_layer_stats(ridge=ridge),
+        stats=regression_layer_stats(ridge=ridge), robust_to=_ROBUST,
     )
 
 

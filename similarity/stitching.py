@@ -874,6 +874,11 @@ def _stitch_measure(family: str, ridge: float, which: str, name: str, register_i
         description=desc,
         bounds=_IN_SAMPLE_BOUNDS[family] if in_sample else (-math.inf, 1.0),
         moments=stitch_moment_stats(family, ridge=ridge, which=which),
+        # one value on rank-deficient layers: the in-sample orthogonal scores (functions of NBS) and the
+        # ridge-regularised affine fits (a unique solution); a held-out orthogonal map is not unique there
+        # (any rotation of the null space) and the plain affine fit's normal equations are singular
+        robust_to=(("rank_deficient", "constant_rows") if (in_sample and family != "affine") or ridge > 0
+                   else ("constant_rows",)),
         **({"overwrite": True} if register_it else {}),
     )
 

@@ -305,14 +305,17 @@ def test_generic_non_finite_entry_is_an_error(grid):
 
 
 def _degenerate_layers():
-    """Healthy layers beside a ReLU layer with a dead unit, a constant layer and collinear features."""
+    """Healthy layers beside a ReLU layer with a dead unit, a constant layer, collinear features and a
+    full-rank layer with one sample constant across features."""
     r = np.random.default_rng(5)
     n = 24
     base = r.normal(size=(n, 3))
     relu = np.maximum(base @ r.normal(size=(3, 4)) + 0.5, 0.0)
     relu[:, 2] = 0.0  # a dead unit: rank-deficient
+    one_flat_row = r.normal(size=(n, 4))
+    one_flat_row[7] = 0.25  # full rank, but one sample constant across features (correlation distance undefined)
     a = {"good": base @ r.normal(size=(3, 4)) + 0.3 * r.normal(size=(n, 4)), "dead_unit": relu,
-         "constant": np.full((n, 4), 0.5), "noise": r.normal(size=(n, 4))}
+         "constant": np.full((n, 4), 0.5), "noise": r.normal(size=(n, 4)), "flat_row": one_flat_row}
     b = [np.tanh(base @ r.normal(size=(3, 4))) + 0.2 * r.normal(size=(n, 4)),
          np.concatenate([base, base[:, :1] - 2.0 * base[:, 1:2]], axis=1),  # collinear features
          r.normal(size=(n, 4)) + base[:, :1]]
@@ -349,7 +352,7 @@ def test_undefined_cells_agree_with_the_pairwise_calls_for_every_measure():
                     else:
                         assert np.isnan(t[i, j]) and undefined[name].get((i, j)) == reason, where
                         kinds.add("constant" if "constant" in reason else "other")
-            assert set(undefined[name]) <= {(i, j) for i in range(4) for j in range(3)}, name
+            assert set(undefined[name]) <= {(i, j) for i in range(len(a)) for j in range(3)}, name
         if m.symmetric and g.undefined[name].keys() == g.reverse_undefined[name].keys():
             assert g.reverse[name] is g.tables[name], name
     # the cases the grid used to get wrong: CCA on a rank-deficient layer, and a constant layer
@@ -358,6 +361,10 @@ def test_undefined_cells_agree_with_the_pairwise_calls_for_every_measure():
         sim.cca_mean(a["dead_unit"], b[0])
     assert "constant" in g.undefined["cka/linear"][2, 0] and np.isfinite(np.asarray(g.tables["cka/linear"])[1, 1])
     assert kinds == {"constant", "other"}
+    # a full-rank layer with one flat sample: RSA's correlation distance is undefined there (the grid once
+    # gave a number), its Euclidean distance is not
+    assert set(g.undefined["rsa/correlation/spearman"]) >= {(4, j) for j in range(3)}
+    assert not any(i == 4 for i, _ in g.undefined["rsa/euclidean/spearman"])
 
 
 def test_healthy_cells_are_the_grids_own(grid, monkeypatch):
@@ -522,3 +529,41 @@ def test_integer_and_list_layers_are_cast(grid):
     want = compare_grid([ints.astype(np.float64)] * 2, b, measures=["cka/linear", "stitch/orthogonal"])
     for k, t in want.tables.items():
         np.testing.assert_allclose(got.tables[k], t, atol=1e-10, err_msg=k)
+
+
+def test_rank_deficient_layers_stay_batched_for_the_measures_robust_to_them(monkeypatch):
+    """Linear layers of a narrower input (pre-activations: rank below the width, widths padded into
+    buckets): the measures declared robust to rank deficiency keep the grid's own values, equal to the
+    pairwise calls; the others (a held-out orthogonal map is not unique there) go to the pairwise call."""
+    from funsim.similarity import grid as G
+
+    r = np.random.default_rng(11)
+    n, inp = 40, 5
+    x = r.normal(size=(n, inp))
+    a = {f"pre{w}": x @ r.normal(size=(inp, w)) + r.normal(size=w) for w in (7, 10, 13)}  # rank 5, padded widths
+    b = [np.tanh(x @ r.normal(size=(inp, 6))) + 0.1 * r.normal(size=(n, 6)), r.normal(size=(n, 9))]
+    robust = ["cka/linear", "nbs", "procrustes", "stitch/orthogonal/in_sample", "stitch/affine/ridge=0.001",
+              "rsa/correlation/pearson", "regression/r2"]
+    for name in robust:
+        assert "rank_deficient" in sim.measure(name).robust_to, name
+    calls = []
+    real = G._pairwise_cell
+    monkeypatch.setattr(G, "_pairwise_cell", lambda m, *args: calls.append(m.name) or real(m, *args))
+    g = compare_grid(a, b, measures=robust + ["stitch/orthogonal"], reverse=True)
+    assert set(calls) == {"stitch/orthogonal"}  # only the measure that is not robust to it
+    assert len(calls) == 2 * len(a) * len(b)  # every cell of it, both directions
+    for name in robust:
+        m = sim.measure(name)
+        for i, xa in enumerate(a.values()):
+            for j, yb in enumerate(b):
+                np.testing.assert_allclose(np.asarray(g.tables[name])[i, j], float(m(xa, yb)), rtol=1e-8,
+                                           atol=1e-10, err_msg=f"{name} {i} {j}")
+                np.testing.assert_allclose(np.asarray(g.reverse[name])[i, j], float(m(yb, xa)), rtol=1e-8,
+                                           atol=1e-10, err_msg=f"{name} reverse {i} {j}")
+
+
+def test_robust_to_names_degeneracies():
+    with pytest.raises(ValueError, match="robust_to"):
+        sim.make_measure("tmp/bad", lambda x, y: 0.0, kind="score", symmetric=True, invariances=(),
+                         description="d", robust_to=("rank",))
+    assert set(sim.DEGENERACIES) == {"rank_deficient", "constant_rows"}
