@@ -72,7 +72,8 @@ NEW_TRAIN_KEYS = {"sampling": "independent"}
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--zoo", default="/work/wt/sci-ui/results/zoo/default-md", help="a trained zoo's run directory")
+    p.add_argument("--zoo", default="results/zoo/default",
+                   help="a trained zoo's run directory (funsim zoo --config default)")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS),
                    help="comma-separated zoo model ids, all of one data set")
     p.add_argument("--before", default="02ff8ac", help="the older revision (git rev)")
