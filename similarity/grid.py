@@ -60,6 +60,7 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import stitching as S
+from funsim.similarity._jit_memory import release_if_near_limit
 from funsim.similarity._linalg import pow2_at
 from funsim.similarity.moments import FullMoments, LayerMoments, MomentPair, PairMoments, split_weights
 from funsim.similarity.registry import Measure, list_measures
@@ -423,6 +424,7 @@ def _gram_ratio(gram, mask=None):
     return ev[:, 0] / jnp.maximum(ev[:, -1], jnp.finfo(gram.dtype).tiny)
 
 
+_RELEASE_EVERY = 32  # pairwise calls between two counts of the process's memory mappings
 _ROW_TOL = 1e-6  # flag layers with a row whose spread across features is below this fraction of max |z|
 
 
@@ -954,6 +956,7 @@ def _moment_tables(lay: _Layers, moment, sus: _Suspects, *, reverse, weights, ch
     fwd = {e.name: np.full((len(lay.va), len(lay.vb)), np.nan, dtype=lay.dtype) for e in entries}
     rev = {e.name: np.full_like(fwd[e.name], np.nan) for e in entries if e.reverse}
     for da, db in lay.pair_groups():
+        release_if_near_limit()  # one program per pair of width buckets
         ga, gb = lay.mgroups_a[da], lay.mgroups_b[db]
         pad_a = _source_rows(ga, plan.ndev)
         sums = _cross_sums(lay, mo, means, ga, gb, pad_a, plan)
@@ -1036,6 +1039,7 @@ def _generic_table(lay: _Layers, m: Measure, *, reverse, plan, stats_budget, sta
     fwd = np.full((len(lay.va), len(lay.vb)), np.nan, dtype=lay.dtype)
     rev = np.full_like(fwd, np.nan) if reverse else None
     for da, db in lay.exact_pair_groups():
+        release_if_near_limit()  # one program per pair of widths
         ia, jb = (g.ravel() for g in np.meshgrid(np.arange(len(lay.groups_a[da])), np.arange(len(lay.groups_b[db])),
                                                  indexing="ij"))
         ia_s, jb_s = _put_pairs(plan, ia, jb)
@@ -1096,8 +1100,10 @@ def _settle(name: str, m: Measure, table: np.ndarray, suspect: np.ndarray, lay: 
     ``table[i, j]`` is ``m(B_j, A_i)``.
     """
     undefined = {}
-    for i, j in np.argwhere(suspect | ~np.isfinite(table)):
+    for k, (i, j) in enumerate(np.argwhere(suspect | ~np.isfinite(table))):
         i, j = int(i), int(j)
+        if k % _RELEASE_EVERY == _RELEASE_EVERY - 1:
+            release_if_near_limit()  # each new shape pair compiles the pairwise call again
         x, y = (lay.vb[j], lay.va[i]) if reverse else (lay.va[i], lay.vb[j])
         value, reason = _pairwise_cell(m, x, y, lay.dtype)
         if reason is not None:
@@ -1117,8 +1123,10 @@ def _settle_symmetric_reverse(name: str, m: Measure, table: np.ndarray, undefine
     """The reverse table of a symmetric measure: ``table`` itself unless some ``m(B_j, A_i)``
     is defined where ``m(A_i, B_j)`` is not, or the other way round (a directional input check)."""
     rev, rev_undef = table, dict(undefined)
-    for i, j in np.argwhere(suspect | ~np.isfinite(table)):
+    for k, (i, j) in enumerate(np.argwhere(suspect | ~np.isfinite(table))):
         i, j = int(i), int(j)
+        if k % _RELEASE_EVERY == _RELEASE_EVERY - 1:
+            release_if_near_limit()
         value, reason = _pairwise_cell(m, lay.vb[j], lay.va[i], lay.dtype)
         if reason is not None and (i, j) in undefined:
             rev_undef[i, j] = reason  # the reverse call's own message (it names its own arguments)
