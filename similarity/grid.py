@@ -1092,6 +1092,16 @@ def _silent_non_finite(name: str, lay: _Layers, i: int, j: int, reverse: bool, v
     )
 
 
+def _by_shape_pair(cells: np.ndarray, lay: _Layers) -> np.ndarray:
+    """The ``(i, j)`` of the true cells of ``cells``, those of one pair of widths together: each pairwise
+    program is compiled once and finished with before the next (a release of the compiled programs,
+    :func:`release_if_near_limit`, then drops only finished ones)."""
+    ij = np.argwhere(cells)
+    wa = np.array([z.shape[1] for z in lay.va])[ij[:, 0]]
+    wb = np.array([z.shape[1] for z in lay.vb])[ij[:, 1]]
+    return ij[np.lexsort((ij[:, 1], ij[:, 0], wb, wa))]
+
+
 def _settle(name: str, m: Measure, table: np.ndarray, suspect: np.ndarray, lay: _Layers, *, reverse: bool,
             strict: bool) -> dict:
     """Decide the suspect (and non-finite) cells of ``table`` by the pairwise call, in place.
@@ -1100,7 +1110,7 @@ def _settle(name: str, m: Measure, table: np.ndarray, suspect: np.ndarray, lay: 
     ``table[i, j]`` is ``m(B_j, A_i)``.
     """
     undefined = {}
-    for k, (i, j) in enumerate(np.argwhere(suspect | ~np.isfinite(table))):
+    for k, (i, j) in enumerate(_by_shape_pair(suspect | ~np.isfinite(table), lay)):
         i, j = int(i), int(j)
         if k % _RELEASE_EVERY == _RELEASE_EVERY - 1:
             release_if_near_limit()  # each new shape pair compiles the pairwise call again
@@ -1123,7 +1133,7 @@ def _settle_symmetric_reverse(name: str, m: Measure, table: np.ndarray, undefine
     """The reverse table of a symmetric measure: ``table`` itself unless some ``m(B_j, A_i)``
     is defined where ``m(A_i, B_j)`` is not, or the other way round (a directional input check)."""
     rev, rev_undef = table, dict(undefined)
-    for k, (i, j) in enumerate(np.argwhere(suspect | ~np.isfinite(table))):
+    for k, (i, j) in enumerate(_by_shape_pair(suspect | ~np.isfinite(table), lay)):
         i, j = int(i), int(j)
         if k % _RELEASE_EVERY == _RELEASE_EVERY - 1:
             release_if_near_limit()

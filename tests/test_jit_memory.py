@@ -91,3 +91,22 @@ def test_compare_grid_releases_during_its_pairwise_fallbacks_and_its_values_do_n
         np.testing.assert_array_equal(np.asarray(got.tables[k]), np.asarray(want.tables[k]), err_msg=k)
         np.testing.assert_array_equal(np.asarray(got.reverse[k]), np.asarray(want.reverse[k]), err_msg=k)
     assert got.undefined == want.undefined and got.reverse_undefined == want.reverse_undefined
+
+
+def test_pairwise_fallbacks_run_one_pair_of_widths_at_a_time(monkeypatch):
+    """The fallback cells are visited grouped by their pair of widths, so a release between two groups
+    never drops a program that is needed again (each pair of widths compiles once)."""
+    from funsim.similarity import grid as G
+
+    r = np.random.default_rng(5)
+    x = r.normal(size=(40, 3))
+    widths = (6, 4, 6, 5, 4)
+    a = [x @ r.normal(size=(3, w)) for w in widths]  # rank 3 each: every cell goes to the pairwise call
+    b = [r.normal(size=(40, w)) for w in (7, 5, 7)]
+    seen = []
+    real = G._pairwise_cell
+    monkeypatch.setattr(G, "_pairwise_cell", lambda m, x, y, dt: seen.append((x.shape[1], y.shape[1])) or real(m, x, y, dt))
+    sim.compare_grid(a, b, measures=["stitch/orthogonal"], reverse=True)
+    assert len(seen) == 2 * len(a) * len(b)
+    runs = [k for k in range(len(seen)) if k == 0 or seen[k] != seen[k - 1]]
+    assert len(runs) == len(set(seen[: len(seen) // 2])) + len(set(seen[len(seen) // 2:]))
