@@ -1266,7 +1266,8 @@ def compare_grid(
         layer; above it (e.g. ``n^2`` RDMs for large ``n``), once per pair.
       on_undefined: ``"nan"`` (default): undefined cells are NaN, with their
         reasons in the result and one warning; ``"raise"``: a ``ValueError`` at
-        the first constant layer, refused width or undefined cell.
+        the first constant layer, refused width or undefined cell (cells are
+        decided one pair of layer widths at a time, narrowest first).
       buckets: pad sizes into buckets so that grids of other architectures
         reuse the compiled programs (see above); ``False`` compiles for the
         exact sizes (less arithmetic when a width is just above a bucket).

@@ -297,7 +297,8 @@ def test_generic_non_finite_entry_is_an_error(grid):
         sim.register("tmp/undef5", lambda x, y: jnp.asarray(np.nan if y.shape[1] == 5 else 0.0), kind="score",
                      symmetric=False, invariances=(), description="NaN for a 5-wide target")
         assert np.all(np.asarray(compare_grid(a, b, measures=["tmp/undef5"]).tables["tmp/undef5"]) == 0.0)
-        with pytest.raises(ValueError, match=r"tmp/undef5 \(reverse\): the entry for \(cols\[0\] = 0, "
+        # cells are settled one pair of widths at a time: the narrower B layer's first
+        with pytest.raises(ValueError, match=r"tmp/undef5 \(reverse\): the entry for \(cols\[1\] = 1, "
                                              r"rows\[1\] = 'l1'\) is not finite"):
             compare_grid(a, b, measures=["tmp/undef5"], reverse=True)
     finally:
@@ -476,7 +477,8 @@ def test_moment_non_finite_entry_names_the_pair(grid):
     a, b, _ = grid
     # identical columns on the train rows: the unregularised normal equations are singular
     dup = dict(a, l1=np.repeat(a["l0"][:, :1], 5, axis=1) + np.arange(5.0) * 1e-300)
-    with pytest.raises(ValueError, match=r"stitch/affine: the entry for \(rows\[1\] = 'l1', cols\[0\] = 0\) "
+    # settled one pair of widths at a time: the narrower B layer (cols[1], 3 features) first
+    with pytest.raises(ValueError, match=r"stitch/affine: the entry for \(rows\[1\] = 'l1', cols\[1\] = 1\) "
                                          r"is not finite.*stitch/affine/ridge=0.001"):
         compare_grid(dup, b, measures=["stitch/affine"], on_undefined="raise")
     with pytest.warns(sim.UndefinedCellWarning, match="normal equations"):
