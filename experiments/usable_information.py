@@ -631,6 +631,14 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions) -> 
                              f"{c['value']:.3f} [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}] (n {c['n']})")
             L.append(f"| {meas} | " + " | ".join(cells) + " |")
         L.append("")
+        main = f"{cfg.get('activation_point', 'pre_activation')}/{cfg.get('flatten', 'flatten')}"
+        if any("@" in meas for meas in pops):
+            L += [f"Every row is scored against the main grid's score, on its own reading of the layers "
+                  f"(`{main}`). A row of another convention is like for like only where both conventions read "
+                  "a layer alike (conv maps: same `flatten`; dense layers that end in an activation: same point); "
+                  "elsewhere it asks how well the measure on one reading predicts the score on the other (e.g. "
+                  "flattened maps against pooled ones), which is not the paper code's protocol: that scores "
+                  "conv pairs on the maps themselves, with a trained 1x1 convolution.", ""]
     L += [f"The paper's R^2 against the scaled-orthogonal score: CKA {PAPER['r2_cka_scaled_orthogonal'][0]}, "
           f"RSA {PAPER['r2_rsa_scaled_orthogonal'][0]}. "
           "The paper's code scores in sample (its numbers compare with the in-sample rows); the null column is the "

@@ -1,6 +1,7 @@
 """`funsim similarity-study` and `funsim report usable-information` on the smoke zoo: end to end, the
 mathematical claims per pair, and resumption after an interruption."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -166,7 +167,15 @@ def test_interrupted_study_resumes_to_the_same_table(tiny, monkeypatch):
     assert len(list((out / "stitch").rglob("*.json"))) == 3
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if p.parent.name != "resumed"}
     monkeypatch.setattr(S, "_stitch_target", real)
+    # the resumed run near the memory-mapping limit: it releases the compiled programs before its target
+    from funsim.similarity import _jit_memory as M
+    released, clear = [], jax.clear_caches
+    monkeypatch.setattr(M, "_limit", lambda: 1000)
+    monkeypatch.setattr(M, "_mappings", lambda: 900)
+    monkeypatch.setitem(M._state, "floor", 0)
+    monkeypatch.setattr(M.jax, "clear_caches", lambda: released.append(1) or clear())
     S.run(cfg, root=root, run_name="resumed", progress=False, log=lambda s: None)
+    assert released
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())  # finished units are not redone
     assert (out / "comparisons.csv").read_bytes() == (run / "comparisons.csv").read_bytes()
     # a changed config is refused, not mixed in
