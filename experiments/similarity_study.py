@@ -751,7 +751,7 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
     from tqdm.auto import tqdm
 
     from funsim.experiments import distributed
-    from funsim.similarity import _jit_memory
+    from funsim import similarity
 
     targets_all = _stitch_targets(models, cfg)
     groupings = {g: tuple(int(c) for c in manifest_ds["coarse"][g]["map"])
@@ -789,7 +789,7 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
         bar.set_postfix_str(f"{name}:{lt}")
         targets = [m for m in models if m.name == name]
         key = jax.random.fold_in(jax.random.key(cfg.seed), j)  # the job's index: the same when resumed
-        _jit_memory.release_if_near_limit()  # each target compiles its own programs (see _grid)
+        similarity.release_if_near_limit()  # each target compiles its own programs (see _grid)
         rows = _stitch_target(ds, lt, srcs, targets, order, feats, ys, tasks, fam, cfg, key, heads)
         for task in tasks:  # a task the target cannot take (no head after this layer): an empty unit
             r = rows.get(task, [])

@@ -143,3 +143,4 @@ from funsim.similarity.grid import GridResult as GridResult
 from funsim.similarity.grid import UndefinedCellWarning as UndefinedCellWarning
 from funsim.similarity._validate import PrecisionWarning as PrecisionWarning
 from funsim.similarity.grid import compare_grid as compare_grid
+from funsim.similarity._jit_memory import release_if_near_limit as release_if_near_limit
