@@ -453,11 +453,12 @@ def _row(ds, a, la, b, lb, measure, direction, split, task, value) -> dict:
 def _grid(reps: dict, measures: list[str], cfg: StudyConfig) -> dict[str, np.ndarray]:
     """One :func:`similarity.compare_grid` call over every layer of every model: ``{measure: (L, L)}``.
 
-    The compiled programs are released afterwards (``jax.clear_caches``): a grid of ten width buckets
-    compiles a few hundred, each holding about 55 memory mappings of JIT code on XLA:CPU, and a process
-    that keeps several grids' worth reaches Linux's default limit of 65,530 mappings, where LLVM fails
-    ("Cannot allocate memory") and the process dies with a segmentation fault (measured: the default
-    study on digits, 80 layers). The persistent compilation cache, when on, keeps them on disk.
+    A grid of ten width buckets compiles a few hundred programs, each holding about 55 memory mappings
+    of JIT code on XLA:CPU; a process that keeps several grids' worth reaches Linux's default limit of
+    65,530 mappings, where LLVM fails ("Cannot allocate memory") and the process dies with a segmentation
+    fault (measured: the default study on digits, 80 layers). So the programs are released afterwards
+    when the process is near that limit (:func:`similarity.release_if_near_limit`; ``compare_grid`` also
+    checks on its way), and kept for the next grid of the same buckets otherwise.
     """
     import jax
 
@@ -466,7 +467,7 @@ def _grid(reps: dict, measures: list[str], cfg: StudyConfig) -> dict[str, np.nda
         return {}
     g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed))
     tables = {name: np.asarray(t, np.float64) for name, t in g.tables.items()}
-    jax.clear_caches()
+    similarity.release_if_near_limit()
     return tables
 
 
@@ -750,8 +751,8 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
     import jax
     from tqdm.auto import tqdm
 
-    from funsim.experiments import distributed
     from funsim import similarity
+    from funsim.experiments import distributed
 
     targets_all = _stitch_targets(models, cfg)
     groupings = {g: tuple(int(c) for c in manifest_ds["coarse"][g]["map"])
@@ -914,9 +915,9 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
       FileNotFoundError: no zoo at ``cfg.zoo``.
       ValueError: a bad config, or a run directory holding a study with another config.
     """
-    import jax
     from tqdm.auto import tqdm
 
+    from funsim import similarity
     from funsim.experiments import distributed
     from funsim.experiments import zoo as zoo_lib
 
@@ -945,7 +946,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
         stitch = (_stitch_stage(ds, models, zdata, manifest["datasets"][ds], cfg, out, log, progress)
                   if cfg.stitch_families else {})
         stages[ds] = {"models": len(models), "grid": grid, "stitch": stitch}
-        jax.clear_caches()  # this data set's programs (see _grid: the JIT code's memory mappings are bounded)
+        similarity.release_if_near_limit()  # this data set's programs, if near the limit (see _grid)
     bar.close()
     units = [f for s in stages.values() for f in s["grid"].pop("units") + s["stitch"].pop("units", [])]
     if n_proc > 1:  # the other processes' units: model pairs and stitching targets

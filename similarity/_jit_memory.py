@@ -46,7 +46,13 @@ def _mappings() -> int | None:
 
 def release_if_near_limit(fraction: float = _FRACTION) -> bool:
     """Drop JAX's compiled programs if this process's memory mappings are past ``fraction``
-    of ``vm.max_map_count`` (and past what the last release left). Returns whether it did."""
+    of ``vm.max_map_count`` (and past what the last release left). Returns whether it did.
+
+    Raises:
+      ValueError: ``fraction`` not a number in (0, 1].
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be a number in (0, 1] (of vm.max_map_count), got {fraction!r}.")
     limit = _limit()
     if not limit:
         return False
@@ -58,5 +64,5 @@ def release_if_near_limit(fraction: float = _FRACTION) -> bool:
     after = _mappings() or 0
     _state["floor"] = after
     _log.info("released JAX's compiled programs: %d of %d memory mappings in use, %d after "
-              "(vm.max_map_count; see similarity._jit_memory)", n, limit, after)
+              "(vm.max_map_count; see similarity.release_if_near_limit)", n, limit, after)
     return True

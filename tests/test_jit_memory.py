@@ -110,3 +110,9 @@ def test_pairwise_fallbacks_run_one_pair_of_widths_at_a_time(monkeypatch):
     assert len(seen) == 2 * len(a) * len(b)
     runs = [k for k in range(len(seen)) if k == 0 or seen[k] != seen[k - 1]]
     assert len(runs) == len(set(seen[: len(seen) // 2])) + len(set(seen[len(seen) // 2:]))
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1.5, True, "0.5", None])
+def test_a_bad_fraction_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match=r"fraction must be a number in \(0, 1\]"):
+        sim.release_if_near_limit(bad)
