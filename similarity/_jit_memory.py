@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 
 import jax
 
@@ -24,7 +25,11 @@ __all__ = ["release_if_near_limit"]
 
 _log = logging.getLogger("funsim")
 _FRACTION = 0.5  # of vm.max_map_count: leaves room for one more large batch of compilations
-_state = {"floor": 0}  # mappings left after the last release: what clear_caches cannot return
+# Counting reads /proc/self/maps (about 13 ms at 30,000 mappings), so it runs at most this often: a
+# second of compilations adds a few hundred mappings, far below the half of the limit kept free.
+_MIN_INTERVAL_S = 1.0
+# floor: mappings left after the last release (what clear_caches cannot return); last: time of the last count
+_state = {"floor": 0, "last": float("-inf")}
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,6 +52,7 @@ def _mappings() -> int | None:
 def release_if_near_limit(fraction: float = _FRACTION) -> bool:
     """Drop JAX's compiled programs if this process's memory mappings are past ``fraction``
     of ``vm.max_map_count`` (and past what the last release left). Returns whether it did.
+    Counts at most once a second; calls in between return ``False`` at once.
 
     Raises:
       ValueError: ``fraction`` not a number in (0, 1].
@@ -54,8 +60,10 @@ def release_if_near_limit(fraction: float = _FRACTION) -> bool:
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be a number in (0, 1] (of vm.max_map_count), got {fraction!r}.")
     limit = _limit()
-    if not limit:
+    now = time.monotonic()
+    if not limit or now - _state["last"] < _MIN_INTERVAL_S:
         return False
+    _state["last"] = now
     n = _mappings()
     threshold = max(fraction * limit, _state["floor"] + 0.25 * limit)
     if n is None or n < threshold:

@@ -15,6 +15,8 @@ from tests._compiles import compiles
 @pytest.fixture(autouse=True)
 def _fresh_state(monkeypatch):
     monkeypatch.setitem(M._state, "floor", 0)
+    monkeypatch.setitem(M._state, "last", float("-inf"))
+    monkeypatch.setattr(M, "_MIN_INTERVAL_S", 0.0)  # every call counts (the throttle has its own test)
 
 
 def _program():
@@ -116,3 +118,16 @@ def test_pairwise_fallbacks_run_one_pair_of_widths_at_a_time(monkeypatch):
 def test_a_bad_fraction_is_refused_by_name(bad):
     with pytest.raises(ValueError, match=r"fraction must be a number in \(0, 1\]"):
         sim.release_if_near_limit(bad)
+
+
+def test_counts_at_most_once_per_interval(monkeypatch):
+    counted = []
+    monkeypatch.setattr(M, "_MIN_INTERVAL_S", 60.0)
+    monkeypatch.setattr(M, "_limit", lambda: 1000)
+    monkeypatch.setattr(M, "_mappings", lambda: counted.append(1) or 100)
+    assert not M.release_if_near_limit()
+    assert not M.release_if_near_limit()  # within the interval: not counted
+    assert len(counted) == 1
+    monkeypatch.setitem(M._state, "last", M._state["last"] - 61.0)
+    assert not M.release_if_near_limit()
+    assert len(counted) == 2

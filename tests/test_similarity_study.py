@@ -173,6 +173,7 @@ def test_interrupted_study_resumes_to_the_same_table(tiny, monkeypatch):
     monkeypatch.setattr(M, "_limit", lambda: 1000)
     monkeypatch.setattr(M, "_mappings", lambda: 900)
     monkeypatch.setitem(M._state, "floor", 0)
+    monkeypatch.setattr(M, "_MIN_INTERVAL_S", 0.0)
     monkeypatch.setattr(M.jax, "clear_caches", lambda: released.append(1) or clear())
     S.run(cfg, root=root, run_name="resumed", progress=False, log=lambda s: None)
     assert released
