@@ -37,6 +37,8 @@ silent cast would drop the imaginary part. Boolean options accept ``True`` and
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -79,18 +81,32 @@ class PrecisionWarning(UserWarning):
 _warned_x64 = False
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def warn_at_caller(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` attributed to the first frame outside ``funsim.similarity``: the user's call.
+
+    A fixed ``stacklevel`` would point into funsim whenever the call went through
+    another public function or the precision wrapper (:mod:`similarity._precision`).
+    """
+    level, frame = 2, sys._getframe(1)  # stacklevel 2: the frame that called this function
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _PACKAGE_DIR:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
 def _warn_float64_without_x64(name: str) -> None:
     global _warned_x64
     if _warned_x64:
         return
     _warned_x64 = True
-    warnings.warn(
+    warn_at_caller(
         f"{name} is float64 but JAX's x64 mode is off, so it is computed in float32 (about 7 "
         "significant digits). Enable x64 with jax.config.update('jax_enable_x64', True) before "
         "creating arrays for a float64 computation, or pass float32 to silence this warning "
         "(it is shown once per process; filter PrecisionWarning to hide it).",
         PrecisionWarning,
-        stacklevel=4,
     )
 
 # Promoted to float32 for the computation (see the module docstring).

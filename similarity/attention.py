@@ -71,6 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from funsim.similarity._attention_closure import cross_inner, map_same, self_moments
+from funsim.similarity._precision import full_precision
 from funsim.similarity._validate import check_choice, check_positive_result
 from funsim.similarity.attention_network import (
     AttentionLayer,
@@ -143,6 +144,7 @@ def _similarity_jit(net_a, net_b, scale, context, outputs):
                           (net_b, net_b, self_b, self_b, scale)])
 
 
+@full_precision
 def attention_inner(
     net_a: AttentionNetwork,
     net_b: AttentionNetwork,
@@ -192,6 +194,7 @@ def attention_inner(
     return check_finite_inner(out, "<net_a|net_b>", scale=scale, vocab=net_a.vocab_size, depth=net_a.depth)
 
 
+@full_precision
 def attention_similarity(
     net_a: AttentionNetwork,
     net_b: AttentionNetwork,
@@ -260,6 +263,7 @@ def _matrix_jit(stacked, scale, context, outputs):
     return gram + jnp.triu(gram, 1).T
 
 
+@full_precision
 def attention_similarity_matrix(
     nets,
     /,
@@ -318,6 +322,7 @@ def attention_similarity_matrix(
     return gram / jnp.sqrt(diag[:, None] * diag[None, :])
 
 
+@full_precision
 def attention_moments(net: AttentionNetwork, /, *, context: int, scale: float = 1.0, layer: int = 0):
     """Exact mean and covariance of the residual stream after attention layer ``layer``.
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from funsim.similarity._precision import full_precision
 from funsim.similarity._validate import check_finite, is_concrete
 
 __all__ = [
@@ -101,6 +102,7 @@ class AttentionNetwork:
         return len(self.layers)
 
 
+@full_precision
 def bilinear_attention(
     x: ArrayLike,
     q1: ArrayLike,
@@ -143,11 +145,13 @@ def bilinear_attention(
     return x + jnp.einsum("dae,nate->ntd", o, z)
 
 
+@full_precision
 def apply_attention_layer(layer: AttentionLayer, x: ArrayLike, /) -> jax.Array:
     """Evaluate one :class:`AttentionLayer` on a residual stream ``x: (n, T, d)`` -> ``(n, T, d)``."""
     return bilinear_attention(x, layer.q1, layer.k1, layer.q2, layer.k2, layer.v, layer.o)
 
 
+@full_precision
 def apply_attention_network(net: AttentionNetwork, x: ArrayLike, /) -> jax.Array:
     """Logits of an :class:`AttentionNetwork`.
 
@@ -199,6 +203,7 @@ def _shape(x) -> tuple:
     return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
 
 
+@full_precision
 def validate_attention_network(
     net, name: str = "net", *, context: int | None = None, batch_ndim: int = 0
 ) -> AttentionNetwork:
@@ -319,6 +324,7 @@ def promote_networks(*trees):
     return jax.tree.map(lambda x: jnp.asarray(x, dt), trees)
 
 
+@full_precision
 def stack_attention_networks(nets, /) -> AttentionNetwork:
     """A list of checkpoints of one architecture -> one :class:`AttentionNetwork` with a leading axis.
 

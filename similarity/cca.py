@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats
 from funsim.similarity._linalg import pow2_scale
 from funsim.similarity._linalg import svd as _svd
@@ -131,6 +132,7 @@ def _cca_checked(x, y, reduce: str) -> jax.Array:
     return out
 
 
+@full_precision
 def cca(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
     """Canonical correlations of two representations, in decreasing order.
 
@@ -153,6 +155,7 @@ def cca(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
     return _cca_checked(x, y, "all")
 
 
+@full_precision
 def cca_r2(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
     """``R^2_CCA``: the mean squared canonical correlation, a symmetric score in [0, 1].
 
@@ -172,6 +175,7 @@ def cca_r2(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
     return _cca_checked(x, y, "r2")
 
 
+@full_precision
 def cca_mean(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
     """Mean canonical correlation ``mean(rho)``, a symmetric score in [0, 1].
 
@@ -260,6 +264,7 @@ def _raise_pwcca_rank(flag, name: str, n: int, d: int, epsilon: float) -> None:
     _raise_rank(flag, what, (n, k))
 
 
+@full_precision
 def pwcca(x: ArrayLike, y: ArrayLike, /, *, epsilon: float = 0.0) -> jax.Array:
     """Projection-weighted CCA (Morcos et al. 2018) as the authors' code computes it; a score in [0, 1].
 
@@ -371,6 +376,7 @@ def _svcca_pair(bx, by) -> jax.Array:
     return jnp.sum(jnp.clip(rho, 0.0, 1.0)) / jnp.minimum(kx, ky)
 
 
+@full_precision
 def svcca(x: ArrayLike, y: ArrayLike, /, *, keep_variance: float = 0.99) -> jax.Array:
     """SVCCA (Raghu et al. 2017): mean canonical correlation of the top SVD subspaces.
 

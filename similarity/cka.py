@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats, MomentPair, MomentStats
 from funsim.similarity._linalg import pow2_at, pow2_scale
 
@@ -85,6 +86,7 @@ _CONSTANT_CAUSE = (
 # ----------------------------------------------------------------------------- kernels
 
 
+@full_precision
 def centre_features(x: ArrayLike, /) -> jax.Array:
     """Centre the columns of ``x`` and scale it to unit Frobenius norm.
 
@@ -111,6 +113,7 @@ def centre_features(x: ArrayLike, /) -> jax.Array:
     return xc / jnp.sqrt(jnp.sum(xc * xc))
 
 
+@full_precision
 def linear_gram(x: ArrayLike, /) -> jax.Array:
     """Linear kernel ``K = x x^T``.
 
@@ -190,6 +193,7 @@ def _rbf_gram_and_median(x: jax.Array, scale) -> tuple[jax.Array, jax.Array]:
     return jnp.exp(-d2 / (2.0 * scale**2 * med)), med
 
 
+@full_precision
 def rbf_gram(x: ArrayLike, /, *, scale: float = 0.5) -> jax.Array:
     """RBF kernel with the median heuristic of Kornblith et al. (2019).
 
@@ -220,6 +224,7 @@ def rbf_gram(x: ArrayLike, /, *, scale: float = 0.5) -> jax.Array:
 _RBF_SCALE_WHY = "the RBF bandwidth is this factor times the median pairwise distance"
 
 
+@full_precision
 def centre_gram(k: ArrayLike, /) -> jax.Array:
     """Double-centre a Gram matrix: ``H K H``.
 
@@ -253,6 +258,7 @@ def _hsic_gram(k: jax.Array, l: jax.Array, debiased: bool) -> jax.Array:
     ) / (n * (n - 3))
 
 
+@full_precision
 def hsic(k: ArrayLike, l: ArrayLike, /, *, debiased: bool = False) -> jax.Array:
     """Hilbert-Schmidt independence criterion of two Gram matrices.
 
@@ -336,6 +342,7 @@ class LinearStats(NamedTuple):
     self_hsic: jax.Array
 
 
+@full_precision
 def linear_stats(x: ArrayLike, /, *, debiased: bool = False, method: str = "auto") -> LinearStats:
     """Statistics of one representation, reusable across every pair it is in.
 
@@ -365,6 +372,7 @@ def _stats(xc: jax.Array, debiased: bool, method: str = "auto") -> LinearStats:
     return LinearStats(xc, kx, _hsic_from_terms(_cross_sq(xc, xc, method), kx, kx, n, debiased))
 
 
+@full_precision
 def linear_hsic_cross(
     sx: LinearStats, sy: LinearStats, /, *, debiased: bool = False, method: str = "auto"
 ) -> jax.Array:
@@ -392,6 +400,7 @@ def linear_hsic_cross(
     )
 
 
+@full_precision
 def linear_cka_from_stats(
     sx: LinearStats, sy: LinearStats, /, *, debiased: bool = False, method: str = "auto"
 ) -> jax.Array:
@@ -529,6 +538,7 @@ def _raise_cka_flags(flags, x, y) -> None:
             raise ValueError(f"{what} = {flags[key]!r} is not positive: {_CONSTANT_CAUSE}")
 
 
+@full_precision
 def cka(
     x: ArrayLike,
     y: ArrayLike,
@@ -602,6 +612,7 @@ class CKAState(NamedTuple):
     count: jax.Array
 
 
+@full_precision
 def cka_init(dtype: DTypeLike | None = None) -> CKAState:
     """An empty :class:`CKAState` (all sums zero).
 
@@ -621,6 +632,7 @@ def cka_init(dtype: DTypeLike | None = None) -> CKAState:
     return CKAState(z, z, z, z)
 
 
+@full_precision
 def cka_accumulate(
     state: CKAState, x_batch: ArrayLike, y_batch: ArrayLike, /, *, debiased: bool = True
 ) -> CKAState:
@@ -669,6 +681,7 @@ def _accumulate(state: CKAState, xb: jax.Array, yb: jax.Array, debiased: bool) -
     return CKAState(state.xy + xy, state.xx + sx.self_hsic, state.yy + sy.self_hsic, state.count + 1)
 
 
+@full_precision
 def cka_merge(a: CKAState, b: CKAState, /) -> CKAState:
     """Add two states (e.g. from two hosts); inside ``pmap``/``shard_map`` use
     ``jax.lax.psum(state, axis_name)`` instead, which sums every leaf.
@@ -680,6 +693,7 @@ def cka_merge(a: CKAState, b: CKAState, /) -> CKAState:
     return jax.tree.map(jnp.add, a, b)
 
 
+@full_precision
 def cka_finalize(state: CKAState, /) -> jax.Array:
     """Minibatch CKA ``mean(HSIC_xy) / sqrt(mean(HSIC_xx) mean(HSIC_yy))``.
 
@@ -722,6 +736,7 @@ def _minibatch_state(x, y, batch_size: int, debiased: bool) -> CKAState:
     return state
 
 
+@full_precision
 def minibatch_cka(
     x: ArrayLike, y: ArrayLike, /, *, batch_size: int, debiased: bool = True
 ) -> jax.Array:

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from funsim.similarity._precision import full_precision
 from funsim.similarity._validate import is_concrete
 from funsim.similarity.attention_network import (
     apply_attention_network,
@@ -94,6 +95,7 @@ def _mc_core(net_a, net_b, key, n_samples, chunk, outputs):
     return _mc_scan(prod, key, n_samples, chunk, dtype)
 
 
+@full_precision
 def monte_carlo_inner(
     net_a, net_b, /, *, n_samples: int, key: jax.Array, outputs=None, chunk: int = 8192
 ) -> tuple[jax.Array, jax.Array]:
@@ -160,6 +162,7 @@ def _gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
     return x, w / np.sqrt(2 * np.pi)
 
 
+@full_precision
 def quadrature_inner(net_a, net_b, /, *, outputs=None, chunk: int = 65536) -> jax.Array:
     """Exact ``E_{x~N(0,I)} sum_p f_a(x)_p f_b(x)_p`` by tensor Gauss–Hermite quadrature.
 
@@ -255,6 +258,7 @@ def _attention_mc_core(net_a, net_b, key, scale, context, n_samples, chunk, outp
     return _mc_scan(prod, key, n_samples, chunk, dtype)
 
 
+@full_precision
 def attention_monte_carlo_inner(
     net_a, net_b, /, *, context: int, n_samples: int, key: jax.Array, scale: float = 1.0,
     outputs=None, chunk: int = 4096,
@@ -299,6 +303,7 @@ def attention_monte_carlo_inner(
     return est, se
 
 
+@full_precision
 def attention_quadrature_inner(
     net_a, net_b, /, *, context: int, scale: float = 1.0, outputs=None, chunk: int = 65536
 ) -> jax.Array:

@@ -62,6 +62,7 @@ from funsim.similarity import _validate as V
 from funsim.similarity import stitching as S
 from funsim.similarity._jit_memory import release_if_near_limit
 from funsim.similarity._linalg import pow2_at
+from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import FullMoments, LayerMoments, MomentPair, PairMoments, split_weights
 from funsim.similarity.registry import Measure, list_measures
 from funsim.similarity.registry import measure as get_measure
@@ -1167,12 +1168,11 @@ def _warn_undefined(undefined: dict, rev_undefined: dict, lay: _Layers) -> None:
     (i, j), reason = next(iter(first.items()))
     direction = "" if undefined[name] else " (reverse)"
     per = ", ".join(f"{k}: {c}" for k, c in counts.items())
-    warnings.warn(
+    V.warn_at_caller(
         f"compare_grid: {sum(counts.values())} cell(s) are undefined and set to NaN ({per}), e.g. "
         f"{name}{direction} {_where(lay, i, j, bool(direction))}: {reason.split('. ')[0]}. Each reason is in "
         "GridResult.undefined (and reverse_undefined); on_undefined='raise' stops at the first instead.",
         UndefinedCellWarning,
-        stacklevel=3,
     )
 
 
@@ -1201,6 +1201,7 @@ def _refuse_process_sharded(reps_a, reps_b, measure_name: str) -> None:
 # ----------------------------------------------------------------------------- public
 
 
+@full_precision
 def compare_grid(
     reps_a: Mapping[Any, ArrayLike] | Sequence[ArrayLike],
     reps_b: Mapping[Any, ArrayLike] | Sequence[ArrayLike] | None = None,

@@ -60,6 +60,7 @@ from jax.typing import ArrayLike
 from funsim.similarity import _validate as V
 from funsim.similarity._linalg import pow2_scale as _pow2_scale
 from funsim.similarity._linalg import svd as _svd
+from funsim.similarity._precision import full_precision
 
 __all__ = [
     "MOMENT_KINDS",
@@ -267,6 +268,7 @@ class MomentPair:
 # ----------------------------------------------------------------------------- train/test splits
 
 
+@full_precision
 def split_weights(
     n: int, split: float | tuple[ArrayLike, ArrayLike], key: jax.Array | None, dtype
 ) -> tuple[jax.Array, jax.Array]:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from funsim.similarity._precision import full_precision
 from funsim.similarity._validate import check_bool, check_finite, compute_dtype
 
 
@@ -94,6 +95,7 @@ class Node(NamedTuple):
     down: jax.Array
 
 
+@full_precision
 def apply_layer(layer: Layer, x: ArrayLike) -> jax.Array:
     """Evaluate one layer on a batch.
 
@@ -126,6 +128,7 @@ def apply_layer(layer: Layer, x: ArrayLike) -> jax.Array:
     )
 
 
+@full_precision
 def apply_network(net: Network, x: ArrayLike) -> jax.Array:
     """Evaluate a network (a tuple of layers applied in order).
 
@@ -159,6 +162,7 @@ def _lift_input(x: jax.Array, dtype) -> jax.Array:
     return jnp.concatenate([jnp.zeros(x.shape[:-1] + (1,), dtype), x.astype(dtype)], axis=-1)
 
 
+@full_precision
 def lift(layer: BilinearLayer) -> Node:
     """Lift a bilinear layer to a pure bilinear node on ``x~ = (1, x)``.
 
@@ -215,6 +219,7 @@ def lift(layer: BilinearLayer) -> Node:
     return Node(jnp.concatenate(ls, 0), jnp.concatenate(rs, 0), jnp.concatenate(ds, 1))
 
 
+@full_precision
 def lift_linear(layer: LinearLayer) -> jax.Array:
     """Lift an affine layer to ``block_diag(1, weight)`` with the bias in column 0.
 
@@ -238,6 +243,7 @@ def lift_linear(layer: LinearLayer) -> jax.Array:
     return jnp.concatenate([top, jnp.concatenate([b[:, None], w], axis=1)], axis=0)
 
 
+@full_precision
 def interaction_tensor(layer: BilinearLayer, *, symmetric: bool = True) -> jax.Array:
     """Materialise the lifted interaction tensor ``B[o, i, j]`` of one layer.
 
@@ -269,6 +275,7 @@ def interaction_tensor(layer: BilinearLayer, *, symmetric: bool = True) -> jax.A
     return b
 
 
+@full_precision
 def difference(layer_new: BilinearLayer, layer_old: BilinearLayer, /) -> BilinearLayer:
     """The bilinear layer computing ``layer_new(x) - layer_old(x)``.
 
@@ -336,6 +343,7 @@ def difference(layer_new: BilinearLayer, layer_old: BilinearLayer, /) -> Bilinea
     return BilinearLayer(left, right, down, lb, rb, db, residual=False)
 
 
+@full_precision
 def network_depth(net: Network) -> int:
     """Number of bilinear layers in a network (linear layers fold in and do not count)."""
     if isinstance(net, (BilinearLayer, LinearLayer)):
@@ -347,6 +355,7 @@ def _shape(x) -> tuple:
     return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
 
 
+@full_precision
 def validate_network(net, name: str = "net", *, batch_ndim: int = 0) -> tuple:
     """Check a network's structure, shapes and values; return it as a tuple of layers.
 
@@ -476,6 +485,7 @@ def _cast_network(net: tuple, dtype, name: str, *, check: bool = True) -> tuple:
     return tuple(out)
 
 
+@full_precision
 def validate_network_pair(net_a, net_b, /, *, names: tuple[str, str] = ("net_a", "net_b")) -> tuple:
     """Validate two networks that are to be compared; cast both to one dtype.
 
@@ -566,6 +576,7 @@ def resolve_outputs(outputs: Any, n_out: int, name: str = "outputs") -> tuple | 
 
 
 
+@full_precision
 def fold_network(net: Network) -> list:
     """Fold a network into lifted pure nodes (docs/design.md §4).
 

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats
 from funsim.similarity._linalg import pow2_scale
 from funsim.similarity._linalg import svd as _svd
@@ -75,6 +76,7 @@ def _r2_from_layers(lx, ly, ridge):
     return 1.0 - jnp.sum(resid * resid) / jnp.sum(yc * yc)
 
 
+@full_precision
 def linear_regression_r2(x: ArrayLike, y: ArrayLike, /, *, ridge: float = 0.0) -> jax.Array:
     """Fraction of ``y``'s variance explained by a linear map from ``x`` (directed).
 

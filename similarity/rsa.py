@@ -39,6 +39,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats
 from funsim.similarity._linalg import pow2_scale, row_hash
 
@@ -156,6 +157,7 @@ def _check_rdm_input(x: jax.Array, name: str, metric: str) -> None:
         _raise_rows(V.fetch_flags(_row_flags_jit(x)), name, x.shape, metric)
 
 
+@full_precision
 def rdm(x: ArrayLike, /, *, metric: str = "correlation") -> jax.Array:
     """Representational dissimilarity matrix of the samples (rows) of ``x``.
 
@@ -279,6 +281,7 @@ def _ranks_by_packed_sort(k: jax.Array) -> jax.Array:
     return jax.lax.cond(too_long, lambda: _ranks_by_search(k), lambda: r)
 
 
+@full_precision
 def rank_average(v: ArrayLike, /) -> jax.Array:
     """Ranks 1..m of a vector, ties sharing their average rank (jit-able).
 
@@ -451,6 +454,7 @@ def _rsa(x, y, rdm_metric: str, compare: str):
     return _rsa_compare(a, b, fx["ok"], fy["ok"], compare), (fx, fy)
 
 
+@full_precision
 def rsa(
     x: ArrayLike, y: ArrayLike, /, *, rdm_metric: str = "correlation", compare: str = "spearman"
 ) -> jax.Array:

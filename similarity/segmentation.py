@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity._precision import full_precision
 
 __all__ = ["SEGMENT_COSTS", "Segmentation", "segment_costs", "change_points"]
 
@@ -134,6 +135,7 @@ def _check(similarity: ArrayLike, name: str = "similarity") -> jax.Array:
     return s
 
 
+@full_precision
 def segment_costs(similarity: ArrayLike, /, *, cost: str = "kernel") -> jax.Array:
     """The cost of every contiguous segment of a similarity matrix.
 
@@ -159,6 +161,7 @@ def segment_costs(similarity: ArrayLike, /, *, cost: str = "kernel") -> jax.Arra
     return _costs(s, cost)
 
 
+@full_precision
 def change_points(similarity: ArrayLike, /, *, n_segments: int, cost: str = "kernel") -> Segmentation:
     """Split ``0..n-1`` into ``n_segments`` contiguous blocks of minimal total cost.
 

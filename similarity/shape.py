@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats, MomentPair, MomentStats, full_pair
 from funsim.similarity._linalg import arccos_unit, pow2_scale, sqrt_floor
 from funsim.similarity._linalg import svd as _svd
@@ -134,6 +135,7 @@ def _scale(w: _Whitened, alpha, width: int, whiten: bool | None = None) -> jax.A
     return w.c_over_h * jnp.sqrt((w.total + pad * w.floor) / (w.gain + pad * w.h_floor**2))
 
 
+@full_precision
 def partial_whiten(x: ArrayLike, /, *, alpha: float = 1.0, width: int | None = None) -> jax.Array:
     """netrep's partial whitening, preserving total variance (pure; no validation).
 
@@ -232,6 +234,7 @@ def _raise_singular(flags, name: str, shape) -> None:
         )
 
 
+@full_precision
 def shape_distance(
     x: ArrayLike, y: ArrayLike, /, *, alpha: float = 1.0, distance: str = "angular"
 ) -> jax.Array:
@@ -324,6 +327,7 @@ def _nbs_checked(x, y, what: str) -> jax.Array:
     return out
 
 
+@full_precision
 def nbs(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
     """Normalised Bures similarity ``||Xc^T Yc||_* / (||Xc||_F ||Yc||_F)``, a score in [0, 1].
 
@@ -349,6 +353,7 @@ def nbs(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
     return _nbs_checked(x, y, "NBS")
 
 
+@full_precision
 def procrustes_distance(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
     """Ding et al.'s (2021) squared Procrustes distance ``2 - 2 NBS``, in [0, 2].
 

@@ -56,7 +56,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -68,6 +67,7 @@ from jax.typing import ArrayLike
 from funsim.similarity import _validate as V
 from funsim.similarity._linalg import pow2_scale, shared_rows
 from funsim.similarity._linalg import svd as _svd
+from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerMoments, MomentPair, MomentStats, PairMoments, split_weights
 
 FAMILIES = ("orthogonal", "scaled_orthogonal", "affine")
@@ -102,6 +102,7 @@ class Stitcher:
     family: str = dataclasses.field(default="affine", metadata=dict(static=True))
 
 
+@full_precision
 def apply_stitcher(stitcher: Stitcher, z: ArrayLike, /) -> jax.Array:
     """Apply a stitcher to a batch.
 
@@ -388,9 +389,7 @@ def _normalise_option(normalise, old_spelling: dict, fn: str) -> bool:
         raise TypeError(f"{fn}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
     if "normalize" not in old_spelling:
         return V.check_bool(normalise, "normalise")
-    import warnings
-
-    warnings.warn("normalize= is deprecated: use normalise= (the same option).", DeprecationWarning, stacklevel=3)
+    V.warn_at_caller("normalize= is deprecated: use normalise= (the same option).", DeprecationWarning)
     return V.check_bool(old_spelling["normalize"], "normalize")
 
 
@@ -425,6 +424,7 @@ def _fit_program(x, y, ridge, *, family, normalize):
     return V.nan_unless(V.flags_ok(fx, fy), out), flags
 
 
+@full_precision
 def fit_stitcher(
     z_src: ArrayLike,
     z_tgt: ArrayLike,
@@ -522,6 +522,7 @@ def _score_program(x, y, w_tr, w_te, ridge, *, family):
     return V.nan_unless(V.flags_ok(fx, fy), out), flags
 
 
+@full_precision
 def reconstruction_score(
     z_src: ArrayLike,
     z_tgt: ArrayLike,
@@ -581,17 +582,17 @@ def reconstruction_score(
         if not flags["result"]:
             _raise_not_finite("The reconstruction score")
         if flags["shared"]:
-            warnings.warn(
+            V.warn_at_caller(
                 f"{int(flags['shared'])} of the {int(flags['n_test'])} held-out rows repeat a train row "
                 "exactly (the same z_src and z_tgt: duplicated inputs), so the held-out score is partly "
                 "in-sample and inflated. Deduplicate the inputs before splitting, or pass "
                 "split=(train_idx, test_idx) with each distinct input on one side only.",
                 HeldOutOverlapWarning,
-                stacklevel=2,
             )
     return out
 
 
+@full_precision
 def stitching_asymmetry(
     z_a: ArrayLike,
     z_b: ArrayLike,
@@ -637,6 +638,7 @@ def _pad_cols(z: jax.Array, d: int) -> jax.Array:
     return jnp.pad(z, ((0, 0), (0, d - z.shape[1])))
 
 
+@full_precision
 def fit_stitchers(
     zs_src: Sequence[ArrayLike] | ArrayLike,
     zs_tgt: Sequence[ArrayLike] | ArrayLike,

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from funsim.similarity._precision import full_precision
 from funsim.similarity._stitch_param import INITS, apply_channels, init_params
 from funsim.similarity._stitch_train import LOSSES, OPTIMIZERS, fit_loop, loss_from_logits
 from funsim.similarity._validate import as_float_array, check_choice, check_finite, check_int_labels
@@ -79,6 +80,7 @@ def _pool_matrix(n_in: int, n_out: int, dtype) -> np.ndarray:
     return p.astype(dtype)
 
 
+@full_precision
 def resize_spatial(z: ArrayLike, /, *, size: tuple[int, int]) -> jax.Array:
     """Resize NHWC activations to a spatial ``size`` by adaptive average pooling.
 
@@ -113,6 +115,7 @@ def resize_spatial(z: ArrayLike, /, *, size: tuple[int, int]) -> jax.Array:
     return jnp.einsum("ih,jw,nhwc->nijc", ph, pw, z)
 
 
+@full_precision
 def stitch_representation(
     stitcher: Stitcher, z: ArrayLike, /, *, spatial: tuple[int, int] | None = None
 ) -> jax.Array:
@@ -151,6 +154,7 @@ def stitch_representation(
     return apply_channels(z, stitcher.weight, stitcher.scale, stitcher.bias)
 
 
+@full_precision
 def stitching_loss(
     stitcher: Stitcher,
     z_src: ArrayLike,
@@ -382,6 +386,7 @@ def _check_int(value, name: str, *, allow_none: bool = False) -> None:
 # ---------------------------------------------------------------------------
 
 
+@full_precision
 def train_stitchers(
     zs_src: Sequence[ArrayLike],
     y: ArrayLike,
@@ -594,6 +599,7 @@ def _eval_data(eval_data, srcs, tshape, n_classes, m_count, stacked, loss):
     return evs, y_eval, t_eval
 
 
+@full_precision
 def train_stitcher(
     z_src: ArrayLike,
     y: ArrayLike,

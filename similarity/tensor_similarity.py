@@ -50,6 +50,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity._gaussian_forms import set_partitions
+from funsim.similarity._precision import full_precision
 from funsim.similarity._validate import check_bool, check_choice, check_positive_result, check_rep, is_concrete
 from funsim.similarity.multilinear import (
     apply_network,
@@ -441,6 +442,7 @@ def _similarity_jit(net_a, net_b, code, program, outputs):
     return _by_metric(code, program, network_depth(net_a), body)
 
 
+@full_precision
 def tensor_inner(
     net_a,
     net_b,
@@ -483,6 +485,7 @@ def tensor_inner(
     return _inner_jit(net_a, net_b, code, program, outputs)
 
 
+@full_precision
 def tensor_similarity(
     net_a,
     net_b,
@@ -531,6 +534,7 @@ def tensor_similarity(
     return ab / jnp.sqrt(aa * bb)
 
 
+@full_precision
 def stack_networks(nets, /) -> tuple:
     """A list of networks with one architecture -> one network whose leaves have a leading axis.
 
@@ -587,6 +591,7 @@ def _matrix_jit(stacked, code, program, outputs):
     return (gram + gram.T) / 2
 
 
+@full_precision
 def similarity_matrix(
     nets,
     /,
@@ -654,6 +659,7 @@ def similarity_matrix(
 # ---------------------------------------------------------------------------
 
 
+@full_precision
 def weight_cosine(net_a, net_b, /) -> jax.Array:
     """Cosine of the flattened weights (every leaf, biases included), a score in [-1, 1].
 
@@ -698,6 +704,7 @@ def weight_cosine(net_a, net_b, /) -> jax.Array:
     return jnp.vdot(va, vb) / jnp.sqrt(na * nb)
 
 
+@full_precision
 def behavioural_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
     """Mean over samples of the cosine between the two networks' output vectors.
 
@@ -738,11 +745,12 @@ def behavioural_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
     return jnp.mean(jnp.einsum("no,no->n", ya, yb) / (na * nb))
 
 
+@full_precision
 def behavioral_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
     """Deprecated spelling of :func:`behavioural_similarity` (the same function); it will be removed."""
-    import warnings
+    from funsim.similarity import _validate as V
 
-    warnings.warn("behavioral_similarity is deprecated: use behavioural_similarity (the same function).",
-                  DeprecationWarning, stacklevel=2)
+    V.warn_at_caller("behavioral_similarity is deprecated: use behavioural_similarity (the same function).",
+                     DeprecationWarning)
     return behavioural_similarity(net_a, net_b, x)
 

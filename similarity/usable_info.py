@@ -43,6 +43,7 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity._linalg import lstsq as _lstsq
+from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import split_weights
 
 V_FAMILIES = ("linear", "mlp", "gaussian_linear")
@@ -321,6 +322,7 @@ def _doc(f):
 # ----------------------------------------------------------------------------- public API
 
 
+@full_precision
 @_doc
 def v_entropy(
     z: ArrayLike | None,
@@ -363,6 +365,7 @@ def v_entropy(
     return _entropy(p, _loglik(p, p.zs[0]))
 
 
+@full_precision
 @_doc
 def v_information(
     z: ArrayLike,
@@ -402,6 +405,7 @@ def v_information(
     return VResult(*(a - b for a, b in zip(h0, h1)))
 
 
+@full_precision
 @_doc
 def conditional_v_information(
     z1: ArrayLike,
@@ -447,6 +451,7 @@ def conditional_v_information(
     return VResult(*(a - b for a, b in zip(h2, h12)))
 
 
+@full_precision
 @_doc
 def pointwise_v_information(
     z: ArrayLike,
