@@ -678,8 +678,14 @@ def _train_heads(models: list, ds_obj, zdata, groupings: dict, cfg: StudyConfig)
 
 
 def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, feats: dict, ys: dict, tasks: dict,
-                   family: str, cfg: StudyConfig, key, heads: dict | None = None) -> dict[str, list[dict]]:
-    """Train every source into layer ``lt`` of every target model (the seeds of one architecture); rows per task."""
+                   families: dict, cfg: StudyConfig, heads: dict | None = None) -> dict[str, dict[str, list[dict]]]:
+    """Train every source into layer ``lt`` of every target model (the seeds of one architecture).
+
+    ``families`` maps each family to train to its key. All of them train in one
+    ``train_stitchers`` call per task (one compiled loop for affine, one for the orthogonal
+    families) and are evaluated in one compiled program; each family's stitchers get the
+    keys its own call would have split from its key. Returns ``{family: {task: rows}}``.
+    """
     import jax
     import jax.numpy as jnp
 
@@ -692,7 +698,10 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
     own_te = np.stack([models_lib.compiled(t.model).tail(lt, feats[t.id]["test"][lt], as_numpy=True)
                        for t in targets])  # (M, n, C)
     tshape = targets[0].feature_shapes[lt]
-    out = {}
+    fams = list(families)
+    k_count = len(srcs)
+    keys = jnp.concatenate([jax.random.split(families[f], k_count) for f in fams])  # family by family
+    out = {f: {} for f in fams}
     for task, groups in tasks.items():
         y_tr, y_te = ys[task]
         params_t = params
@@ -709,41 +718,49 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
             tail_t = tail if groups is None else CoarseTail(tail, groups)
             own = own_te if groups is None else np.asarray(coarsen_logits(own_te, groups))
         trained = similarity.train_stitchers(
-            z_tr, y_tr, tail_t, params_t, family=family, init="closed_form", z_tgt=z_tgt, stacked_tails=True,
-            steps=cfg.stitch_steps, learning_rate=cfg.stitch_learning_rate, batch_size=cfg.stitch_batch_size,
-            eval_every=cfg.stitch_steps, key=key,
+            z_tr * len(fams), y_tr, tail_t, params_t, family=[f for f in fams for _ in srcs], init="closed_form",
+            z_tgt=z_tgt, stacked_tails=True, steps=cfg.stitch_steps, learning_rate=cfg.stitch_learning_rate,
+            batch_size=cfg.stitch_batch_size, eval_every=cfg.stitch_steps, key=keys,
         )
-        logits = _stitched_logits(tail_t, params_t, [t.stitcher for t in trained], z_te, tshape)
-        rows = []
+        logits_all = _stitched_logits(tail_t, params_t, [t.stitcher for t in trained], z_te * len(fams), tshape)
         evaluations = [(task, None)]
         if groups is None:  # the fine stitchers' predictions, coarsened: accuracy can only go up
             evaluations += [(t.replace("coarse:", "coarsened:"), gr) for t, gr in tasks.items()
                             if gr is not None and t.startswith("coarse:")]
-        for k, (src, ls) in enumerate(srcs):
-            for mi, tgt in enumerate(targets):
-                if src.id == tgt.id:
-                    continue  # a model stitched into itself
-                for ev_task, coarsen in evaluations:
-                    if coarsen is None:
-                        yv, st_logits, own_logits = y_te, logits[k, mi], own[mi]
-                    else:
-                        yv = ys[ev_task.replace("coarsened", "coarse")][1]
-                        pick = np.asarray(coarsen)
-                        st_logits = np.eye(max(coarsen) + 1)[pick[np.argmax(logits[k, mi], -1)]]
-                        own_logits = np.eye(max(coarsen) + 1)[pick[np.argmax(own[mi], -1)]]
-                    acc, ce = _scores(st_logits, yv)
-                    own_acc, own_ce = _scores(own_logits, yv)
-                    # rows keep zoo order (A before B); the direction says which is the source
-                    a, la, b, lb, direction = (src, ls, tgt, lt, "a->b") if order[src.id] < order[tgt.id] else \
-                        (tgt, lt, src, ls, "b->a")
-                    vals = {"relative_accuracy": acc / own_acc if own_acc > 0 else float("nan"),
-                            "accuracy": acc, "own_accuracy": own_acc}
-                    if coarsen is None:
-                        vals["ce_gap"] = ce - own_ce
-                    for q, v in vals.items():
-                        rows.append(_row(ds, a, la, b, lb, f"task/{family}/{q}", direction, "held_out", ev_task, v))
-        out[task] = rows
+        for fi, family in enumerate(fams):
+            logits = logits_all[fi * k_count:(fi + 1) * k_count]
+            out[family][task] = _target_rows(ds, lt, srcs, targets, order, ys, y_te, own, logits, evaluations,
+                                             family)
     return out
+
+
+def _target_rows(ds, lt, srcs, targets, order, ys, y_te, own, logits, evaluations, family) -> list[dict]:
+    """The table rows of one family's K stitchers (``logits (K, M, n, C)``) into layer ``lt`` on one task."""
+    rows = []
+    for k, (src, ls) in enumerate(srcs):
+        for mi, tgt in enumerate(targets):
+            if src.id == tgt.id:
+                continue  # a model stitched into itself
+            for ev_task, coarsen in evaluations:
+                if coarsen is None:
+                    yv, st_logits, own_logits = y_te, logits[k, mi], own[mi]
+                else:
+                    yv = ys[ev_task.replace("coarsened", "coarse")][1]
+                    pick = np.asarray(coarsen)
+                    st_logits = np.eye(max(coarsen) + 1)[pick[np.argmax(logits[k, mi], -1)]]
+                    own_logits = np.eye(max(coarsen) + 1)[pick[np.argmax(own[mi], -1)]]
+                acc, ce = _scores(st_logits, yv)
+                own_acc, own_ce = _scores(own_logits, yv)
+                # rows keep zoo order (A before B); the direction says which is the source
+                a, la, b, lb, direction = (src, ls, tgt, lt, "a->b") if order[src.id] < order[tgt.id] else \
+                    (tgt, lt, src, ls, "b->a")
+                vals = {"relative_accuracy": acc / own_acc if own_acc > 0 else float("nan"),
+                        "accuracy": acc, "own_accuracy": own_acc}
+                if coarsen is None:
+                    vals["ce_gap"] = ce - own_ce
+                for q, v in vals.items():
+                    rows.append(_row(ds, a, la, b, lb, f"task/{family}/{q}", direction, "held_out", ev_task, v))
+    return rows
 
 
 def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyConfig, out: pathlib.Path, log,
@@ -763,9 +780,16 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
         tasks.update({f"coarse_head:{g}": m for g, m in groupings.items()})
     jobs = [(fam, name, lt, srcs) for fam in cfg.stitch_families for name, lt, srcs in targets_all]
     path = lambda task, fam, name, lt: out / "stitch" / ds / task.replace(":", "_") / fam / f"{name}__{lt}.json"  # noqa: E731
-    # N processes: job j (a stitching target) is trained by process j mod N, on its own devices
-    todo = [(j, job) for j, job in distributed.my_units(list(enumerate(jobs)))
-            if not all([_unit_done(path(t, *job[:3])) for t in tasks])]
+    # N processes: target layer t (all its families) is trained by process t mod N, on its own devices. The
+    # job (family f, target t) keeps its index j = f * T + t, which seeds its key: the same when resumed.
+    n_t = len(targets_all)
+    todo = []
+    for t, (name, lt, srcs) in distributed.my_units(list(enumerate(targets_all))):
+        fams = {fam: f * n_t + t for f, fam in enumerate(cfg.stitch_families)
+                if not all([_unit_done(path(task, fam, name, lt)) for task in tasks])}
+        if fams:
+            todo.append((name, lt, srcs, fams))
+    n_todo = sum(len(fams) for *_, fams in todo)
     n_pairs = sum(len(s) for _, _, _, s in jobs)
     units = [path(t, *job[:3]) for job in jobs for t in tasks]
     if not todo:
@@ -782,22 +806,22 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
         c = zdata.coarse[g]
         ys[f"coarse:{g}"] = ys[f"coarse_head:{g}"] = (c.y_train[:n_tr], c.y_test)
     heads = _train_heads(models, ds_obj, zdata, groupings, cfg) if cfg.coarse_head and groupings else {}
-    log(f"      {ds}: task-loss stitching, {len(todo)} targets ({', '.join(cfg.stitch_families)}; tasks "
-        f"{', '.join(tasks)}), {n_tr} training rows, {len(x_te)} held-out rows")
+    log(f"      {ds}: task-loss stitching, {n_todo} targets ({len(todo)} layers x families "
+        f"{', '.join(cfg.stitch_families)}; tasks {', '.join(tasks)}), {n_tr} training rows, {len(x_te)} held-out rows")
     order = {m.id: k for k, m in enumerate(models)}
     bar = tqdm(todo, desc=f"stitch {ds}", disable=not distributed.show_progress(progress), leave=False)
-    for j, (fam, name, lt, srcs) in bar:
+    for name, lt, srcs, fams in bar:
         bar.set_postfix_str(f"{name}:{lt}")
         targets = [m for m in models if m.name == name]
-        key = jax.random.fold_in(jax.random.key(cfg.seed), j)  # the job's index: the same when resumed
+        keys = {fam: jax.random.fold_in(jax.random.key(cfg.seed), j) for fam, j in fams.items()}
         similarity.release_if_near_limit()  # each target compiles its own programs (see _grid)
-        rows = _stitch_target(ds, lt, srcs, targets, order, feats, ys, tasks, fam, cfg, key, heads)
-        for task in tasks:  # a task the target cannot take (no head after this layer): an empty unit
-            r = rows.get(task, [])
-            write_json_atomic(path(task, fam, name, lt), {"target": f"{name}:{lt}", "family": fam, "task": task,
-                                                          "rows": r})
+        rows = _stitch_target(ds, lt, srcs, targets, order, feats, ys, tasks, keys, cfg, heads)
+        for fam in fams:
+            for task in tasks:  # a task the target cannot take (no head after this layer): an empty unit
+                write_json_atomic(path(task, fam, name, lt), {"target": f"{name}:{lt}", "family": fam, "task": task,
+                                                              "rows": rows[fam].get(task, [])})
     bar.close()
-    return {"targets": len(jobs), "computed": len(todo), "seconds": round(time.time() - t0, 1),
+    return {"targets": len(jobs), "computed": n_todo, "seconds": round(time.time() - t0, 1),
             "source_target_pairs": n_pairs, "units": units}
 
 

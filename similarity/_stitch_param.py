@@ -9,7 +9,11 @@ parameter pytree, so a compiled training loop only ever sees one family:
 * ``scaled_orthogonal``: ``{"gen": (M, M), "log_scale": (), "bias": (d_tgt,)}``.
 
 The orthogonal families also carry constants ``{"base": (M, M), "mask": (M, M)}``
-(``{}`` for affine): the square orthogonal matrix is
+(``{}`` for affine). A batch that mixes ``orthogonal`` and ``scaled_orthogonal`` stitchers
+trains as ``scaled_orthogonal`` (one compiled loop) with one more constant, ``"free": ()``,
+1 for a scaled stitcher and 0 for an orthogonal one: its scale is ``exp(log_scale * free)``,
+so an orthogonal stitcher's scale is exactly 1 and its ``log_scale`` gets a zero gradient
+(and stays at 0). The square orthogonal matrix is
 
     Q = base @ cayley(A),   cayley(A) = (I - A)^{-1} (I + A),   A = (G - G^T) * mask,
 
@@ -87,7 +91,12 @@ def materialise(params: dict, consts: dict, *, family: str):
         return params["weight"], one, bias, None
     q = orthogonal_matrix(params["gen"], consts["base"], consts["mask"])
     weight = q[:, : bias.shape[0]]
-    scale = jnp.exp(params["log_scale"]) if family == "scaled_orthogonal" else one
+    if family != "scaled_orthogonal":
+        scale = one
+    elif "free" in consts:  # a batch mixing orthogonal (free = 0: scale exactly 1) and scaled stitchers
+        scale = jnp.exp(params["log_scale"] * consts["free"])
+    else:
+        scale = jnp.exp(params["log_scale"])
     return weight, scale, bias, q
 
 
@@ -224,6 +233,7 @@ def init_params(
     ridge: float,
     keys: jax.Array,
     dtype,
+    pad_to: int | None = None,
 ):
     """Initial padded parameters and constants of K stitchers into each of M tails.
 
@@ -237,12 +247,13 @@ def init_params(
       ridge: ridge of the closed-form affine start.
       keys: ``(K,)`` keys for the random starts (the same for every tail).
       dtype: the working float dtype.
+      pad_to: pad the sources to this width instead of their largest (at least that).
 
     Returns:
       ``(params, consts)``: pytrees of ``(M, K, ...)`` arrays.
     """
     widths = [int(s.shape[-1]) for s in srcs]
-    d_max = max(widths)
+    d_max = max(widths) if pad_to is None else max(max(widths), int(pad_to))
     m_max = max(d_max, d_tgt)
     fits = _closed_form(family, srcs, z_tgts, ridge) if init == "closed_form" else None
     plist, clist = [], []
@@ -282,3 +293,26 @@ def init_params(
         )
 
     return stack(plist), (stack(clist) if clist[0] else {})
+
+
+def merge_orthogonal(groups: Sequence[tuple[str, dict, dict]]) -> tuple[dict, dict]:
+    """One ``scaled_orthogonal`` batch from ``(family, params, consts)`` batches of both orthogonal families.
+
+    The batches must share their padded widths (:func:`init_params` with one ``pad_to``);
+    they are concatenated along the K axis in the order given. ``orthogonal`` batches get
+    ``log_scale = 0`` and ``free = 0``, ``scaled_orthogonal`` ones ``free = 1`` (see the
+    module docstring).
+    """
+    ps, cs = [], []
+    for family, params, consts in groups:
+        if family not in ("orthogonal", "scaled_orthogonal"):
+            raise ValueError(f"merge_orthogonal takes orthogonal families, got {family!r}.")
+        lead = params["bias"].shape[:2]  # (M, K)
+        p = dict(params)
+        if family == "orthogonal":
+            p["log_scale"] = jnp.zeros(lead, params["bias"].dtype)
+        ps.append(p)
+        cs.append(dict(consts, free=jnp.full(lead, 1.0 if family == "scaled_orthogonal" else 0.0,
+                                             params["bias"].dtype)))
+    cat = lambda *a: jnp.concatenate(a, axis=1)  # noqa: E731
+    return jax.tree.map(cat, *ps), jax.tree.map(cat, *cs)

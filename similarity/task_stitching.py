@@ -46,7 +46,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity._precision import full_precision
-from funsim.similarity._stitch_param import INITS, apply_channels, init_params
+from funsim.similarity._stitch_param import INITS, apply_channels, init_params, merge_orthogonal
 from funsim.similarity._stitch_train import LOSSES, OPTIMIZERS, fit_loop, loss_from_logits
 from funsim.similarity._validate import as_float_array, check_choice, check_finite, check_int_labels
 from funsim.similarity.stitching import FAMILIES, Stitcher
@@ -416,8 +416,10 @@ def train_stitchers(
 
     The stitchers may differ in source (any widths and spatial sizes: sources
     are zero-padded to a common width, with the orthogonal parametrisation
-    masked so that each equals its unpadded fit), in family and in key. Each
-    family is one vmapped, jitted ``lax.scan`` loop. The result equals training
+    masked so that each equals its unpadded fit), in family and in key. The
+    affine stitchers are one vmapped, jitted ``lax.scan`` loop and the two
+    orthogonal families another (an ``orthogonal`` stitcher trains there as a
+    scaled one whose scale is held at exactly 1). The result equals training
     each with :func:`train_stitcher` one by one. With ``stacked_tails=True``
     every source is also trained into each of M tails of one architecture at
     once (the tails vmapped), equal to M separate calls.
@@ -542,18 +544,29 @@ def train_stitchers(
                   batch_size=batch_size, steps=int(steps), chunk=int(min(eval_every, steps)),
                   patience=None if early_stopping is None else int(early_stopping))
     results: list[TrainedStitcher | None] = [None] * k_count
-    for fam in dict.fromkeys(fams):  # one compiled loop per family, in first-seen order
-        idx = [i for i, f in enumerate(fams) if f == fam]
+    # one compiled loop for affine and one for the orthogonal families (orthogonal and
+    # scaled_orthogonal train together, see similarity._stitch_param), in first-seen order
+    kind = lambda f: "affine" if f == "affine" else "orthogonal"  # noqa: E731
+    for group_kind in dict.fromkeys(kind(f) for f in fams):
+        members = [f for f in dict.fromkeys(fams) if kind(f) == group_kind]
+        idx = [i for f in members for i, g in enumerate(fams) if g == f]  # family by family
         group = [srcs[i] for i in idx]
         d_max = max(s.shape[-1] for s in group)
-        params, consts = init_params(
-            fam, init, group, None if z_tgts is None else list(z_tgts), d_tgt=tshape[-1],
-            n_tails=m_count, ridge=ridge, keys=keys_init[jnp.asarray(idx)], dtype=dtype,
-        )
+        batches = []
+        for f in members:
+            sub = [i for i, g in enumerate(fams) if g == f]
+            batches.append((f, *init_params(
+                f, init, [srcs[i] for i in sub], None if z_tgts is None else list(z_tgts), d_tgt=tshape[-1],
+                n_tails=m_count, ridge=ridge, keys=keys_init[jnp.asarray(sub)], dtype=dtype, pad_to=d_max,
+            )))
+        if len(batches) == 1:
+            loop_family, params, consts = batches[0]
+        else:
+            loop_family, (params, consts) = "scaled_orthogonal", merge_orthogonal(batches)
         z_ev = None if evs is None else _pad_stack([evs[i] for i in idx], d_max, dtype)
         (weight, bias, scale), hist = fit_loop(
             params, consts, keys[jnp.asarray(idx)], _pad_stack(group, d_max, dtype), y, teacher,
-            z_ev, y_eval, t_eval, tails, hyper, family=fam, **static,
+            z_ev, y_eval, t_eval, tails, hyper, family=loop_family, **static,
         )
         hist = jax.tree.map(np.asarray, hist)
         n_ev = hist["eval_loss"].shape[-1]
@@ -562,7 +575,7 @@ def train_stitchers(
             pick = (lambda a: a[:, j]) if stacked else (lambda a: a[0, j])  # noqa: E731
             d_k = srcs[i].shape[-1]
             results[i] = TrainedStitcher(
-                Stitcher(pick(weight)[..., :d_k, :], pick(bias), pick(scale), fam),
+                Stitcher(pick(weight)[..., :d_k, :], pick(bias), pick(scale), fams[i]),
                 TrainHistory(
                     train_loss=pick(hist["train_loss"]),
                     constraint_error=pick(hist["constraint_error"]),

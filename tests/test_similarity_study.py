@@ -386,3 +386,24 @@ def test_unsaturated_design_smoke(tiny):
     for name in ("granularity_coarse_minus_fine_summed", "granularity_coarse_minus_fine_head"):
         v = stats[name]
         assert isinstance(v, dict) and (v["value"] is not None or "reason" in v), name
+
+
+def test_orthogonal_families_trained_together_equal_one_alone(tiny):
+    """The study trains a target's orthogonal and scaled-orthogonal stitchers in one compiled loop (the
+    orthogonal ones with their scale held at 1): the orthogonal rows equal a run with that family alone
+    (same keys: the family is first in both configs), and the scaled stitchers' scales are free."""
+    root, _ = tiny
+    base = {**TINY, "coarse_groupings": []}
+    both = S.config_from_dict({**base, "stitch_families": ["orthogonal", "scaled_orthogonal"]})
+    alone = S.config_from_dict({**base, "stitch_families": ["orthogonal"]})
+    tables = {}
+    for name, cfg in (("both", both), ("alone", alone)):
+        S.run(cfg, root=root, run_name=f"fams_{name}", progress=False, log=lambda s: None)
+        tables[name] = S.read_table(root / "similarity_study" / f"fams_{name}" / "comparisons.csv")
+    for q in ("accuracy", "ce_gap"):
+        a = _by_pair(tables["both"], _where(tables["both"], measure=f"task/orthogonal/{q}", task="fine"))
+        b = _by_pair(tables["alone"], _where(tables["alone"], measure=f"task/orthogonal/{q}", task="fine"))
+        assert a and set(a) == set(b)
+        np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a], rtol=0, atol=1e-6)
+    scaled = _where(tables["both"], measure="task/scaled_orthogonal/accuracy", task="fine")
+    assert scaled.sum() == len(a)

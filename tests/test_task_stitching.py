@@ -478,3 +478,34 @@ def test_orthogonal_closed_form_start_with_fewer_rows_than_source_features():
         np.testing.assert_allclose(np.asarray(weight)[:16], w, atol=1e-8)
         np.testing.assert_allclose(np.asarray(bias), b, atol=1e-8)
         np.testing.assert_allclose(float(scale), s, rtol=1e-8)
+
+
+def test_orthogonal_families_share_one_compiled_loop():
+    """Orthogonal and scaled-orthogonal stitchers in one call train in one program (the orthogonal ones
+    with their scale held at exactly 1) and equal two one-family calls with the same keys, to the bit
+    here; sources of different widths pad to one width."""
+    from tests._compiles import CompileCounter
+
+    rng = np.random.default_rng(0)
+    x, x2 = rng.normal(size=(200, 6)), rng.normal(size=(200, 4))
+    y = (x[:, 0] > 0).astype(np.int32)
+    w_tail = jnp.asarray(rng.normal(size=(5, 2)))
+
+    def tail(w, h):
+        return h @ w
+
+    kw = dict(z_tgt=x @ rng.normal(size=(6, 5)), steps=30, batch_size=64, eval_every=10)
+    keys = jax.random.split(jax.random.key(3), 4)
+    alone = (train_stitchers([x, x2], y, tail, w_tail, family="orthogonal", key=keys[:2], **kw)
+             + train_stitchers([x, x2], y, tail, w_tail, family="scaled_orthogonal", key=keys[2:], **kw))
+    with CompileCounter() as c:
+        mixed = train_stitchers([x, x2, x, x2], y, tail, w_tail,
+                                family=["orthogonal", "orthogonal", "scaled_orthogonal", "scaled_orthogonal"],
+                                key=keys, **kw)
+    assert sum("fit_loop" in n for n in c.names) == 1, c.names
+    for a, b in zip(alone, mixed):
+        assert a.stitcher.family == b.stitcher.family
+        np.testing.assert_allclose(b.stitcher.weight, a.stitcher.weight, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(b.stitcher.scale, a.stitcher.scale, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(b.history.train_loss, a.history.train_loss, rtol=0, atol=1e-12)
+    assert [float(b.stitcher.scale) == 1.0 for b in mixed] == [True, True, False, False]
