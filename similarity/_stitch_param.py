@@ -2,7 +2,7 @@
 
 A batch of stitchers into one target layer is zero-padded to a common source
 width ``D`` (and square width ``M = max(D, d_tgt)``). Each family has its own
-parameter pytree, so a compiled training loop only ever sees one family:
+parameter pytree, and a compiled training loop sees one of them:
 
 * ``affine``: ``{"weight": (D, d_tgt), "bias": (d_tgt,)}``.
 * ``orthogonal``: ``{"gen": (M, M), "bias": (d_tgt,)}``.
