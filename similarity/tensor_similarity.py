@@ -51,7 +51,14 @@ from jax.typing import ArrayLike
 
 from funsim.similarity._gaussian_forms import set_partitions
 from funsim.similarity._precision import full_precision
-from funsim.similarity._validate import check_bool, check_choice, check_positive_result, check_rep, is_concrete
+from funsim.similarity._validate import (
+    check_bool,
+    check_choice,
+    check_positive_result,
+    check_rep,
+    is_concrete,
+    warn_at_caller,
+)
 from funsim.similarity.multilinear import (
     apply_network,
     fold_network,
@@ -748,9 +755,7 @@ def behavioural_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
 @full_precision
 def behavioral_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
     """Deprecated spelling of :func:`behavioural_similarity` (the same function); it will be removed."""
-    from funsim.similarity import _validate as V
-
-    V.warn_at_caller("behavioral_similarity is deprecated: use behavioural_similarity (the same function).",
-                     DeprecationWarning)
+    warn_at_caller("behavioral_similarity is deprecated: use behavioural_similarity (the same function).",
+                   DeprecationWarning)
     return behavioural_similarity(net_a, net_b, x)
 

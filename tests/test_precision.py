@@ -67,6 +67,14 @@ def test_products_traced_at_highest(name):
     assert all("HIGHEST" in p for p in precisions), (name, precisions)
 
 
+@pytest.mark.parametrize("name", ["cka", "cka/debiased", "rsa", "regression"])
+def test_gradient_products_traced_at_highest(name):
+    """Users differentiate the measures: the backward pass's products keep the precision too."""
+    x, y = _data()
+    precisions = _precisions(str(jax.make_jaxpr(jax.grad(lambda a: CASES[name](a, y)))(x)))
+    assert precisions and all("HIGHEST" in p for p in precisions), (name, precisions)
+
+
 @pytest.mark.parametrize("name", ["cka", "rsa", "stitching"])
 def test_the_callers_precision_wins(name):
     x, y = _data()
