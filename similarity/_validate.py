@@ -69,6 +69,9 @@ __all__ = [
     "raise_rep_flags",
     "raise_pair_flags",
     "check_option_positive",
+    "min_samples_reason",
+    "constant_reason",
+    "pair_constant_reason",
 ]
 
 CONSTANT_RTOL = 1e-12
@@ -241,12 +244,9 @@ def check_rep(
     n, d = x.shape
     if d == 0:
         raise ValueError(f"{name} has shape {tuple(x.shape)}: it needs at least one feature.")
-    if n < min_samples:
-        reason = f" for {why}" if why else ""
-        raise ValueError(
-            f"{name} has {n} samples (shape {tuple(x.shape)}), but at least {min_samples} "
-            f"are needed{reason}. Pass more samples."
-        )
+    msg = min_samples_reason(tuple(x.shape), name, min_samples, why)
+    if msg is not None:
+        raise ValueError(msg)
     if finite:
         check_finite(x, name)
     return x
@@ -288,6 +288,30 @@ def _constant_message(name: str, shape: tuple, what: str) -> str:
         f"after centring), so {what} is undefined (0/0). Check that the layer is not "
         "dead and that the samples differ."
     )
+
+
+def min_samples_reason(shape: tuple, name: str, min_samples: int, why: str = "") -> str | None:
+    """The message of :func:`check_rep` for too few samples, or ``None`` (for a core's ``reason``)."""
+    if shape[0] >= min_samples:
+        return None
+    reason = f" for {why}" if why else ""
+    return (f"{name} has {shape[0]} samples (shape {tuple(shape)}), but at least {min_samples} "
+            f"are needed{reason}. Pass more samples.")
+
+
+def constant_reason(flags: dict, name: str, shape: tuple, what: str = "similarity") -> str | None:
+    """The constant-representation message for one side's fetched :func:`rep_flags`, or ``None``."""
+    return None if bool(flags["varies"]) else _constant_message(name, shape, what)
+
+
+def pair_constant_reason(flags: dict, shape_x: tuple, shape_y: tuple, names: tuple[str, str] = ("x", "y"), *,
+                         what: str = "similarity") -> str | None:
+    """A constant ``x`` then a constant ``y`` (the order of the eager checks), from ``flags["x"]``, ``flags["y"]``."""
+    for key, name, shape in zip(("x", "y"), names, (shape_x, shape_y)):
+        msg = constant_reason(flags[key], name, shape, what)
+        if msg is not None:
+            return msg
+    return None
 
 
 def check_not_constant(x: jax.Array, name: str, *, what: str = "similarity") -> None:

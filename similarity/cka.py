@@ -46,7 +46,9 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity import protocol
 from funsim.similarity._precision import full_precision
+from funsim.similarity.protocol import Core
 from funsim.similarity.moments import LayerStats, MomentPair, MomentStats
 from funsim.similarity._linalg import pow2_at, pow2_scale
 
@@ -65,6 +67,7 @@ __all__ = [
     "linear_cka_from_stats",
     "linear_cka_from_moments",
     "cka_layer_stats",
+    "cka_core",
     "linear_cka_moment_stats",
     "CKAState",
     "cka_init",
@@ -488,54 +491,105 @@ def cka_layer_stats(*, kernel: str, debiased: bool, rbf_scale: float = 0.5) -> L
 # ------------------------------------------------------------------------------ CKA
 
 
-@functools.partial(jax.jit, static_argnames=("kernel", "debiased", "method"))
-def _cka_program(x, y, rbf_scale, *, kernel: str, debiased: bool, method: str):
-    """CKA and its value checks in one program: ``(value, flags)``.
+class _CKALayer(NamedTuple):
+    """Per-layer statistics of the CKA core: linear ``(xc, row_sq, c_self)`` or RBF ``(k, hsic_kk, median)``."""
 
-    ``rbf_scale`` is traced (a new bandwidth factor compiles nothing). ``flags``
-    holds each side's :func:`similarity._validate.rep_flags`, whether each RBF
-    median is positive, and the two self-HSICs (which must be positive).
-    """
-    fx, fy = V.rep_flags(x), V.rep_flags(y)
+    data: jax.Array  # linear: (n, W) centred layer divided by its power-of-two scale; rbf: (n, n) kernel
+    row_sq: jax.Array  # linear: (n,) squared row norms of data (the unbiased HSIC); rbf: ()
+    self_hsic: jax.Array  # () HSIC of the layer with itself (up to a common factor)
+    median: jax.Array  # () the RBF median squared distance (1 for the linear kernel)
+    flags: dict
+
+
+def _cka_layer(z, width, opts, *, kernel: str, debiased: bool, method: str) -> _CKALayer:
+    """One layer ``(n, W)`` (zero padding leaves every statistic unchanged); ``opts = (rbf_scale,)``."""
+    del width  # zero features change neither a linear nor an RBF kernel
+    f = V.rep_flags(z)
+    n = z.shape[0]
     if kernel == "linear":
         # centred, divided by a power of two (exact); not normalised: every ratio below is scale free
-        xc = (x - jnp.mean(x, axis=0, keepdims=True)) / pow2_at(fx["max_abs"])
-        yc = (y - jnp.mean(y, axis=0, keepdims=True)) / pow2_at(fy["max_abs"])
-        if method == "auto":
-            method = "features" if max(x.shape[1], y.shape[1]) <= x.shape[0] else "gram"
-        n = x.shape[0]
-        c_xy, c_xx, c_yy = _cross_sq(xc, yc, method), _cross_sq(xc, xc, method), _cross_sq(yc, yc, method)
-        if debiased:
-            kx, ky = jnp.sum(xc * xc, axis=1), jnp.sum(yc * yc, axis=1)
-            xy, xx, yy = (_hsic_from_terms(c, a, b, n, True) for c, a, b in
-                          ((c_xy, kx, ky), (c_xx, kx, kx), (c_yy, ky, ky)))
-        else:  # the common 1 / (n - 1)^2 cancels
-            xy, xx, yy = c_xy, c_xx, c_yy
-        med_ok = jnp.ones((), bool), jnp.ones((), bool)
+        zc = (z - jnp.mean(z, axis=0, keepdims=True)) / pow2_at(f["max_abs"])
+        kz = jnp.sum(zc * zc, axis=1)
+        c = _cross_sq(zc, zc, _method(method, z.shape[1], n))
+        self_hsic = _hsic_from_terms(c, kz, kz, n, True) if debiased else c  # biased: 1 / (n - 1)^2 cancels
+        return _CKALayer(zc, kz, self_hsic, jnp.ones((), z.dtype), f)
+    (rbf_scale,) = opts
+    k, med = _rbf_gram_and_median(z, rbf_scale)
+    return _CKALayer(k, jnp.zeros((), z.dtype), _hsic_gram(k, k, debiased), med, f)
+
+
+def _method(method: str, width: int, n: int) -> str:
+    if method == "auto":
+        return "features" if width <= n else "gram"
+    return method
+
+
+def _cka_pair(sx: _CKALayer, sy: _CKALayer, opts, *, kernel: str, debiased: bool, method: str):
+    """CKA of two layers' statistics and its value checks: ``(value, flags)``."""
+    del opts
+    n = sx.data.shape[0]
+    if kernel == "linear":
+        c = _cross_sq(sx.data, sy.data, _method(method, max(sx.data.shape[1], sy.data.shape[1]), n))
+        xy = _hsic_from_terms(c, sx.row_sq, sy.row_sq, n, True) if debiased else c
     else:
-        k, mx = _rbf_gram_and_median(x, rbf_scale)
-        l, my = _rbf_gram_and_median(y, rbf_scale)
-        xy, xx, yy = _hsic_gram(k, l, debiased), _hsic_gram(k, k, debiased), _hsic_gram(l, l, debiased)
-        med_ok = mx > 0, my > 0
-    flags = dict(x=fx, y=fy, med_x=med_ok[0], med_y=med_ok[1], xx=xx, yy=yy)
-    ok = V.flags_ok(fx, fy) & med_ok[0] & med_ok[1] & (xx > 0) & (yy > 0)
+        xy = _hsic_gram(sx.data, sy.data, debiased)
+    xx, yy = sx.self_hsic, sy.self_hsic
+    flags = dict(x=sx.flags, y=sy.flags, med_x=sx.median > 0, med_y=sy.median > 0, xx=xx, yy=yy)
+    ok = V.flags_ok(sx.flags, sy.flags) & flags["med_x"] & flags["med_y"] & (xx > 0) & (yy > 0)
     return V.nan_unless(ok, xy / (jnp.sqrt(xx) * jnp.sqrt(yy))), flags
 
 
-def _raise_cka_flags(flags, x, y) -> None:
+def _cka_reason(flags, shape_x, shape_y, opts, *, kernel: str, debiased: bool, method: str) -> str | None:
+    """The pairwise call's message for fetched flags (``None``: only what the shapes decide)."""
+    del opts
+    need, why = (4, "the unbiased (debiased) HSIC") if debiased else (2, "CKA")
+    for name, shape in (("x", shape_x), ("y", shape_y)):
+        msg = V.min_samples_reason(shape, name, need, why)
+        if msg is not None:
+            return msg
+    if method == "features" and kernel == "rbf":
+        return "method='features' is only available for kernel='linear'; use 'auto'."
     if flags is None:
-        return
-    V.raise_pair_flags(flags["x"], flags["y"], x, y, what="CKA")
-    for name, shape in (("x", x.shape), ("y", y.shape)):
+        return None
+    msg = V.pair_constant_reason(flags, shape_x, shape_y, what="CKA")
+    if msg is not None:
+        return msg
+    for name, shape in (("x", shape_x), ("y", shape_y)):
         if not flags[f"med_{name}"]:
-            raise ValueError(
-                f"{name} of shape {tuple(shape)} has a zero median squared pairwise distance "
-                "(at least half of its sample pairs coincide), so the RBF bandwidth is zero. "
-                "Deduplicate the samples or use kernel='linear'."
-            )
+            return (f"{name} of shape {tuple(shape)} has a zero median squared pairwise distance "
+                    "(at least half of its sample pairs coincide), so the RBF bandwidth is zero. "
+                    "Deduplicate the samples or use kernel='linear'.")
     for key, what in (("xx", "HSIC(x, x)"), ("yy", "HSIC(y, y)")):
         if not flags[key] > 0:
-            raise ValueError(f"{what} = {flags[key]!r} is not positive: {_CONSTANT_CAUSE}")
+            return f"{what} = {flags[key]!r} is not positive: {_CONSTANT_CAUSE}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _cka_parts(kernel: str, debiased: bool, method: str) -> tuple:
+    """The core's three functions for one set of static options (one object each: shared programs)."""
+    kw = dict(kernel=kernel, debiased=debiased, method=method)
+    return (functools.partial(_cka_layer, **kw), functools.partial(_cka_pair, **kw),
+            functools.partial(_cka_reason, **kw))
+
+
+def cka_core(*, kernel: str = "linear", debiased: bool = False, rbf_scale: float = 0.5,
+             method: str = "auto") -> Core:
+    """The compiled core of :func:`cka` (:class:`similarity.protocol.Core`); ``rbf_scale`` is traced.
+
+    Examples:
+      >>> import numpy as np
+      >>> from funsim.similarity import protocol
+      >>> x = np.random.default_rng(0).normal(size=(20, 3))
+      >>> value, flags = protocol.evaluate(cka_core(), x, 2 * x)
+      >>> round(float(value), 6), bool(flags["x"]["varies"])
+      (1.0, True)
+    """
+    V.check_choice(kernel, "kernel", KERNELS)
+    V.check_choice(method, "method", METHODS)
+    rbf_scale = V.check_option_positive(rbf_scale, "rbf_scale", why=_RBF_SCALE_WHY)
+    layer, pair, reason = _cka_parts(kernel, V.check_bool(debiased, "debiased"), method)
+    return Core(layer, pair, reason, (rbf_scale,))
 
 
 @full_precision
@@ -587,10 +641,7 @@ def cka(
     need = 4 if debiased else 2
     why = "the unbiased (debiased) HSIC" if debiased else "CKA"
     x, y = V.check_pair(x, y, min_samples=need, why=why, finite=False)
-    out, flags = _cka_program(x, y, jnp.asarray(rbf_scale, x.dtype), kernel=kernel, debiased=debiased,
-                              method=method)
-    _raise_cka_flags(V.fetch_flags(flags), x, y)
-    return out
+    return protocol.call(cka_core(kernel=kernel, debiased=debiased, rbf_scale=rbf_scale, method=method), x, y)
 
 
 # ------------------------------------------------------------------- minibatch CKA
