@@ -23,7 +23,13 @@ and the measure modules exchange (docs/design.md §2-3):
     scores).
 
   ``finish(ctx)`` maps a :class:`MomentPair` (one source/target pair) to
-  ``()``; ``layer`` optionally derives a per-layer value from the layer's
+  ``()``, or to ``(value, flags)``: the measure's own checks of the pair (a
+  dict of ``()`` arrays with the keys of its core's ``pair`` flags, see
+  :mod:`similarity.protocol`, except ``"x"`` and ``"y"``: the grid adds each
+  side's ``finite``/``varies`` flags on the rows of its moment kind, and for
+  ``"split"`` the row counts ``"n_rows"`` (train + test) and ``"n_test"``).
+  The measure's ``core.reason`` reads them; ``value`` is NaN where it says
+  undefined. ``layer`` optionally derives a per-layer value from the layer's
   moments once per layer (the Cholesky factor of the affine stitcher's normal
   equations); ``check(n_fit, d_src, where)`` optionally raises for widths the
   measure cannot handle (an unregularised affine fit with too few rows).
@@ -95,7 +101,7 @@ class MomentStats(NamedTuple):
 
     Attributes:
       moments: ``"full"`` or ``"split"``: which moments ``finish`` reads.
-      finish: ``MomentPair -> ()`` (pure, jit-able).
+      finish: ``MomentPair -> ()`` or ``-> ((), flags)`` (pure, jit-able).
       layer: optional ``layer moments -> pytree``, evaluated once per layer and
         read with ``ctx.extra(layer)``; measures that share the same function
         object share the values.

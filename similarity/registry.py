@@ -39,8 +39,9 @@ import jax
 
 from funsim.similarity import _validate as V
 from funsim.similarity.moments import MOMENT_KINDS, LayerStats, MomentStats
+from funsim.similarity.protocol import Core
 from funsim.similarity.cca import cca_layer_stats, cca_mean, cca_r2, pwcca, pwcca_layer_stats, svcca, svcca_layer_stats
-from funsim.similarity.cka import cka, cka_layer_stats, linear_cka_moment_stats
+from funsim.similarity.cka import cka, cka_core, cka_layer_stats, linear_cka_moment_stats
 from funsim.similarity.regression import linear_regression_r2, regression_layer_stats
 from funsim.similarity.rsa import COMPARISONS, RDM_METRICS, rsa, rsa_layer_stats
 from funsim.similarity.shape import (
@@ -108,10 +109,12 @@ class Measure:
         subgradient 0 at a distance of zero). Empty when there is nothing to say.
       robust_to: the :data:`DEGENERACIES` on which the measure is defined with one
         value: the pairwise call never raises there and makes no arbitrary choice
-        (of a basis of a null space, say). :func:`similarity.compare_grid` keeps
-        its batched values for such layers, and computes the cells of the other
-        degenerate layers by the pairwise call (the default: none, the safe
-        choice). Checked for every registered measure against the pairwise calls.
+        (of a basis of a null space, say). Checked for every registered measure
+        against the pairwise calls.
+      core: the measure's compiled core (:class:`similarity.protocol.Core`):
+        ``fn(x, y) == protocol.call(core, x, y)``, and :func:`similarity.compare_grid`
+        runs it over all pairs of zero-padded layers and reads each undefined
+        cell's reason from ``core.reason``. Every built-in measure has one.
     """
 
     name: str
@@ -126,6 +129,7 @@ class Measure:
     differentiable: bool = True
     gradient: str = ""
     robust_to: frozenset = frozenset()
+    core: Core | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __call__(self, x, y, /) -> jax.Array:
         return self.fn(x, y)
@@ -150,6 +154,7 @@ def make_measure(
     differentiable: bool = True,
     gradient: str = "",
     robust_to: Iterable[str] = (),
+    core: Core | None = None,
 ) -> Measure:
     """Build and validate a :class:`Measure` without registering it (for :func:`register_family` builders).
 
@@ -175,6 +180,8 @@ def make_measure(
         with one value (see :class:`Measure`; default none: the safe choice).
       gradient: one line: required when ``differentiable`` is False (why, and
         what to use instead); otherwise what the gradient is at kinks, if any.
+      core: optional :class:`similarity.protocol.Core` with
+        ``fn(x, y) == protocol.call(core, x, y)`` (see :class:`Measure`).
 
     Returns:
       The :class:`Measure`.
@@ -217,8 +224,11 @@ def make_measure(
     robust = frozenset(robust_to)
     for r in robust:
         V.check_choice(r, "robust_to", DEGENERACIES)
+    if core is not None and not isinstance(core, Core):
+        raise TypeError(f"core for measure {name!r} must be a protocol.Core(layer, pair, reason, opts), got "
+                        f"{type(core).__name__}.")
     return Measure(name, fn, kind, V.check_bool(symmetric, "symmetric"), inv, description, (lo, hi), stats,
-                   moments, differentiable, gradient, robust)
+                   moments, differentiable, gradient, robust, core)
 
 
 def register(name: str, fn: Callable[..., jax.Array], *, overwrite: bool = False, **spec) -> Measure:
@@ -229,7 +239,7 @@ def register(name: str, fn: Callable[..., jax.Array], *, overwrite: bool = False
       fn: ``fn(x, y) -> ()`` array.
       overwrite: replace an existing entry instead of raising.
       **spec: ``kind``, ``symmetric``, ``invariances``, ``description`` (required),
-        ``bounds``, ``stats``, ``moments``, ``differentiable``, ``gradient``, ``robust_to``: see
+        ``bounds``, ``stats``, ``moments``, ``differentiable``, ``gradient``, ``robust_to``, ``core``: see
         :func:`make_measure`.
 
     Returns:
@@ -364,6 +374,7 @@ for _deb in (False, True):
             gradient="the median bandwidth is differentiated too (it moves with its middle entries)"
             if _k == "rbf" else "",
             robust_to=_ROBUST,
+            core=cka_core(kernel=_k, debiased=_deb),
         )
 
 _RDM_INV = {
