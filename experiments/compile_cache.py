@@ -34,7 +34,7 @@ import os
 import pathlib
 import sys
 
-__all__ = ["OPTION", "ENV", "add_option", "default_dir", "resolve", "enable"]
+__all__ = ["OPTION", "ENV", "add_option", "default_dir", "resolve", "enable", "enable_compile_cache"]
 
 OPTION = "--no-compile-cache"
 ENV = "FUNSIM_COMPILE_CACHE"
@@ -115,3 +115,37 @@ def enable(argv: list[str] | None = None) -> pathlib.Path | None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs",
                           float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
     return path
+
+
+def enable_compile_cache(path: str | os.PathLike | None = None) -> pathlib.Path | None:
+    """Turn JAX's persistent compilation cache on for this process: the one-line switch for library users.
+
+    ``funsim.similarity`` compiles a handful of programs per batch (see
+    :func:`similarity.compare_grid`); with the cache on, a later process loads them from disk
+    instead of compiling them again. The command line does this by default.
+
+    Args:
+      path: the cache directory; default ``FUNSIM_COMPILE_CACHE`` if set (``off`` turns the cache
+        off), else a directory already given to JAX, else ``~/.cache/funsim/jax``
+        (``$XDG_CACHE_HOME/funsim/jax``).
+
+    Returns:
+      The directory, or None when the cache is off.
+
+    Examples:
+      >>> from funsim.experiments import enable_compile_cache
+      >>> enable_compile_cache("/tmp/funsim-doc-cache").name  # before or after importing jax
+      'funsim-doc-cache'
+    """
+    if path is None:
+        return enable()
+    path = pathlib.Path(path).expanduser()
+    saved = os.environ.get(ENV)
+    os.environ[ENV] = str(path)
+    try:
+        return enable()
+    finally:
+        if saved is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = saved

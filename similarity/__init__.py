@@ -59,6 +59,7 @@ from funsim.similarity.moments import FullMoments as FullMoments
 from funsim.similarity.moments import LayerMoments as LayerMoments
 from funsim.similarity.moments import PairMoments as PairMoments
 from funsim.similarity.moments import split_weights as split_weights
+from funsim.similarity.protocol import Core as Core
 
 # --- stitching and usable information ---
 from funsim.similarity.stitching import FAMILIES as FAMILIES
@@ -143,4 +144,3 @@ from funsim.similarity.grid import GridResult as GridResult
 from funsim.similarity.grid import UndefinedCellWarning as UndefinedCellWarning
 from funsim.similarity._validate import PrecisionWarning as PrecisionWarning
 from funsim.similarity.grid import compare_grid as compare_grid
-from funsim.similarity._jit_memory import release_if_near_limit as release_if_near_limit

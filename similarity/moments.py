@@ -79,6 +79,7 @@ __all__ = [
     "full_moments",
     "full_pair",
     "split_weights",
+    "check_split",
 ]
 
 MOMENT_KINDS = ("full", "split")
@@ -304,6 +305,27 @@ def split_weights(
       >>> np.asarray(w_tr).tolist(), np.asarray(w_te).tolist()
       ([1.0, 1.0, 1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
     """
+    n_tr, n_te, idx = _checked_split(n, split)
+    if idx is not None:
+        w_tr, w_te = _index_split(*idx, n, jnp.dtype(dtype))
+    if not isinstance(split, tuple):
+        w_tr, w_te = _random_split(jax.random.key(0) if key is None else key, n, n_tr, jnp.dtype(dtype))
+    return w_tr, w_te
+
+
+def check_split(n: int, split: float | tuple[ArrayLike, ArrayLike]) -> tuple[int, int]:
+    """Validate ``split`` for ``n`` rows as :func:`split_weights` does, without computing weights.
+
+    Returns:
+      ``(n_train, n_test)``.
+    """
+    n_tr, n_te, _ = _checked_split(n, split)
+    return n_tr, n_te
+
+
+def _checked_split(n: int, split) -> tuple[int, int, tuple | None]:
+    """``(n_train, n_test, (train_idx, test_idx) or None)``; raises for a bad split."""
+    idx = None
     if isinstance(split, tuple):
         if len(split) != 2:
             raise ValueError("split must be a fraction or a pair (train_idx, test_idx).")
@@ -318,7 +340,7 @@ def split_weights(
         tr, te = idx
         if V.is_concrete(tr, te) and np.intersect1d(np.asarray(tr), np.asarray(te)).size:
             raise ValueError("split's train_idx and test_idx overlap; held-out rows must be unseen.")
-        w_tr, w_te = _index_split(tr, te, n, jnp.dtype(dtype))
+        idx = (tr, te)
         n_tr, n_te = int(tr.shape[0]), int(te.shape[0])
     else:
         if not isinstance(split, (float, int)) or isinstance(split, bool) or not 0 < split < 1:
@@ -333,9 +355,7 @@ def split_weights(
             "least 2 rows (to centre and to have a variance). Use more samples or a fraction "
             "closer to 0.5."
         )
-    if not isinstance(split, tuple):
-        w_tr, w_te = _random_split(jax.random.key(0) if key is None else key, n, n_tr, jnp.dtype(dtype))
-    return w_tr, w_te
+    return n_tr, n_te, idx
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))

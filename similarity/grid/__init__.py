@@ -1,0 +1,342 @@
+"""All-pairs comparisons across layers and models, in a handful of compiled programs (docs/design.md §3).
+
+:func:`compare_grid` takes two collections of layer representations of the
+same samples and returns one ``(La, Lb)`` table per measure. It reads the
+registry, and only the registry: ``tables[name][i, j] == measure(name)(A_i, B_j)``
+for every key it returns, and with ``reverse=True``
+``reverse[name][i, j] == measure(name)(B_j, A_i)``; the undefined cells and
+their reasons are those of the pairwise calls.
+
+The package's parts:
+
+* :mod:`.layers`: the checked inputs, zero-padded into one stack per side
+  (widths and layer counts on the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ...), so a
+  grid compiles the same programs whatever mix of widths it holds, and a grid of
+  another architecture in the same buckets compiles nothing;
+* :mod:`.devices`: the pair axis sharded over the devices (every process's after
+  ``jax.distributed.initialize()``), with the same results as one device;
+* :mod:`.moment_passes`: the *moment measures* (``measure(name).moments``: linear
+  CKA, NBS, Procrustes, the alpha = 1 shape metrics and every ``stitch/*``
+  reconstruction score), from per-layer and per-pair centred second moments: one
+  program per side for the layers' moments, one for every pair of a block of
+  source layers (their cross moments come out of one large matrix product),
+  streamed over row chunks with ``chunk_size``;
+* :mod:`.generic`: every other measure through its compiled core
+  (:class:`similarity.protocol.Core`): the per-layer work once per layer (an RDM,
+  a kernel matrix, a basis), the per-pair work over all pairs;
+* :mod:`.undefined`: each undefined cell's reason, from the flags the programs
+  return beside the values (the measure's ``core.reason``, the message of the
+  pairwise call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from funsim.similarity import _validate as V
+from funsim.similarity._precision import full_precision
+from funsim.similarity.grid import generic as G
+from funsim.similarity.grid import layers as L
+from funsim.similarity.grid import moment_passes as M
+from funsim.similarity.grid import undefined as U
+from funsim.similarity.grid.devices import make_plan
+from funsim.similarity.grid.undefined import UndefinedCellWarning
+from funsim.similarity.moments import check_split, split_weights
+from funsim.similarity.registry import Measure, list_measures
+from funsim.similarity.registry import measure as get_measure
+
+__all__ = ["MOMENT_MEASURES", "GridResult", "UndefinedCellWarning", "compare_grid"]
+
+MOMENT_MEASURES = tuple(n for n in list_measures() if get_measure(n).moments is not None)
+"""The built-in moment measures (``measure(name).moments is not None``); any such measure streams."""
+
+
+class GridResult(NamedTuple):
+    """Tables of an all-pairs comparison.
+
+    Attributes:
+      tables: ``{name: (La, Lb) array}`` with ``tables[name][i, j] ==
+        measure(name)(rows[i] layer, cols[j] layer)``.
+      rows: names of the ``reps_a`` layers.
+      cols: names of the ``reps_b`` layers.
+      reverse: with ``reverse=True``, ``{name: (La, Lb) array}`` with
+        ``reverse[name][i, j] == measure(name)(cols[j] layer, rows[i] layer)``
+        (for a symmetric measure, the same array as ``tables[name]`` unless
+        the two directions differ in where they are defined); else ``{}``.
+      undefined: ``{name: {(i, j): reason}}`` for every measure: the cells of
+        ``tables[name]`` where the pairwise call ``measure(name)(A_i, B_j)``
+        raises a ``ValueError`` (they are NaN), with its message.
+      reverse_undefined: the same for ``reverse`` (``(i, j)`` indexes
+        ``reverse[name]``, i.e. the call ``measure(name)(B_j, A_i)``); ``{}``
+        without ``reverse=True``.
+    """
+
+    tables: dict[str, jax.Array]
+    rows: tuple
+    cols: tuple
+    reverse: dict[str, jax.Array]
+    undefined: dict[str, dict[tuple[int, int], str]] = {}
+    reverse_undefined: dict[str, dict[tuple[int, int], str]] = {}
+
+
+def _resolve(measures, *, streaming) -> tuple[list[tuple[str, Measure]], list[tuple[str, Measure]]]:
+    """``(moment measures, other measures)`` as ``(name, Measure)``, in request order."""
+    names = list(dict.fromkeys(measures))
+    if not names:
+        raise ValueError("measures is empty; e.g. measures=['cka/linear', 'stitch/affine'].")
+    moment, generic = [], []
+    for name in names:
+        m = get_measure(name)
+        (moment if m.moments is not None else generic).append((name, m))
+    if streaming and generic:
+        raise ValueError(
+            f"measure {generic[0][0]!r} cannot stream samples in chunks; with chunk_size only moment "
+            f"measures (measure(name).moments, e.g. {', '.join(MOMENT_MEASURES[:4])}, ...) are "
+            "available. Drop chunk_size or the measure."
+        )
+    return moment, generic
+
+
+def _refuse_process_sharded(reps_a, reps_b, measure_name: str) -> None:
+    """Raise for a layer spread over several processes when a measure needs all of its rows in one place.
+
+    Moment measures sum over rows, so a layer whose rows are sharded across
+    processes (a ``jax.Array`` that is not fully addressable) works for them;
+    the others build per-layer statistics over all samples (RDMs, kernels, bases).
+    """
+    for name, k, z in L.global_layers(reps_a, reps_b):
+        keys = L._as_layers(reps_a if name == "reps_a" else reps_b, name)[0]
+        raise ValueError(
+            f"{name}[{k}] ({keys[k]!r}, shape {tuple(z.shape)}) is spread over several processes, and "
+            f"measure {measure_name!r} needs every row of a layer in each process. With rows sharded "
+            f"across processes use the moment measures only (similarity.MOMENT_MEASURES, e.g. "
+            f"{', '.join(MOMENT_MEASURES[:3])}), or gather the rows first: "
+            "jax.experimental.multihost_utils.process_allgather(x, tiled=True)."
+        )
+
+
+def _moment_fallback_reason(m: Measure, n_fit: int):
+    """The reasons of a user's moment measure without a core: its width check, constant layers, and a
+    non-finite value (it cannot say more)."""
+    base = G._no_reason(m.name)
+
+    def reason(flags, shape_x, shape_y, opts):
+        if flags is None:
+            if m.moments.check is None:
+                return None
+            try:
+                m.moments.check(n_fit, int(shape_x[1]), m.name)
+            except ValueError as e:
+                return str(e)
+            return None
+        return base(flags, shape_x, shape_y, opts)
+
+    return reason
+
+
+def _reason(m: Measure, n_fit: int):
+    """``(reason, opts)`` of a measure: its core's, or a fallback."""
+    if m.core is not None:
+        return m.core.reason, m.core.opts
+    if m.moments is not None:
+        return _moment_fallback_reason(m, n_fit), ()
+    return G.core_of(m)[0].reason, ()
+
+
+@full_precision
+def compare_grid(
+    reps_a: Mapping[Any, ArrayLike] | Sequence[ArrayLike],
+    reps_b: Mapping[Any, ArrayLike] | Sequence[ArrayLike] | None = None,
+    /,
+    *,
+    measures: str | Sequence[str] = ("cka/linear", "stitch/affine"),
+    reverse: bool = False,
+    split: float | tuple[ArrayLike, ArrayLike] = 0.5,
+    key: jax.Array | None = None,
+    chunk_size: int | None = None,
+    devices: Sequence[jax.Device] | None = None,
+    stats_budget: float = 2.0 * 2**30,
+    on_undefined: str = "nan",
+    buckets: bool = True,
+) -> GridResult:
+    """Compare every layer of ``reps_a`` with every layer of ``reps_b``, for every measure by name.
+
+    ``tables[name][i, j] == similarity.measure(name)(A_i, B_j)`` for every
+    returned name (to rounding; the tests check 1e-10 in float64), where
+    ``A_i``, ``B_j`` are the i-th layer of ``reps_a`` and the j-th of ``reps_b``.
+    With ``reverse=True`` the same call also returns
+    ``reverse[name][i, j] == measure(name)(B_j, A_i)``, reusing the same
+    per-layer (and, for moment measures, per-pair) work.
+
+    **Compiled programs.** Each side's layers are zero-padded to one width and
+    their number to one count, both on the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24,
+    32, ... (at most 1.5x per axis), so a call compiles a handful of programs
+    whatever its widths (each measure's core is exact under zero padding), and a
+    later grid whose sizes fall in the same buckets compiles none. To keep them
+    across processes, turn on JAX's persistent compilation cache
+    (:func:`funsim.experiments.enable_compile_cache`, or
+    ``jax.config.update("jax_compilation_cache_dir", path)``).
+
+    **Undefined cells.** Where the pairwise call raises a ``ValueError`` for a
+    pair of valid layers (a constant layer, a rank-deficient one for CCA, PWCCA
+    or the whitened shape metrics, singular normal equations, a source wider
+    than the fitting rows), the cell is NaN and ``GridResult.undefined[name][(i, j)]``
+    holds the pairwise call's message (``reverse_undefined`` for the reverse
+    table); one :class:`UndefinedCellWarning` summarises them. The compiled
+    programs return each cell's flags beside its value, and the measure's
+    ``core.reason`` turns them into that message (see :mod:`similarity.protocol`).
+    ``on_undefined="raise"`` raises instead, at the first source a measure
+    refuses by its width or the first undefined cell, naming it. Invalid input
+    is an error either way: NaN/Inf, mismatched sample counts, a bad split,
+    unknown measures.
+
+    ``compare_grid`` is a host-level driver (it reads the flags and builds the
+    reasons on the host): call it on concrete arrays, not inside ``jax.jit`` or
+    ``jax.grad``; inside your own transformations use the measures themselves.
+
+    The reconstruction scores are named by family, figure and ridge:
+    ``"stitch/<family>"`` (held out), ``"stitch/<family>/in_sample"`` (the
+    leaky in-sample figure on the train rows), and for the affine family
+    ``"stitch/affine/ridge=<r>"`` and ``"stitch/affine/in_sample/ridge=<r>"``.
+
+    Args:
+      reps_a: dict ``{name: (n, d_i)}`` or list of ``(n, d_i)`` arrays.
+      reps_b: the same for the other model (default: ``reps_a``). Same ``n``
+        samples, in the same order, as ``reps_a``.
+      measures: registry names (``similarity.list_measures()``; parametrised
+        names like ``"shape/angular/alpha=0.5"`` too); one name may be passed
+        as a plain string.
+      reverse: also return ``GridResult.reverse`` (see above).
+      split: the train/test split of the held-out reconstruction scores, shared
+        by every pair: a train fraction or ``(train_idx, test_idx)``. The
+        registered measures use the default (0.5 with ``key=jax.random.key(0)``);
+        with another split the tables equal
+        :func:`similarity.reconstruction_score` with that split.
+      key: PRNG key for a fractional split (default ``jax.random.key(0)``).
+      chunk_size: stream samples in chunks of this many rows (moment measures only).
+      devices: devices to shard the pair axis over (default: all of ``jax.devices()``).
+      stats_budget: bytes allowed for the per-layer statistics of a measure
+        (RDMs, kernel matrices, bases), all layers together. Within it, such a
+        measure does its per-layer work once per layer; above it (e.g. ``n^2``
+        RDMs for large ``n``), once per pair.
+      on_undefined: ``"nan"`` (default): undefined cells are NaN, with their
+        reasons in the result and one warning; ``"raise"``: a ``ValueError`` at
+        the first refused source or undefined cell (cells in order of their
+        layers' widths, narrowest first).
+      buckets: pad sizes into buckets (see above); ``False`` groups the layers
+        by their exact widths instead (one program per pair of widths: only for
+        a user-registered measure whose code reads its input's width).
+
+    Returns:
+      :class:`GridResult` ``(tables, rows, cols, reverse, undefined,
+      reverse_undefined)``; each table is ``(La, Lb)``.
+
+    Raises:
+      ValueError: unknown measure, a measure without moments with ``chunk_size``,
+        mismatched sample counts, NaN/Inf, a bad split, a measure that returns a
+        non-finite value without a reason (named by its pair), or with
+        ``on_undefined="raise"`` an undefined cell.
+      TypeError: called under a JAX transformation (a tracer for a layer).
+
+    Examples:
+      >>> import jax
+      >>> x = jax.random.normal(jax.random.key(0), (40, 3))
+      >>> g = compare_grid({"a": x, "b": 2 * x}, [x, x[:, :2]], measures=["cka/linear", "stitch/affine"],
+      ...                  reverse=True)
+      >>> g.tables["cka/linear"].shape, g.rows, sorted(g.reverse)
+      ((2, 2), ('a', 'b'), ['cka/linear', 'stitch/affine'])
+
+      A dead layer (constant) leaves its cells undefined, not the grid:
+
+      >>> import warnings
+      >>> with warnings.catch_warnings(record=True) as w:
+      ...     warnings.simplefilter("always")
+      ...     g = compare_grid({"x": x, "dead": 0 * x}, [x], measures="cka/linear")
+      >>> g.tables["cka/linear"][:, 0].tolist()[1], list(g.undefined["cka/linear"]), w[0].category.__name__
+      (nan, [(1, 0)], 'UndefinedCellWarning')
+    """
+    streaming = chunk_size is not None
+    if streaming and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+    reverse = V.check_bool(reverse, "reverse")
+    strict = V.check_choice(on_undefined, "on_undefined", ("nan", "raise")) == "raise"
+    buckets = V.check_bool(buckets, "buckets")
+    _refuse_tracers(reps_a, reps_b)
+    measures = [measures] if isinstance(measures, str) else list(measures)
+    moment, generic = _resolve(measures, streaming=streaming)
+    if generic:
+        _refuse_process_sharded(reps_a, reps_b, generic[0][0])
+    lay = L.prepare(reps_a, reps_b, buckets=buckets)
+    n_tr, n_te = check_split(lay.n, split)  # checked even when no measure uses it
+    need_split = any(m.moments.moments == "split" for _, m in moment)
+    weights = None
+    if need_split:
+        weights = tuple(np.asarray(w) for w in split_weights(lay.n, split, key, lay.dtype))
+        n_tr, n_te = int(round(float(weights[0].sum()))), int(round(float(weights[1].sum())))
+    plan = make_plan(devices)
+    stacks = G.Stacks(lay, plan)
+    reasons = {name: _reason(m, n_tr if (m.moments is not None and m.moments.moments == "split") else lay.n)
+               for name, m in moment + generic}
+    if strict:
+        for name, _ in moment + generic:
+            U.raise_static_sources(name, *reasons[name], lay, reverse=reverse)
+    tables: dict[str, dict[str, U.Table]] = {}
+    if moment:
+        entries = tuple(M.Entry(name, m.moments, reverse) for name, m in moment)
+        tables.update(M.moment_tables(lay, entries, weights=weights, chunk_size=chunk_size, plan=plan,
+                                      stacks=stacks))
+    stats_cache: dict = {}
+    for name, m in generic:
+        dirs = ("fwd", "rev") if reverse and not m.symmetric else ("fwd",)
+        tables[name] = G.generic_table(lay, m, directions=dirs, plan=plan, stats_budget=stats_budget,
+                                       stacks=stacks, stats_cache=stats_cache)
+    names = list(dict.fromkeys(measures))
+    extra = {"n_rows": n_tr + n_te, "n_test": n_te}
+    fwd, rev, undefined, rev_undefined = {}, {}, {}, {}
+    by_name = dict(moment + generic)
+    for name in names:
+        m = by_name[name]
+        reason, opts = reasons[name]
+        ex = extra if m.moments is not None and m.moments.moments == "split" else None
+        fwd[name], undefined[name] = U.settle(name, m, tables[name]["fwd"], lay, reverse=False, strict=strict,
+                                              reason=reason, opts=opts, extra=ex)
+        if not reverse:
+            continue
+        if "rev" not in tables[name]:  # a symmetric generic measure: its reverse only where it could differ
+            static_differs = any(reason(None, lay.shape("b", j), lay.shape("a", i), opts) is not None
+                                 for i in range(len(lay.va)) for j in range(len(lay.vb)))
+            if not (undefined[name] or static_differs):
+                rev[name], rev_undefined[name] = fwd[name], {}
+                continue
+            tables[name].update(G.generic_table(lay, m, directions=("rev",), plan=plan, stats_budget=stats_budget,
+                                                stacks=stacks, stats_cache=stats_cache))
+        rev[name], rev_undefined[name] = U.settle(name, m, tables[name]["rev"], lay, reverse=True, strict=strict,
+                                                  reason=reason, opts=opts, extra=ex)
+        if m.symmetric and rev_undefined[name].keys() == undefined[name].keys():
+            rev[name] = fwd[name]  # its own reverse
+    U.warn_undefined(undefined, rev_undefined, lay)
+    out = {name: jnp.asarray(fwd[name]) for name in names}
+    rev_out = {}
+    if reverse:
+        rev_out = {name: out[name] if rev[name] is fwd[name] else jnp.asarray(rev[name]) for name in names}
+    return GridResult(out, lay.rows, lay.cols, rev_out, undefined, rev_undefined if reverse else {})
+
+
+def _refuse_tracers(*reps) -> None:
+    for name, r in zip(("reps_a", "reps_b"), reps):
+        if r is None:
+            continue
+        for z in (r.values() if isinstance(r, Mapping) else r if isinstance(r, Sequence) else ()):
+            if isinstance(z, jax.core.Tracer):
+                raise TypeError(
+                    f"compare_grid got a traced {name} layer (inside jax.jit, jax.grad or jax.vmap): the grid is a "
+                    "host-level driver that reads each cell's flags to name undefined cells. Call it on concrete "
+                    "arrays, or use the measures themselves inside your transformation, e.g. "
+                    "jax.vmap(similarity.measure('cka/linear')) over stacked layers."
+                )

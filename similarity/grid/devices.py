@@ -1,0 +1,80 @@
+"""The device plan: the pair axis sharded over a 1-D mesh of devices (every process's, after
+``jax.distributed.initialize()``); layer statistics replicated. Results equal the one-device run."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+class Plan(NamedTuple):
+    mesh: Mesh | None
+    ndev: int
+
+    def sharding(self, *spec):
+        return None if self.mesh is None else NamedSharding(self.mesh, P(*spec))
+
+
+def make_plan(devices) -> Plan:
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) <= 1:
+        return Plan(None, 1)
+    return Plan(Mesh(np.array(devices), ("pairs",)), len(devices))
+
+
+def put_pairs(plan: Plan, *arrs):
+    """Shard pair-axis arrays over the mesh (first axis), padding to a device multiple (repeats)."""
+    out = []
+    for a in arrs:
+        a = np.asarray(a)
+        if plan.mesh is not None:
+            pad = (-a.shape[0]) % plan.ndev
+            if pad:
+                a = np.concatenate([a, np.repeat(a[-1:], pad, axis=0)])
+            a = jax.device_put(a, plan.sharding("pairs"))
+        out.append(a)
+    return out
+
+
+def replicate(plan: Plan, tree):
+    """Inputs every process holds (equal values are checked across processes by ``device_put``)."""
+    if plan.mesh is None:
+        return tree
+    return jax.device_put(tree, plan.sharding())
+
+
+def replicate_computed(plan: Plan, tree):
+    """Replicate values every process computed from the same checked inputs.
+
+    Across processes, ``jax.device_put`` onto a global mesh first checks that every
+    process passes equal values; NaN (the statistic of an undefined cell) never equals
+    itself and fails that check, and so would last-bit differences between hosts. Each
+    process places its own copy of what it derived instead.
+    """
+    if plan.mesh is None or jax.process_count() == 1:
+        return replicate(plan, tree)
+    sharding = plan.sharding()
+
+    def place(t):
+        if isinstance(t, jax.Array) and not t.is_fully_addressable:  # already global: reshard, no value check
+            return jax.device_put(t, sharding)
+        return jax.make_array_from_process_local_data(sharding, np.asarray(t), np.shape(t))
+
+    return jax.tree.map(place, tree)
+
+
+def to_host(x) -> np.ndarray:
+    """A (possibly global) array as a NumPy array in every process."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)
+
+
+def tree_to_host(tree):
+    return jax.tree.map(to_host, tree)

@@ -1,0 +1,209 @@
+"""Generic measures: each measure's compiled core (:class:`similarity.protocol.Core`) over every pair.
+
+Per side, one program runs ``core.layer`` over the side's padded stack of layers
+(``lax.map``: an RDM, a kernel matrix or a basis per layer), computed once per
+layer and shared by every measure with the same layer function and options; one
+program runs ``core.pair`` over all pairs (``lax.map`` over pair indices, sharded
+over devices). When every layer's statistics together exceed ``stats_budget``
+(e.g. ``n x n`` RDMs for large ``n``), the pair program computes both sides'
+statistics per pair instead.
+
+A measure registered without a core (a user's ``fn``, or ``stats=LayerStats``) is
+run through an adapter at its exact widths (one group per width): its code was not
+written for zero padding. Such a measure has no reasons of its own: a cell where it
+gives a non-finite value, or a constant layer, is undefined with a generic reason.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from funsim.similarity import _validate as V
+from funsim.similarity.grid import layers as L
+from funsim.similarity.grid.devices import Plan, put_pairs, replicate, replicate_computed, tree_to_host
+from funsim.similarity.grid.undefined import Table
+from funsim.similarity.protocol import Core
+
+
+# ----------------------------------------------------------------------------- adapters
+
+
+def _no_reason(measure_name: str):
+    def reason(flags, shape_x, shape_y, opts):
+        if flags is None:
+            return None
+        msg = V.pair_constant_reason(flags, shape_x, shape_y, what=f"measure {measure_name!r}")
+        if msg is not None:
+            return msg
+        if not bool(flags.get("result", True)):
+            return (f"measure {measure_name!r} gives a non-finite value for this pair (it has no core, so "
+                    "no reason of its own: register it with core=protocol.Core(...) to name one).")
+        return None
+
+    return reason
+
+
+def _stats_layer(stats, z, width, opts):
+    return stats.layer(z), V.rep_flags(z)
+
+
+def _stats_pair(stats, sx, sy, opts):
+    (ax, fx), (ay, fy) = sx, sy
+    value = stats.pair(ax, ay)
+    return value, {"x": fx, "y": fy, "result": jnp.isfinite(value)}
+
+
+def _fn_layer(z, width, opts):
+    return z, V.rep_flags(z)
+
+
+def _fn_pair(fn, sx, sy, opts):
+    (x, fx), (y, fy) = sx, sy
+    value = fn(x, y)
+    return value, {"x": fx, "y": fy, "result": jnp.isfinite(value)}
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(measure) -> Core:
+    if measure.stats is not None:
+        return Core(functools.partial(_stats_layer, measure.stats), functools.partial(_stats_pair, measure.stats),
+                    _no_reason(measure.name))
+    return Core(_fn_layer, functools.partial(_fn_pair, measure.fn), _no_reason(measure.name))
+
+
+def core_of(measure) -> tuple[Core, bool]:
+    """``(core, padded)``: the measure's own core (exact under zero padding), or an adapter (exact widths)."""
+    if measure.core is not None:
+        return measure.core, True
+    return _adapter(measure), False
+
+
+# ----------------------------------------------------------------------------- programs
+
+
+@functools.lru_cache(maxsize=None)
+def _layers_jit(layer):
+    """``layer`` on each layer of a stack ``(L, n, W)`` (``lax.map``), once per function and shape."""
+    return jax.jit(lambda z, widths, opts: jax.lax.map(lambda zw: layer(zw[0], zw[1], opts), (z, widths)))
+
+
+@functools.lru_cache(maxsize=None)
+def _pairs_jit(pair):
+    """``pair(sa[i], sb[j])`` for every index pair, ``lax.map`` (not ``vmap``: a generic measure works on
+    ``(n, d)``-sized statistics, and vmapping it over every pair would hold all pairs' intermediates)."""
+
+    def run(sa, sb, ia, jb, opts):
+        return jax.lax.map(lambda ij: pair(_pick(sa, ij[0]), _pick(sb, ij[1]), opts), (ia, jb))
+
+    return jax.jit(run)
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_pairs_jit(layer, pair):
+    """Both sides' statistics computed per pair (when all layers' statistics would not fit in memory)."""
+
+    def run(za, wa, zb, wb, ia, jb, opts):
+        def one(ij):
+            i, j = ij
+            return pair(layer(za[i], wa[i], opts), layer(zb[j], wb[j], opts), opts)
+
+        return jax.lax.map(one, (ia, jb))
+
+    return jax.jit(run)
+
+
+def _pick(tree, k):
+    return jax.tree.map(lambda t: t[k], tree)
+
+
+def _stats_bytes(core: Core, n: int, width: int, count: int, dtype) -> int:
+    opts = tuple(jax.ShapeDtypeStruct((), dtype) for _ in core.opts)
+    shapes = jax.eval_shape(core.layer, jax.ShapeDtypeStruct((n, width), dtype),
+                            jax.ShapeDtypeStruct((), jnp.int32), opts)
+    return count * sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+
+
+class Stacks:
+    """Each group's padded layers ``(L, n, W)`` on the devices, built once per call (on the host: no program
+    is compiled per width), and the real widths ``(L,)``."""
+
+    def __init__(self, lay: L.Layers, plan: Plan):
+        self.lay, self.plan, self._cache = lay, plan, {}
+
+    def __call__(self, side: str, g: L.Group):
+        if self.lay.same:
+            side = "a"
+        key = (side, g.width, g.pidx)
+        if key not in self._cache:
+            if L.global_layers(*((self.lay.va, None) if side == "a" else (self.lay.vb, None))):
+                z = L.global_stack(self.lay, side, g, self.lay.dtype)
+            else:
+                z = replicate(self.plan, jax.device_put(L.host_stack(self.lay, side, g)))
+            self._cache[key] = (z, replicate(self.plan, np.asarray(g.widths, np.int32)))
+        return self._cache[key]
+
+
+def _pair_index(ga: L.Group, gb: L.Group, plan: Plan, buckets: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """Positions ``(ia, jb)`` of every real pair of two groups, padded (repeats) to a bucket of pairs."""
+    ia, jb = (g.ravel() for g in np.meshgrid(np.arange(len(ga.idx)), np.arange(len(gb.idx)), indexing="ij"))
+    count = len(ia)
+    size = L.bucket(count) if buckets else count
+    size += (-size) % plan.ndev
+    pad = size - count
+    return np.concatenate([ia, np.repeat(ia[-1:], pad)]), np.concatenate([jb, np.repeat(jb[-1:], pad)]), count
+
+
+def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: Plan, stats_budget: float,
+                  stacks: Stacks, stats_cache: dict) -> dict[str, Table]:
+    """One measure's tables by direction: ``"fwd"`` (``measure(A_i, B_j)``) and/or ``"rev"``
+    (``measure(B_j, A_i)``, indexed ``[i, j]`` too)."""
+    core, padded = core_of(measure)
+    groups = {s: lay.groups(s) if padded else L._groups(lay.side(s), buckets=False) for s in "ab"}
+    opts = tuple(np.asarray(o, lay.dtype) for o in core.opts)
+    need = sum(_stats_bytes(core, lay.n, g.width, len(g.pidx), lay.dtype) for s in "ab" for g in groups[s])
+    per_layer = need <= stats_budget
+    stats = {}
+    if per_layer:
+        for s in "ab":
+            for g in groups[s]:
+                key = (core.layer, tuple(map(float, core.opts)), "a" if lay.same else s, g.width, g.pidx)
+                if key not in stats_cache:
+                    z, w = stacks(s, g)
+                    stats_cache[key] = replicate_computed(plan, _layers_jit(core.layer)(z, w, opts))
+                stats[s, g.width, g.pidx] = stats_cache[key]
+    shape = (len(lay.va), len(lay.vb))
+    values = {d: np.full(shape, np.nan, lay.dtype) for d in directions}
+    parts: dict[str, list] = {d: [] for d in directions}
+    for ga in groups["a"]:
+        for gb in groups["b"]:
+            ia, jb, count = _pair_index(ga, gb, plan, padded)
+            ia_d, jb_d = put_pairs(plan, ia, jb)
+            rows, cols = np.asarray(ga.idx)[ia[:count]], np.asarray(gb.idx)[jb[:count]]
+            for d in directions:
+                src, tgt, i_src, j_tgt = (("a", ga), ("b", gb), ia_d, jb_d) if d == "fwd" else \
+                    (("b", gb), ("a", ga), jb_d, ia_d)
+                if per_layer:
+                    res = _pairs_jit(core.pair)(stats[src[0], src[1].width, src[1].pidx],
+                                                stats[tgt[0], tgt[1].width, tgt[1].pidx], i_src, j_tgt, opts)
+                else:
+                    (za, wa), (zb, wb) = stacks(*src), stacks(*tgt)
+                    res = _raw_pairs_jit(core.layer, core.pair)(za, wa, zb, wb, i_src, j_tgt, opts)
+                value, flags = tree_to_host(res)
+                values[d][rows, cols] = value[:count]
+                parts[d].append((rows, cols, jax.tree.map(lambda a: a[:count], flags)))
+    return {d: Table(values[d], _assemble(parts[d], shape)) for d in directions}
+
+
+def _assemble(parts: list, shape) -> Any:
+    """Per-group flags ``(rows, cols, pytree of (pairs,))`` into one pytree of ``(La, Lb)`` host arrays."""
+    tree = None
+    for rows, cols, flags in parts:
+        if tree is None:
+            tree = jax.tree.map(lambda a: np.zeros(shape, np.asarray(a).dtype), flags)
+        jax.tree.map(lambda t, a: t.__setitem__((rows, cols), a), tree, flags)
+    return tree

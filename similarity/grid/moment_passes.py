@@ -1,0 +1,494 @@
+"""Moment passes: every moment measure of a grid from per-layer and per-pair centred second moments.
+
+A *moment measure* (``measure(name).moments``, a :class:`~similarity.MomentStats`)
+is a function of centred second moments, so the grid computes, per layer, its
+power-of-two scale, its means and its moments (all rows, and train/test rows for
+the held-out scores) once, and per pair only the cross moments, which come out of
+one large matrix product for a whole block of source layers, and the measures'
+``finish`` steps, nested-``vmap`` ped over the pairs.
+
+Programs: with all samples at once, one program computes every layer's moments
+and flags of a side (:func:`layer_program`), and one evaluates a block of source
+layers against every target layer (:func:`block_evaluator`); both are compiled
+once per padded shape, whatever the real widths. Streaming (``chunk_size``) adds
+one program per pass over the row chunks (sums, then centred sums). The layers
+are zero-padded to one width (see :mod:`.layers`): zero features leave every
+moment measure unchanged (see :class:`similarity.MomentStats`).
+
+Each side's data is divided by its power-of-two scale before any product is
+formed (exact), so float32 moments neither overflow nor underflow (data at
+1e-20 ... 1e20), like the pairwise functions.
+
+Flags: each layer's ``finite`` and ``varies`` (:func:`similarity._validate.rep_flags`:
+column ranges against the largest magnitude, on all rows, and on the train rows
+for the ``"split"`` moments), exactly as the pairwise calls compute them; each
+pair's finish flags. A cell is NaN wherever they say the measure is undefined.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from funsim.similarity import _validate as V
+from funsim.similarity._linalg import pow2_at
+from funsim.similarity.moments import FullMoments, LayerMoments, MomentPair, PairMoments
+
+
+class Entry(NamedTuple):
+    """One requested moment measure: its name, its MomentStats, and whether to compute its reverse."""
+
+    name: str
+    spec: Any  # MomentStats
+    reverse: bool
+
+
+def hooks(entries) -> tuple:
+    """The distinct per-layer hooks (``MomentStats.layer``) of the entries, with their moment kind."""
+    seen = {}
+    for e in entries:
+        if e.spec.layer is not None and e.spec.layer not in seen:
+            seen[e.spec.layer] = e.spec.moments
+    return tuple(seen.items())
+
+
+def _safe(norm):
+    """``norm`` where positive, else 1: keeps the moments of a constant layer finite (zero)."""
+    return jnp.where(norm > 0, norm, jnp.ones_like(norm))
+
+
+def range_flags(lo, hi, max_abs) -> dict:
+    """``finite`` and ``varies`` from column minima and maxima ``(W,)`` and the largest magnitude
+    (the rule of :func:`similarity._validate.rep_flags`: zero columns change neither)."""
+    finite = jnp.all(jnp.isfinite(lo)) & jnp.all(jnp.isfinite(hi))
+    return {"finite": finite, "varies": jnp.max(hi - lo) > V.CONSTANT_RTOL * max_abs}
+
+
+def _masked_range(z, rows):
+    """Column minima and maxima ``(W,)`` over the rows where ``rows > 0`` and their largest magnitude."""
+    keep = rows[:, None] > 0
+    lo = jnp.min(jnp.where(keep, z, jnp.inf), axis=0)
+    hi = jnp.max(jnp.where(keep, z, -jnp.inf), axis=0)
+    return lo, hi, jnp.maximum(jnp.max(jnp.abs(lo)), jnp.max(jnp.abs(hi)))
+
+
+# ----------------------------------------------------------------------------- per layer
+
+
+class Sums(NamedTuple):
+    """Pass 1 of one side, accumulated over row chunks: column sums and ranges ``(L, W)``."""
+
+    s_all: jax.Array
+    s_tr: jax.Array | None
+    lo: jax.Array
+    hi: jax.Array
+    lo_tr: jax.Array | None
+    hi_tr: jax.Array | None
+
+
+def _pass1(z, w_all, w_tr) -> Sums:
+    """Column sums (all rows and train rows) and ranges of a chunk ``(L, c, W)``."""
+    lo, hi, _ = jax.vmap(lambda zl: _masked_range(zl, w_all))(z)
+    s_all = jnp.einsum("n,lni->li", w_all, z)
+    if w_tr is None:
+        return Sums(s_all, None, lo, hi, None, None)
+    lo_t, hi_t, _ = jax.vmap(lambda zl: _masked_range(zl, w_tr))(z)
+    return Sums(s_all, jnp.einsum("n,lni->li", w_tr, z), lo, hi, lo_t, hi_t)
+
+
+def _merge1(a: Sums | None, b: Sums) -> Sums:
+    if a is None:
+        return b
+    pick = lambda f, x, y: None if x is None else f(x, y)  # noqa: E731
+    return Sums(a.s_all + b.s_all, pick(jnp.add, a.s_tr, b.s_tr), jnp.minimum(a.lo, b.lo),
+                jnp.maximum(a.hi, b.hi), pick(jnp.minimum, a.lo_tr, b.lo_tr), pick(jnp.maximum, a.hi_tr, b.hi_tr))
+
+
+class Centres(NamedTuple):
+    """Each layer's power-of-two scale ``(L,)``, the means of the scaled layer ``(L, W)`` and its flags."""
+
+    scale: jax.Array
+    mean_all: jax.Array
+    mean_tr: jax.Array | None
+    flags: dict  # kind -> {"finite": (L,), "varies": (L,)}
+
+
+def _centres(s: Sums, n, n_tr, kinds) -> Centres:
+    max_abs = jnp.maximum(jnp.max(jnp.abs(s.lo), axis=1), jnp.max(jnp.abs(s.hi), axis=1))
+    c = jax.vmap(pow2_at)(max_abs)
+    flags = {"full": jax.vmap(range_flags)(s.lo, s.hi, max_abs)}
+    mean_tr = None
+    if "split" in kinds:
+        max_tr = jnp.maximum(jnp.max(jnp.abs(s.lo_tr), axis=1), jnp.max(jnp.abs(s.hi_tr), axis=1))
+        f_tr = jax.vmap(range_flags)(s.lo_tr, s.hi_tr, max_tr)
+        flags["split"] = {"finite": flags["full"]["finite"], "varies": f_tr["varies"]}
+        mean_tr = s.s_tr / n_tr / c[:, None]
+    return Centres(c, s.s_all / n / c[:, None], mean_tr, flags)
+
+
+def _pass2(z, ce: Centres, w_all, w_tr, w_te, kinds) -> dict:
+    """Centred sums of a chunk ``(L, c, W)``: ``g_all`` (all rows, about the all-rows mean) and
+    ``g_tr``, ``g_te``, ``s_te`` (train and test rows about the train mean)."""
+    u = z / ce.scale[:, None, None]
+    out = {}
+    if "full" in kinds:
+        ua = u - ce.mean_all[:, None, :]
+        out["g_all"] = jnp.einsum("n,lni,lnj->lij", w_all, ua, ua)
+    if "split" in kinds:
+        ut = u - ce.mean_tr[:, None, :]
+        out["g_tr"] = jnp.einsum("n,lni,lnj->lij", w_tr, ut, ut)
+        out["g_te"] = jnp.einsum("n,lni,lnj->lij", w_te, ut, ut)
+        out["s_te"] = jnp.einsum("n,lni->li", w_te, ut)
+    return out
+
+
+def _moments(sums: dict, ce: Centres, n_te, kinds) -> dict:
+    """Stacked per-layer moments ``{kind: FullMoments | LayerMoments}`` from the centred sums; ``norm``
+    and ``mean`` in the layers' own units (the sums are of the scaled layers)."""
+    c = ce.scale
+    out = {}
+    if "full" in kinds:
+        norm = jnp.sqrt(jnp.trace(sums["g_all"], axis1=1, axis2=2))
+        out["full"] = FullMoments(norm * c, sums["g_all"] / _safe(norm)[:, None, None] ** 2)
+    if "split" in kinds:
+        norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
+        den = _safe(norm)
+        out["split"] = LayerMoments(
+            mean=ce.mean_tr * c[:, None],
+            norm=norm * c,
+            gram_train=sums["g_tr"] / den[:, None, None] ** 2,
+            gram_test=sums["g_te"] / den[:, None, None] ** 2,
+            sum_test=sums["s_te"] / den[:, None],
+            n_test=jnp.broadcast_to(n_te, norm.shape),
+        )
+    return out
+
+
+def _extras(moments: dict, widths, hook_list) -> tuple:
+    """Each hook on every layer's moments, with a unit diagonal on the zero-padded coordinates (so that a
+    factorisation stays definite and they decouple; see :class:`similarity.MomentStats`)."""
+    if not hook_list:
+        return ()
+    some = next(iter(moments.values()))
+    size = (some.gram if isinstance(some, FullMoments) else some.gram_train).shape[-1]
+    unit = jax.vmap(jnp.diag)((jnp.arange(size)[None, :] >= widths[:, None]).astype(some.norm.dtype))
+    out = []
+    for hook, kind in hook_list:
+        m = moments[kind]
+        m = m._replace(gram=m.gram + unit) if kind == "full" else m._replace(
+            gram_train=m.gram_train + unit, gram_test=m.gram_test + unit)
+        out.append(jax.vmap(hook)(m))
+    return tuple(out)
+
+
+class Side(NamedTuple):
+    """Everything the pair evaluator needs of one side's layers (stacked, padded count first)."""
+
+    moments: dict
+    extras: tuple
+    centres: Centres
+
+
+@functools.lru_cache(maxsize=None)
+def layer_program(kinds: tuple, hook_list: tuple):
+    """One side's per-layer moments, hooks and flags from all its rows, as one compiled program:
+    ``run(z (L, n, W), widths (L,), w_tr, w_te) -> Side``."""
+
+    def run(z, widths, w_tr, w_te):
+        n = z.shape[1]
+        w_all = jnp.ones((n,), z.dtype)
+        ce = _centres(_pass1(z, w_all, w_tr), n, None if w_tr is None else jnp.sum(w_tr), kinds)
+        n_te = None if w_te is None else jnp.sum(w_te)
+        moments = _moments(_pass2(z, ce, w_all, w_tr, w_te, kinds), ce, n_te, kinds)
+        return Side(moments, _extras(moments, widths, hook_list), ce)
+
+    return jax.jit(run)
+
+
+@jax.jit
+def _pass1_step(acc, z, w_all, w_tr):
+    return _merge1(acc, _pass1(z, w_all, w_tr))
+
+
+@functools.partial(jax.jit, static_argnames="kinds")
+def _centres_step(s, n, n_tr, *, kinds):
+    return _centres(s, n, n_tr, kinds)
+
+
+@functools.partial(jax.jit, static_argnames="kinds")
+def _pass2_step(acc, z, ce, w_all, w_tr, w_te, *, kinds):
+    new = _pass2(z, ce, w_all, w_tr, w_te, kinds)
+    return new if acc is None else jax.tree.map(jnp.add, acc, new)
+
+
+@functools.lru_cache(maxsize=None)
+def finish_layers_program(kinds: tuple, hook_list: tuple):
+    """Streaming's last per-layer step: moments and hooks from the accumulated centred sums."""
+
+    def run(sums, ce, widths, n_te):
+        moments = _moments(sums, ce, n_te, kinds)
+        return Side(moments, _extras(moments, widths, hook_list), ce)
+
+    return jax.jit(run)
+
+
+def stream_side(chunks, widths, weights, n, n_tr, n_te, kinds, hook_list) -> Side:
+    """One side's :class:`Side` from row chunks: ``chunks()`` yields ``(z (L, c, W), lo, hi)`` twice over
+    (two passes: means and ranges, then centred sums); ``weights(lo, hi, c)`` gives
+    ``(w_all, w_tr, w_te)`` for a chunk (zero on padded rows)."""
+    acc = None
+    for z, lo, hi in chunks():
+        w_all, w_tr, _ = weights(lo, hi, z.shape[1])
+        acc = _pass1_step(acc, z, w_all, w_tr)
+    ce = _centres_step(acc, np.asarray(n, z.dtype), None if n_tr is None else np.asarray(n_tr, z.dtype),
+                       kinds=kinds)
+    sums = None
+    for z, lo, hi in chunks():
+        sums = _pass2_step(sums, z, ce, *weights(lo, hi, z.shape[1]), kinds=kinds)
+    return finish_layers_program(kinds, hook_list)(sums, ce, widths,
+                                                   None if n_te is None else np.asarray(n_te, z.dtype))
+
+
+# ----------------------------------------------------------------------------- per pair
+
+
+def _pair_blocks(u, v, la, lb):
+    """``u: (c, la*da)``, ``v: (c, lb*db)`` -> ``(la, da, lb, db)``: ``[k, :, l, :] = u_k^T v_l`` in one GEMM."""
+    m = jnp.einsum("ni,nj->ij", u, v)
+    return m.reshape(la, u.shape[1] // la, lb, v.shape[1] // lb)
+
+
+def _flat(z, ce: Centres, mean):
+    """``(L, c, W)`` scaled and centred, side by side as ``(c, L W)``."""
+    u = z / ce.scale[:, None, None] - mean[:, None, :]
+    return jnp.transpose(u, (1, 0, 2)).reshape(z.shape[1], -1)
+
+
+def cross_sums(za, ca: Centres, zb, cb: Centres, w_all, w_tr, w_te, kinds, sharding=None) -> dict:
+    """The centred cross sums of every (source, target) pair of two stacks, ``(La, Wa, Lb, Wb)`` each.
+
+    ``w_all``: 1 on the real rows of a chunk, 0 on its zero-padded rows (or None: every row is real)."""
+    la, lb = za.shape[0], zb.shape[0]
+    out = {}
+    if "full" in kinds:
+        u = _flat(za, ca, ca.mean_all)
+        if w_all is not None:
+            u = u * w_all[:, None]
+        if sharding is not None:
+            u = jax.lax.with_sharding_constraint(u, sharding)
+        out["c_all"] = _pair_blocks(u, _flat(zb, cb, cb.mean_all), la, lb)
+    if "split" in kinds:
+        u, v = _flat(za, ca, ca.mean_tr), _flat(zb, cb, cb.mean_tr)
+        if sharding is not None:
+            u = jax.lax.with_sharding_constraint(u, sharding)
+        out["c_tr"] = _pair_blocks(u * w_tr[:, None], v, la, lb)
+        out["c_te"] = _pair_blocks(u * w_te[:, None], v, la, lb)
+    return out
+
+
+def _pick(tree, k):
+    return jax.tree.map(lambda t: t[k], tree)
+
+
+def _split_finish(out):
+    """A finish's result as ``(value, flags)`` (a finish may return a bare value)."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+        return out
+    return out, {}
+
+
+@functools.lru_cache(maxsize=64)
+def block_evaluator(entries: tuple, kinds: tuple, hook_list: tuple, streamed: bool, sharding):
+    """A compiled function evaluating every entry (and its reverse) on every pair of a block of source
+    layers ``idx`` (positions in side a's padded stack) and every target layer.
+
+    ``run(za, sa, zb, sb, idx, w_tr, w_te, sums)``: the cross sums are formed from the data
+    (``za``, ``zb``, all rows) unless ``streamed``, where ``sums`` holds them (accumulated over
+    chunks) and the data is not passed. Returns ``(fwd, rev)``, ``{name: (value (B, Lb),
+    flags)}``; each cell's flags hold ``"x"`` and ``"y"`` (the source's and target's ``finite``
+    and ``varies`` on the rows of the measure's moment kind) and the finish's own flags.
+
+    The pairs are a nested ``vmap``, over source layers and then target layers, so whatever a
+    measure computes from one side alone is computed once per layer; each pair's cross sums are
+    normalised where they are read.
+    """
+    hook_names = tuple(h for h, _ in hook_list)
+
+    def cell(xa, exa, fa, ca, yb, exb, fb, cb, sums):
+        ex = {h: (exa[k], exb[k]) for k, h in enumerate(hook_names)}
+        ctx = {}
+        for kind in kinds:
+            den = (_safe(xa[kind].norm) / ca) * (_safe(yb[kind].norm) / cb)
+            if kind == "split":
+                cross = PairMoments(sums["c_tr"] / den, sums["c_te"] / den)
+                ctx[kind] = MomentPair(xa[kind], yb[kind], cross, cross.cross_train, extras=ex)
+            else:
+                ctx[kind] = MomentPair(xa[kind], yb[kind], sums["c_all"] / den, extras=ex)
+        fwd, rev = {}, {}
+        for e in entries:
+            kind = e.spec.moments
+            for out, c, f_src, f_tgt in ((fwd, ctx[kind], fa[kind], fb[kind]),
+                                         (rev, ctx[kind].transposed(), fb[kind], fa[kind])):
+                if out is rev and not e.reverse:
+                    continue
+                value, flags = _split_finish(e.spec.finish(c))
+                ok = f_src["finite"] & f_src["varies"] & f_tgt["finite"] & f_tgt["varies"]
+                out[e.name] = (V.nan_unless(ok, value), {"x": f_src, "y": f_tgt, **flags})
+        return fwd, rev
+
+    def run(za, sa: Side, zb, sb: Side, idx, w_tr, w_te, sums):
+        xa, exa, ce_a = _pick((sa.moments, sa.extras, sa.centres), idx)
+        fa = ce_a.flags
+        if not streamed:
+            sums = cross_sums(za[idx], ce_a, zb, sb.centres, None, w_tr, w_te, kinds, sharding)
+        fb = sb.centres.flags
+
+        def row(x, ex, f, c, s):  # s: (Wa, Lb, Wb), the pairs of one source layer
+            return jax.vmap(lambda y, ey, fy, cy, sy: cell(x, ex, f, c, y, ey, fy, cy, sy),
+                            in_axes=(0, 0, 0, 0, 1))(sb.moments, sb.extras, fb, sb.centres.scale, s)
+
+        return jax.vmap(row)(xa, exa, fa, ce_a.scale, sums)
+
+    return jax.jit(run)
+
+
+@functools.partial(jax.jit, static_argnames=("kinds",))
+def cross_step(acc, za, ce_a, idx, zb, ce_b, w_all, w_tr, w_te, *, kinds):
+    """Streaming: add one chunk's cross sums of a block of source layers ``za`` (the layers ``idx`` of
+    side a, whose centres ``ce_a`` are the whole side's) and every target layer ``zb``."""
+    new = cross_sums(za, _pick(ce_a, idx), zb, ce_b, w_all, w_tr, w_te, kinds)
+    return new if acc is None else jax.tree.map(jnp.add, acc, new)
+
+
+# ----------------------------------------------------------------------------- driver
+
+_CROSS_BUDGET = 512 * 2**20  # bytes of cross moments (and their pair intermediates) per block of source layers
+
+
+def _block_size(la: int, wa: int, lb: int, wb: int, nmat: int, itemsize: int, ndev: int) -> int:
+    """Source layers per block: the most whose cross moments fit the budget (a ladder size, a multiple of
+    the device count), at least one per device."""
+    per_layer = wa * lb * wb * nmat * itemsize
+    fit = max(1, _CROSS_BUDGET // max(per_layer, 1))
+    size = 1
+    from funsim.similarity.grid.layers import bucket
+
+    for k in range(1, la + 1):
+        if bucket(k) <= fit:
+            size = bucket(k)
+    size = min(size, bucket(la))
+    return size + (-size) % ndev
+
+
+def _blocks(la: int, size: int) -> list[np.ndarray]:
+    """Positions ``0 .. la-1`` in blocks of ``size`` (the last one padded by repeating its last position)."""
+    out = []
+    for lo in range(0, la, size):
+        idx = np.arange(lo, min(lo + size, la))
+        out.append(np.concatenate([idx, np.repeat(idx[-1:], size - len(idx))]).astype(np.int32))
+    return out
+
+
+def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> dict:
+    """``{name: {"fwd": Table, "rev": Table}}`` of the moment measures (``rev`` for the entries with
+    ``reverse``). ``weights``: the split's ``(w_tr, w_te)`` host arrays ``(n,)`` or ``None``."""
+    from funsim.similarity.grid import layers as L
+    from funsim.similarity.grid.devices import replicate_computed, tree_to_host
+    from funsim.similarity.grid.undefined import Table
+
+    kinds = tuple(sorted({e.spec.moments for e in entries}))
+    hook_list = hooks(entries)
+    split = "split" in kinds
+    w_tr, w_te = (None, None) if not split else (np.asarray(weights[0], lay.dtype), np.asarray(weights[1], lay.dtype))
+    n_tr = None if not split else float(w_tr.sum())
+    n_te = None if not split else float(w_te.sum())
+    ga, gb = lay.groups_a, lay.groups_b
+    itemsize = np.dtype(lay.dtype).itemsize
+    nmat = ("full" in kinds) + 2 * split
+    shape = (len(lay.va), len(lay.vb))
+    values = {(e.name, d): np.full(shape, np.nan, lay.dtype) for e in entries for d in ("fwd", "rev")
+              if d == "fwd" or e.reverse}
+    parts: dict = {k: [] for k in values}
+
+    def chunk_weights(lo, hi, c):
+        pad = c - (hi - lo)
+        w_all = np.concatenate([np.ones(hi - lo, lay.dtype), np.zeros(pad, lay.dtype)])
+        if not split:
+            return w_all, None, None
+        return (w_all, np.concatenate([w_tr[lo:hi], np.zeros(pad, lay.dtype)]),
+                np.concatenate([w_te[lo:hi], np.zeros(pad, lay.dtype)]))
+
+    chunks = None if chunk_size is None else [(lo, min(lo + chunk_size, lay.n)) for lo in range(0, lay.n, chunk_size)]
+    c_rows = None if chunk_size is None else min(chunk_size, lay.n)
+
+    def side_of(side, g) -> tuple:
+        """``(data or None, Side)`` of one group: one program with all rows, or the streaming passes."""
+        if chunks is None:
+            z, widths = stacks(side, g)
+            w = replicate_computed(plan, (w_tr, w_te))
+            return z, replicate_computed(plan, layer_program(kinds, hook_list)(z, widths, *w))
+
+        def gen():
+            for lo, hi in chunks:
+                yield jax.device_put(L.host_stack(lay, side, g, lo, hi, rows=c_rows)), lo, hi
+
+        widths = np.asarray(g.widths, np.int32)
+        return None, replicate_computed(plan, stream_side(gen, widths, chunk_weights, lay.n, n_tr, n_te, kinds,
+                                                          hook_list))
+
+    sides = {}
+    for side, groups in (("a", ga), ("b", gb)):
+        for g in groups:
+            key = ("a" if lay.same else side, g.width, g.pidx)
+            if key not in sides:
+                sides[key] = side_of(side, g)
+    for g_a in ga:
+        za, sa = sides["a", g_a.width, g_a.pidx]
+        for g_b in gb:
+            zb, sb = sides["a" if lay.same else "b", g_b.width, g_b.pidx]
+            size = _block_size(len(g_a.pidx), g_a.width, len(g_b.pidx), g_b.width, nmat, itemsize, plan.ndev)
+            sharding = plan.sharding(None, "pairs")
+            evaluate = block_evaluator(entries, kinds, hook_list, chunks is not None, sharding)
+            for idx in _blocks(len(g_a.pidx), size):
+                real = np.asarray(idx) < len(g_a.idx)
+                first = {}
+                for p, pos in enumerate(idx):  # repeated positions (padding) are dropped
+                    first.setdefault(int(pos), p)
+                keep = np.array([first[int(pos)] == p and real[p] for p, pos in enumerate(idx)])
+                sums = None
+                if chunks is not None:
+                    for lo, hi in chunks:
+                        blk = L.host_stack(lay, "a", L.Group(g_a.width, g_a.idx, tuple(g_a.pidx[int(k)] for k in idx),
+                                                             g_a.widths[idx]), lo, hi, rows=c_rows)
+                        zbc = L.host_stack(lay, "b", g_b, lo, hi, rows=c_rows)
+                        sums = cross_step(sums, blk, sa.centres, idx, zbc, sb.centres, *chunk_weights(lo, hi, c_rows),
+                                          kinds=kinds)
+                w = replicate_computed(plan, (w_tr, w_te))
+                fwd, rev = evaluate(za, sa, zb, sb, replicate_computed(plan, idx), *w, sums)
+                fwd, rev = tree_to_host(fwd), tree_to_host(rev)
+                rows = np.asarray(g_a.pidx)[idx][keep]
+                cols = np.asarray(g_b.idx)
+                for d, res in (("fwd", fwd), ("rev", rev)):
+                    for name, (value, flags) in res.items():
+                        v = np.asarray(value)[keep][:, : len(g_b.idx)]
+                        f = jax.tree.map(lambda a: np.asarray(a)[keep][:, : len(g_b.idx)], flags)
+                        values[name, d][np.ix_(rows, cols)] = v
+                        parts[name, d].append((rows, cols, f))
+    out: dict = {}
+    for (name, d), v in values.items():
+        out.setdefault(name, {})[d] = Table(v, _assemble(parts[name, d], shape))
+    return out
+
+
+def _assemble(parts: list, shape):
+    """Per-block flags ``(rows, cols, pytree of (r, c))`` into one pytree of ``(La, Lb)`` host arrays."""
+    tree = None
+    for rows, cols, flags in parts:
+        if tree is None:
+            tree = jax.tree.map(lambda a: np.zeros(shape, np.asarray(a).dtype), flags)
+        jax.tree.map(lambda t, a: t.__setitem__(np.ix_(rows, cols), a), tree, flags)
+    return tree
