@@ -26,6 +26,16 @@ gives NaN, never the meaningless correlations near 1 it would otherwise give.
 Scale: each side is divided by the power of two at its largest magnitude
 before anything is computed (exact; every measure here is scale invariant), so
 float32 data at 1e-20 or 1e20 gives the value it gives at 1.
+
+Compiled cores (:mod:`similarity.protocol`): :func:`cca_core`,
+:func:`svcca_core` and :func:`pwcca_core`; each public function is its input
+checks plus ``protocol.call`` of its core. A core's ``layer`` takes a layer
+zero-padded to any width ``W`` with its real width ``d`` traced, and gives the
+statistics of the unpadded layer (to rounding): a Householder QR's first ``d``
+columns of ``Q`` depend only on the first ``d`` columns of the input, so the
+padding's columns of ``Q`` are masked to zero; zero features add zero singular
+values, which SVCCA's and PWCCA's rules never keep; ranks and tolerances use
+the real width.
 """
 
 from __future__ import annotations
@@ -38,26 +48,30 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity import protocol
 from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats
-from funsim.similarity._linalg import pow2_scale
+from funsim.similarity.protocol import Core
+from funsim.similarity._linalg import pow2_at
 from funsim.similarity._linalg import svd as _svd
 
-__all__ = ["cca", "cca_r2", "cca_mean", "svcca", "pwcca", "cca_layer_stats", "svcca_layer_stats",
-           "pwcca_layer_stats"]
+__all__ = ["cca", "cca_r2", "cca_mean", "svcca", "pwcca", "cca_core", "svcca_core", "pwcca_core",
+           "cca_layer_stats", "svcca_layer_stats", "pwcca_layer_stats"]
+
 
 
 def _centre(x: jax.Array) -> jax.Array:
     return x - jnp.mean(x, axis=0, keepdims=True)
 
 
-def _rank_tol(dtype, n: int, d) -> float:
-    return max(n, d) * float(jnp.finfo(dtype).eps) * 10.0
+def _rank_tol(dtype, n: int, d) -> jax.Array:
+    """``max(n, d) * 10 eps``: singular values below this times the largest count as zero (``d`` may be traced)."""
+    return jnp.maximum(n, d).astype(dtype) * (10.0 * float(jnp.finfo(dtype).eps))
 
 
-def _unit(x: jax.Array) -> jax.Array:
-    """``x`` divided by the power of two at its largest magnitude (exact)."""
-    return x / pow2_scale(x)
+def _unit_centred(z: jax.Array, max_abs: jax.Array) -> jax.Array:
+    """``z`` divided by the power of two at its largest magnitude (exact), then column-centred."""
+    return _centre(z / pow2_at(max_abs))
 
 
 _WIDE = (
@@ -65,71 +79,139 @@ _WIDE = (
     "degree of freedom), otherwise every canonical correlation is 1. Reduce {name} first "
     "({hint}), or pass more samples."
 )
+_HINT_CCA = "svcca does this after keeping d < n directions"
+_HINT_SVCCA = "e.g. PCA to fewer than n components"
 
 
-def _check_shape(x: jax.Array, name: str, hint: str = "svcca does this after keeping d < n directions") -> None:
-    n, d = x.shape
-    if d >= n:
-        raise ValueError(_WIDE.format(name=name, shape=tuple(x.shape), hint=hint))
+def _wide_reason(shape: tuple, name: str, hint: str) -> str | None:
+    n, d = shape
+    return _WIDE.format(name=name, shape=tuple(shape), hint=hint) if d >= n else None
+
+
+def _shape_reason(shape_x: tuple, shape_y: tuple, why: str, hint: str | None) -> str | None:
+    """What the shapes alone decide, in the order of the eager checks: too few samples in ``x``, in
+    ``y`` (``n >= 3``), then ``d >= n`` in ``x``, in ``y`` (skipped for ``hint=None``)."""
+    for name, shape in (("x", shape_x), ("y", shape_y)):
+        msg = V.min_samples_reason(shape, name, 3, why)
+        if msg is not None:
+            return msg
+    if hint is not None:
+        for name, shape in (("x", shape_x), ("y", shape_y)):
+            msg = _wide_reason(shape, name, hint)
+            if msg is not None:
+                return msg
+    return None
 
 
 def _rank_flag(sv: jax.Array, n: int, d, dtype) -> dict[str, jax.Array]:
-    """Whether singular values ``sv`` (descending) of a centred ``(n, d)`` side are full rank, and the rank."""
+    """Whether a centred ``(n, d)`` side is full rank, from its singular values ``sv`` (descending; any
+    zeros of zero padding after the ``d`` real ones), and its rank. ``d`` may be traced."""
     tol = _rank_tol(dtype, n, d) * sv[0]
-    return {"full": sv[-1] > tol, "rank": jnp.sum(sv > tol)}
+    smallest = jnp.take(sv, jnp.clip(d - 1, 0, sv.shape[0] - 1))
+    return {"full": smallest > tol, "rank": jnp.sum(sv > tol)}
 
 
-def _raise_rank(flag, name: str, shape) -> None:
-    if not flag["full"]:
-        raise ValueError(
-            f"{name} of shape {tuple(shape)} has centred rank {int(flag['rank'])} < {shape[1]} features "
+def _rank_reason(flag, name: str, shape: tuple) -> str | None:
+    if flag["full"]:
+        return None
+    return (f"{name} of shape {tuple(shape)} has centred rank {int(flag['rank'])} < {shape[1]} features "
             "(duplicated, collinear or constant features), so CCA is not defined. Remove "
-            "the redundant features, or use svcca, which keeps only directions with variance."
-        )
+            "the redundant features, or use svcca, which keeps only directions with variance.")
 
 
-def _qr_basis(x: jax.Array) -> jax.Array:
-    q, _ = jnp.linalg.qr(_centre(_unit(x)), mode="reduced")
-    return q
+# ------------------------------------------------------------------------------ CCA
 
 
-def _rho_from_bases(qx: jax.Array, qy: jax.Array) -> jax.Array:
-    """Canonical correlations from orthonormal bases ``(n, d1)``, ``(n, d2)`` of the centred sides."""
-    return jnp.clip(_svd(jnp.einsum("ni,nj->ij", qx, qy), compute_uv=False), 0.0, 1.0)
+# the summaries of the canonical correlations, by registry name ("all": every correlation)
+REDUCTIONS = ("r2", "mean", "all")
 
 
-# the summaries of the canonical correlations, by registry name
-_REDUCE = {"r2": lambda rho: jnp.mean(rho**2), "mean": jnp.mean, "all": lambda rho: rho}
+class _CCALayer(NamedTuple):
+    """Per-layer statistics of the CCA core."""
+
+    q: jax.Array  # (n, min(n, W)) orthonormal basis of the centred real columns; zero columns for the padding
+    width: jax.Array  # () int32: the real width d
+    rank: dict  # {"full", "rank"} of the centred real columns
+    flags: dict  # rep_flags
 
 
-@functools.partial(jax.jit, static_argnames=("reduce",))
-def _cca_program(x, y, *, reduce: str):
-    """Canonical correlations (summarised by ``reduce``) and the value checks: ``(value, flags)``.
+def _cca_layer(z: jax.Array, width, opts) -> _CCALayer:
+    """A thin QR of the centred layer ``(n, W)``; ``Q``'s columns past ``width`` are zeroed.
 
-    The rank of each side comes from the singular values of its QR factor ``R``
-    (those of the centred data), a ``d x d`` SVD beside the ``n x d`` QR.
+    The rank comes from the singular values of the QR factor ``R`` (those of the
+    centred data): a ``W x W`` SVD beside the ``n x W`` QR.
     """
-    flags, bases = {}, []
-    for name, z in (("x", x), ("y", y)):
-        q, r = jnp.linalg.qr(_centre(_unit(z)), mode="reduced")
-        bases.append(q)
-        flags[name] = V.rep_flags(z)
-        flags[f"rank_{name}"] = _rank_flag(_svd(r, compute_uv=False), *z.shape, z.dtype)
-    ok = V.flags_ok(flags["x"], flags["y"]) & flags["rank_x"]["full"] & flags["rank_y"]["full"]
-    return V.nan_unless(ok, _REDUCE[reduce](_rho_from_bases(*bases))), flags
+    del opts
+    f = V.rep_flags(z)
+    q, r = jnp.linalg.qr(_unit_centred(z, f["max_abs"]), mode="reduced")
+    q = q * protocol.feature_mask(width, q.shape[1], q.dtype)[None, :]
+    rank = _rank_flag(_svd(r, compute_uv=False), z.shape[0], width, z.dtype)
+    return _CCALayer(q, jnp.asarray(width, jnp.int32), rank, f)
+
+
+def _cca_pair(sx: _CCALayer, sy: _CCALayer, opts, *, reduce: str):
+    """The canonical correlations, summarised by ``reduce``, and the value checks: ``(value, flags)``.
+
+    The singular values of ``Qx^T Qy`` are the ``min(dx, dy)`` canonical correlations,
+    then zeros (the padding's columns of ``Q`` are zero).
+    """
+    del opts
+    rho = jnp.clip(_svd(jnp.einsum("ni,nj->ij", sx.q, sy.q), compute_uv=False), 0.0, 1.0)
+    k = jnp.minimum(sx.width, sy.width)
+    rho = jnp.where(jnp.arange(rho.shape[0]) < k, rho, 0.0)
+    if reduce == "all":
+        value = rho
+    else:
+        value = jnp.sum(rho * rho if reduce == "r2" else rho) / k.astype(rho.dtype)
+    flags = dict(x=sx.flags, y=sy.flags, rank_x=sx.rank, rank_y=sy.rank)
+    ok = V.flags_ok(sx.flags, sy.flags) & sx.rank["full"] & sy.rank["full"]
+    return V.nan_unless(ok, value), flags
+
+
+def _cca_reason(flags, shape_x, shape_y, opts) -> str | None:
+    """The pairwise call's message for fetched flags (``None``: only what the shapes decide)."""
+    del opts
+    msg = _shape_reason(shape_x, shape_y, "CCA", _HINT_CCA)
+    if msg is not None or flags is None:
+        return msg
+    for name, shape in (("x", shape_x), ("y", shape_y)):
+        msg = _rank_reason(flags[f"rank_{name}"], name, shape)
+        if msg is not None:
+            return msg
+    # a side constant to CONSTANT_RTOL whose tiny variations are still of full rank
+    return V.pair_constant_reason(flags, shape_x, shape_y, what="CCA")
+
+
+@functools.lru_cache(maxsize=None)
+def _cca_pair_fn(reduce: str):
+    """The CCA core's pair for one summary (one object per summary: shared programs)."""
+    return functools.partial(_cca_pair, reduce=reduce)
+
+
+def cca_core(*, reduce: str) -> Core:
+    """The compiled core of :func:`cca_r2` (``reduce="r2"``), :func:`cca_mean` (``"mean"``) or :func:`cca` (``"all"``).
+
+    See :class:`similarity.protocol.Core`. The per-layer statistics (a basis of
+    the centred columns, ``n min(n, W)`` numbers) are the same for every
+    ``reduce``: its ``layer`` is one function. With ``reduce="all"`` the value is
+    not ``()`` but ``(min(Wx, Wy),)``: the ``min(dx, dy)`` canonical correlations
+    in decreasing order, then zeros for the padding.
+
+    Examples:
+      >>> import numpy as np
+      >>> from funsim.similarity import protocol
+      >>> x = np.random.default_rng(0).normal(size=(20, 3))
+      >>> value, flags = protocol.evaluate(cca_core(reduce="r2"), x, 2 * x + 1)
+      >>> round(float(value), 6), bool(flags["rank_x"]["full"])
+      (1.0, True)
+    """
+    V.check_choice(reduce, "reduce", REDUCTIONS)
+    return Core(_cca_layer, _cca_pair_fn(reduce), _cca_reason, ())
 
 
 def _cca_checked(x, y, reduce: str) -> jax.Array:
     x, y = V.check_pair(x, y, min_samples=3, why="CCA", finite=False)
-    _check_shape(x, "x")
-    _check_shape(y, "y")
-    out, flags = _cca_program(x, y, reduce=reduce)
-    flags = V.fetch_flags(flags)
-    if flags is not None:
-        V.raise_pair_flags(flags["x"], flags["y"], x, y, what="CCA", constant=False)
-        _raise_rank(flags["rank_x"], "x", x.shape)
-        _raise_rank(flags["rank_y"], "y", y.shape)
-    return out
+    return protocol.call(cca_core(reduce=reduce), x, y)
 
 
 @full_precision
@@ -188,14 +270,19 @@ def cca_mean(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
     return _cca_checked(x, y, "mean")
 
 
-class _PwccaLayer(NamedTuple):
-    """Per-layer statistics of PWCCA: ``Xc = u diag(s) vt`` (dropped neurons zeroed)."""
+# ---------------------------------------------------------------------------- PWCCA
 
-    u: jax.Array  # (n, d)
-    s: jax.Array  # (d,)
-    vt: jax.Array  # (d, d)
-    damp: jax.Array  # (d,) s / sqrt(s^2 + epsilon * max_var): the regularised whitening
-    kept: jax.Array  # () number of neurons kept
+
+class _PwccaLayer(NamedTuple):
+    """Per-layer statistics of PWCCA: ``Xc = u diag(s) vt`` (dropped neurons and padding zeroed)."""
+
+    u: jax.Array  # (n, r), r = min(n, W)
+    s: jax.Array  # (r,)
+    vt: jax.Array  # (r, W)
+    damp: jax.Array  # (r,) s / sqrt(s^2 + epsilon * max_var): the regularised whitening; 0 past `kept`
+    kept: jax.Array  # () number of (real) neurons kept
+    rank: dict  # {"full", "rank", "kept"}
+    flags: dict  # rep_flags
 
 
 def _pwcca_keep(var, epsilon):
@@ -203,65 +290,109 @@ def _pwcca_keep(var, epsilon):
     return var >= epsilon * jnp.max(var)
 
 
-def _pwcca_layer(x: jax.Array, epsilon) -> _PwccaLayer:
-    """``epsilon`` may be traced; ``epsilon = 0`` keeps every neuron and does not regularise."""
-    xc = _centre(_unit(x))
-    var = jnp.sum(xc * xc, axis=0)
-    keep = _pwcca_keep(var, epsilon)
-    u, s, vt = _svd(jnp.where(keep[None, :], xc, 0.0))
+def _pwcca_layer(z: jax.Array, width, opts) -> _PwccaLayer:
+    """``opts = (epsilon,)``, possibly traced; ``epsilon = 0`` keeps every real neuron and does not regularise.
+
+    The rank of the kept neurons comes from the singular values the computation
+    needs anyway (those of the centred side with dropped neurons zeroed).
+    """
+    (epsilon,) = opts
+    f = V.rep_flags(z)
+    n = z.shape[0]
+    zc = _unit_centred(z, f["max_abs"])
+    var = jnp.sum(zc * zc, axis=0)
+    # the padding has zero variance, which epsilon = 0 would keep: only real neurons count
+    keep = _pwcca_keep(var, epsilon) & (jnp.arange(z.shape[1]) < width)
+    kept = jnp.sum(keep)
+    u, s, vt = _svd(jnp.where(keep[None, :], zc, 0.0))
     denom = jnp.sqrt(s * s + epsilon * jnp.max(var))
     damp = jnp.where(epsilon > 0, s / jnp.where(denom > 0, denom, 1.0), 1.0)
-    return _PwccaLayer(u, s, vt, damp, jnp.sum(keep))
+    damp = jnp.where(jnp.arange(s.shape[0]) < kept, damp, 0.0)  # no direction past the kept neurons
+    smallest = jnp.take(s, jnp.clip(kept - 1, 0, s.shape[0] - 1))
+    tol = _rank_tol(z.dtype, n, kept) * s[0]
+    rank = {"full": (smallest > tol) & (kept < n), "rank": jnp.sum(s > tol), "kept": kept}
+    return _PwccaLayer(u, s, vt, damp, kept, rank, f)
 
 
 def _pwcca_weights(s: jax.Array, vt: jax.Array, c: jax.Array) -> jax.Array:
-    """Weights of the directions ``Xc (V c)`` (``c: (d, k)``, one canonical direction per column).
+    """Weights of the directions ``Xc (V c)`` (``c: (r, k)``, one canonical direction per column).
 
     The directions are orthonormalised in order (QR) and each weight is the L1
     norm of the projections of the centred neurons on it. With ``Xc = U S V^T``
-    the directions are ``U (S c)``, so the QR of the small ``S c`` suffices.
+    the directions are ``U (S c)``, so the QR of the small ``S c`` suffices (its
+    first ``j`` columns depend only on the first ``j`` directions).
     """
     q, _ = jnp.linalg.qr(s[:, None] * c)
     return jnp.sum(jnp.abs(jnp.einsum("dk,d,de->ke", q, s, vt)), axis=1)
 
 
-def _pwcca_pair(lx: _PwccaLayer, ly: _PwccaLayer) -> jax.Array:
+def _pwcca_pair(lx: _PwccaLayer, ly: _PwccaLayer, opts):
+    """PWCCA and its value checks: ``(value, flags)``."""
+    del opts
     m = jnp.einsum("i,ni,nj,j->ij", lx.damp, lx.u, ly.u, ly.damp)
-    a, rho, bt = _svd(m)  # rho: the (regularised) canonical correlations, decreasing
-    use_x = lx.kept <= ly.kept  # the side with fewer neurons; ties go to x
+    a, rho, bt = _svd(m)  # rho: the (regularised) canonical correlations, decreasing, then zeros
+    use_x = lx.kept <= ly.kept  # the side with fewer (real, kept) neurons; ties go to x
     w = jnp.where(use_x, _pwcca_weights(lx.s, lx.vt, a), _pwcca_weights(ly.s, ly.vt, bt.T))
     w = w * (jnp.arange(rho.shape[0]) < jnp.where(use_x, lx.kept, ly.kept))
-    return jnp.sum(w * jnp.clip(rho, 0.0, 1.0)) / jnp.sum(w)
+    value = jnp.sum(w * jnp.clip(rho, 0.0, 1.0)) / jnp.sum(w)
+    flags = dict(x=lx.flags, y=ly.flags, rank_x=lx.rank, rank_y=ly.rank)
+    ok = V.flags_ok(lx.flags, ly.flags) & lx.rank["full"] & ly.rank["full"]
+    return V.nan_unless(ok, value), flags
 
 
-@jax.jit
-def _pwcca_program(x: jax.Array, y: jax.Array, epsilon: jax.Array):
-    """PWCCA and its value checks, ``epsilon`` traced: ``(value, flags)``.
-
-    The rank of each side's kept neurons comes from the singular values the
-    computation needs anyway (those of the centred side with dropped neurons zeroed).
-    """
-    lx, ly = _pwcca_layer(x, epsilon), _pwcca_layer(y, epsilon)
-    flags = {}
-    for name, z, lay in (("x", x, lx), ("y", y, ly)):
-        n = z.shape[0]
-        smallest = jnp.take(lay.s, jnp.clip(lay.kept - 1, 0, lay.s.shape[0] - 1))
-        tol = jnp.maximum(n, lay.kept) * (10.0 * jnp.finfo(z.dtype).eps) * lay.s[0]
-        flags[name] = V.rep_flags(z)
-        flags[f"rank_{name}"] = {"full": (smallest > tol) & (lay.kept < n), "rank": jnp.sum(lay.s > tol),
-                                 "kept": lay.kept}
-    ok = V.flags_ok(flags["x"], flags["y"]) & flags["rank_x"]["full"] & flags["rank_y"]["full"]
-    return V.nan_unless(ok, _pwcca_pair(lx, ly)), flags
-
-
-def _raise_pwcca_rank(flag, name: str, n: int, d: int, epsilon: float) -> None:
+def _pwcca_rank_reason(flag, name: str, n: int, epsilon: float) -> str | None:
     if flag["full"]:
-        return
+        return None
     k = int(flag["kept"])
     what = name if epsilon == 0 else f"{name} (its {k} kept neurons)"
     if k >= n:
-        raise ValueError(_WIDE.format(name=what, shape=(n, k), hint="svcca does this after keeping d < n directions"))
-    _raise_rank(flag, what, (n, k))
+        return _WIDE.format(name=what, shape=(n, k), hint=_HINT_CCA)
+    return _rank_reason(flag, what, (n, k))
+
+
+def _pwcca_reason(flags, shape_x, shape_y, opts) -> str | None:
+    """The pairwise call's message for fetched flags (``None``: only what the shapes decide)."""
+    epsilon = float(opts[0])
+    # with epsilon > 0 the kept neurons decide (d >= n is fine when enough are dropped)
+    msg = _shape_reason(shape_x, shape_y, "CCA", _HINT_CCA if epsilon == 0 else None)
+    if msg is not None or flags is None:
+        return msg
+    msg = V.pair_constant_reason(flags, shape_x, shape_y, what="PWCCA")
+    if msg is not None:
+        return msg
+    for name, shape in (("x", shape_x), ("y", shape_y)):
+        msg = _pwcca_rank_reason(flags[f"rank_{name}"], name, shape[0], epsilon)
+        if msg is not None:
+            return msg
+    return None
+
+
+def _check_epsilon(epsilon) -> float:
+    epsilon = float(epsilon)
+    if not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"epsilon must be in [0, 1) (a variance relative to the largest), got {epsilon!r}.")
+    return epsilon
+
+
+def pwcca_core(*, epsilon: float = 0.0) -> Core:
+    """The compiled core of :func:`pwcca` (:class:`similarity.protocol.Core`); ``epsilon`` is traced.
+
+    Per layer: the SVD of the centred, kept neurons (``n r + r + r W`` numbers,
+    ``r = min(n, W)``). Padded neurons are never kept, and neither counted for
+    the choice of the side with fewer neurons.
+
+    Raises:
+      ValueError: ``epsilon`` outside [0, 1).
+
+    Examples:
+      >>> import numpy as np
+      >>> from funsim.similarity import protocol
+      >>> x = np.random.default_rng(0).normal(size=(30, 4))
+      >>> value, flags = protocol.evaluate(pwcca_core(epsilon=1e-10), x, x[:, :2])
+      >>> round(float(value), 6), int(flags["rank_x"]["kept"])
+      (1.0, 4)
+    """
+    return Core(_pwcca_layer, _pwcca_pair, _pwcca_reason, (_check_epsilon(epsilon),))
 
 
 @full_precision
@@ -325,55 +456,80 @@ def pwcca(x: ArrayLike, y: ArrayLike, /, *, epsilon: float = 0.0) -> jax.Array:
       >>> 0.0 < float(pwcca(x, y)) < 1.0
       True
     """
-    epsilon = float(epsilon)
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"epsilon must be in [0, 1) (a variance relative to the largest), got {epsilon!r}.")
+    core = pwcca_core(epsilon=epsilon)
     x, y = V.check_pair(x, y, min_samples=3, why="CCA", finite=False)
-    if epsilon == 0:
-        _check_shape(x, "x")
-        _check_shape(y, "y")
-    out, flags = _pwcca_program(x, y, jnp.asarray(epsilon, x.dtype))
-    flags = V.fetch_flags(flags)
-    if flags is not None:
-        V.raise_pair_flags(flags["x"], flags["y"], x, y, what="PWCCA")
-        _raise_pwcca_rank(flags["rank_x"], "x", *x.shape, epsilon)
-        _raise_pwcca_rank(flags["rank_y"], "y", *y.shape, epsilon)
-    return out
+    return protocol.call(core, x, y)
 
 
-def pwcca_layer_stats(*, epsilon: float = 0.0) -> LayerStats:
-    """Per-layer statistics of :func:`pwcca`: the SVD of the centred, kept neurons.
-
-    ``pair(layer(x), layer(y)) == pwcca(x, y, epsilon=epsilon)``; ``n d + d^2`` numbers per layer.
-    """
-    return LayerStats(functools.partial(_pwcca_layer, epsilon=float(epsilon)), _pwcca_pair)
+# ---------------------------------------------------------------------------- SVCCA
 
 
-def _svcca_basis(a: jax.Array, keep_variance) -> tuple[jax.Array, jax.Array]:
-    """The top-SVD directions of ``a: (n, d)`` that SVCCA keeps: ``(u masked (n, r), count)``."""
-    u, s, _ = _svd(_centre(_unit(a)))
+class _SVCCALayer(NamedTuple):
+    """Per-layer statistics of SVCCA: the kept top-SVD directions."""
+
+    u: jax.Array  # (n, min(n, W)) the kept directions; zero columns for the others
+    kept: jax.Array  # () how many are kept
+    flags: dict  # rep_flags
+
+
+def _svcca_layer(z: jax.Array, width, opts) -> _SVCCALayer:
+    """The top-SVD directions of the centred ``z: (n, W)`` that SVCCA keeps; ``opts = (keep_variance,)``."""
+    (keep_variance,) = opts
+    f = V.rep_flags(z)
+    u, s, _ = _svd(_unit_centred(z, f["max_abs"]))
     var = s * s
     frac = jnp.cumsum(var) / jnp.sum(var)
-    # keep direction i iff the directions before it explain < keep_variance
+    # keep direction i iff the directions before it explain < keep_variance; never one without
+    # variance (a collinear feature, or the zero padding's)
     before = jnp.concatenate([jnp.zeros((1,), frac.dtype), frac[:-1]])
-    tol = _rank_tol(a.dtype, *a.shape) * s[0]
-    keep = (before < keep_variance) & (s > tol)
-    return u * keep[None, :].astype(u.dtype), jnp.sum(keep)
+    tol = _rank_tol(z.dtype, z.shape[0], width) * s[0]
+    keep = (before < keep_variance) & (s > tol) & (jnp.arange(s.shape[0]) < width)
+    return _SVCCALayer(u * keep[None, :].astype(u.dtype), jnp.sum(keep), f)
 
 
-@jax.jit
-def _svcca_program(x: jax.Array, y: jax.Array, keep_variance: jax.Array):
-    """SVCCA and its value checks, ``keep_variance`` traced: ``(value, flags)``."""
-    fx, fy = V.rep_flags(x), V.rep_flags(y)
-    out = _svcca_pair(_svcca_basis(x, keep_variance), _svcca_basis(y, keep_variance))
-    return V.nan_unless(V.flags_ok(fx, fy), out), dict(x=fx, y=fy)
-
-
-def _svcca_pair(bx, by) -> jax.Array:
-    (ux, kx), (uy, ky) = bx, by
-    rho = _svd(jnp.einsum("ni,nj->ij", ux, uy), compute_uv=False)
+def _svcca_pair(sx: _SVCCALayer, sy: _SVCCALayer, opts):
+    """SVCCA and its value checks: ``(value, flags)``."""
+    del opts
+    rho = _svd(jnp.einsum("ni,nj->ij", sx.u, sy.u), compute_uv=False)
     # the masked matrix has the kept block's min(kx, ky) correlations, then zeros
-    return jnp.sum(jnp.clip(rho, 0.0, 1.0)) / jnp.minimum(kx, ky)
+    k = jnp.minimum(sx.kept, sy.kept)
+    rho = jnp.where(jnp.arange(rho.shape[0]) < k, jnp.clip(rho, 0.0, 1.0), 0.0)
+    flags = dict(x=sx.flags, y=sy.flags)
+    return V.nan_unless(V.flags_ok(sx.flags, sy.flags), jnp.sum(rho) / k), flags
+
+
+def _svcca_reason(flags, shape_x, shape_y, opts) -> str | None:
+    """The pairwise call's message for fetched flags (``None``: only what the shapes decide)."""
+    del opts
+    msg = _shape_reason(shape_x, shape_y, "SVCCA", _HINT_SVCCA)
+    if msg is not None or flags is None:
+        return msg
+    return V.pair_constant_reason(flags, shape_x, shape_y, what="SVCCA")
+
+
+def _check_keep_variance(keep_variance) -> float:
+    if not 0.0 < float(keep_variance) <= 1.0:
+        raise ValueError(f"keep_variance must be in (0, 1], got {keep_variance!r}.")
+    return float(keep_variance)
+
+
+def svcca_core(*, keep_variance: float = 0.99) -> Core:
+    """The compiled core of :func:`svcca` (:class:`similarity.protocol.Core`); ``keep_variance`` is traced.
+
+    Per layer: the kept top-SVD directions (``n min(n, W)`` numbers).
+
+    Raises:
+      ValueError: ``keep_variance`` outside (0, 1].
+
+    Examples:
+      >>> import numpy as np
+      >>> from funsim.similarity import protocol
+      >>> x = np.random.default_rng(0).normal(size=(30, 4))
+      >>> value, flags = protocol.evaluate(svcca_core(keep_variance=0.5), x, -x)
+      >>> round(float(value), 6), bool(flags["y"]["varies"])
+      (1.0, True)
+    """
+    return Core(_svcca_layer, _svcca_pair, _svcca_reason, (_check_keep_variance(keep_variance),))
 
 
 @full_precision
@@ -411,29 +567,50 @@ def svcca(x: ArrayLike, y: ArrayLike, /, *, keep_variance: float = 0.99) -> jax.
       ...
       ValueError: x has shape (10, 12): CCA needs more samples than features ...
     """
-    if not 0.0 < float(keep_variance) <= 1.0:
-        raise ValueError(f"keep_variance must be in (0, 1], got {keep_variance!r}.")
+    core = svcca_core(keep_variance=keep_variance)
     x, y = V.check_pair(x, y, min_samples=3, why="SVCCA", finite=False)
-    hint = "e.g. PCA to fewer than n components"
-    _check_shape(x, "x", hint)
-    _check_shape(y, "y", hint)
-    out, flags = _svcca_program(x, y, jnp.asarray(float(keep_variance), x.dtype))
-    flags = V.fetch_flags(flags)
-    if flags is not None:
-        V.raise_pair_flags(flags["x"], flags["y"], x, y, what="SVCCA")
-    return out
+    return protocol.call(core, x, y)
+
+
+# ----------------------------------------------------------------- per-layer statistics
+
+
+def _stats_layer(layer, opts: tuple, x: jax.Array):
+    return layer(x, x.shape[1], opts)
+
+
+def _stats_pair(pair, opts: tuple, sx, sy) -> jax.Array:
+    return pair(sx, sy, opts)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _stats_fn(fn, *args):
+    """One ``functools.partial`` object per function and arguments (the same programs for the same options)."""
+    return functools.partial(fn, *args)
+
+
+def _layer_stats(core: Core) -> LayerStats:
+    """A core as :class:`LayerStats` on unpadded layers (the value NaN where the core's flags say undefined)."""
+    return LayerStats(_stats_fn(_stats_layer, core.layer, core.opts), _stats_fn(_stats_pair, core.pair, core.opts))
 
 
 def cca_layer_stats(*, reduce: str) -> LayerStats:
     """Per-layer statistics of :func:`cca_r2` (``reduce="r2"``) or :func:`cca_mean` (``"mean"``).
 
     An orthonormal basis of the centred columns per layer (``n d`` numbers);
-    the canonical correlations per pair.
+    the canonical correlations per pair (:func:`cca_core` on unpadded layers).
     """
-    summary = _REDUCE[reduce]
-    return LayerStats(_qr_basis, lambda qx, qy: summary(_rho_from_bases(qx, qy)))
+    return _layer_stats(cca_core(reduce=reduce))
 
 
 def svcca_layer_stats(*, keep_variance: float = 0.99) -> LayerStats:
-    """Per-layer statistics of :func:`svcca`: the kept top-SVD directions (``n d`` numbers)."""
-    return LayerStats(functools.partial(_svcca_basis, keep_variance=float(keep_variance)), _svcca_pair)
+    """Per-layer statistics of :func:`svcca`: the kept top-SVD directions (``n d`` numbers; :func:`svcca_core`)."""
+    return _layer_stats(svcca_core(keep_variance=keep_variance))
+
+
+def pwcca_layer_stats(*, epsilon: float = 0.0) -> LayerStats:
+    """Per-layer statistics of :func:`pwcca`: the SVD of the centred, kept neurons (:func:`pwcca_core`).
+
+    ``pair(layer(x), layer(y)) == pwcca(x, y, epsilon=epsilon)``; ``n d + d^2`` numbers per layer.
+    """
+    return _layer_stats(pwcca_core(epsilon=epsilon))

@@ -40,7 +40,8 @@ import jax
 from funsim.similarity import _validate as V
 from funsim.similarity.moments import MOMENT_KINDS, LayerStats, MomentStats
 from funsim.similarity.protocol import Core
-from funsim.similarity.cca import cca_layer_stats, cca_mean, cca_r2, pwcca, pwcca_layer_stats, svcca, svcca_layer_stats
+from funsim.similarity.cca import (cca_core, cca_layer_stats, cca_mean, cca_r2, pwcca, pwcca_core, pwcca_layer_stats,
+                                   svcca, svcca_core, svcca_layer_stats)
 from funsim.similarity.cka import cka, cka_core, cka_layer_stats, linear_cka_moment_stats
 from funsim.similarity.regression import linear_regression_r2, regression_layer_stats
 from funsim.similarity.rsa import COMPARISONS, RDM_METRICS, rsa, rsa_layer_stats
@@ -406,22 +407,23 @@ for _metric in RDM_METRICS:
 register("cca/r2", cca_r2, bounds=(0.0, 1.0), kind="score", symmetric=True,
          invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
          description="mean squared canonical correlation R^2_CCA (needs d < n)",
-         stats=cca_layer_stats(reduce="r2"), robust_to=_ROWS_ONLY)
+         stats=cca_layer_stats(reduce="r2"), robust_to=_ROWS_ONLY, core=cca_core(reduce="r2"))
 register("cca/mean", cca_mean, bounds=(0.0, 1.0), kind="score", symmetric=True,
          invariances=_ALL_BUT_LINEAR | {"invertible_linear"},
          description="mean canonical correlation (needs d < n)", stats=cca_layer_stats(reduce="mean"),
-         robust_to=_ROWS_ONLY)
+         robust_to=_ROWS_ONLY, core=cca_core(reduce="mean"))
 register("svcca", svcca, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
          description="SVCCA: mean CCA of the top-SVD subspaces keeping 99% variance (needs d < n)",
          stats=svcca_layer_stats(),
-         gradient="the number of kept directions is held fixed (it changes only in steps)", robust_to=_ROWS_ONLY)
+         gradient="the number of kept directions is held fixed (it changes only in steps)", robust_to=_ROWS_ONLY,
+         core=svcca_core())
 _PWCCA_INV = {"translation", "isotropic_scale", "permutation"}
 _PWCCA_WHAT = "projection-weighted CCA as google/svcca computes it (weights from the narrower side, x on a tie)"
 _PWCCA_GRAD = ("where canonical correlations coincide their directions are held fixed: exact when all are 1 "
                "(y = x Q, y = s x)")
 register("pwcca", pwcca, bounds=(0.0, 1.0), kind="score", symmetric=False, invariances=_PWCCA_INV,
          description=f"{_PWCCA_WHAT}; needs d < n", stats=pwcca_layer_stats(), gradient=_PWCCA_GRAD,
-         robust_to=_ROWS_ONLY)
+         robust_to=_ROWS_ONLY, core=pwcca_core())
 register("nbs", nbs, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
          description="normalised Bures similarity ||Xc^T Yc||_* / (||Xc|| ||Yc||)", moments=nbs_moment_stats(),
          robust_to=_ROBUST)
@@ -445,6 +447,7 @@ def _pwcca_builder(epsilon: float) -> Measure:
         symmetric=False, invariances=_PWCCA_INV, bounds=(0.0, 1.0),
         description=f"{_PWCCA_WHAT}; neurons below epsilon={_fmt(epsilon)} x the largest variance dropped",
         stats=pwcca_layer_stats(epsilon=epsilon), gradient=_PWCCA_GRAD, robust_to=_ROWS_ONLY,
+        core=pwcca_core(epsilon=epsilon),
     )
 
 
