@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["arccos_unit", "lstsq", "pow2_at", "pow2_scale", "row_hash", "shared_rows", "sqrt_floor", "svd"]
+__all__ = ["arccos_unit", "lstsq", "pow2_at", "pow2_scale", "row_hash", "shared_hashes", "shared_rows", "sqrt_floor", "svd"]
 
 
 def _plain(x: jax.Array, compute_uv: bool):
@@ -270,18 +270,24 @@ def _fmix32(h: jax.Array) -> jax.Array:
     return h ^ (h >> 16)
 
 
-def row_hash(x: jax.Array, seed: int) -> jax.Array:
+def row_hash(x: jax.Array, seed: int, width: jax.Array | int | None = None) -> jax.Array:
     """A ``uint32`` hash ``(n,)`` of each row's exact bit pattern (``-0.0`` and ``0.0`` equal).
 
     Independent of the reduction order, so the same in every program; two
     different seeds give independent hashes. Equal rows always hash equal;
     different rows collide with probability about ``2^-32`` per pair and seed.
+    With ``width`` (a traced ``()`` integer allowed) only the first ``width``
+    features count: a zero-padded row hashes as the unpadded one.
     """
     n = x.shape[0]
     z = jnp.where(x == 0, jnp.zeros((), x.dtype), x)
     bits = jax.lax.bitcast_convert_type(z, jnp.uint32).reshape(n, -1)  # (n, d) or (n, 2d) for float64
     col = _fmix32(jnp.arange(bits.shape[1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9) + jnp.uint32(seed))
-    return _fmix32(jnp.sum(_fmix32(bits ^ col[None, :]), axis=1, dtype=jnp.uint32))
+    mixed = _fmix32(bits ^ col[None, :])
+    if width is not None:  # the words of feature j are columns j * k ... j * k + k - 1 of bits
+        per = bits.shape[1] // x.shape[1]
+        mixed = jnp.where((jnp.arange(bits.shape[1]) // per < width)[None, :], mixed, jnp.zeros((), jnp.uint32))
+    return _fmix32(jnp.sum(mixed, axis=1, dtype=jnp.uint32))
 
 
 def shared_rows(x: jax.Array, in_a: jax.Array, in_b: jax.Array) -> jax.Array:
@@ -293,11 +299,15 @@ def shared_rows(x: jax.Array, in_a: jax.Array, in_b: jax.Array) -> jax.Array:
     and a row whose first hash collides with another ``a`` row's may be missed
     (about ``n 2^-32``): the count is for a warning, not for a computation.
     """
-    h1, h2 = row_hash(x, 0x3C6EF372), row_hash(x, 0xA54FF53A)
+    return shared_hashes(row_hash(x, 0x3C6EF372), row_hash(x, 0xA54FF53A), in_a, in_b)
+
+
+def shared_hashes(h1: jax.Array, h2: jax.Array, in_a: jax.Array, in_b: jax.Array) -> jax.Array:
+    """:func:`shared_rows` from two independent ``uint32`` row hashes ``h1``, ``h2`` ``(n,)``."""
     big = jnp.asarray(jnp.iinfo(jnp.uint32).max, jnp.uint32)  # a uint32, not a Python int (int32 with x64 off)
     key = jnp.where(in_a, h1, big)
     order = jnp.argsort(key)
     sk, s2, sa = key[order], h2[order], in_a[order]
-    pos = jnp.clip(jnp.searchsorted(sk, h1), 0, x.shape[0] - 1)
+    pos = jnp.clip(jnp.searchsorted(sk, h1), 0, h1.shape[0] - 1)
     hit = in_b & sa[pos] & (sk[pos] == h1) & (s2[pos] == h2)
     return jnp.sum(hit)

@@ -44,6 +44,19 @@ Conventions used throughout this module:
   the held-out rows that repeat a train row exactly (duplicated inputs) and
   warns (:class:`HeldOutOverlapWarning`): such rows make the held-out score
   partly in-sample.
+* **Undetermined held-out scores.** Where the train cross-covariance is
+  rank-deficient, the orthogonal fit is not unique (any rotation between its
+  null spaces is optimal), and a held-out score whose rows have components
+  there would depend on that arbitrary choice: such a score is undefined (a
+  ``ValueError`` naming the cause; NaN under tracing), and one whose held-out
+  rows stay in the spans the train rows determine is computed, with a value
+  that does not depend on the choice (:func:`held_out_ambiguity`).
+* **One compiled core.** The registered ``stitch/*`` measures are
+  :func:`stitch_core` (:mod:`similarity.protocol`): per-layer moments on
+  zero-padded layers (the default split drawn inside the program from the row
+  count), a per-pair fit and score with flags, and a host-side ``reason`` that
+  gives :func:`reconstruction_score`'s messages; the comparison grid reads its
+  cells' reasons from the same function.
 
 Everything is written in terms of per-layer and per-pair second moments
 (:func:`layer_moments`, :func:`pair_moments`) so that the comparison grid
@@ -65,7 +78,8 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
-from funsim.similarity._linalg import pow2_scale, shared_rows
+from funsim.similarity import protocol
+from funsim.similarity._linalg import _fmix32, pow2_scale, row_hash, shared_hashes
 from funsim.similarity._linalg import svd as _svd
 from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerMoments, MomentPair, MomentStats, PairMoments, split_weights
@@ -320,6 +334,160 @@ def score_from_moments(
     return ReconstructionScore(held_out=held_out, in_sample=in_sample)
 
 
+_RANK_RTOL = 10.0  # the rank tolerance of held_out_ambiguity, in units of eps * ||C||_F
+
+
+def ambiguity_threshold(dtype) -> float:
+    """The largest :func:`held_out_ambiguity` at which a held-out orthogonal score counts as determined.
+
+    ``sqrt(eps)`` of the dtype (1.5e-8 in float64, 3.5e-4 in float32), halfway on a
+    log scale between rounding (``eps``) and a genuine ambiguity (order 1). The
+    ambiguity of a score that the data determine is rounding: at most ``1.3e-16``
+    (float64) and ``4.3e-8`` (float32) on layers with a dead unit, duplicated
+    columns or rank-deficient pre-activations (``n`` from 60 to 4,000, widths
+    5 to 256), and at most ``1.2e-5`` in float32 on full-rank layers whose
+    singular values decay over 3 to 7 decades. A genuine ambiguity is the
+    held-out rows' variance in directions the train rows leave free: a unit that
+    is constant on the train rows and varies on the held-out rows gave ``8e-2``
+    to ``3e-1`` (widths 5 to 16) and ``9e-4`` to ``2e-3`` as one unit among 256
+    (float32); its effect on the score is at most about twice the ambiguity, so
+    below the threshold a score is arbitrary by less than about ``1e-3`` in float32.
+    """
+    return float(np.sqrt(np.finfo(np.dtype(dtype)).eps))
+
+
+def held_out_ambiguity(
+    svd: tuple[jax.Array, jax.Array, jax.Array],
+    cross_test: jax.Array,
+    gram_test_src: jax.Array,
+    gram_test_tgt: jax.Array,
+    /,
+) -> jax.Array:
+    """How much of a held-out orthogonal score the train rows leave to an arbitrary choice (pure).
+
+    **Where the fit is not unique.** The orthogonal families fit the square
+    ``Q`` (``D x D``, ``D = max(d1, d2)``) that maximises ``<Q, C_p>``, ``C_p``
+    the train cross moment ``C = U_tr^T V_tr`` (``d1 x d2``) zero-padded to
+    ``D x D``. With the full SVD ``C_p = A S B^T`` and ``r`` the number of
+    non-zero singular values, every maximiser is
+    ``Q = A_+ B_+^T + A_0 R B_0^T`` for an arbitrary orthogonal ``R``
+    (``(D - r) x (D - r)``), where ``A_+, B_+`` (``D x r``) are the singular
+    vectors of the non-zero singular values and ``A_0, B_0`` span the left and
+    right null spaces of ``C_p``. The held-out error
+    ``||V_p,te - s U_p,te Q||^2 = ||V_te||^2 - 2 s <Q, C_p,te> + s^2 ||U_te||^2``
+    (``||U_p Q|| = ||U||`` for orthogonal ``Q``; ``C_p,te`` the padded held-out
+    cross moment) depends on ``Q`` only through ``<Q, C_p,te>``, whose arbitrary
+    part is ``tr(R^T A_0^T C_p,te B_0)``: it ranges over
+    ``+-||A_0^T C_p,te B_0||_*`` as ``R`` varies, so the held-out score is
+    determined by the data exactly when ``A_0^T C_p,te B_0 = 0``, i.e. when
+    ``(I - A_+ A_+^T) C_p,te (I - B_+ B_+^T) = 0``. (The in-sample term
+    ``<Q, C_p> = sum(s)`` never sees ``R``: the in-sample scores are always
+    determined, and the affine family has no such freedom.)
+
+    **The same on the unpadded blocks, for any widths.** Zero padding adds zero
+    rows (``d1 < D``) or columns (``d2 < D``) to ``C``, so the non-zero singular
+    vectors are those of ``C`` padded with zeros, ``A_+ = [a_+; 0]`` and
+    ``B_+ = [b_+; 0]``, and ``I - A_+ A_+^T = diag(I - a_+ a_+^T, I)``. With
+    ``C_p,te = [[C_te, 0], [0, 0]]`` the product is
+    ``[[(I - a_+ a_+^T) C_te (I - b_+ b_+^T), 0], [0, 0]]``, so only the
+    ``(d1, d2)`` block ``M = (I - a_+ a_+^T) C_te (I - b_+ b_+^T)`` matters, in
+    all three cases:
+
+    * ``d1 < d2``: with ``rank C = d1`` (the generic case), ``a_+`` is a square
+      orthogonal ``d1 x d1`` matrix, ``I - a_+ a_+^T = 0`` and ``M = 0``: the
+      freedom of ``R`` only mixes the padded source coordinates with target
+      directions, which the ``(d1, d2)`` block of ``Q`` never sees.
+    * ``d1 > d2``: symmetrically, ``rank C = d2`` gives ``I - b_+ b_+^T = 0``.
+    * ``d1 = d2``: ``M = 0`` whenever ``C`` is invertible.
+
+    When ``rank C < min(d1, d2)``, ``M`` is zero exactly when the held-out cross
+    moment has no part that lies in the left null space of ``C`` on the source
+    side and in its right null space on the target side. It is zero in exact
+    arithmetic when the held-out rows lie in the spans the train rows determine:
+    a unit dead on every row or a duplicated column (the null direction, ``e_j``
+    or ``e_j - e_k``, is orthogonal to every held-out row too), rank-deficient
+    pre-activations (every row in one subspace; generically ``C`` has the rank of
+    the narrower subspace, which then holds all the held-out cross moment). It is
+    not for a unit that is constant on the train rows but varies on the held-out
+    rows (``e_j`` is then in the left null space, and the held-out rows have a
+    component there). Only the singular vectors ``a_+, b_+`` of the thin SVD are
+    needed.
+
+    **Rank tolerance.** A singular value counts as non-zero above
+    ``10 * eps * ||C||_F``: the rounding of the SVD (backward stable: the
+    computed singular values are exact for ``C + E``, ``||E|| ~ eps ||C||_F``)
+    puts the computed singular values of exactly null directions below it, and
+    the rows of ``C`` that are exactly null (a unit constant on the train rows)
+    stay far below it whatever ``n``. It is tighter than the codebase's rank rule
+    for ``(n, d)`` data matrices (``max(n, d) * 10 * eps * s_max``) on purpose: a
+    null direction whose rounding happens to exceed it is kept as fitted, and
+    then the held-out rows' component in it is rounding too (harmless), while a
+    looser tolerance drops genuine weak directions, whose held-out components
+    are then taken for an ambiguity: on float32 layers with singular values
+    decaying over 3 to 7 decades, ``max(n, d) * 10 * eps * s_max`` gave
+    ambiguities up to ``2e-3`` (above :func:`ambiguity_threshold`),
+    ``max(d1, d2) * 10 * eps * s_max`` up to ``3e-4``, and this rule at most
+    ``1.2e-5``. ``||C||_F`` and the singular values do not change under zero
+    padding, so neither does the tolerance (no widths needed: the grid's padded
+    moments give the pairwise value).
+
+    Args:
+      svd: the thin SVD ``(u (d1, k), s (k,), vt (k, d2))`` of the train cross
+        moment, ``k = min(d1, d2)`` (zero padding allowed on either side).
+      cross_test: ``(d1, d2)`` the held-out cross moment ``C_te``.
+      gram_test_src: ``(d1, d1)`` the held-out source moment (its trace is ``||U_te||^2``).
+      gram_test_tgt: ``(d2, d2)`` the held-out target moment.
+
+    Returns:
+      ``()``: ``||M||_F / (||U_te||_F ||V_te||_F)``, in ``[0, 1]`` (0 where the
+      held-out norms are 0). Compare it with :func:`ambiguity_threshold`.
+    """
+    u, s, vt = svd
+    dt = s.dtype
+    tol = (_RANK_RTOL * jnp.finfo(dt).eps) * jnp.sqrt(jnp.sum(s * s))
+    keep = (s > tol).astype(dt)
+    a, b = u * keep[None, :], jnp.swapaxes(vt, -1, -2) * keep[None, :]
+    m = cross_test - jnp.einsum("ik,jk,jl->il", a, a, cross_test)
+    m = m - jnp.einsum("ij,jk,lk->il", m, b, b)
+    size = jnp.sqrt(jnp.sum(m * m))
+    den = jnp.sqrt(jnp.trace(gram_test_src)) * jnp.sqrt(jnp.trace(gram_test_tgt))
+    return jnp.where(size > 0, size / jnp.where(den > 0, den, 1.0), jnp.zeros((), dt))
+
+
+def _scores(m_src, m_tgt, pm, *, family, ridge, chol=None, svd=None):
+    """``(ReconstructionScore, ambiguity ())``: :func:`score_from_moments` and, for the orthogonal
+    families, :func:`held_out_ambiguity` from the same SVD (0 for ``affine``)."""
+    if family != "affine" and svd is None:
+        svd = _svd(pm.cross_train)
+    score = score_from_moments(m_src, m_tgt, pm, family=family, ridge=ridge, chol=chol, svd=svd)
+    if family == "affine":
+        return score, jnp.zeros((), pm.cross_train.dtype)
+    return score, held_out_ambiguity(svd, pm.cross_test, m_src.gram_test, m_tgt.gram_test)
+
+
+def _score_flags(score: ReconstructionScore, ambiguity: jax.Array, *, family: str, which: str) -> dict:
+    """The checks of one score (``which``): ``result`` (finite), ``determined`` (not left to an
+    arbitrary rotation: only a held-out orthogonal score can fail it) and ``ambiguity`` itself."""
+    value = getattr(score, which)
+    if family != "affine" and which == "held_out":  # NaN (a failed SVD) is left to ``result``
+        determined = ~(ambiguity > ambiguity_threshold(value.dtype))
+    else:
+        determined = jnp.ones((), bool)
+    return dict(result=jnp.isfinite(value), determined=determined, ambiguity=ambiguity)
+
+
+def _ambiguity_message(family: str, ambiguity: float) -> str:
+    return (
+        f"The held-out {family} reconstruction score is not determined by the train rows: the train "
+        "cross-covariance of z_src and z_tgt is rank-deficient, and the held-out rows have components "
+        "in directions the train rows leave free (their held-out cross-covariance there is "
+        f"{ambiguity:.2g} of the held-out norms), e.g. a unit that is constant on the train rows but "
+        "varies on the held-out rows. Any rotation of those directions fits the train rows equally well, "
+        "so the score would be arbitrary. Use more train rows (or another split), drop that unit, or use "
+        "family='affine' with a ridge (e.g. ridge=1e-3; 'stitch/affine/ridge=0.001' in the registry)."
+    )
+
+
 # ----------------------------------------------------------------------------- validation
 
 
@@ -345,8 +513,8 @@ def _check_options(family: str, ridge: float) -> None:
     check_ridge(ridge)
 
 
-def _check_fit_rows(n_fit: int, d_src: int, family: str, ridge: float, where: str) -> None:
-    """One minimum-rows rule for every family: more fitting rows than source features.
+def _fit_rows_reason(n_fit: int, d_src: int, family: str, ridge: float, where: str) -> str | None:
+    """One minimum-rows rule for every family: more fitting rows than source features (the message, or None).
 
     With ``n_fit - 1 < d_src`` the centred fitting rows span fewer than ``d_src``
     source directions, so no family's fit is determined on the rest: the affine
@@ -357,21 +525,33 @@ def _check_fit_rows(n_fit: int, d_src: int, family: str, ridge: float, where: st
     """
     if n_fit - 1 < d_src and not (family == "affine" and ridge > 0):
         fix = "pass ridge > 0 (affine only, e.g. ridge=1e-3), " if family == "affine" else ""
-        raise ValueError(
+        return (
             f"A stitcher fit needs more fitting rows than source features: {where} has {n_fit} "
             f"rows (n - 1 = {n_fit - 1} after centring) but z_src has {d_src} features, so the "
             f"{family} fit is not determined on the source directions those rows do not span "
             "(singular normal equations; an arbitrary rotation there). Use more samples, "
             f"{fix}or reduce the width."
         )
+    return None
 
 
-def _raise_not_finite(what: str) -> None:
-    raise ValueError(
+def _check_fit_rows(n_fit: int, d_src: int, family: str, ridge: float, where: str) -> None:
+    """:func:`_fit_rows_reason` as a ``ValueError``."""
+    msg = _fit_rows_reason(n_fit, d_src, family, ridge, where)
+    if msg is not None:
+        raise ValueError(msg)
+
+
+def _not_finite_message(what: str) -> str:
+    return (
         f"{what} is not finite: the normal equations are numerically singular "
         "(collinear features, or float32 with an ill-conditioned source). Pass ridge > 0 "
         "or use float64."
     )
+
+
+def _raise_not_finite(what: str) -> None:
+    raise ValueError(_not_finite_message(what))
 
 
 def _check_finite_result(x: jax.Array, what: str) -> None:
@@ -503,23 +683,201 @@ def _train_varies(z: jax.Array, w_tr: jax.Array) -> jax.Array:
     return spread > V.CONSTANT_RTOL * jnp.max(jnp.where(train[:, None], jnp.abs(z), 0.0))
 
 
+# ----------------------------------------------------------------------------- the compiled core
+
+#: The train fraction of the registered held-out measures (``reconstruction_score``'s default split).
+DEFAULT_SPLIT = 0.5
+
+_HASH_SEEDS = (0x3C6EF372, 0xA54FF53A)  # two independent row hashes (see _linalg.shared_rows)
+
+
+class _StitchLayer(NamedTuple):
+    """One layer's statistics for the reconstruction scores (zero padding leaves each unchanged).
+
+    Attributes:
+      moments: :class:`LayerMoments` on the train/test rows.
+      u: ``(n, W)`` the rows centred on the train mean and divided by the train norm.
+      w_train, w_test: ``(n,)`` the 0/1 row weights.
+      chol: ``(W, W)`` the Cholesky factor of the affine normal equations (``affine`` only, else ``()``).
+      hashes: ``(2, n)`` uint32 hashes of the rows' real features (to count held-out rows repeating a train row).
+      flags: ``finite`` (all rows) and ``varies`` (the train rows).
+    """
+
+    moments: LayerMoments
+    u: jax.Array
+    w_train: jax.Array
+    w_test: jax.Array
+    chol: jax.Array
+    hashes: jax.Array
+    flags: dict
+
+
+def _default_weights(n: int, dtype) -> tuple[jax.Array, jax.Array]:
+    """``split_weights(n, DEFAULT_SPLIT, jax.random.key(0), dtype)`` inside a program (pure).
+
+    Row ``i`` is a train row iff its position in ``jax.random.permutation(key, n)``
+    is below ``round(DEFAULT_SPLIT * n)``: the rows ``split_weights`` draws.
+    """
+    n_tr = int(round(DEFAULT_SPLIT * n))
+    perm = jax.random.permutation(jax.random.key(0), n)
+    w_tr = jnp.zeros((n,), dtype).at[perm].set((jnp.arange(n) < n_tr).astype(dtype))
+    return w_tr, 1.0 - w_tr
+
+
+def _layer_from_weights(z, width, w_tr, w_te, ridge, *, family: str, factor: bool = True) -> _StitchLayer:
+    """:class:`_StitchLayer` of ``z: (n, W)`` whose first ``width`` features are real (pure)."""
+    m = layer_moments(z, w_tr, w_te)
+    u = (z - m.mean[None, :]) / m.norm
+    f = V.rep_flags(z)
+    flags = {"finite": f["finite"], "varies": _train_varies(z, w_tr)}
+    if family == "affine" and factor:
+        chol = affine_system(m.gram_train, ridge=ridge, mask=protocol.feature_mask(width, z.shape[1], z.dtype))
+    else:
+        chol = jnp.zeros((), z.dtype)
+    hashes = jnp.stack([row_hash(z, seed, width) for seed in _HASH_SEEDS])
+    return _StitchLayer(m, u, w_tr, w_te, chol, hashes, flags)
+
+
+def _stitch_layer(z, width, opts, *, family: str, which: str) -> _StitchLayer:
+    """The core's ``layer``: the default split's weights, drawn inside the program from the row count."""
+    del which
+    (ridge,) = opts
+    w_tr, w_te = _default_weights(z.shape[0], z.dtype)
+    return _layer_from_weights(z, width, w_tr, w_te, ridge, family=family)
+
+
+def _pair_hash(hx: jax.Array, hy: jax.Array) -> jax.Array:
+    """One uint32 hash per row of the pair ``(z_src, z_tgt)`` from each side's row hashes."""
+    return _fmix32(hx ^ _fmix32(hy + jnp.uint32(0x9E3779B9)))
+
+
+def _pair_parts(sx: _StitchLayer, sy: _StitchLayer, ridge, *, family: str):
+    """``(ReconstructionScore, ambiguity, flags)`` of a pair: the scores before any NaN, and the
+    flags every score shares (``x``, ``y``, ``n_rows``, ``n_test``, ``shared``)."""
+    w_tr, w_te = sx.w_train, sx.w_test
+    pm = PairMoments(
+        cross_train=jnp.einsum("n,ni,nj->ij", w_tr, sx.u, sy.u),
+        cross_test=jnp.einsum("n,ni,nj->ij", w_te, sx.u, sy.u),
+    )
+    score, amb = _scores(sx.moments, sy.moments, pm, family=family, ridge=ridge,
+                         chol=sx.chol if family == "affine" else None)
+    h1, h2 = (_pair_hash(sx.hashes[k], sy.hashes[k]) for k in range(2))
+    train, test = w_tr > 0, w_te > 0
+    flags = dict(x=sx.flags, y=sy.flags, n_rows=jnp.sum(train | test).astype(jnp.int32),
+                 n_test=jnp.sum(test).astype(jnp.int32),
+                 shared=shared_hashes(h1, h2, train, test).astype(jnp.int32))
+    return score, amb, flags
+
+
+def _stitch_pair(sx: _StitchLayer, sy: _StitchLayer, opts, *, family: str, which: str):
+    """The core's ``pair``: ``(score (), flags)``, NaN wherever :func:`_stitch_reason` names a reason."""
+    (ridge,) = opts
+    score, amb, flags = _pair_parts(sx, sy, ridge, family=family)
+    checks = _score_flags(score, amb, family=family, which=which)
+    ok = V.flags_ok(sx.flags, sy.flags) & checks["determined"]
+    return V.nan_unless(ok, getattr(score, which)), {**flags, **checks}
+
+
+def _default_split_reason(n: int) -> str | None:
+    """The message of ``split_weights(n, DEFAULT_SPLIT, ...)`` for too few rows, or None (host, no program)."""
+    n_tr = int(round(DEFAULT_SPLIT * n))
+    if n_tr >= 2 and n - n_tr >= 2:
+        return None
+    try:  # it raises before it computes anything
+        split_weights(n, DEFAULT_SPLIT, None, np.float32)
+    except ValueError as e:
+        return str(e)
+    raise AssertionError(f"split_weights accepted {n} rows")  # pragma: no cover
+
+
+def _stitch_reason(flags, shape_x, shape_y, opts, *, family: str, which: str) -> str | None:
+    """The pairwise call's message for fetched flags, in the order of the eager checks.
+
+    Too few train rows for the source's width (with ``flags=None``: the default
+    split of ``shape_x[0]`` rows, which must also leave 2 rows on each side; with
+    flags: their row counts), a constant ``z_src`` then ``z_tgt`` on the train
+    rows, a held-out orthogonal score left to an arbitrary rotation
+    (:func:`held_out_ambiguity`), a non-finite score. NaN/Inf in the inputs are
+    the caller's (:func:`similarity.protocol.raise_from_flags`).
+    """
+    (ridge,) = opts
+    if flags is None:
+        msg = _default_split_reason(shape_x[0])
+        if msg is not None:
+            return msg
+        n_tr = int(round(DEFAULT_SPLIT * shape_x[0]))
+    else:
+        n_tr = int(flags["n_rows"]) - int(flags["n_test"])
+    msg = _fit_rows_reason(n_tr, shape_x[1], family, ridge, "the train split")
+    if msg is not None or flags is None:
+        return msg
+    for key, name, shape in (("x", "z_src", shape_x), ("y", "z_tgt", shape_y)):
+        msg = V.constant_reason(flags[key], f"{name} (train rows)", (n_tr, *shape[1:]), "the reconstruction score")
+        if msg is not None:
+            return msg
+    if not flags["determined"]:
+        return _ambiguity_message(family, float(flags["ambiguity"]))
+    if not flags["result"]:
+        return _not_finite_message("The reconstruction score")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _stitch_parts(family: str, which: str) -> tuple:
+    """The core's three functions for one family and score (one object each: shared programs)."""
+    kw = dict(family=family, which=which)
+    return (functools.partial(_stitch_layer, **kw), functools.partial(_stitch_pair, **kw),
+            functools.partial(_stitch_reason, **kw))
+
+
+def stitch_core(family: str = "affine", *, ridge: float = 0.0, which: str = "held_out") -> protocol.Core:
+    """The compiled core of the ``stitch/*`` measures (:class:`similarity.protocol.Core`); ``ridge`` is traced.
+
+    ``which="held_out"`` is ``reconstruction_score(x, y, family=family, ridge=ridge).held_out``
+    (the default split: ``DEFAULT_SPLIT`` of the rows with ``jax.random.key(0)``, drawn inside
+    the program from the row count), ``"in_sample"`` its in-sample figure. The pair's flags:
+    ``x``, ``y`` (``finite`` on all rows, ``varies`` on the train rows), ``n_rows`` (train +
+    test), ``n_test``, ``shared`` (held-out rows repeating a train row, for
+    :class:`HeldOutOverlapWarning`), ``result`` (the score is finite), ``determined`` and
+    ``ambiguity`` (see :func:`held_out_ambiguity`; always determined for ``affine`` and
+    in-sample scores).
+
+    Examples:
+      >>> import numpy as np
+      >>> from funsim.similarity import protocol
+      >>> x = np.random.default_rng(0).normal(size=(40, 3))
+      >>> value, flags = protocol.evaluate(stitch_core("orthogonal"), x, 2 * x + 1)
+      >>> round(float(value), 4), bool(flags["determined"]), int(flags["n_test"])
+      (1.0, True, 20)
+    """
+    _check_options(family, ridge)
+    V.check_choice(which, "which", ReconstructionScore._fields)
+    layer, pair, reason = _stitch_parts(family, which)
+    return protocol.Core(layer, pair, reason, (check_ridge(ridge),))
+
+
+def _warn_shared(flags: dict) -> None:
+    if flags["shared"]:
+        V.warn_at_caller(
+            f"{int(flags['shared'])} of the {int(flags['n_test'])} held-out rows repeat a train row "
+            "exactly (the same z_src and z_tgt: duplicated inputs), so the held-out score is partly "
+            "in-sample and inflated. Deduplicate the inputs before splitting, or pass "
+            "split=(train_idx, test_idx) with each distinct input on one side only.",
+            HeldOutOverlapWarning,
+        )
+
+
 @functools.partial(jax.jit, static_argnames=("family",))
 def _score_program(x, y, w_tr, w_te, ridge, *, family):
-    """The reconstruction scores and their value checks: ``(scores, flags)``; ``ridge`` traced.
-
-    ``flags["shared"]`` counts held-out rows whose ``(z_src, z_tgt)`` repeats a train row.
-    """
-    mx = layer_moments(x, w_tr, w_te)
-    my = layer_moments(y, w_tr, w_te)
-    pm = pair_moments(x, y, mx, my, w_tr, w_te)
-    out = score_from_moments(mx, my, pm, family=family, ridge=ridge)
-    fx, fy = V.rep_flags(x), V.rep_flags(y)
-    fx["varies"], fy["varies"] = _train_varies(x, w_tr), _train_varies(y, w_tr)
-    rows = jnp.concatenate([x / pow2_scale(x), y / pow2_scale(y)], axis=1)
-    shared = shared_rows(rows, w_tr > 0, w_te > 0)
-    flags = dict(x=fx, y=fy, result=jnp.isfinite(out.held_out), shared=shared, n_test=jnp.sum(w_te > 0),
-                 n_rows=jnp.sum((w_tr > 0) | (w_te > 0)))
-    return V.nan_unless(V.flags_ok(fx, fy), out), flags
+    """Both reconstruction scores for any split and their flags (those of :func:`stitch_core`'s
+    held-out pair): ``(ReconstructionScore, flags)``; ``ridge`` traced."""
+    sx = _layer_from_weights(x, x.shape[1], w_tr, w_te, ridge, family=family)
+    sy = _layer_from_weights(y, y.shape[1], w_tr, w_te, ridge, family=family, factor=False)
+    score, amb, flags = _pair_parts(sx, sy, ridge, family=family)
+    checks = _score_flags(score, amb, family=family, which="held_out")
+    score = V.nan_unless(V.flags_ok(sx.flags, sy.flags), score)
+    score = score._replace(held_out=V.nan_unless(checks["determined"], score.held_out))
+    return score, {**flags, **checks}
 
 
 @full_precision
@@ -558,7 +916,10 @@ def reconstruction_score(
     Raises:
       ValueError: unknown family, bad split, no more train rows than source
         features (any family, except an affine fit with ``ridge > 0``),
-        mismatched samples, NaN/Inf, constant input.
+        mismatched samples, NaN/Inf, constant input (on the train rows), a
+        non-finite score, or a held-out orthogonal score that the train rows
+        leave to an arbitrary rotation (:func:`held_out_ambiguity`: e.g. a unit
+        constant on the train rows that varies on the held-out rows).
 
     Examples:
       >>> import jax
@@ -570,25 +931,13 @@ def reconstruction_score(
     _check_options(family, ridge)
     x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"), finite=False)
     w_tr, w_te = split_weights(x.shape[0], split, key, x.dtype)
-    _check_fit_rows(int(round(float(jnp.sum(w_tr)))) if V.is_concrete(w_tr) else x.shape[0],
+    _check_fit_rows(int(round(float(np.sum(np.asarray(w_tr))))) if V.is_concrete(w_tr) else x.shape[0],
                     x.shape[1], family, ridge, "the train split")
-    out, flags = _score_program(x, y, w_tr, w_te, jnp.asarray(float(ridge), x.dtype), family=family)
+    out, flags = _score_program(x, y, w_tr, w_te, np.asarray(float(ridge), x.dtype), family=family)
     flags = V.fetch_flags(flags)
     if flags is not None:
-        V.raise_pair_flags(flags["x"], flags["y"], x, y, ("z_src", "z_tgt"), constant=False)
-        n_tr = (int(flags["n_rows"]) - int(flags["n_test"]),)
-        for nm, f, z in (("z_src", flags["x"], x), ("z_tgt", flags["y"], y)):
-            V.raise_rep_flags(f, z, f"{nm} (train rows)", what="the reconstruction score", shape=n_tr + z.shape[1:])
-        if not flags["result"]:
-            _raise_not_finite("The reconstruction score")
-        if flags["shared"]:
-            V.warn_at_caller(
-                f"{int(flags['shared'])} of the {int(flags['n_test'])} held-out rows repeat a train row "
-                "exactly (the same z_src and z_tgt: duplicated inputs), so the held-out score is partly "
-                "in-sample and inflated. Deduplicate the inputs before splitting, or pass "
-                "split=(train_idx, test_idx) with each distinct input on one side only.",
-                HeldOutOverlapWarning,
-            )
+        protocol.raise_from_flags(stitch_core(family, ridge=ridge), flags, x, y, ("z_src", "z_tgt"))
+        _warn_shared(flags)
     return out
 
 
@@ -630,12 +979,100 @@ def stitching_asymmetry(
 # ----------------------------------------------------------------------------- batched
 
 
-def _bucket(d: int) -> int:
-    return 1 << (d - 1).bit_length()
+def _size_bucket(k: int) -> int:
+    """The smallest size of the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (``2^m`` and ``3 * 2^m``) >= ``k``.
+
+    The grid's shape policy: widths and counts are padded up to it (at most 1.5x), so
+    that calls whose sizes fall in the same buckets share their compiled programs.
+
+    Examples:
+      >>> [_size_bucket(k) for k in (1, 4, 5, 7, 9, 13, 200)]
+      [1, 4, 6, 8, 12, 16, 256]
+    """
+    if k <= 4:
+        return k
+    p = 1 << (k - 1).bit_length()
+    return p * 3 // 4 if p * 3 // 4 >= k else p
 
 
-def _pad_cols(z: jax.Array, d: int) -> jax.Array:
-    return jnp.pad(z, ((0, 0), (0, d - z.shape[1])))
+def _host_float(z, name: str) -> np.ndarray:
+    """A concrete array as NumPy in its compute dtype (:func:`similarity._validate.compute_dtype`),
+    cast on the host: no device program, whatever the input dtype."""
+    if isinstance(z, (list, tuple)):
+        z = np.asarray(z)
+    if not hasattr(z, "dtype") or not hasattr(z, "shape"):
+        V.as_float_array(z, name)  # raises its TypeError
+    dt = V.compute_dtype(z.dtype, name)
+    if dt == jnp.dtype(jnp.float64) and not jax.config.jax_enable_x64:
+        return np.asarray(V.as_float_array(z, name))  # float32 (cast on the host) and its PrecisionWarning
+    return np.asarray(z, dtype=dt)
+
+
+def _host_rep(z, name: str) -> np.ndarray:
+    """:func:`_host_float` with the shape checks of :func:`similarity._validate.check_rep` (no NaN check)."""
+    z = _host_float(z, name)
+    if z.ndim != 2 or z.shape[1] == 0 or z.shape[0] < 2:
+        V.check_rep(z, name, finite=False)  # raises its message
+    return z
+
+
+def _is_traced(*zs) -> bool:
+    return any(isinstance(z, jax.core.Tracer) for z in zs)
+
+
+@functools.partial(jax.jit, static_argnames=("family", "normalize"))
+def _fit_padded(xs, ys, mask_src, ridge, *, family, normalize):
+    """Fit ``b`` zero-padded problems in one vmapped program: ``((weight, bias, scale), flags)``.
+
+    ``xs: (b, n, W1)``, ``ys: (b, n, W2)``, ``mask_src: (b, W1)`` (1 on each source's real
+    features); ``flags: (b, 3)`` bool, per problem: all finite, source varies, target varies
+    (zero features change none of them). One program per family and padded shapes.
+    """
+    fit = functools.partial(_fit_impl, family=family, ridge=ridge, normalize=normalize)
+    out = jax.vmap(fit)(xs, ys, mask_src)
+    fx, fy = jax.vmap(V.rep_flags)(xs), jax.vmap(V.rep_flags)(ys)
+    return out, jnp.stack([fx["finite"] & fy["finite"], fx["varies"], fy["varies"]], axis=1)
+
+
+def _fit_family(xs: list, ys: list, idx: list[int], family: str, ridge: float, normalize: bool,
+                bucket: bool, dt) -> list[Stitcher]:
+    """The problems ``idx`` of one family, padded to one width per side (and, with ``bucket``, the
+    widths and the count up the ladder :func:`_size_bucket`), fitted in one call of :func:`_fit_padded`.
+
+    Concrete inputs are padded and the results sliced on the host (NumPy), so that no program is
+    compiled per width; traced inputs (under a caller's ``jit``) are padded in the caller's trace.
+    """
+    d1s, d2s = [xs[i].shape[1] for i in idx], [ys[i].shape[1] for i in idx]
+    w1, w2, count = max(d1s), max(d2s), len(idx)
+    if bucket:
+        w1, w2, count = _size_bucket(w1), _size_bucket(w2), _size_bucket(count)
+    pidx = list(idx) + [idx[-1]] * (count - len(idx))  # dummy problems repeat the last one; dropped
+    n = xs[idx[0]].shape[0]
+    widths = np.array([xs[i].shape[1] for i in pidx])
+    mask = (np.arange(w1)[None, :] < widths[:, None]).astype(dt)
+    traced = _is_traced(*(xs[i] for i in idx), *(ys[i] for i in idx))
+    if traced:
+        pad = lambda z, w: jnp.pad(jnp.asarray(z, dt), ((0, 0), (0, w - z.shape[1])))  # noqa: E731
+        xp = jnp.stack([pad(xs[i], w1) for i in pidx])
+        yp = jnp.stack([pad(ys[i], w2) for i in pidx])
+    else:
+        xp, yp = np.zeros((count, n, w1), dt), np.zeros((count, n, w2), dt)
+        for k, i in enumerate(pidx):
+            xp[k, :, : xs[i].shape[1]] = xs[i]
+            yp[k, :, : ys[i].shape[1]] = ys[i]
+    (w, b, s), flags = _fit_padded(xp, yp, mask, np.asarray(ridge, dt), family=family, normalize=normalize)
+    if traced:
+        return [Stitcher(w[k, :d1, :d2], b[k, :d2], s[k], family=family)
+                for k, (d1, d2) in enumerate(zip(d1s, d2s))]
+    (w, b, s), flags = jax.device_get(((w, b, s), flags))
+    _raise_flags(flags, idx)
+    parts = []
+    for k, (d1, d2) in enumerate(zip(d1s, d2s)):
+        weight = w[k, :d1, :d2]
+        if not np.all(np.isfinite(weight)):
+            _raise_not_finite("A fitted stitcher weight")
+        parts.append((weight, b[k, :d2], s[k]))
+    return [Stitcher(*p, family=family) for p in jax.device_put(parts)]
 
 
 @full_precision
@@ -650,17 +1087,22 @@ def fit_stitchers(
     bucket: bool = True,
     **old_spelling,
 ) -> list[Stitcher]:
-    """Fit many stitchers in one vmapped, jit-compiled call per family and width bucket.
+    """Fit many stitchers in one vmapped, jit-compiled call per family, whatever their widths.
 
-    Problems of different widths are zero-padded to a common width, with
-    feature masks (padded source features get a unit diagonal in the normal
-    equations and weight 0; the orthogonal families are exact under zero
-    padding), so each result equals the individual unpadded
-    :func:`fit_stitcher`. With ``bucket=True`` (default) each width is padded
-    only up to the next power of two and each ``(source, target)`` bucket is
-    one vmapped call, which bounds the padding waste by 2x per side; with
-    ``bucket=False`` every problem of a family is padded to the largest width
-    and they are a single call (one compilation).
+    The problems of a family are zero-padded to one source width and one target
+    width, with feature masks (padded source features get a unit diagonal in the
+    normal equations and weight 0; the orthogonal families are exact under zero
+    padding), and fitted in one program, so each result equals the individual
+    unpadded :func:`fit_stitcher` and a call compiles one program per family,
+    however many widths it mixes. Padding and slicing run on the host (NumPy), so
+    no small program is compiled per width either.
+
+    ``bucket`` (kept, with a new meaning): with ``True`` (default) the padded
+    widths and the number of problems are rounded up the ladder 1, 2, 3, 4, 6, 8,
+    12, 16, 24, ... (at most 1.5x per axis; the padded problems repeat the last
+    one and are dropped), so that later calls with similar widths and counts reuse
+    the compiled programs; with ``False`` the problems are padded to the call's
+    largest widths only, and the program is for this exact batch.
 
     Args:
       zs_src: a sequence of b ``(n, d_src_i)`` arrays (same ``n``), or one stacked
@@ -668,7 +1110,7 @@ def fit_stitchers(
       zs_tgt: the matching ``(n, d_tgt_i)`` arrays, or ``(b, n, d_tgt)``.
       family: one family for all, or b families (see ``FAMILIES``).
       ridge, normalise: as in :func:`fit_stitcher`.
-      bucket: group problems into power-of-two width buckets (see above).
+      bucket: round the padded sizes up the ladder (see above).
 
     Returns:
       b :class:`Stitcher` (unpadded), in order, whatever the input form; stack
@@ -685,79 +1127,61 @@ def fit_stitchers(
     """
     bucket = V.check_bool(bucket, "bucket")
     stacked = hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim")
-    b = zs_src.shape[0] if stacked else len(zs_src)
+    b = zs_src.shape[0] if stacked and zs_src.ndim else len(zs_src)
     fams = (family,) * b if isinstance(family, str) else tuple(family)
     if len(fams) != b:
         raise ValueError(f"family has {len(fams)} entries but there are {b} problems.")
     for fam in fams:
         _check_options(fam, ridge)
     normalize = _normalise_option(normalise, old_spelling, "fit_stitchers")
-    out: list[Stitcher | None] = [None] * b
     if stacked:
-        xs, ys = V.as_float_array(zs_src, "zs_src"), V.as_float_array(zs_tgt, "zs_tgt")
-        if xs.ndim != 3 or ys.ndim != 3 or xs.shape[:2] != ys.shape[:2]:
+        if _is_traced(zs_src, zs_tgt):
+            big_x, big_y = V.as_float_array(zs_src, "zs_src"), V.as_float_array(zs_tgt, "zs_tgt")
+        else:
+            big_x, big_y = _host_float(zs_src, "zs_src"), _host_float(zs_tgt, "zs_tgt")
+        if big_x.ndim != 3 or big_y.ndim != 3 or big_x.shape[:2] != big_y.shape[:2]:
             raise ValueError(
                 "Stacked zs_src and zs_tgt must be (b, n, d) arrays with the same b and n, got "
-                f"{tuple(xs.shape)} and {tuple(ys.shape)}."
+                f"{tuple(big_x.shape)} and {tuple(big_y.shape)}."
             )
-        dt = jnp.promote_types(xs.dtype, ys.dtype)
         for fam in dict.fromkeys(fams):
-            idx = [i for i, f in enumerate(fams) if f == fam]
-            _check_fit_rows(xs.shape[1], xs.shape[2], fam, ridge, "zs_src")
-            sel = jnp.asarray(idx)
-            weight, bias, scale, flags = _fit_stacked(
-                xs[sel].astype(dt), ys[sel].astype(dt), jnp.asarray(float(ridge), dt), family=fam,
-                normalize=normalize,
+            _check_fit_rows(big_x.shape[1], big_x.shape[2], fam, ridge, "zs_src")
+        xs, ys = [big_x[i] for i in range(b)], [big_y[i] for i in range(b)]
+    else:
+        zs_src, zs_tgt = list(zs_src), list(zs_tgt)
+        if len(zs_src) != len(zs_tgt) or not zs_src:
+            raise ValueError(
+                f"zs_src and zs_tgt must be non-empty and of equal length, got {len(zs_src)} and "
+                f"{len(zs_tgt)}."
             )
-            _raise_flags(flags, idx)
-            _check_finite_result(weight, "A fitted stitcher weight")
-            for k, i in enumerate(idx):
-                out[i] = Stitcher(weight[k], bias[k], scale[k], family=fam)
-        return out
-    zs_src, zs_tgt = list(zs_src), list(zs_tgt)
-    if len(zs_src) != len(zs_tgt) or not zs_src:
-        raise ValueError(
-            f"zs_src and zs_tgt must be non-empty and of equal length, got {len(zs_src)} and "
-            f"{len(zs_tgt)}."
-        )
-    pairs = []
-    for i, (a, b_) in enumerate(zip(zs_src, zs_tgt)):
-        # shapes and dtypes here; values (NaN/Inf, constant sides) are checked
-        # inside the batched call, in one pass, and raised below
-        x, y = V.check_pair(a, b_, (f"zs_src[{i}]", f"zs_tgt[{i}]"), finite=False)
-        _check_fit_rows(x.shape[0], x.shape[1], fams[i], ridge, f"zs_src[{i}]")
-        pairs.append((x, y))
-    ns = {x.shape[0] for x, _ in pairs}
-    if len(ns) != 1:
-        raise ValueError(f"All problems must share the sample count n; got n in {sorted(ns)}.")
-    dt = functools.reduce(jnp.promote_types, [x.dtype for x, _ in pairs])
-    groups: dict[tuple, list[int]] = {}
-    for i, (x, y) in enumerate(pairs):
-        k = (_bucket(x.shape[1]), _bucket(y.shape[1])) if bucket else (0, 0)
-        groups.setdefault((fams[i], *k), []).append(i)
-    for (fam, *_), idx in groups.items():
-        xs = tuple(pairs[i][0].astype(dt) for i in idx)
-        ys = tuple(pairs[i][1].astype(dt) for i in idx)
-        weights, biases, scale, flags = _fit_group(xs, ys, jnp.asarray(float(ridge), dt), family=fam,
-                                                   normalize=normalize)
-        _raise_flags(flags, idx)
-        for w in weights:
-            _check_finite_result(w, "A fitted stitcher weight")
-        for k, i in enumerate(idx):
-            out[i] = Stitcher(weights[k], biases[k], scale[k], family=fam)
+        xs, ys = [], []
+        for i, (a, b_) in enumerate(zip(zs_src, zs_tgt)):
+            # shapes and dtypes here (on the host for concrete input); values (NaN/Inf, constant
+            # sides) are checked inside the batched call, in one pass, and raised below
+            names = (f"zs_src[{i}]", f"zs_tgt[{i}]")
+            if _is_traced(a, b_):
+                x, y = V.check_pair(a, b_, names, finite=False)
+            else:
+                x, y = _host_rep(a, names[0]), _host_rep(b_, names[1])
+                if x.shape[0] != y.shape[0]:
+                    V.check_pair(x, y, names, finite=False)  # raises its message
+            _check_fit_rows(x.shape[0], x.shape[1], fams[i], ridge, names[0])
+            xs.append(x)
+            ys.append(y)
+        ns = {x.shape[0] for x in xs}
+        if len(ns) != 1:
+            raise ValueError(f"All problems must share the sample count n; got n in {sorted(ns)}.")
+    dt = np.dtype(functools.reduce(jnp.promote_types, [z.dtype for z in xs + ys]))
+    out: list[Stitcher | None] = [None] * b
+    for fam in dict.fromkeys(fams):
+        idx = [i for i, f in enumerate(fams) if f == fam]
+        for i, st in zip(idx, _fit_family(xs, ys, idx, fam, float(ridge), normalize, bucket, dt)):
+            out[i] = st
     return out
 
 
-def _flags(x, y):
-    """Per-problem value checks: all finite, source not constant, target not constant."""
-    fx, fy = V.rep_flags(x), V.rep_flags(y)
-    finite = fx["finite"] & fy["finite"]
-    return jnp.stack([finite, fx["varies"], fy["varies"]])
-
-
 def _raise_flags(flags, idx) -> None:
-    if not V.is_concrete(flags):
-        return
+    """The value checks of :func:`_fit_padded` (``(b, 3)``, fetched) for the problems ``idx``."""
     flags = np.asarray(flags)
     for k, i in enumerate(idx):
         if not flags[k, 0]:
@@ -770,29 +1194,6 @@ def _raise_flags(flags, idx) -> None:
                     f"{nm}[{i}] is constant across samples (zero variance after centring), so "
                     "the stitcher fit is undefined (0/0). Check that the layer is not dead."
                 )
-
-
-@functools.partial(jax.jit, static_argnames=("family", "normalize"))
-def _fit_group(xs, ys, ridge, *, family, normalize):
-    """Pad a tuple of problems to the group's widths, fit them vmapped, slice back."""
-    d1 = max(x.shape[1] for x in xs)
-    d2 = max(y.shape[1] for y in ys)
-    xp = jnp.stack([_pad_cols(x, d1) for x in xs])
-    yp = jnp.stack([_pad_cols(y, d2) for y in ys])
-    masks = jnp.asarray(np.stack([np.arange(d1) < x.shape[1] for x in xs]), xp.dtype)
-    fit = functools.partial(_fit_impl, family=family, ridge=ridge, normalize=normalize)
-    w, b, s = jax.vmap(fit)(xp, yp, masks)
-    flags = jnp.stack([_flags(x, y) for x, y in zip(xs, ys)])
-    weights = tuple(w[k, : x.shape[1], : y.shape[1]] for k, (x, y) in enumerate(zip(xs, ys)))
-    biases = tuple(b[k, : y.shape[1]] for k, y in enumerate(ys))
-    return weights, biases, s, flags
-
-
-@functools.partial(jax.jit, static_argnames=("family", "normalize"))
-def _fit_stacked(xs, ys, ridge, *, family, normalize):
-    fit = functools.partial(_fit_impl, mask_src=None, family=family, ridge=ridge, normalize=normalize)
-    w, b, s = jax.vmap(lambda x, y: fit(x, y))(xs, ys)
-    return w, b, s, jax.vmap(_flags)(xs, ys)
 
 
 # ----------------------------------------------------------------------------- registry
@@ -818,13 +1219,17 @@ def _affine_hook(ridge: float):
     return functools.partial(_affine_factor, ridge=ridge)
 
 
-def _stitch_finish(ctx: MomentPair, *, family: str, ridge: float, which: str) -> jax.Array:
-    def score():
+def _stitch_finish(ctx: MomentPair, *, family: str, ridge: float, which: str) -> tuple[jax.Array, dict]:
+    def parts():
         chol = ctx.extra(_affine_hook(ridge))[0] if family == "affine" else None
         svd = None if family == "affine" else ctx.svd()
-        return score_from_moments(ctx.x, ctx.y, ctx.cross, family=family, ridge=ridge, chol=chol, svd=svd)
+        return _scores(ctx.x, ctx.y, ctx.cross, family=family, ridge=ridge, chol=chol, svd=svd)
 
-    return getattr(ctx.memo(("stitch", family, ridge), score), which)
+    score, amb = ctx.memo(("stitch", family, ridge), parts)
+    checks = _score_flags(score, amb, family=family, which=which)
+    # the moments hold no rows, so held-out rows that repeat a train row cannot be counted here
+    flags = dict(shared=jnp.zeros((), jnp.int32), **checks)
+    return V.nan_unless(checks["determined"], getattr(score, which)), flags
 
 
 def stitch_moment_stats(family: str, *, ridge: float = 0.0, which: str = "held_out") -> MomentStats:
@@ -833,6 +1238,12 @@ def stitch_moment_stats(family: str, *, ridge: float = 0.0, which: str = "held_o
     ``which="held_out"`` is ``reconstruction_score(x, y, family=family, ridge=ridge).held_out``,
     ``"in_sample"`` its in-sample figure. Measures with the same family and ridge
     share one fit per pair (and the orthogonal families share one SVD).
+
+    ``finish`` returns ``(value, flags)`` with the keys of :func:`stitch_core`'s pair
+    flags but ``x``, ``y``, ``n_rows`` and ``n_test`` (the grid's): ``result``,
+    ``determined``, ``ambiguity`` and ``shared`` (always 0: moments hold no rows).
+    The ambiguity (:func:`held_out_ambiguity`) is unchanged by the grid's zero
+    padding, so a grid cell and the pairwise call agree on it.
     """
     V.check_choice(family, "family", FAMILIES)
     V.check_choice(which, "which", ReconstructionScore._fields)
@@ -851,8 +1262,21 @@ _IN_SAMPLE_IDENTITY = {"orthogonal": "2 NBS - 1 on the train rows", "scaled_orth
                        "affine": "the regression R^2 on the train rows"}
 
 
+@full_precision
 def _score_of(x: ArrayLike, y: ArrayLike, /, *, family: str, ridge: float, which: str) -> jax.Array:
-    return getattr(reconstruction_score(x, y, family=family, ridge=ridge), which)
+    """A registered ``stitch/*`` measure: the checks, then :func:`stitch_core` as ``protocol.call`` runs it,
+    plus the :class:`HeldOutOverlapWarning` of :func:`reconstruction_score` (from the flags)."""
+    x, y = V.check_pair(x, y, ("z_src", "z_tgt"), finite=False)
+    core = stitch_core(family, ridge=ridge, which=which)
+    msg = core.reason(None, tuple(x.shape), tuple(y.shape), core.opts)
+    if msg is not None:
+        raise ValueError(msg)
+    value, flags = protocol.evaluate(core, x, y)
+    flags = V.fetch_flags(flags)
+    protocol.raise_from_flags(core, flags, x, y, ("z_src", "z_tgt"))
+    if flags is not None and which == "held_out":
+        _warn_shared(flags)
+    return value
 
 
 def _stitch_measure(family: str, ridge: float, which: str, name: str, register_it: bool = False):
@@ -876,9 +1300,11 @@ def _stitch_measure(family: str, ridge: float, which: str, name: str, register_i
         description=desc,
         bounds=_IN_SAMPLE_BOUNDS[family] if in_sample else (-math.inf, 1.0),
         moments=stitch_moment_stats(family, ridge=ridge, which=which),
+        core=stitch_core(family, ridge=ridge, which=which),
         # one value on rank-deficient layers: the in-sample orthogonal scores (functions of NBS) and the
         # ridge-regularised affine fits (a unique solution); a held-out orthogonal map is not unique there
-        # (any rotation of the null space) and the plain affine fit's normal equations are singular
+        # (any rotation of the null space: the score is undefined where the held-out rows see it, see
+        # held_out_ambiguity) and the plain affine fit's normal equations are singular
         robust_to=(("rank_deficient", "constant_rows") if (in_sample and family != "affine") or ridge > 0
                    else ("constant_rows",)),
         **({"overwrite": True} if register_it else {}),
