@@ -676,11 +676,14 @@ def fit_stitcher(
 
 
 def _train_varies(z: jax.Array, w_tr: jax.Array) -> jax.Array:
-    """Whether the train rows of ``z`` are not all equal (to ``CONSTANT_RTOL`` of their largest magnitude)."""
-    train = w_tr > 0
-    first = z[jnp.argmax(train)]
-    spread = jnp.max(jnp.where(train[:, None], jnp.abs(z - first[None, :]), 0.0))
-    return spread > V.CONSTANT_RTOL * jnp.max(jnp.where(train[:, None], jnp.abs(z), 0.0))
+    """Whether the train rows of ``z`` are not all equal: the rule of :func:`similarity._validate.rep_flags`
+    (some column's range above ``CONSTANT_RTOL`` times the largest magnitude) on the train rows, as the
+    grid computes it from column ranges (exact, also when streamed)."""
+    train = (w_tr > 0)[:, None]
+    lo = jnp.min(jnp.where(train, z, jnp.inf), axis=0)
+    hi = jnp.max(jnp.where(train, z, -jnp.inf), axis=0)
+    top = jnp.maximum(jnp.max(jnp.abs(lo)), jnp.max(jnp.abs(hi)))
+    return jnp.max(hi - lo) > V.CONSTANT_RTOL * top
 
 
 # ----------------------------------------------------------------------------- the compiled core
