@@ -274,7 +274,7 @@ def _shape_reason(flags, shape_x, shape_y, opts, *, whiten: bool, distance: str)
     if flags is None:
         return None
     msg = V.pair_constant_reason(flags, shape_x, shape_y, what=_SHAPE_WHAT)
-    if msg is not None:
+    if msg is not None or not whiten:  # without whitening only "x" and "y" are read (the grid's moment flags)
         return msg
     for name, shape in (("x", shape_x), ("y", shape_y)):
         if not flags[f"rank_{name}"]:
