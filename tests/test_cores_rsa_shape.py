@@ -130,6 +130,19 @@ def test_the_groups_share_programs():
         assert measure(name).core is not None, name
 
 
+def test_moment_measures_reason_from_side_flags_alone():
+    """NBS, Procrustes and the alpha = 1 shape metrics are also moment measures: the grid gives their
+    ``reason`` only each side's flags ("x", "y"), which is all they read."""
+    ok = {"finite": True, "varies": True, "max_abs": 1.0}
+    dead = {"finite": True, "varies": False, "max_abs": 0.0}
+    for name in ("nbs", "procrustes", "shape/angular/alpha=1", "shape/euclidean/alpha=1"):
+        m = measure(name)
+        assert m.moments is not None, name
+        assert m.core.reason({"x": ok, "y": ok}, (N, 5), (N, 3), m.core.opts) is None, name
+        msg = m.core.reason({"x": ok, "y": dead}, (N, 5), (N, 3), m.core.opts)
+        assert msg.startswith("y of shape (12, 3) is constant across samples"), (name, msg)
+
+
 # ----------------------------------------------------------------------------- padded == unpadded
 
 # (real width, padded width) of x and of y; d1 != d2, x the narrower side and the wider one. Not 2
