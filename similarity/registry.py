@@ -43,13 +43,16 @@ from funsim.similarity.protocol import Core
 from funsim.similarity.cca import (cca_core, cca_layer_stats, cca_mean, cca_r2, pwcca, pwcca_core, pwcca_layer_stats,
                                    svcca, svcca_core, svcca_layer_stats)
 from funsim.similarity.cka import cka, cka_core, cka_layer_stats, linear_cka_moment_stats
-from funsim.similarity.regression import linear_regression_r2, regression_layer_stats
-from funsim.similarity.rsa import COMPARISONS, RDM_METRICS, rsa, rsa_layer_stats
+from funsim.similarity.regression import linear_regression_r2, regression_core, regression_layer_stats
+from funsim.similarity.rsa import COMPARISONS, RDM_METRICS, rsa, rsa_core, rsa_layer_stats
 from funsim.similarity.shape import (
     nbs,
+    nbs_core,
     nbs_moment_stats,
+    procrustes_core,
     procrustes_distance,
     procrustes_moment_stats,
+    shape_core,
     shape_distance,
     shape_layer_stats,
     shape_moment_stats,
@@ -402,6 +405,7 @@ for _metric in RDM_METRICS:
             "'cosine_cov'" if _cmp in _RANKED else "",
             # the correlation (cosine) distance is undefined for a constant (zero) sample
             robust_to=_ROBUST if _metric in ("euclidean", "sqeuclidean") else {"rank_deficient"},
+            core=rsa_core(rdm_metric=_metric, compare=_cmp),
         )
 
 register("cca/r2", cca_r2, bounds=(0.0, 1.0), kind="score", symmetric=True,
@@ -426,17 +430,17 @@ register("pwcca", pwcca, bounds=(0.0, 1.0), kind="score", symmetric=False, invar
          robust_to=_ROWS_ONLY, core=pwcca_core())
 register("nbs", nbs, bounds=(0.0, 1.0), kind="score", symmetric=True, invariances=_ALL_BUT_LINEAR,
          description="normalised Bures similarity ||Xc^T Yc||_* / (||Xc|| ||Yc||)", moments=nbs_moment_stats(),
-         robust_to=_ROBUST)
+         robust_to=_ROBUST, core=nbs_core())
 register("procrustes", procrustes_distance, bounds=(0.0, 2.0), kind="distance", symmetric=True,
          invariances=_ALL_BUT_LINEAR,
          description="Ding et al. squared Procrustes distance 2 - 2 NBS on unit-norm data",
-         moments=procrustes_moment_stats(), robust_to=_ROBUST)
+         moments=procrustes_moment_stats(), robust_to=_ROBUST, core=procrustes_core())
 register("regression/r2", linear_regression_r2, bounds=(0.0, 1.0), kind="score", symmetric=False,
          invariances=_ALL_BUT_LINEAR,
          description="directed linear-regression R^2 of the second argument from the first",
          stats=regression_layer_stats(),
          gradient="directions below the rank tolerance stay in the null space (the rank is held fixed)",
-         robust_to=_ROBUST)
+         robust_to=_ROBUST, core=regression_core())
 
 
 def _pwcca_builder(epsilon: float) -> Measure:
@@ -474,6 +478,7 @@ def _shape_builder(distance: str) -> Callable[[float], Measure]:
             moments=shape_moment_stats(alpha=alpha, distance=distance),
             gradient="at a distance of zero (y = x Q) the subgradient 0",
             robust_to=_ROBUST if alpha == 1.0 else _ROWS_ONLY,  # alpha = 1: no whitening (Procrustes)
+            core=shape_core(alpha=alpha, distance=distance),
         )
 
     return build
@@ -492,7 +497,7 @@ def _ridge_builder(ridge: float) -> Measure:
         functools.partial(linear_regression_r2, ridge=ridge),
         kind="score", symmetric=False, invariances=inv, bounds=(0.0, 1.0),
         description=f"directed ridge-regression R^2 (ridge={_fmt(ridge)}, in-sample)",
-        stats=regression_layer_stats(ridge=ridge), robust_to=_ROBUST,
+        stats=regression_layer_stats(ridge=ridge), robust_to=_ROBUST, core=regression_core(ridge=ridge),
     )
 
 

@@ -19,24 +19,29 @@ singular values are scaled back for the ridge (in the data's units) and the
 shrinkage is formed as ``1 / (1 + ridge / s^2)``, so float32 data at 1e-20 or
 1e20 neither overflows nor underflows. Value checks (NaN/Inf, a constant side)
 run inside the compiled program; under a user's ``jit``/``vmap``/``grad`` such
-input gives NaN.
+input gives NaN. The compiled core (:func:`regression_core`, :mod:`similarity.protocol`)
+takes zero-padded layers: the padding's singular values are set to exactly 0 and the
+rank tolerance counts the real width.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity import protocol
 from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats
-from funsim.similarity._linalg import pow2_scale
+from funsim.similarity.protocol import Core
+from funsim.similarity._linalg import pow2_at, pow2_scale
 from funsim.similarity._linalg import svd as _svd
 
-__all__ = ["linear_regression_r2", "regression_layer_stats"]
+__all__ = ["linear_regression_r2", "regression_layer_stats", "regression_core"]
 
 
 def _centred_unit(z):
@@ -56,24 +61,87 @@ def _layer(z):
     return u, s * c, zc
 
 
-@jax.jit
-def _r2_program(x, y, ridge):
-    fx, fy = V.rep_flags(x), V.rep_flags(y)
-    yc, _ = _centred_unit(y)
-    out = _r2_from_layers(_layer(x), (None, None, yc), ridge)
-    return V.nan_unless(V.flags_ok(fx, fy), out), dict(x=fx, y=fy)
-
-
 def _r2_from_layers(lx, ly, ridge):
     """``ridge`` may be traced: 0 is least squares (a pseudo-inverse), > 0 shrinks by ``1 / (1 + ridge / s^2)``."""
     (u, s, xc), (_, _, yc) = lx, ly
-    tol = max(xc.shape) * jnp.finfo(xc.dtype).eps * s[0]
+    return _r2(u, s, xc.shape[1], yc, ridge)
+
+
+def _r2(u, s, d, yc, ridge):
+    """R^2 of ``yc`` (n, e) from the predictor's ``u`` (n, r) and singular values ``s`` (r,), ``d``
+    its real width (the rank tolerance is numpy's ``max(n, d) eps s_max``); ``s = 0`` marks a
+    direction that is not the predictor's (zero padding)."""
+    tol = jnp.maximum(u.shape[0], d).astype(yc.dtype) * jnp.finfo(yc.dtype).eps * s[0]
     t2 = (jnp.sqrt(ridge) / jnp.where(s > 0, s, 1.0)) ** 2
     shrink = jnp.where(s > 0, 1.0 / (1.0 + t2), 0.0)
-    f = jnp.where(ridge == 0, (s > tol).astype(xc.dtype), shrink)
+    f = jnp.where(ridge == 0, (s > tol).astype(yc.dtype), shrink)
     coef = jnp.einsum("nk,ne->ke", u, yc)
     resid = yc - jnp.einsum("nk,k,ke->ne", u, f, coef)
     return 1.0 - jnp.sum(resid * resid) / jnp.sum(yc * yc)
+
+
+class _RegressionLayer(NamedTuple):
+    """Per-layer statistics of the regression core (the same as predictor and as target)."""
+
+    u: jax.Array  # (n, r) left singular vectors of the centred layer, r = min(n, W)
+    s: jax.Array  # (r,) its singular values in the data's units, 0 beyond the real width
+    data: jax.Array  # (n, W) the centred layer divided by its power-of-two scale (the target's part)
+    width: jax.Array  # () the real width d
+    flags: dict  # V.rep_flags of the layer
+
+
+def _regression_layer(z, width, opts) -> _RegressionLayer:
+    """One layer ``(n, W)`` with ``width`` real features (zero padding beyond; its singular
+    values, zero, are the smallest and are set to exactly 0)."""
+    del opts
+    f = V.rep_flags(z)
+    c = pow2_at(f["max_abs"])
+    zc = z / c - jnp.mean(z / c, axis=0, keepdims=True)
+    u, s, _ = _svd(zc)
+    s = jnp.where(jnp.arange(s.shape[0]) < width, s * c, 0.0)
+    return _RegressionLayer(u, s, zc, jnp.asarray(width), f)
+
+
+def _regression_pair(sx: _RegressionLayer, sy: _RegressionLayer, opts):
+    """R^2 of ``y`` (target) from ``x`` (predictor): ``(value, flags)``; ``opts = (ridge,)``."""
+    (ridge,) = opts
+    out = _r2(sx.u, sx.s, sx.width, sy.data, ridge)
+    return V.nan_unless(V.flags_ok(sx.flags, sy.flags), out), dict(x=sx.flags, y=sy.flags)
+
+
+def _regression_reason(flags, shape_x, shape_y, opts) -> str | None:
+    """The pairwise call's message for fetched flags (``None``: only what the shapes decide)."""
+    del opts
+    for name, shape in (("x", shape_x), ("y", shape_y)):
+        msg = V.min_samples_reason(shape, name, 2, "regression")
+        if msg is not None:
+            return msg
+    if flags is None:
+        return None
+    return V.pair_constant_reason(flags, shape_x, shape_y, what="the regression R^2")
+
+
+def _check_ridge(ridge) -> float:
+    ridge = float(ridge)
+    if not ridge >= 0.0:
+        raise ValueError(f"ridge must be >= 0, got {ridge!r}.")
+    return ridge
+
+
+def regression_core(*, ridge: float = 0.0) -> Core:
+    """The compiled core of :func:`linear_regression_r2` (``ridge`` traced: every ridge shares
+    the programs). Directed: ``pair(layer(x), layer(y))`` is the R^2 of ``y`` from ``x``; a
+    layer's statistics serve as predictor and as target.
+
+    Examples:
+      >>> import numpy as np
+      >>> from funsim.similarity import protocol
+      >>> x = np.random.default_rng(0).normal(size=(20, 3))
+      >>> value, flags = protocol.evaluate(regression_core(), x, x @ np.ones((3, 2)))
+      >>> round(float(value), 6), bool(flags["x"]["varies"])
+      (1.0, True)
+    """
+    return Core(_regression_layer, _regression_pair, _regression_reason, (_check_ridge(ridge),))
 
 
 @full_precision
@@ -99,15 +167,9 @@ def linear_regression_r2(x: ArrayLike, y: ArrayLike, /, *, ridge: float = 0.0) -
       >>> round(float(linear_regression_r2(x, x @ np.ones((3, 2)) + 1.0)), 6)
       1.0
     """
-    ridge = float(ridge)
-    if not ridge >= 0.0:
-        raise ValueError(f"ridge must be >= 0, got {ridge!r}.")
+    core = regression_core(ridge=ridge)
     x, y = V.check_pair(x, y, min_samples=2, why="regression", finite=False)
-    out, flags = _r2_program(x, y, jnp.asarray(ridge, x.dtype))
-    flags = V.fetch_flags(flags)
-    if flags is not None:
-        V.raise_pair_flags(flags["x"], flags["y"], x, y, what="the regression R^2")
-    return out
+    return protocol.call(core, x, y)
 
 
 def regression_layer_stats(*, ridge: float = 0.0) -> LayerStats:

@@ -25,25 +25,32 @@ comparison (each is invariant to scaling an RDM) and keeps float32 data at
 Validation follows :mod:`similarity._validate`: NaN/Inf, constant
 representations and degenerate rows are checked inside the compiled program
 and raised after it returns; under a user's ``jit``/``vmap``/``grad`` such
-input gives NaN. Spearman and Kendall comparisons are not differentiable (they
+input gives NaN. :func:`rsa` is its compiled core (:func:`rsa_core`, see
+:mod:`similarity.protocol`) plus those checks; the core takes zero-padded layers
+(the RDM does not depend on zero features: the correlation distance centres each
+row over its real features) and the RDM metric as data, so one compiled program
+serves every metric and every width up to the padded one. Spearman and Kendall comparisons are not differentiable (they
 see the data only through orderings): ``jax.grad`` through them raises.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity import protocol
 from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats
+from funsim.similarity.protocol import Core
 from funsim.similarity._linalg import pow2_scale, row_hash
 
-__all__ = ["RDM_METRICS", "COMPARISONS", "rdm", "rsa", "rank_average", "compare_vectors", "rsa_layer_stats"]
+__all__ = ["RDM_METRICS", "COMPARISONS", "rdm", "rsa", "rank_average", "compare_vectors", "rsa_layer_stats",
+           "rsa_core"]
 
 RDM_METRICS = ("correlation", "euclidean", "sqeuclidean", "cosine")
 COMPARISONS = ("spearman", "pearson", "kendall", "cosine", "cosine_cov")
@@ -77,18 +84,18 @@ def _centre_exact(x: jax.Array) -> jax.Array:
     return x - jnp.where(integral, jnp.round(mean), mean)
 
 
-def _rdm(x: jax.Array, metric: str, unit: bool = False) -> jax.Array:
-    """``(n, n)`` RDM from one Gram matrix (a GEMM), exactly symmetric with a zero diagonal.
-
-    Identical samples get exactly equal rows and columns and distance 0 between
-    them (see :func:`_first_equal_row`), so rank comparisons see their ties.
-    With ``unit`` the data is divided by the power of two at its largest magnitude
-    first (after the exact integer shift), so the RDM is that of the rescaled data
-    (the same for "correlation" and "cosine", divided by a power of two otherwise).
-    """
+def _rdm_raw(x: jax.Array, metric: str, unit: bool = False, width=None) -> jax.Array:
+    """The RDM of :func:`_rdm` before it is symmetrised and duplicates are tied."""
     if metric in ("correlation", "cosine"):
         x0 = x / pow2_scale(x)  # the correlation and cosine distances ignore the scale
-        z = x0 - jnp.mean(x0, axis=1, keepdims=True) if metric == "correlation" else x0
+        if metric == "cosine":
+            z = x0
+        elif width is None:
+            z = x0 - jnp.mean(x0, axis=1, keepdims=True)
+        else:
+            real = protocol.feature_mask(width, x.shape[1], x.dtype) > 0
+            mean = jnp.sum(x0, axis=1, keepdims=True) / jnp.asarray(width).astype(x.dtype)
+            z = jnp.where(real[None, :], x0 - mean, jnp.zeros((), x.dtype))
         g = jnp.einsum("id,jd->ij", z, z)
         inv = 1.0 / jnp.sqrt(jnp.sum(z * z, axis=1))
         d = 1.0 - g * inv[:, None] * inv[None, :]
@@ -102,6 +109,26 @@ def _rdm(x: jax.Array, metric: str, unit: bool = False) -> jax.Array:
         if metric == "euclidean":  # sqrt with a zero-safe gradient (the diagonal, duplicates)
             pos = d > 0
             d = jnp.where(pos, jnp.sqrt(jnp.where(pos, d, 1.0)), 0.0)
+    return d
+
+
+def _rdm(x: jax.Array, metric: str, unit: bool = False, width=None) -> jax.Array:
+    """``(n, n)`` RDM from one Gram matrix (a GEMM), exactly symmetric with a zero diagonal.
+
+    Identical samples get exactly equal rows and columns and distance 0 between
+    them (see :func:`_first_equal_row`), so rank comparisons see their ties.
+    With ``unit`` the data is divided by the power of two at its largest magnitude
+    first (after the exact integer shift), so the RDM is that of the rescaled data
+    (the same for "correlation" and "cosine", divided by a power of two otherwise).
+    ``width`` (traced): only the first ``width`` features are real, the others zero
+    padding; the correlation distance centres each row over the real ones (zero
+    features change no other metric, nor the duplicate search).
+    """
+    return _tie_duplicates(_rdm_raw(x, metric, unit, width), x)
+
+
+def _tie_duplicates(d: jax.Array, x: jax.Array) -> jax.Array:
+    """``d`` made exactly symmetric, with identical samples of ``x`` given equal rows and distance 0."""
     d = (d + d.T) / 2
     rep = _first_equal_row(x)
     d = d[rep][:, rep]
@@ -125,28 +152,42 @@ def _upper(d: jax.Array) -> jax.Array:
     return jnp.concatenate([e[:, : h - 1].reshape(-1), e[:h, h - 1]])
 
 
-def _row_flags(x: jax.Array) -> dict[str, jax.Array]:
+def _row_flags(x: jax.Array, width=None) -> dict[str, jax.Array]:
     """Rows on which the correlation distance (constant across features) or the cosine distance
-    (all zero) is undefined, to ``CONSTANT_RTOL`` of ``max |x|``: ``{metric: (count, first row)}``."""
+    (all zero) is undefined, to ``CONSTANT_RTOL`` of ``max |x|``: ``{metric: (count, first row)}``.
+
+    ``width`` (traced): only the first ``width`` features are real (zero padding beyond
+    them, which a row's spread across features ignores)."""
     tol = V.CONSTANT_RTOL * jnp.max(jnp.abs(x))
+    spread = jnp.abs(x - x[:, :1])
+    if width is not None:
+        real = protocol.feature_mask(width, x.shape[1], x.dtype) > 0
+        spread = jnp.where(real[None, :], spread, jnp.zeros((), x.dtype))
     out = {}
-    for metric, dev in (("correlation", jnp.abs(x - x[:, :1])), ("cosine", jnp.abs(x))):
+    for metric, dev in (("correlation", spread), ("cosine", jnp.abs(x))):
         bad = ~(jnp.max(dev, axis=1) > tol)
         out[metric] = (jnp.sum(bad), jnp.argmax(bad))
     return out
 
 
+def _rows_reason(count, first, name: str, shape, metric: str) -> str | None:
+    """The message for ``count`` degenerate rows of ``name`` under ``metric``, or ``None``."""
+    if metric not in ("correlation", "cosine") or not int(count):
+        return None
+    what = "constant across features" if metric == "correlation" else "all zero"
+    return (
+        f"{name} of shape {tuple(shape)} has {int(count)} rows that are {what} "
+        f"(first: row {int(first)}), so the {metric} distance is undefined for them. "
+        "Drop those samples or use metric='euclidean'."
+    )
+
+
 def _raise_rows(flags, name: str, shape, metric: str) -> None:
     if metric not in ("correlation", "cosine"):
         return
-    count, first = (int(v) for v in flags[metric])
-    if count:
-        what = "constant across features" if metric == "correlation" else "all zero"
-        raise ValueError(
-            f"{name} of shape {tuple(shape)} has {count} rows that are {what} "
-            f"(first: row {first}), so the {metric} distance is undefined for them. "
-            "Drop those samples or use metric='euclidean'."
-        )
+    msg = _rows_reason(*flags[metric], name, shape, metric)
+    if msg is not None:
+        raise ValueError(msg)
 
 
 _row_flags_jit = jax.jit(_row_flags)
@@ -360,15 +401,21 @@ def _pearson(a: jax.Array, b: jax.Array) -> jax.Array:
 KENDALL_MAX_ENTRIES = 200_000
 
 
-def _kendall_tau_a(a: jax.Array, b: jax.Array) -> jax.Array:
-    m = a.shape[0]
-    if m > KENDALL_MAX_ENTRIES:
-        raise ValueError(
-            f"Kendall's tau-a on {m} RDM entries would compare {m * (m - 1) // 2:.3e} pairs "
-            f"(O(n^4) in the number of samples); the limit is {KENDALL_MAX_ENTRIES} entries "
-            "(about 630 samples). Use compare='spearman', or subsample the rows."
-        )
+def _kendall_reason(m: int) -> str | None:
+    """Why Kendall's tau-a refuses ``m`` RDM entries, or ``None``."""
+    if m <= KENDALL_MAX_ENTRIES:
+        return None
+    return (
+        f"Kendall's tau-a on {m} RDM entries would compare {m * (m - 1) // 2:.3e} pairs "
+        f"(O(n^4) in the number of samples); the limit is {KENDALL_MAX_ENTRIES} entries "
+        "(about 630 samples). Use compare='spearman', or subsample the rows."
+    )
 
+
+def _kendall_tau_a(a: jax.Array, b: jax.Array) -> jax.Array:
+    msg = _kendall_reason(a.shape[0])
+    if msg is not None:
+        raise ValueError(msg)
     return _kendall_core(a, b)
 
 
@@ -422,36 +469,127 @@ def _centre2(d: jax.Array) -> jax.Array:
     return d - jnp.mean(d, axis=1, keepdims=True)
 
 
-@functools.partial(jax.jit, static_argnames=("compare",))
-def _rsa_side(x: jax.Array, metric_index: jax.Array, compare: str):
-    """What :func:`rsa` compares of one side, and that side's value checks: ``(side, flags)``.
-
-    The side is the RDM's ``m`` entries (:func:`_upper`), or for "cosine_cov" the
-    double-centred full RDM. The metric is data (its index in ``RDM_METRICS``), so
-    one program per input shape serves all four metrics; a second one only where
-    the compare needs the full matrix."""
-    d = jax.lax.switch(metric_index, [functools.partial(_rdm, metric=m, unit=True) for m in RDM_METRICS], x)
-    rep, rows = V.rep_flags(x), _row_flags(x)
-    # which check applies is data too: degenerate rows (correlation, cosine) or a constant x
-    row_ok = [rows[m][0] == 0 if m in rows else rep["varies"] for m in RDM_METRICS]
-    ok = rep["finite"] & jnp.stack(row_ok)[metric_index]
-    return (_centre2(d) if compare == "cosine_cov" else _upper(d)), dict(rep=rep, rows=rows, ok=ok)
+_RSA_WHY = "RSA (an RDM needs at least 3 samples)"
 
 
-@functools.partial(jax.jit, static_argnames=("compare",))
-def _rsa_compare(a: jax.Array, b: jax.Array, ok_a: jax.Array, ok_b: jax.Array, compare: str) -> jax.Array:
-    ok = ok_a & ok_b
+class _RSALayer(NamedTuple):
+    """Per-layer statistics of the RSA core: what is compared, and the layer's value checks."""
+
+    side: jax.Array  # (m,) the RDM's entries, ranked or standardised as ``compare`` needs; (n, n) for cosine_cov
+    ok: jax.Array  # () bool: finite, and no degenerate row (correlation, cosine) or not constant (euclidean)
+    flags: dict  # V.rep_flags of the layer
+    rows: jax.Array  # () int: rows on which the metric is undefined (0 for the euclidean metrics)
+    first: jax.Array  # () int: the first such row
+
+
+def _rdm_of(z: jax.Array, width, k: jax.Array) -> jax.Array:
+    """:func:`_rdm` (at unit scale) with the metric as data (its index ``k`` in ``RDM_METRICS``):
+    ``lax.switch`` runs only the chosen metric's Gram matrix."""
+    branches = [functools.partial(lambda z, w, m: _rdm_raw(z, m, unit=True, width=w), m=m) for m in RDM_METRICS]
+    return _tie_duplicates(jax.lax.switch(k, branches, z, width), z)
+
+
+def _rsa_layer(z, width, opts, *, compare: str) -> _RSALayer:
+    """One layer ``(n, W)`` with ``width`` real features (zero padding beyond); ``opts = (metric index,)``.
+
+    The RDM does not depend on the padding: the correlation distance centres each row
+    over its real features, and a row's spread across features ignores the padding."""
+    k = jnp.asarray(opts[0]).astype(jnp.int32)
+    f, rows = V.rep_flags(z), _row_flags(z, width)
+    zero = jnp.zeros((), jnp.int32)
+    count = jnp.stack([rows[m][0].astype(jnp.int32) if m in rows else zero for m in RDM_METRICS])[k]
+    first = jnp.stack([rows[m][1].astype(jnp.int32) if m in rows else zero for m in RDM_METRICS])[k]
+    # which check applies is data too: degenerate rows (correlation, cosine) or a constant layer
+    row_ok = jnp.stack([rows[m][0] == 0 if m in rows else f["varies"] for m in RDM_METRICS])[k]
+    return _RSALayer(_side(_rdm_of(z, width, k), compare), f["finite"] & row_ok, f, count, first)
+
+
+def _side(d: jax.Array, compare: str) -> jax.Array:
+    """What one RDM ``(n, n)`` contributes to the comparison: its entries ranked, centred and
+    normalised as ``compare`` needs (the comparison is then a dot product), or raw for Kendall."""
     if compare == "cosine_cov":
-        a, b = a.reshape(-1), b.reshape(-1)
-        return V.nan_unless(ok, _dot(a, b) / jnp.sqrt(_dot(a, a) * _dot(b, b)))
-    return V.nan_unless(ok, compare_vectors(a, b, compare=compare))
+        return _unit(_centre2(d))
+    v = _upper(d)
+    if compare == "kendall":
+        return v
+    if compare == "spearman":
+        v = _ranks(v)
+    if compare in ("spearman", "pearson"):  # no spread (all entries equal): 0/0, whatever the rounding of the mean
+        flat = jnp.max(v) == jnp.min(v)
+        v = jnp.where(flat, jnp.full((), jnp.nan, v.dtype), v - _sum(v) / v.shape[0])
+    return _unit(v)
 
 
-def _rsa(x, y, rdm_metric: str, compare: str):
-    side = "cosine_cov" if compare == "cosine_cov" else "upper"
-    k = RDM_METRICS.index(rdm_metric)
-    (a, fx), (b, fy) = _rsa_side(x, k, side), _rsa_side(y, k, side)
-    return _rsa_compare(a, b, fx["ok"], fy["ok"], compare), (fx, fy)
+def _rsa_pair(sx: _RSALayer, sy: _RSALayer, opts, *, compare: str):
+    """RSA of two layers' statistics: ``(value, flags)``; ``flags["defined"]``: the comparison
+    is not 0/0 (an RDM with no spread)."""
+    del opts
+    if compare == "kendall":
+        raw = _kendall_tau_a(sx.side, sy.side)
+    else:
+        raw = _dot(sx.side.reshape(-1), sy.side.reshape(-1))
+    flags = dict(x=sx.flags, y=sy.flags, rows_x=sx.rows, first_x=sx.first, rows_y=sy.rows, first_y=sy.first,
+                 defined=jnp.isfinite(raw))
+    return V.nan_unless(sx.ok & sy.ok, raw), flags
+
+
+def _rsa_reason(flags, shape_x, shape_y, opts, *, compare: str) -> str | None:
+    """The pairwise call's message for fetched flags (``None``: only what the shapes decide)."""
+    metric = RDM_METRICS[int(opts[0])]
+    for name, shape in (("x", shape_x), ("y", shape_y)):
+        msg = V.min_samples_reason(shape, name, 3, _RSA_WHY)
+        if msg is not None:
+            return msg
+    for name, shape in (("x", shape_x), ("y", shape_y)):
+        if metric == "correlation" and shape[1] < 2:
+            return (f"{name} has shape {tuple(shape)}: the correlation distance needs at least "
+                    "2 features; use rdm_metric='euclidean'.")
+    if compare == "kendall":
+        n = shape_x[0]
+        msg = _kendall_reason(n * (n - 1) // 2)
+        if msg is not None:
+            return msg
+    if flags is None:
+        return None
+    for name, shape in (("x", shape_x), ("y", shape_y)):
+        if metric in ("correlation", "cosine"):
+            msg = _rows_reason(flags[f"rows_{name}"], flags[f"first_{name}"], name, shape, metric)
+        else:
+            msg = V.constant_reason(flags[name], name, shape, "RSA")
+        if msg is not None:
+            return msg
+    if not flags["defined"]:
+        return (f"RSA is undefined (0/0) for x.shape={tuple(shape_x)}, y.shape={tuple(shape_y)}: "
+                f"an RDM ({metric}) has no spread across sample pairs under compare={compare!r}, "
+                "e.g. all samples are equidistant or identical. Use other samples or metrics.")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _rsa_parts(compare: str) -> tuple:
+    """The core's three functions for one comparison (one object each: shared programs)."""
+    return (functools.partial(_rsa_layer, compare=compare), functools.partial(_rsa_pair, compare=compare),
+            functools.partial(_rsa_reason, compare=compare))
+
+
+def rsa_core(*, rdm_metric: str = "correlation", compare: str = "spearman") -> Core:
+    """The compiled core of :func:`rsa` (:class:`similarity.protocol.Core`).
+
+    The RDM metric is data (its index in ``RDM_METRICS``, in ``opts``): the four metrics
+    of one comparison share every compiled program. A layer's statistics are its RDM's
+    entries (``n (n - 1) / 2`` numbers; ``n^2`` for "cosine_cov"), whatever its width.
+
+    Examples:
+      >>> import numpy as np
+      >>> from funsim.similarity import protocol
+      >>> x = np.random.default_rng(0).normal(size=(10, 4))
+      >>> value, flags = protocol.evaluate(rsa_core(rdm_metric="euclidean", compare="pearson"), x, 2 * x)
+      >>> round(float(value), 6), bool(flags["defined"])
+      (1.0, True)
+    """
+    V.check_choice(rdm_metric, "rdm_metric", RDM_METRICS)
+    V.check_choice(compare, "compare", COMPARISONS)
+    return Core(*_rsa_parts(compare), (float(RDM_METRICS.index(rdm_metric)),))
 
 
 @full_precision
@@ -484,31 +622,9 @@ def rsa(
       >>> round(float(rsa(x, 2 * x, rdm_metric="euclidean", compare="pearson")), 6)
       1.0
     """
-    V.check_choice(rdm_metric, "rdm_metric", RDM_METRICS)
-    V.check_choice(compare, "compare", COMPARISONS)
-    x, y = V.check_pair(x, y, min_samples=3, why="RSA (an RDM needs at least 3 samples)", finite=False)
-    for name, a in (("x", x), ("y", y)):
-        if rdm_metric == "correlation" and a.shape[1] < 2:
-            raise ValueError(
-                f"{name} has shape {tuple(a.shape)}: the correlation distance needs at least "
-                "2 features; use rdm_metric='euclidean'."
-            )
-    out, flags = _rsa(x, y, rdm_metric, compare)
-    flags = V.fetch_flags(flags)
-    if flags is not None:
-        (fx, fy), ranked = flags, rdm_metric not in ("correlation", "cosine")
-        V.raise_pair_flags(fx["rep"], fy["rep"], x, y, what="RSA", constant=False)
-        for name, f, a in (("x", fx, x), ("y", fy, y)):
-            _raise_rows(f["rows"], name, a.shape, rdm_metric)
-            if ranked:
-                V.raise_rep_flags(f["rep"], a, name, what="RSA")
-    if V.is_concrete(out) and not np.isfinite(np.asarray(out)):
-        raise ValueError(
-            f"RSA is undefined (0/0) for x.shape={tuple(x.shape)}, y.shape={tuple(y.shape)}: "
-            f"an RDM ({rdm_metric}) has no spread across sample pairs under compare={compare!r}, "
-            "e.g. all samples are equidistant or identical. Use other samples or metrics."
-        )
-    return out
+    core = rsa_core(rdm_metric=rdm_metric, compare=compare)
+    x, y = V.check_pair(x, y, min_samples=3, why=_RSA_WHY, finite=False)
+    return protocol.call(core, x, y)
 
 
 def _unit(v: jax.Array) -> jax.Array:
@@ -525,17 +641,7 @@ def rsa_layer_stats(*, rdm_metric: str, compare: str) -> LayerStats:
     """
 
     def layer(x):
-        d = _rdm(x, rdm_metric, unit=True)
-        if compare == "cosine_cov":
-            return _unit(_centre2(d))
-        v = _upper(d)
-        if compare == "kendall":
-            return v
-        if compare == "spearman":
-            v = _ranks(v)
-        if compare in ("spearman", "pearson"):
-            v = v - _sum(v) / v.shape[0]
-        return _unit(v)
+        return _side(_rdm(x, rdm_metric, unit=True), compare)
 
     def pair(sx, sy):
         if compare == "kendall":

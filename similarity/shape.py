@@ -38,6 +38,12 @@ angular distances and NBS do not depend on the scale at all.
 Value checks (NaN/Inf, constant sides, a singular covariance for alpha < 1)
 run inside the compiled program; under a user's ``jit``/``vmap``/``grad``
 such input gives NaN.
+
+Compiled cores (:mod:`similarity.protocol`): :func:`shape_core`, :func:`nbs_core` and
+:func:`procrustes_core` take zero-padded layers with their real width traced. A padded
+layer is whitened in its real directions only (the padding's singular values are the
+smallest: zero), its variance-preserving sums count its real width, and the pair pads
+to the common *real* width ``max(d1, d2)``, so the values are those of the unpadded layers.
 """
 
 from __future__ import annotations
@@ -50,13 +56,16 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity import protocol
 from funsim.similarity._precision import full_precision
-from funsim.similarity.moments import LayerStats, MomentPair, MomentStats, full_pair
-from funsim.similarity._linalg import arccos_unit, pow2_scale, sqrt_floor
+from funsim.similarity.moments import LayerStats, MomentPair, MomentStats
+from funsim.similarity.protocol import Core
+from funsim.similarity._linalg import arccos_unit, pow2_at, pow2_scale, sqrt_floor
 from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["SHAPE_DISTANCES", "shape_distance", "nbs", "procrustes_distance", "partial_whiten",
-           "shape_layer_stats", "shape_moment_stats", "nbs_moment_stats", "procrustes_moment_stats"]
+           "shape_layer_stats", "shape_moment_stats", "nbs_moment_stats", "procrustes_moment_stats",
+           "shape_core", "nbs_core", "procrustes_core"]
 
 SHAPE_DISTANCES = ("angular", "euclidean")
 EIGVAL_FLOOR = 1e-7  # netrep's eigval_tol: covariance eigenvalues are clipped below at this
@@ -78,60 +87,77 @@ class _Whitened(NamedTuple):
     near 1) and netrep's variance-preserving scale ``c_var``, the whitened side in
     the data's units is ``c_var * factor * data``, and
     ``c_var = c_over_h * sqrt((total + pad * floor) / (gain + pad * h_floor^2))``
-    for a side zero-padded by ``pad`` columns (see :func:`_scale`).
+    for a side zero-padded by ``pad`` columns (see :func:`_scale`). Sums run over the
+    side's ``width`` real features only: a side that is itself zero-padded (a layer of a
+    padded stack) gives the statistics of the unpadded one.
     """
 
-    data: jax.Array  # (n, d) Xc V diag(alpha + (1 - alpha) lam^-1/2) V^T / factor, max |entry| in [1, 2)
+    data: jax.Array  # (n, W) Xc V diag(alpha + (1 - alpha) lam^-1/2) V^T / factor, max |entry| in [1, 2)
     factor: jax.Array  # ()
-    total: jax.Array  # () sum of the clipped eigenvalues of (x / c)'s covariance, every direction
+    total: jax.Array  # () sum of the clipped eigenvalues of (x / c)'s covariance, every real direction
     gain: jax.Array  # () sum of h^2 / H^2, h = alpha sqrt(lam) + 1 - alpha (data units), H a power of two
     c_over_h: jax.Array  # () c / H
     floor: jax.Array  # () netrep's eigenvalue floor in the units of x / c
     h_floor: jax.Array  # () h of a floored eigenvalue, / H
     s_ratio: jax.Array  # () smallest / largest singular value of the centred side (1 without whitening)
+    width: jax.Array  # () the number of real features d (the rest of the W columns are zero padding)
 
 
 _MIN_UNIT = 2.0**-12  # below sqrt(1e-7) every eigenvalue is floored anyway: no need to scale tiny data up
 
 
-def _whiten_layer(x: jax.Array, alpha, whiten: bool | None = None) -> _Whitened:
+def _whiten_layer(x: jax.Array, alpha, whiten: bool | None = None, width=None, max_abs=None) -> _Whitened:
     """Partial whitening of one side (netrep's, before its variance-preserving scale).
 
     ``alpha`` may be traced; ``whiten`` (static) says whether ``alpha`` whitens at
     all (default: from a concrete ``alpha``). The eigen-directions come from the SVD
     of the centred data (``Xc^T Xc = V diag(s^2) V^T``), which is more accurate than
     an eigendecomposition of the covariance and gives the rank check its singular values.
+
+    ``width`` (may be traced; default all ``W`` columns): only the first ``width``
+    columns of ``x`` are real, the others zero. Their singular values are the smallest
+    (zero), so the real directions are the first ``width``: only those are whitened and
+    counted, and the rank check reads the ``width``-th singular value.
+    ``max_abs``: ``max |x|`` if already known (the value checks' pass).
     """
     if whiten is None:
         whiten = _whitens(float(alpha))
-    one = jnp.ones((), x.dtype)
+    n, big_w = x.shape
+    dt = x.dtype
+    one = jnp.ones((), dt)
+    wd = jnp.asarray(big_w if width is None else width)
+    c = pow2_scale(x) if max_abs is None else pow2_at(max_abs)
     if not whiten:
-        c = pow2_scale(x)
-        return _Whitened(_centre(x / c), c, one, one, one, one, one, one)
-    c = jnp.maximum(pow2_scale(x), _MIN_UNIT)
+        return _Whitened(_centre(x / c), c, one, one, one, one, one, one, wd.astype(dt))
+    c = jnp.maximum(c, _MIN_UNIT)
     zc = _centre(x / c)  # exact: a power of two
-    d = zc.shape[1]
     u, s, vt = _svd(zc)
+    r = s.shape[0]
+    real = jnp.arange(r) < wd  # the real directions (all of them when unpadded)
     floor = EIGVAL_FLOOR / c / c  # netrep's absolute floor, in the units of x / c
     lam = jnp.maximum(s * s, floor)
-    root = jnp.sqrt(jnp.maximum(lam, jnp.finfo(zc.dtype).tiny))
+    root = jnp.sqrt(jnp.maximum(lam, jnp.finfo(dt).tiny))
     g = alpha * c + (1.0 - alpha) / root  # c * (alpha + (1 - alpha) lam_x^-1/2), lam_x = c^2 lam
-    data = jnp.einsum("nr,r,rd->nd", u, s * g, vt)
+    data = jnp.einsum("nr,r,rd->nd", u, jnp.where(real, s * g, 0.0), vt)
+    if width is not None:  # rounding in the padded columns of vt: exactly zero there
+        data = jnp.where(protocol.feature_mask(wd, big_w, dt)[None, :] > 0, data, 0.0)
     p = pow2_scale(data)
-    h = alpha * c * root + (1.0 - alpha)  # sqrt of netrep's gain of each direction, in data units
+    h = jnp.where(real, alpha * c * root + (1.0 - alpha), 0.0)  # sqrt of netrep's gain of each direction
     big_h = pow2_scale(h)
     h_floor = (alpha * EIGVAL_FLOOR**0.5 + (1.0 - alpha)) / big_h
-    null = d - s.shape[0]  # directions beyond the rank (d > n): eigenvalue 0, floored
-    ratio = s[-1] / s[0] if null == 0 else jnp.zeros((), zc.dtype)
-    return _Whitened(data / p, p, jnp.sum(lam) + null * floor, jnp.sum((h / big_h) ** 2) + null * h_floor**2,
-                     c / big_h, floor, h_floor, ratio)
+    null = jnp.maximum(wd - r, 0).astype(dt)  # real directions beyond the rank (d > n): eigenvalue 0, floored
+    ratio = jnp.where(wd <= r, s[jnp.clip(wd - 1, 0, r - 1)] / s[0], jnp.zeros((), dt))
+    total = jnp.sum(jnp.where(real, lam, 0.0)) + null * floor
+    gain = jnp.sum((h / big_h) ** 2) + null * h_floor**2
+    return _Whitened(data / p, p, total, gain, c / big_h, floor, h_floor, ratio, wd.astype(dt))
 
 
-def _scale(w: _Whitened, alpha, width: int, whiten: bool | None = None) -> jax.Array:
-    """netrep's variance-preserving scale ``c_var`` of a side zero-padded to ``width`` columns."""
+def _scale(w: _Whitened, alpha, width, whiten: bool | None = None) -> jax.Array:
+    """netrep's variance-preserving scale ``c_var`` of a side zero-padded to ``width`` columns
+    (``width`` >= the side's real width; may be traced)."""
     if not (_whitens(float(alpha)) if whiten is None else whiten):
         return jnp.ones((), w.data.dtype)
-    pad = width - w.data.shape[1]
+    pad = width - w.width
     return w.c_over_h * jnp.sqrt((w.total + pad * w.floor) / (w.gain + pad * w.h_floor**2))
 
 
@@ -169,9 +195,13 @@ def _pad(x: jax.Array, d: int) -> jax.Array:
     return jnp.pad(x, ((0, 0), (0, d - x.shape[1])))
 
 
-def _nuclear(a: jax.Array, b: jax.Array) -> jax.Array:
-    """``||a^T b||_*`` for ``a``: (n, d1), ``b``: (n, d2)."""
-    return jnp.sum(_svd(jnp.einsum("ni,nj->ij", a, b), compute_uv=False))
+def _nuclear(a: jax.Array, b: jax.Array, rank=None) -> jax.Array:
+    """``||a^T b||_*`` for ``a``: (n, d1), ``b``: (n, d2); with ``rank`` (may be traced), the sum of
+    the ``rank`` largest singular values only (the others are those of zero padding: 0 up to rounding)."""
+    s = _svd(jnp.einsum("ni,nj->ij", a, b), compute_uv=False)
+    if rank is not None:
+        s = jnp.where(jnp.arange(s.shape[0]) < rank, s, 0.0)
+    return jnp.sum(s)
 
 
 def _distance(sxx: jax.Array, syy: jax.Array, nuc: jax.Array, distance: str) -> jax.Array:
@@ -189,9 +219,9 @@ def _distance(sxx: jax.Array, syy: jax.Array, nuc: jax.Array, distance: str) -> 
 def _shape_pair(wx: _Whitened, wy: _Whitened, alpha, distance: str, whiten: bool | None = None) -> jax.Array:
     """The distance of two whitened sides; each enters as ``factor * scale * data`` with ``data`` at
     unit scale, and the euclidean distance is formed relative to the larger side (no overflow)."""
-    width = max(wx.data.shape[1], wy.data.shape[1])
+    width = jnp.maximum(wx.width, wy.width)  # netrep pads the narrower side to the common real width
     nx2, ny2 = jnp.sum(wx.data**2), jnp.sum(wy.data**2)
-    cos = _nuclear(wx.data, wy.data) / jnp.sqrt(nx2 * ny2)
+    cos = _nuclear(wx.data, wy.data, jnp.minimum(wx.width, wy.width)) / jnp.sqrt(nx2 * ny2)
     if distance == "angular":
         return arccos_unit(cos)
     a = _scale(wx, alpha, width, whiten) * wx.factor * jnp.sqrt(nx2)  # ||X~||
@@ -200,38 +230,99 @@ def _shape_pair(wx: _Whitened, wy: _Whitened, alpha, distance: str, whiten: bool
     return m * _distance((a / m) ** 2, (b / m) ** 2, (a / m) * (b / m) * cos, distance)
 
 
-def _rank_tol(dtype, n: int, d: int) -> float:
-    return max(n, d) * 10.0 * float(jnp.finfo(dtype).eps)
+_SHAPE_WHAT = "the shape distance"
 
 
-@functools.partial(jax.jit, static_argnames=("whiten", "distance"))
-def _shape_program(x, y, alpha, *, whiten: bool, distance: str):
-    """The shape distance and its value checks: ``(value, flags)`` (``alpha`` traced)."""
-    wx, wy = _whiten_layer(x, alpha, whiten), _whiten_layer(y, alpha, whiten)
-    fx, fy = V.rep_flags(x), V.rep_flags(y)
-    flags = dict(x=fx, y=fy,
-                 rank_x=wx.s_ratio > _rank_tol(x.dtype, *x.shape),
-                 rank_y=wy.s_ratio > _rank_tol(y.dtype, *y.shape))
-    ok = V.flags_ok(fx, fy) & flags["rank_x"] & flags["rank_y"]
-    return V.nan_unless(ok, _shape_pair(wx, wy, alpha, distance, whiten)), flags
+class _ShapeLayer(NamedTuple):
+    """Per-layer statistics of the shape, NBS and Procrustes cores."""
+
+    w: _Whitened
+    rank: jax.Array  # () bool: the centred layer has full column rank (always True without whitening)
+    flags: dict  # V.rep_flags of the layer
 
 
-def _check_whitenable_shape(x: jax.Array, name: str) -> None:
-    n, d = x.shape
-    if d >= n:
-        raise ValueError(
-            f"{name} has shape {tuple(x.shape)}: partial whitening (alpha < 1) needs a full-rank "
-            "covariance, so d < n. Use alpha=1, reduce the features (e.g. PCA), or add samples."
-        )
+def _shape_layer(z, width, opts, *, whiten: bool) -> _ShapeLayer:
+    """One layer ``(n, W)`` with ``width`` real features (zero padding beyond); ``opts = (alpha,)``
+    when whitening (unread otherwise: NBS and Procrustes share this layer with ``opts = ()``)."""
+    f = V.rep_flags(z)
+    w = _whiten_layer(z, opts[0] if whiten else 1.0, whiten, width, f["max_abs"])
+    n = z.shape[0]
+    tol = jnp.maximum(n, width).astype(z.dtype) * 10.0 * jnp.finfo(z.dtype).eps
+    return _ShapeLayer(w, w.s_ratio > tol if whiten else jnp.ones((), bool), f)
 
 
-def _raise_singular(flags, name: str, shape) -> None:
-    if not flags[f"rank_{name}"]:
-        raise ValueError(
-            f"{name} of shape {tuple(shape)} has a singular covariance (duplicated or "
-            "collinear features), so partial whitening with alpha < 1 divides by zero. "
-            "Remove redundant features or use alpha=1."
-        )
+def _shape_core_pair(sx: _ShapeLayer, sy: _ShapeLayer, opts, *, whiten: bool, distance: str):
+    """The shape distance of two layers' statistics and its value checks: ``(value, flags)``."""
+    alpha = opts[0] if whiten else 1.0
+    flags = dict(x=sx.flags, y=sy.flags, rank_x=sx.rank, rank_y=sy.rank)
+    ok = V.flags_ok(sx.flags, sy.flags) & sx.rank & sy.rank
+    return V.nan_unless(ok, _shape_pair(sx.w, sy.w, alpha, distance, whiten)), flags
+
+
+def _shape_reason(flags, shape_x, shape_y, opts, *, whiten: bool, distance: str) -> str | None:
+    """The pairwise call's message for fetched flags (``None``: only what the shapes decide)."""
+    del opts, distance
+    for name, shape in (("x", shape_x), ("y", shape_y)):
+        msg = V.min_samples_reason(shape, name, 2, "a shape metric")
+        if msg is not None:
+            return msg
+    if whiten:
+        for name, shape in (("x", shape_x), ("y", shape_y)):
+            if shape[1] >= shape[0]:
+                return (f"{name} has shape {tuple(shape)}: partial whitening (alpha < 1) needs a full-rank "
+                        "covariance, so d < n. Use alpha=1, reduce the features (e.g. PCA), or add samples.")
+    if flags is None:
+        return None
+    msg = V.pair_constant_reason(flags, shape_x, shape_y, what=_SHAPE_WHAT)
+    if msg is not None or not whiten:  # without whitening only "x" and "y" are read (the grid's moment flags)
+        return msg
+    for name, shape in (("x", shape_x), ("y", shape_y)):
+        if not flags[f"rank_{name}"]:
+            return (f"{name} of shape {tuple(shape)} has a singular covariance (duplicated or "
+                    "collinear features), so partial whitening with alpha < 1 divides by zero. "
+                    "Remove redundant features or use alpha=1.")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _shape_layer_fn(whiten: bool):
+    """The layer function (one object per ``whiten``; NBS and Procrustes share the unwhitened one)."""
+    return functools.partial(_shape_layer, whiten=whiten)
+
+
+@functools.lru_cache(maxsize=None)
+def _shape_parts(whiten: bool, distance: str) -> tuple:
+    """The core's three functions for one set of static options (one object each: shared programs)."""
+    kw = dict(whiten=whiten, distance=distance)
+    return (_shape_layer_fn(whiten), functools.partial(_shape_core_pair, **kw), functools.partial(_shape_reason, **kw))
+
+
+def _check_alpha(alpha) -> float:
+    alpha = float(alpha)
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1] (1 = Procrustes, 0 = CCA-like), got {alpha!r}.")
+    return alpha
+
+
+def shape_core(*, alpha: float = 1.0, distance: str = "angular") -> Core:
+    """The compiled core of :func:`shape_distance` (:class:`similarity.protocol.Core`).
+
+    ``alpha`` is traced (``opts``): every ``alpha`` that whitens (netrep: ``alpha <= 1 - 1e-7``)
+    shares the compiled programs of one ``distance``. A layer's statistics are its whitened
+    data ``(n, W)`` and the sums behind netrep's variance-preserving scale, counted over its
+    real width; the pair applies the scale for the pair's common real width ``max(d1, d2)``.
+
+    Examples:
+      >>> import numpy as np
+      >>> from funsim.similarity import protocol
+      >>> x = np.random.default_rng(0).normal(size=(20, 3))
+      >>> value, flags = protocol.evaluate(shape_core(alpha=0.5), x, -x)
+      >>> abs(float(value)) < 1e-6, bool(flags["rank_x"])
+      (True, True)
+    """
+    V.check_choice(distance, "distance", SHAPE_DISTANCES)
+    alpha = _check_alpha(alpha)
+    return Core(*_shape_parts(_whitens(alpha), distance), (alpha,))
 
 
 @full_precision
@@ -266,22 +357,9 @@ def shape_distance(
       >>> round(float(shape_distance(x, x @ q + 5.0)), 2)  # float32: arccos near 1
       0.0
     """
-    V.check_choice(distance, "distance", SHAPE_DISTANCES)
-    alpha = float(alpha)
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1] (1 = Procrustes, 0 = CCA-like), got {alpha!r}.")
+    core = shape_core(alpha=alpha, distance=distance)
     x, y = V.check_pair(x, y, min_samples=2, why="a shape metric", finite=False)
-    whiten = _whitens(alpha)
-    if whiten:
-        _check_whitenable_shape(x, "x")
-        _check_whitenable_shape(y, "y")
-    out, flags = _shape_program(x, y, jnp.asarray(alpha, x.dtype), whiten=whiten, distance=distance)
-    flags = V.fetch_flags(flags)
-    if flags is not None:
-        V.raise_pair_flags(flags["x"], flags["y"], x, y, what="the shape distance")
-        _raise_singular(flags, "x", x.shape)
-        _raise_singular(flags, "y", y.shape)
-    return out
+    return protocol.call(core, x, y)
 
 
 def _nbs_finish(ctx: MomentPair) -> jax.Array:
@@ -309,22 +387,48 @@ def _procrustes_shape_finish(ctx: MomentPair, *, distance: str) -> jax.Array:
     return m * _distance(a**2, b**2, a * b * nbs, distance)
 
 
-@jax.jit
-def _nbs_program(x, y):
-    """NBS and its value checks; each side is first divided by its power-of-two scale (exact;
-    NBS is scale invariant), so the moments cannot overflow."""
-    fx, fy = V.rep_flags(x), V.rep_flags(y)
-    out = _nbs_finish(full_pair(x / pow2_scale(x), y / pow2_scale(y)))
-    return V.nan_unless(V.flags_ok(fx, fy), out), dict(x=fx, y=fy)
+def _nbs_pair(sx: _ShapeLayer, sy: _ShapeLayer, opts, *, procrustes: bool):
+    """NBS (or Ding et al.'s ``2 - 2 NBS``) of two unwhitened layers: ``(value, flags)``."""
+    del opts
+    w, v = sx.w, sy.w
+    cos = _nuclear(w.data, v.data, jnp.minimum(w.width, v.width)) / jnp.sqrt(jnp.sum(w.data**2) * jnp.sum(v.data**2))
+    ok = V.flags_ok(sx.flags, sy.flags)
+    return V.nan_unless(ok, 2.0 - 2.0 * cos if procrustes else cos), dict(x=sx.flags, y=sy.flags)
 
 
-def _nbs_checked(x, y, what: str) -> jax.Array:
-    x, y = V.check_pair(x, y, min_samples=2, why=what, finite=False)
-    out, flags = _nbs_program(x, y)
-    flags = V.fetch_flags(flags)
-    if flags is not None:
-        V.raise_pair_flags(flags["x"], flags["y"], x, y, what=what)
-    return out
+def _nbs_reason(flags, shape_x, shape_y, opts) -> str | None:
+    """The pairwise call's message (NBS and Procrustes raise the same ones)."""
+    del opts
+    for name, shape in (("x", shape_x), ("y", shape_y)):
+        msg = V.min_samples_reason(shape, name, 2, "NBS")
+        if msg is not None:
+            return msg
+    if flags is None:
+        return None
+    return V.pair_constant_reason(flags, shape_x, shape_y, what="NBS")
+
+
+_NBS_PARTS = (_shape_layer_fn(False), functools.partial(_nbs_pair, procrustes=False), _nbs_reason)
+_PROCRUSTES_PARTS = (_shape_layer_fn(False), functools.partial(_nbs_pair, procrustes=True), _nbs_reason)
+
+
+def nbs_core() -> Core:
+    """The compiled core of :func:`nbs` (its layer is the unwhitened shape metrics' layer).
+
+    Examples:
+      >>> import numpy as np
+      >>> from funsim.similarity import protocol
+      >>> x = np.random.default_rng(0).normal(size=(20, 3))
+      >>> value, flags = protocol.evaluate(nbs_core(), x, -2 * x)
+      >>> round(float(value), 6), bool(flags["y"]["varies"])
+      (1.0, True)
+    """
+    return Core(*_NBS_PARTS)
+
+
+def procrustes_core() -> Core:
+    """The compiled core of :func:`procrustes_distance` (``2 - 2 NBS``; NBS's messages)."""
+    return Core(*_PROCRUSTES_PARTS)
 
 
 @full_precision
@@ -350,7 +454,8 @@ def nbs(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
       >>> round(float(nbs(x, -2 * x)), 6)
       1.0
     """
-    return _nbs_checked(x, y, "NBS")
+    x, y = V.check_pair(x, y, min_samples=2, why="NBS", finite=False)
+    return protocol.call(nbs_core(), x, y)
 
 
 @full_precision
@@ -373,7 +478,8 @@ def procrustes_distance(x: ArrayLike, y: ArrayLike, /) -> jax.Array:
       >>> abs(float(procrustes_distance(x, 3 * x))) < 1e-5
       True
     """
-    return 2.0 - 2.0 * _nbs_checked(x, y, "NBS")
+    x, y = V.check_pair(x, y, min_samples=2, why="NBS", finite=False)
+    return protocol.call(procrustes_core(), x, y)
 
 
 def nbs_moment_stats() -> MomentStats:
