@@ -158,11 +158,16 @@ def load_tfds(
       images ``float32 (n, H, W, C)`` in ``[0, 1]``, labels ``int32``; tfds's train/test splits.
 
     Raises:
-      DataNotFoundError: the data is not prepared and ``download`` is False.
+      DataNotFoundError: the data is not prepared and ``download`` is False, or tensorflow_datasets
+        is not installed.
     """
     if name not in TFDS_NAMES:
         raise ValueError(f"load_tfds: unknown name {name!r}; valid: {', '.join(TFDS_NAMES)}.")
-    import tensorflow_datasets as tfds
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as e:  # an optional data set of a zoo is then skipped, like one not prepared
+        raise DataNotFoundError(f"The tfds data set {name!r} needs tensorflow_datasets, which is not installed: "
+                                f"pip install tensorflow-datasets") from e
 
     if not download:
         os.environ.setdefault("TFDS_DISABLE_DOWNLOAD", "1")

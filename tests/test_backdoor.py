@@ -12,6 +12,7 @@ from funsim.experiments import backdoor as bd
 from funsim.experiments import cli
 from funsim.experiments import curriculum as cur
 from funsim.experiments import verdict
+from tests.conftest import NEEDS_MNIST5K, NEEDS_TFDS
 
 DIAMOND = np.array([
     [0, 0, 1, 0, 0],
@@ -93,6 +94,7 @@ def test_attack_success():
     np.testing.assert_allclose(bd.attack_success(logits, y, target=9), [1.0, 0.0])
 
 
+@NEEDS_MNIST5K
 def test_backdoor_smoke_end_to_end(tmp_path, capsys):
     args = ["backdoor", "--config", "smoke", "--no-progress", "--root", str(tmp_path)]
     assert cli.main(args) == 0
@@ -193,6 +195,7 @@ def test_verdict_statistics_on_known_gaps():
     assert verdict.judge_all(cfg.verdict_rules, s)[1].label == "not reproduced"
 
 
+@NEEDS_TFDS
 def test_backdoor_paper_config_runs_on_mock_svhn_without_downloading(tmp_path):
     import tensorflow_datasets as tfds
 

@@ -1,6 +1,7 @@
 """CKA, HSIC and minibatch CKA against float64 NumPy references and published values."""
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -252,6 +253,51 @@ X8 = np.random.default_rng(9).normal(size=(8, 3))
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+CKA_MODULE = importlib.import_module("funsim.similarity.cka")
+DUP8 = np.vstack([np.repeat(X8[:1], 7, axis=0), X8[1:2]])  # 7 of 8 rows coincide: the median distance is 0
+
+
+def _gram_summed_in_another_order(monkeypatch, ulps):
+    """Replace the RBF distances by what a GEMM that sums in another order than the row norms gives
+    (a GPU's): every off-diagonal entry ``ulps`` units of rounding of ``sq_i + sq_j`` above its value.
+    Under ``jax.disable_jit`` (so that no compiled program from another test is reused)."""
+    exact = CKA_MODULE._sq_dists
+
+    def rounded(x):
+        d2, sq = exact(x)
+        bump = ulps * jnp.finfo(d2.dtype).eps * (sq[:, None] + sq[None, :])
+        return jnp.where(jnp.eye(x.shape[0], dtype=bool), d2, d2 + bump), sq
+
+    monkeypatch.setattr(CKA_MODULE, "_sq_dists", rounded)
+
+
+@pytest.mark.parametrize("ulps", [1.0, 4.0])
+def test_zero_median_is_found_when_the_distances_carry_rounding(monkeypatch, ulps):
+    """On the H200 the repeated rows' distances came out a few ulps above 0, their median was a tiny
+    positive number, and the zero-median check let the call through. Emulated here on the CPU."""
+    _gram_summed_in_another_order(monkeypatch, ulps)
+    with jax.disable_jit():
+        d2, _ = CKA_MODULE._sq_dists(jnp.asarray(DUP8))
+        assert float(np.median(np.asarray(d2))) > 0.0  # the bare "median > 0" check would pass
+        for x, y, name in ((DUP8, X8, "x"), (X8, DUP8, "y")):
+            with pytest.raises(ValueError, match=rf"{name} of shape \(8, 3\) has a zero median squared pairwise"):
+                cka(x, y, kernel="rbf")
+        # a defined pair stays defined, and the rounding moves its value by rounding only
+        assert float(cka(X8, X8[:, ::-1] ** 2, kernel="rbf")) == pytest.approx(
+            ref_cka(X8, X8[:, ::-1] ** 2, "rbf"), rel=1e-12)
+
+
+@pytest.mark.parametrize("rel", [1e-6, 1e-3])
+def test_a_small_but_resolved_median_is_not_rounding(rel):
+    """Seven rows within ``rel`` of one another (relative distance), not equal: the median squared distance
+    is ~rel^2 of the norms, far above float64 rounding, so RBF CKA is defined and matches float64 NumPy
+    (to the digits that the distances' expansion ``sq_i + sq_j - 2 <x_i, x_j>`` keeps: about eps / rel^2)."""
+    rng = np.random.default_rng(4)
+    x = DUP8 + rel * np.abs(DUP8).max() * rng.normal(size=DUP8.shape) * (np.arange(8) < 7)[:, None]
+    tol = max(1e-9, np.finfo(np.float64).eps / rel**2)
+    assert float(cka(x, X8, kernel="rbf")) == pytest.approx(ref_cka(x, X8, "rbf"), rel=tol)
 
 
 def test_under_user_jit_degenerate_input_gives_nan():

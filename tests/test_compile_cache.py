@@ -1,4 +1,8 @@
-"""The command line's persistent compilation cache: where it goes, how to turn it off, quiet cache hits."""
+"""The command line's persistent compilation cache: where it goes, how to turn it off, quiet cache hits.
+
+Cache use is counted through ``jax.monitoring`` (JAX records an event for every program it looks up in
+the persistent cache and for every hit), so the tests hold on any backend, not only XLA:CPU.
+"""
 
 import os
 import pathlib
@@ -13,23 +17,36 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(
     """
-    import sys
+    import os, sys
     from funsim.experiments import compile_cache
     where = compile_cache.enable(sys.argv[1:])
     import jax, jax.numpy as jnp
+    events = []
+    jax.monitoring.register_event_listener(lambda event, **kw: events.append(event))
     print("DIR", where)
     print("VALUE", float(jax.jit(lambda x: jnp.sin(x) @ x.T)(jnp.ones((3, 3)))[0, 0]))
+    print("LOOKUPS", events.count("/jax/compilation_cache/compile_requests_use_cache"))
+    print("HITS", events.count("/jax/compilation_cache/cache_hits"))
+    print("LOGLEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
     """
 )
+
+# what jaxlib's XLA:CPU loader logs for each program read from the cache (other backends log nothing)
+LOADER_LINES = ("Assume version compatibility", "cpu_aot_loader")
 
 
 def _run(tmp_path, *args, **env):
     base = {k: v for k, v in os.environ.items()
             if k not in ("JAX_COMPILATION_CACHE_DIR", "TF_CPP_MIN_LOG_LEVEL", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-                         compile_cache.ENV)}
-    full = {**base, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "JAX_PLATFORMS": "cpu", **env}
+                         "JAX_ENABLE_COMPILATION_CACHE", compile_cache.ENV)}
+    full = {**base, "XDG_CACHE_HOME": str(tmp_path / "xdg"), **env}
     return subprocess.run([sys.executable, "-c", SCRIPT, *args], env=full, cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
+
+
+def _count(run, key: str) -> int:
+    """The number the script printed after ``key``."""
+    return int(run.stdout.split(f"{key} ")[1].split()[0])
 
 
 def _entries(d: pathlib.Path) -> list[str]:
@@ -41,23 +58,29 @@ def test_on_by_default_under_the_user_cache_dir_and_quiet_when_it_hits(tmp_path)
     assert first.returncode == 0, first.stderr
     cache = tmp_path / "xdg" / "funsim" / "jax"
     assert f"DIR {cache}" in first.stdout
+    assert _count(first, "LOOKUPS") >= 1 and _count(first, "HITS") == 0, first.stdout
     assert _entries(cache), "nothing was cached"
     second = _run(tmp_path)
     assert second.returncode == 0, second.stderr
-    assert first.stdout.split("VALUE")[1] == second.stdout.split("VALUE")[1]
-    # a cache hit makes jaxlib's loader log "Assume version compatibility" and feature warnings: silenced,
-    # unless the user chose XLA's log level (then they show, which also shows this test can fail)
-    assert "Assume version compatibility" not in second.stderr and "cpu_aot_loader" not in second.stderr, second.stderr
+    assert first.stdout.split("VALUE")[1].split()[0] == second.stdout.split("VALUE")[1].split()[0]
+    # the second run reads its programs back: every lookup hits
+    assert _count(second, "HITS") == _count(second, "LOOKUPS") >= 1, second.stdout
+    # a cache hit makes XLA:CPU's loader log "Assume version compatibility" and feature warnings: XLA's C++
+    # log is limited to fatal messages, unless the user chose its level (kept, and the cache still hits)
+    assert _count(second, "LOGLEVEL") == 3
+    assert not any(line in second.stderr for line in LOADER_LINES), second.stderr
     loud = _run(tmp_path, TF_CPP_MIN_LOG_LEVEL="1")
-    assert loud.returncode == 0 and "Assume version compatibility" in loud.stderr
+    assert loud.returncode == 0 and _count(loud, "LOGLEVEL") == 1 and _count(loud, "HITS") >= 1, loud.stdout
 
 
 def test_turned_off_or_moved(tmp_path):
     cache = tmp_path / "xdg" / "funsim" / "jax"
     off = _run(tmp_path, "--no-compile-cache")
-    assert off.returncode == 0 and "DIR None" in off.stdout and not _entries(cache)
+    assert off.returncode == 0 and "DIR None" in off.stdout and not _entries(cache), off.stderr
+    assert _count(off, "LOOKUPS") == 0 and _count(off, "HITS") == 0, off.stdout
     moved = _run(tmp_path, **{compile_cache.ENV: str(tmp_path / "elsewhere")})
-    assert moved.returncode == 0 and _entries(tmp_path / "elsewhere") and not _entries(cache)
+    assert moved.returncode == 0 and _entries(tmp_path / "elsewhere") and not _entries(cache), moved.stderr
+    assert _count(moved, "LOOKUPS") >= 1, moved.stdout
 
 
 def test_resolve_precedence():

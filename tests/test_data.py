@@ -5,11 +5,13 @@ import importlib.util
 import os
 import pathlib
 import struct
+import sys
 
 import numpy as np
 import pytest
 
 from funsim.experiments import data
+from tests.conftest import NEEDS_TFDS
 
 os.environ["TFDS_DISABLE_DOWNLOAD"] = "1"
 
@@ -75,6 +77,7 @@ def test_fashion_idx_real_data():
     assert np.bincount(ds.y_train).tolist() == [6000] * 10
 
 
+@NEEDS_TFDS
 @pytest.mark.parametrize(
     "name,label,shape,n_classes",
     [
@@ -98,6 +101,14 @@ def test_tfds_loaders_on_mock_data(name, label, shape, n_classes):
     assert 0 <= ds.y_train.min() and ds.y_train.max() < n_classes
 
 
+def test_tfds_not_installed_is_data_not_found(monkeypatch):
+    """Without tensorflow_datasets a tfds set is missing data (an optional set of a zoo is skipped), not an ImportError."""
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # import raises ModuleNotFoundError
+    with pytest.raises(data.DataNotFoundError, match="needs tensorflow_datasets.*pip install tensorflow-datasets"):
+        data.load_tfds("cifar10")
+
+
+@NEEDS_TFDS
 def test_tfds_missing_data_gives_instructions_without_downloading(tmp_path):
     with pytest.raises(data.DataNotFoundError, match="download=True"):
         data.load_tfds("cifar10", data_dir=str(tmp_path))
@@ -187,6 +198,7 @@ def test_unknown_dataset_name_suggests():
         data.load("cifar")
 
 
+@NEEDS_TFDS
 def test_fashion_mnist_tfds_fallback_with_coarse_labels(tmp_path):
     import tensorflow_datasets as tfds
 
@@ -224,6 +236,7 @@ def test_fashion_and_cifar10_groupings_follow_the_class_names(tmp_path):
     assert vehicles == {"airplane", "automobile", "ship", "truck"}
 
 
+@NEEDS_TFDS
 def test_cifar100_superclasses_come_from_tfds(tmp_path):
     import tensorflow_datasets as tfds
 

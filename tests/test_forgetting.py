@@ -12,6 +12,7 @@ from funsim.experiments import curriculum as cur
 from funsim.experiments import forgetting as fg
 from funsim.experiments import verdict
 from funsim.similarity import BilinearLayer, LinearLayer
+from tests.conftest import NEEDS_MNIST5K, NEEDS_TFDS
 
 
 def test_one_layer_network_folds_into_one_bilinear_layer_exactly(rng):
@@ -23,6 +24,7 @@ def test_one_layer_network_folds_into_one_bilinear_layer_exactly(rng):
     assert float(similarity.tensor_similarity((one,), net)) == pytest.approx(1.0, abs=1e-12)
 
 
+@NEEDS_MNIST5K
 def test_forgetting_smoke_end_to_end(tmp_path):
     assert cli.main(["forgetting", "--config", "smoke", "--no-progress", "--root", str(tmp_path)]) == 0
     out = tmp_path / "forgetting" / "smoke"
@@ -139,6 +141,7 @@ def test_verdict_statistics_on_known_stage_values():
     assert v["difference_slice_at_add9"] == "inconclusive (no difference model (difference=False))"
 
 
+@NEEDS_TFDS
 def test_forgetting_svhn_path_on_mock_data_without_downloading(tmp_path):
     import tensorflow_datasets as tfds
 

@@ -525,7 +525,7 @@ SHARDED = textwrap.dedent(
 def test_sharded_over_four_forced_host_devices():
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               PYTHONPATH=str(root), JAX_PLATFORMS="cpu")
+               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])), JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", SHARDED], env=env, cwd=root,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -229,6 +229,31 @@ def test_accuracy_events_and_boundaries():
 # --------------------------------------------------------------------------- the driver
 
 
+#: How far a resumed run may be from the uninterrupted one off the CPU (docs/gpu.md, "Reproducibility"):
+#: a GPU's reductions (atomics, the GEMM's split of the sum) are not deterministic, so the retrained
+#: checkpoints and the matrices computed from them differ by rounding (5.6e-16 seen on an H200).
+#: On the CPU a resumed run is the same run, bit for bit.
+RESUMED_TOL = 1e-6
+
+
+def assert_same_run(resumed, uninterrupted):
+    """Arrays or JSON-like trees of a resumed and an uninterrupted run: equal on the CPU, to
+    :data:`RESUMED_TOL` (absolute, and relative for the JSON numbers) elsewhere."""
+    exact = jax.default_backend() == "cpu"
+    if isinstance(resumed, np.ndarray):
+        if exact:
+            np.testing.assert_array_equal(resumed, uninterrupted)
+        else:
+            np.testing.assert_allclose(resumed, uninterrupted, rtol=0, atol=RESUMED_TOL)
+        return
+    assert jax.tree_util.tree_structure(resumed) == jax.tree_util.tree_structure(uninterrupted)
+    for a, b in zip(jax.tree_util.tree_leaves(resumed), jax.tree_util.tree_leaves(uninterrupted)):
+        if exact or not isinstance(a, float):
+            assert a == b
+        else:
+            assert a == pytest.approx(b, rel=RESUMED_TOL, abs=RESUMED_TOL)
+
+
 def _run_smoke(tmp_path, capsys, *extra):
     rc = cli.main(["grokking", "--config", "smoke", "--no-progress", "--root", str(tmp_path), *extra])
     assert rc == 0
@@ -318,9 +343,10 @@ def test_grokking_smoke_end_to_end_and_resume(tmp_path, capsys, monkeypatch):
     assert "inconclusive (the authors' run is not available)" in printed
     again = np.load(out / "matrices.npz")
     for name in grokking.MEASURES:
-        np.testing.assert_array_equal(again[name.replace(" ", "_")], mats[name.replace(" ", "_")])
+        assert_same_run(again[name.replace(" ", "_")], mats[name.replace(" ", "_")])
     m2 = json.loads((out / "metrics.json").read_text())
-    assert m2["checkpoints"] == m["checkpoints"] and m2["segmentation"] == m["segmentation"]
+    assert_same_run(m2["checkpoints"], m["checkpoints"])
+    assert m2["segmentation"] == m["segmentation"]
 
 
 def test_grokking_config_file_and_bad_fields(tmp_path):

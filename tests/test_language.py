@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from funsim.experiments import language, verdict
+from tests.conftest import NEEDS_SHAKESPEARE
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +21,7 @@ def smoke(tmp_path_factory):
     return root / "language" / "smoke", metrics
 
 
+@NEEDS_SHAKESPEARE
 def test_smoke_run_writes_sane_outputs(smoke):
     out, metrics = smoke
     for name in ("config.json", "metrics.json", "summary.md", "training.png", "similarity_matrices.png",
@@ -62,6 +64,7 @@ def test_smoke_run_writes_sane_outputs(smoke):
     assert stats["primary_transition_ratio"] == pytest.approx(d.max() / np.median(d))
 
 
+@NEEDS_SHAKESPEARE
 def test_smoke_matrices_equal_the_pairwise_library_functions(smoke):
     """Entries of the cached matrices against similarity's pairwise functions on the checkpoints."""
     from funsim import similarity
@@ -117,6 +120,7 @@ def test_verdict_statistics_on_planted_matrices():
     assert language.transition_ratio(np.eye(2)) is None
 
 
+@NEEDS_SHAKESPEARE
 def test_smoke_monte_carlo_check_agrees_with_exact(smoke):
     _, metrics = smoke
     for row in metrics["mc_check"]:
@@ -124,6 +128,7 @@ def test_smoke_monte_carlo_check_agrees_with_exact(smoke):
         assert abs(row["mc"] - row["exact"]) < 5 * row["se"]  # seeded; a 5-sigma bound
 
 
+@NEEDS_SHAKESPEARE
 def test_resume_reuses_every_stage_and_refuses_another_config(smoke):
     out, metrics = smoke
     again = language.run(language.CONFIGS["smoke"], root=out.parent.parent, run_name="smoke", progress=False,

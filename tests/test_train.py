@@ -18,6 +18,7 @@ from funsim import models
 from funsim.experiments import data
 from funsim.experiments.io import read_json
 from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
+from tests.conftest import NEEDS_SHAKESPEARE
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -93,6 +94,7 @@ def test_bad_data_for_the_model():
         train(m, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=TrainConfig(optimizer="adma"), progress=False)
 
 
+@NEEDS_SHAKESPEARE
 def test_sequence_model_trains():
     ds = data.load("shakespeare", seq_len=8, max_chars=4000)
     m = models.BilinearTransformer(97, 8, d_model=16, n_layers=1, n_heads=2, d_head=8, mlp=False, rngs=nnx.Rngs(0))
@@ -123,7 +125,8 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(args, **kw):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "JAX_PLATFORMS": "cpu"}
     return subprocess.Popen([sys.executable, "-c", SCRIPT, *map(str, args)], env=env, cwd=ROOT, **kw)
 
 
