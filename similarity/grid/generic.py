@@ -10,8 +10,9 @@ statistics per pair instead.
 
 A measure registered without a core (a user's ``fn``, or ``stats=LayerStats``) is
 run through an adapter at its exact widths (one group per width): its code was not
-written for zero padding. Such a measure has no reasons of its own: a cell where it
-gives a non-finite value, or a constant layer, is undefined with a generic reason.
+written for zero padding. Such a measure has no reasons of its own: a constant layer
+is undefined with a generic reason, and any other non-finite value is an error that
+names the cell (register the measure with a core to name its undefined cells).
 """
 
 from __future__ import annotations
@@ -34,16 +35,13 @@ from funsim.similarity.protocol import Core
 
 
 def _no_reason(measure_name: str):
+    """The reasons of a measure registered without a core: a constant layer (which every measure refuses).
+    Any other non-finite value has no reason, and the grid reports it as an error in the measure."""
+
     def reason(flags, shape_x, shape_y, opts):
         if flags is None:
             return None
-        msg = V.pair_constant_reason(flags, shape_x, shape_y, what=f"measure {measure_name!r}")
-        if msg is not None:
-            return msg
-        if not bool(flags.get("result", True)):
-            return (f"measure {measure_name!r} gives a non-finite value for this pair (it has no core, so "
-                    "no reason of its own: register it with core=protocol.Core(...) to name one).")
-        return None
+        return V.pair_constant_reason(flags, shape_x, shape_y, what=f"measure {measure_name!r}")
 
     return reason
 
