@@ -64,6 +64,9 @@ WORKLOADS = {
                  (8, 1000, (64, 96, 128, 200)), None, (4, 100, (8, 12))),
     "study": ("compare_grid, study-like", SIX,
               (24, 5000, (32, 100, 256, 512)), (24, 1000, (32, 100, 256, 512)), (8, 100, (8, 12, 16, 20))),
+    # the same grid with every layer of a side in one padded group (the shape policy's other choice)
+    "study_1g": ("compare_grid, study-like, one width group per side", SIX,
+                 (24, 5000, (32, 100, 256, 512)), (24, 1000, (32, 100, 256, 512)), (8, 100, (8, 12, 16, 20))),
 }
 
 
@@ -130,6 +133,10 @@ def _child(name: str, size: str, quick: bool) -> dict:
         xs, ys = jax.device_put(xs), jax.device_put(ys)
         call = lambda: similarity.fit_stitchers(xs, ys, family=spec)  # noqa: E731
     else:
+        if name.endswith("_1g"):  # one padded width group per side, whatever the widths
+            from funsim.similarity.grid import layers
+
+            layers.MAX_GROUPS = 1
         a, b = _grid_inputs(count, n, widths)
         a, b = jax.device_put(a), jax.device_put(b)
         call = lambda: similarity.compare_grid(a, b, measures=spec).tables  # noqa: E731

@@ -3,6 +3,7 @@
 #
 # Usage (from anywhere; it works in the repository it lives in):
 #   benchmarks/device_check.sh OUTDIR            # the GPU run: at most DEVICE_CHECK_BUDGET seconds (480)
+#   (the cold/warm rows run first: the full-size study-like grid twice, its two width-group policies)
 #   DEVICE_CHECK_SHORT=1 PYTHON=.venv/bin/python benchmarks/device_check.sh /tmp/dc   # a short CPU run
 #
 # It uses the machine's own Python and JAX (PYTHON, default python3), needs no network, and imports
@@ -21,7 +22,7 @@
 # the exit status is 1 if any step failed, timed out or was skipped, else 0.
 #
 # Settings (environment): PYTHON; DEVICE_CHECK_BUDGET (seconds, default 480);
-# DEVICE_CHECK_STEPS (default "f32 x64 cka rsa grid compile"); DEVICE_CHECK_WORKERS (default 12);
+# DEVICE_CHECK_STEPS (default "compile f32 cka rsa grid x64": the suite gets what is left); DEVICE_CHECK_WORKERS (default 12);
 # DEVICE_CHECK_SHORT=1: tiny sizes and a few test files, for a CPU run of the script itself.
 # pytest-xdist and hypothesis are on the H200 image (KINDS.md); without xdist the suite runs in one process.
 set -u
@@ -33,7 +34,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 PY=${PYTHON:-python3}
 BUDGET=${DEVICE_CHECK_BUDGET:-480}
-STEPS=${DEVICE_CHECK_STEPS:-f32 x64 cka rsa grid compile}
+STEPS=${DEVICE_CHECK_STEPS:-compile f32 cka rsa grid x64}
 WORKERS=${DEVICE_CHECK_WORKERS:-12}
 SHORT=${DEVICE_CHECK_SHORT:-0}
 START=$(date +%s)
@@ -130,7 +131,7 @@ else
   CKA_ARGS=(--ratios-only)
   RSA_ARGS=()
   GRID_ARGS=(--only cka --rounds 3)
-  COMPILE_ARGS=(--size small --timeout 60 --only fit_same grid_cka fit_mixed grid_six study)
+  COMPILE_ARGS=(--timeout 120 --only fit_same grid_cka fit_mixed grid_six study study_1g)
   XDIST_SHORT=("${XDIST[@]}")
 fi
 
@@ -150,7 +151,7 @@ for step in $STEPS; do
       run_step "bench_grid (all-pairs linear CKA)" 45 "$OUTDIR/bench_grid.log" \
         "$PY" -m benchmarks.bench_grid "${GRID_ARGS[@]}" ;;
     compile)
-      run_step "bench_compile (cold/warm)" 150 "$OUTDIR/compile.log" \
+      run_step "bench_compile (cold/warm)" 320 "$OUTDIR/compile.log" \
         "$PY" -m benchmarks.bench_compile "${COMPILE_ARGS[@]}" --output "$OUTDIR/compile.md" ;;
     *)
       STATUS+=("$step: unknown step (known: f32 x64 cka rsa grid compile)"); FAIL=1 ;;

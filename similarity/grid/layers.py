@@ -151,8 +151,8 @@ def _cost(widths: list[int]) -> float:
     return len(widths) * float(bucket(max(widths))) ** 3
 
 
-def partition(widths: list[int], *, max_groups: int = MAX_GROUPS, pad_cost: float = PAD_COST,
-              pad_floor: float = PAD_FLOOR) -> list[list[int]]:
+def partition(widths: list[int], *, max_groups: int | None = None, pad_cost: float | None = None,
+              pad_floor: float | None = None) -> list[list[int]]:
     """Split layers (their indices) into the fewest groups of contiguous widths whose padded arithmetic is
     within ``pad_cost`` of every layer padded only to its own bucket, or below ``pad_floor``; at most
     ``max_groups`` (then the cheapest split).
@@ -167,6 +167,9 @@ def partition(widths: list[int], *, max_groups: int = MAX_GROUPS, pad_cost: floa
       >>> partition([10, 10, 10, 10, 2048, 2048])
       [[0, 1, 2, 3], [4, 5]]
     """
+    max_groups = MAX_GROUPS if max_groups is None else max_groups  # the module's settings, read per call
+    pad_cost = PAD_COST if pad_cost is None else pad_cost
+    pad_floor = PAD_FLOOR if pad_floor is None else pad_floor
     order = sorted(range(len(widths)), key=lambda k: widths[k])
     ws = [widths[k] for k in order]
     m = len(ws)
