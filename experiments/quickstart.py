@@ -142,12 +142,18 @@ def _undefined(g: similarity.GridResult, names) -> list[str]:
 
 
 def _stitch_grid(cfg, g: similarity.GridResult):
-    """{family: {"a->b": matrix, "b->a": matrix}} of held-out reconstruction scores.
+    """{family: {"a->b": matrix, "b->a": matrix, "undefined": [reasons]}} of held-out reconstruction scores.
 
-    ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a" (from :func:`_grid`).
+    ``[i, j]`` is ``A_i -> B_j`` in "a->b" and ``B_j -> A_i`` in "b->a" (from :func:`_grid`). A NaN cell
+    is a score the data do not determine (e.g. a ReLU unit dead on the fitting rows but alive on the
+    held-out ones leaves an orthogonal map free there); ``undefined`` says which and why.
     """
-    return {fam: {"a->b": np.asarray(g.tables[m]), "b->a": np.asarray(g.reverse[m])}
-            for fam, m in _stitch_names(cfg).items()}
+    out = {}
+    for fam, m in _stitch_names(cfg).items():
+        why = [f"{m}({g.rows[i]} -> {g.cols[j]}): {r.split('. ')[0]}" for (i, j), r in g.undefined[m].items()]
+        why += [f"{m}({g.cols[j]} -> {g.rows[i]}): {r.split('. ')[0]}" for (i, j), r in g.reverse_undefined[m].items()]
+        out[fam] = {"a->b": np.asarray(g.tables[m]), "b->a": np.asarray(g.reverse[m]), "undefined": why}
+    return out
 
 
 def _tensor_step(cfg, trained, out):
@@ -224,6 +230,9 @@ def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name
     for pair, (a, b) in pairs.items():
         st = _stitch_grid(cfg, tables[pair])
         metrics["stitching"][pair] = {"rows": f"{a}: {names[a]}", "cols": f"{b}: {names[b]}", **st}
+        undefined = [w for d in st.values() for w in d["undefined"]]
+        if undefined:
+            log(f"      {pair}: {len(undefined)} stitching cells undefined (NaN, blank in the figure), e.g. {undefined[0]}")
         mats = {}
         for fam, d in st.items():
             mats[f"{fam}: {a} -> {b}"] = d["a->b"]
@@ -284,6 +293,10 @@ def _overview_figure(cfg, metrics: dict, names: dict, pairs: dict, path: pathlib
     return plotting.save(fig, path)
 
 
+def _score(v: float) -> str:
+    return f"{v:.3f}" if np.isfinite(v) else "undefined (see metrics.json)"
+
+
 def summary(metrics: dict, out: pathlib.Path, figures) -> str:
     """A short, readable summary of a quickstart run."""
     lines = ["summary"]
@@ -296,8 +309,8 @@ def summary(metrics: dict, out: pathlib.Path, figures) -> str:
     for fam in st:
         if fam in ("rows", "cols"):
             continue
-        f, b = np.asarray(st[fam]["a->b"])[-1, -1], np.asarray(st[fam]["b->a"])[-1, -1]
-        lines.append(f"  stitching logits, {fam:18s} mlp->bilinear {f:.3f}  bilinear->mlp {b:.3f} (held out)")
+        f, b = (_score(np.asarray(st[fam][d], dtype=float)[-1, -1]) for d in ("a->b", "b->a"))
+        lines.append(f"  stitching logits, {fam:18s} mlp->bilinear {f}  bilinear->mlp {b} (held out)")
     ts = metrics["tensor_similarity"]
     lines.append("  tensor similarity of the bilinear seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in ts["seeds"].items()))
     lines.append(f"  took {metrics['seconds']} s; results in {out}/")

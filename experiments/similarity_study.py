@@ -76,6 +76,7 @@ from typing import Any
 
 import numpy as np
 
+from funsim.experiments import jit_memory
 from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import (config_overrides, config_type, open_run, read_json, releases_run_locks,
                                   write_json_atomic, write_table_atomic, write_text_atomic)
@@ -407,6 +408,9 @@ def coarsen_logits(logits, groups):
     import jax.numpy as jnp
 
     groups = np.asarray(groups)
+    if isinstance(logits, np.ndarray):  # on the host: no compiled program per shape
+        return np.stack([np.logaddexp.reduce(logits[..., groups == c], axis=-1)
+                         for c in range(groups.max() + 1)], axis=-1)
     onehot = jnp.asarray(np.arange(groups.max() + 1)[:, None] == groups[None, :])  # (n_coarse, n_fine)
     masked = jnp.where(onehot, jnp.asarray(logits)[..., None, :], -jnp.inf)
     return jax.nn.logsumexp(masked, axis=-1)
@@ -453,12 +457,11 @@ def _row(ds, a, la, b, lb, measure, direction, split, task, value) -> dict:
 def _grid(reps: dict, measures: list[str], cfg: StudyConfig) -> dict[str, np.ndarray]:
     """One :func:`similarity.compare_grid` call over every layer of every model: ``{measure: (L, L)}``.
 
-    A grid of ten width buckets compiles a few hundred programs, each holding about 55 memory mappings
-    of JIT code on XLA:CPU; a process that keeps several grids' worth reaches Linux's default limit of
-    65,530 mappings, where LLVM fails ("Cannot allocate memory") and the process dies with a segmentation
-    fault (measured: the default study on digits, 80 layers). So the programs are released afterwards
-    when the process is near that limit (:func:`similarity.release_if_near_limit`; ``compare_grid`` also
-    checks on its way), and kept for the next grid of the same buckets otherwise.
+    The grid compiles a handful of programs (padded widths); the stitching stage after it compiles more
+    per target. Each program holds about 55 memory mappings of JIT code on XLA:CPU, and a process past
+    Linux's default limit of 65,530 mappings dies with a segmentation fault, so the study releases the
+    compiled programs when the process is near that limit (:func:`jit_memory.release_if_near_limit`),
+    and keeps them for the next grid or target of the same shapes otherwise.
     """
     import jax
 
@@ -467,7 +470,7 @@ def _grid(reps: dict, measures: list[str], cfg: StudyConfig) -> dict[str, np.nda
         return {}
     g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed))
     tables = {name: np.asarray(t, np.float64) for name, t in g.tables.items()}
-    similarity.release_if_near_limit()
+    jit_memory.release_if_near_limit()
     return tables
 
 
@@ -653,6 +656,17 @@ def _stitched_chunk_jit():
     return jax.jit(run, static_argnums=(0, 6))
 
 
+@functools.cache
+def _apply_tail_jit():
+    import jax
+    return jax.jit(lambda tail, params, z: tail(params, z), static_argnums=0)
+
+
+def _apply_tail(tail, params, z):
+    """``tail(params, z)`` as one compiled program per tail and shapes (not op by op)."""
+    return _apply_tail_jit()(tail, params, z)
+
+
 def _head_eligible(model, layer: str) -> bool:
     """Whether a new head on ``model``'s penultimate stage can follow ``layer`` (at or before that stage)."""
     import funsim.models as models_lib
@@ -712,8 +726,9 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
             g = task.split(":", 1)[1]
             tail_t, params_t = models_lib.stack_head_tails([t.model for t in targets], lt,
                                                            [heads[t.id][g] for t in targets])
-            own = np.stack([np.asarray(tail_t(jax.tree.map(lambda a, m=m: a[m], params_t),
-                                              jnp.asarray(feats[t.id]["test"][lt]))) for m, t in enumerate(targets)])
+            host = jax.tree.map(np.asarray, params_t)  # per-model slices on the host, one program per tail
+            own = np.stack([np.asarray(_apply_tail(tail_t, jax.tree.map(lambda a, m=m: a[m], host),
+                                                   feats[t.id]["test"][lt])) for m, t in enumerate(targets)])
         else:
             tail_t = tail if groups is None else CoarseTail(tail, groups)
             own = own_te if groups is None else np.asarray(coarsen_logits(own_te, groups))
@@ -814,7 +829,7 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
         bar.set_postfix_str(f"{name}:{lt}")
         targets = [m for m in models if m.name == name]
         keys = {fam: jax.random.fold_in(jax.random.key(cfg.seed), j) for fam, j in fams.items()}
-        similarity.release_if_near_limit()  # each target compiles its own programs (see _grid)
+        jit_memory.release_if_near_limit()  # each target compiles its own programs (see _grid)
         rows = _stitch_target(ds, lt, srcs, targets, order, feats, ys, tasks, keys, cfg, heads)
         for fam in fams:
             for task in tasks:  # a task the target cannot take (no head after this layer): an empty unit
@@ -970,7 +985,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
         stitch = (_stitch_stage(ds, models, zdata, manifest["datasets"][ds], cfg, out, log, progress)
                   if cfg.stitch_families else {})
         stages[ds] = {"models": len(models), "grid": grid, "stitch": stitch}
-        similarity.release_if_near_limit()  # this data set's programs, if near the limit (see _grid)
+        jit_memory.release_if_near_limit()  # this data set's programs, if near the limit (see _grid)
     bar.close()
     units = [f for s in stages.values() for f in s["grid"].pop("units") + s["stitch"].pop("units", [])]
     if n_proc > 1:  # the other processes' units: model pairs and stitching targets

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 
@@ -106,7 +107,9 @@ def stack_tails(models: Sequence[Any], layer: str, /) -> tuple[TailApply, Any]:
     if not splits or any(not isinstance(f, TailApply) or f != splits[0][0] for f, _ in splits):
         raise ValueError("stack_tails needs one or more Flax NNX models of the same architecture "
                          "(equal nnx graphdefs); stitch into different architectures in separate calls.")
-    return splits[0][0], jax.tree.map(lambda *a: jnp.stack(a), *(p for _, p in splits))
+    # stacked on the host and put on the device once: no compiled program per leaf shape
+    return splits[0][0], jax.tree.map(lambda *a: jnp.asarray(np.stack([np.asarray(x) for x in a])),
+                                      *(p for _, p in splits))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,5 +210,5 @@ def stack_head_tails(models: Sequence[Any], layer: str, heads: Sequence[dict], /
     until = penultimate(models[0])
     if until is None:
         raise ValueError("stack_head_tails: the model has a single stage, so no penultimate features for a head.")
-    head = jax.tree.map(lambda *a: jnp.stack([jnp.asarray(x) for x in a]), *heads)
+    head = jax.tree.map(lambda *a: jnp.asarray(np.stack([np.asarray(x) for x in a])), *heads)
     return HeadTail(tail.graphdef, layer, until), {"model": state, "head": head}

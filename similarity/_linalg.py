@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["arccos_unit", "lstsq", "pow2_at", "pow2_scale", "row_hash", "shared_hashes", "shared_rows", "sqrt_floor", "svd"]
+__all__ = ["arccos_unit", "fmix32", "lstsq", "pow2_at", "pow2_scale", "row_hash", "shared_hashes", "shared_rows", "sqrt_floor", "svd"]
 
 
 def _plain(x: jax.Array, compute_uv: bool):
@@ -261,7 +261,7 @@ def pow2_at(max_abs: jax.Array) -> jax.Array:
 _MIX = (0x85EBCA6B, 0xC2B2AE35)  # murmur3's finaliser constants
 
 
-def _fmix32(h: jax.Array) -> jax.Array:
+def fmix32(h: jax.Array) -> jax.Array:
     """murmur3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
     h = h ^ (h >> 16)
     h = h * jnp.uint32(_MIX[0])
@@ -282,12 +282,12 @@ def row_hash(x: jax.Array, seed: int, width: jax.Array | int | None = None) -> j
     n = x.shape[0]
     z = jnp.where(x == 0, jnp.zeros((), x.dtype), x)
     bits = jax.lax.bitcast_convert_type(z, jnp.uint32).reshape(n, -1)  # (n, d) or (n, 2d) for float64
-    col = _fmix32(jnp.arange(bits.shape[1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9) + jnp.uint32(seed))
-    mixed = _fmix32(bits ^ col[None, :])
+    col = fmix32(jnp.arange(bits.shape[1], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9) + jnp.uint32(seed))
+    mixed = fmix32(bits ^ col[None, :])
     if width is not None:  # the words of feature j are columns j * k ... j * k + k - 1 of bits
         per = bits.shape[1] // x.shape[1]
         mixed = jnp.where((jnp.arange(bits.shape[1]) // per < width)[None, :], mixed, jnp.zeros((), jnp.uint32))
-    return _fmix32(jnp.sum(mixed, axis=1, dtype=jnp.uint32))
+    return fmix32(jnp.sum(mixed, axis=1, dtype=jnp.uint32))
 
 
 def shared_rows(x: jax.Array, in_a: jax.Array, in_b: jax.Array) -> jax.Array:

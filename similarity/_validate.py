@@ -50,6 +50,7 @@ from jax.typing import ArrayLike
 
 __all__ = [
     "is_concrete",
+    "warn_float64_without_x64",
     "as_float_array",
     "check_rep",
     "check_pair",
@@ -99,7 +100,7 @@ def warn_at_caller(message: str, category: type[Warning]) -> None:
     warnings.warn(message, category, stacklevel=level)
 
 
-def _warn_float64_without_x64(name: str) -> None:
+def warn_float64_without_x64(name: str) -> None:
     global _warned_x64
     if _warned_x64:
         return
@@ -165,7 +166,7 @@ def as_float_array(x: ArrayLike, name: str) -> jax.Array:
         )
     dt = compute_dtype(x.dtype, name)
     if dt == jnp.dtype(jnp.float64) and not jax.config.jax_enable_x64:
-        _warn_float64_without_x64(name)
+        warn_float64_without_x64(name)
         dt = jnp.dtype(jnp.float32)
         if isinstance(x, np.ndarray) or jnp.dtype(x.dtype) != dt:
             return jnp.asarray(np.asarray(x, dtype=np.float32))

@@ -79,7 +79,7 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import protocol
-from funsim.similarity._linalg import _fmix32, pow2_scale, row_hash, shared_hashes
+from funsim.similarity._linalg import fmix32, pow2_scale, row_hash, shared_hashes
 from funsim.similarity._linalg import svd as _svd
 from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerMoments, MomentPair, MomentStats, PairMoments, split_weights
@@ -751,7 +751,7 @@ def _stitch_layer(z, width, opts, *, family: str, which: str) -> _StitchLayer:
 
 def _pair_hash(hx: jax.Array, hy: jax.Array) -> jax.Array:
     """One uint32 hash per row of the pair ``(z_src, z_tgt)`` from each side's row hashes."""
-    return _fmix32(hx ^ _fmix32(hy + jnp.uint32(0x9E3779B9)))
+    return fmix32(hx ^ fmix32(hy + jnp.uint32(0x9E3779B9)))
 
 
 def _pair_parts(sx: _StitchLayer, sy: _StitchLayer, ridge, *, family: str):

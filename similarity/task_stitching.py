@@ -48,7 +48,7 @@ from jax.typing import ArrayLike
 from funsim.similarity._precision import full_precision
 from funsim.similarity._stitch_param import INITS, apply_channels, init_params, merge_orthogonal
 from funsim.similarity._stitch_train import LOSSES, OPTIMIZERS, fit_loop, loss_from_logits
-from funsim.similarity._validate import as_float_array, check_choice, check_finite, check_int_labels
+from funsim.similarity._validate import as_float_array, check_choice, check_finite, check_int_labels, is_concrete
 from funsim.similarity.stitching import FAMILIES, Stitcher
 
 __all__ = [
@@ -290,7 +290,13 @@ def _prepare_source(z, name: str, tshape: tuple[int, ...], n: int | None) -> jax
 
 
 def _pad_stack(zs: Sequence[jax.Array], width: int, dtype) -> jax.Array:
-    """Zero-pad each ``(n, ..., d_k)`` on the last axis to ``width``: ``(K, n, ..., width)``."""
+    """Zero-pad each ``(n, ..., d_k)`` on the last axis to ``width``: ``(K, n, ..., width)``.
+
+    On the host when the sources are concrete (one transfer, no compiled program per source width).
+    """
+    if is_concrete(*zs):
+        host = [np.asarray(z, dtype=dtype) for z in zs]
+        return jnp.asarray(np.stack([np.pad(z, [(0, 0)] * (z.ndim - 1) + [(0, width - z.shape[-1])]) for z in host]))
     pad = [jnp.pad(z, [(0, 0)] * (z.ndim - 1) + [(0, width - z.shape[-1])]) for z in zs]
     return jnp.stack(pad).astype(dtype)
 
@@ -363,7 +369,9 @@ def _check_tail(tail_apply, tail_params, tshape, dtype, stacked) -> int:
             f"tail_apply must be hashable (it is a static argument of the compiled loop), got "
             f"{type(tail_apply).__name__}; use a module-level function or models.split_tail."
         ) from None
-    one = jax.tree.map(lambda a: a[0], tail_params) if stacked else tail_params
+    # one tail's parameters as shapes only (indexing the stack would compile a program per leaf shape)
+    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)), tail_params) \
+        if stacked else tail_params
     out = jax.eval_shape(tail_apply, one, jax.ShapeDtypeStruct((2, *tshape), dtype))
     if getattr(out, "ndim", None) != 2:
         raise ValueError(
@@ -569,13 +577,16 @@ def train_stitchers(
             z_ev, y_eval, t_eval, tails, hyper, family=loop_family, **static,
         )
         hist = jax.tree.map(np.asarray, hist)
+        # each stitcher's slice taken on the host (slicing on the device compiles a program per shape)
+        weight, bias, scale = np.asarray(weight), np.asarray(bias), np.asarray(scale)
         n_ev = hist["eval_loss"].shape[-1]
         ev_steps = np.minimum(np.arange(n_ev) * static["chunk"], steps)
         for j, i in enumerate(idx):
             pick = (lambda a: a[:, j]) if stacked else (lambda a: a[0, j])  # noqa: E731
             d_k = srcs[i].shape[-1]
             results[i] = TrainedStitcher(
-                Stitcher(pick(weight)[..., :d_k, :], pick(bias), pick(scale), fams[i]),
+                Stitcher(jnp.asarray(pick(weight)[..., :d_k, :]), jnp.asarray(pick(bias)), jnp.asarray(pick(scale)),
+                         fams[i]),
                 TrainHistory(
                     train_loss=pick(hist["train_loss"]),
                     constraint_error=pick(hist["constraint_error"]),

@@ -64,3 +64,15 @@ def rng():
 @pytest.fixture
 def tol():
     return TOL
+
+
+@pytest.fixture(autouse=True)
+def _jit_code_within_the_mapping_limit():
+    """A test worker is a long process that compiles thousands of programs across the suite; each holds
+    memory mappings of JIT code, and past ``vm.max_map_count`` XLA:CPU segfaults mid-compile. Like the
+    long drivers, the suite keeps within the limit with the drivers' guard, after each test (the
+    library itself never clears caches)."""
+    yield
+    from funsim.experiments import jit_memory
+
+    jit_memory.release_if_near_limit()

@@ -183,7 +183,7 @@ def _architecture(widths, n=30, seed=0):
 def test_second_architecture_pair_of_the_same_buckets_compiles_nothing():
     """Each side is padded to the bucket of its widest layer (7 and 8: 8; 10 and 12: 12) and of its layer
     count (6 layers: 6; 3: 3). The second pair of architectures compiles no program, and every value
-    equals the unpadded grid's and the pairwise one."""
+    equals the unpadded grid's (and, on three cells, the pairwise call's)."""
     ms = ["cka/linear", "nbs", "shape/euclidean/alpha=1", "stitch/affine", "stitch/orthogonal",
           "stitch/scaled_orthogonal/in_sample", "stitch/affine/ridge=0.01"]
     first = (_architecture([5] * 5 + [7]), _architecture([10, 10, 3], seed=1))
@@ -197,7 +197,12 @@ def test_second_architecture_pair_of_the_same_buckets_compiles_nothing():
     for k in ms:
         np.testing.assert_allclose(g.tables[k], exact.tables[k], rtol=1e-10, atol=1e-12, err_msg=k)
         np.testing.assert_allclose(g.reverse[k], exact.reverse[k], rtol=1e-10, atol=1e-12, err_msg=k)
-        np.testing.assert_allclose(g.tables[k], _pairwise(k, *second), rtol=1e-9, atol=1e-10, err_msg=k)
+    # and the pairwise calls, on cells of three different width pairs (every cell compiles its own shapes
+    # pairwise; the unpadded grid above covers the rest)
+    (xs, ys), cells = second, [(0, 0), (4, 1), (5, 2)]
+    for k in ms:
+        want = [float(sim.measure(k)(xs[i], ys[j])) for i, j in cells]
+        np.testing.assert_allclose([g.tables[k][i, j] for i, j in cells], want, rtol=1e-9, atol=1e-10, err_msg=k)
 
 
 def test_every_moment_measure_is_unchanged_by_padding():

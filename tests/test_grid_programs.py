@@ -71,7 +71,7 @@ def test_far_apart_widths_get_their_own_group():
     wide ones form their own group (and the values are unchanged)."""
     from funsim.similarity.grid import layers as L
 
-    groups = L._groups([np.zeros((3, d)) for d in (10, 10, 12, 10, 2048, 2048)], buckets=True)
+    groups = L.make_groups([np.zeros((3, d)) for d in (10, 10, 12, 10, 2048, 2048)], buckets=True)
     assert [g.width for g in groups] == [12, 2048]
     assert [g.idx for g in groups] == [(0, 1, 3, 2), (4, 5)]
-    assert L._groups([np.zeros((3, d)) for d in MIXED], buckets=True)[0].width == 256
+    assert L.make_groups([np.zeros((3, d)) for d in MIXED], buckets=True)[0].width == 256

@@ -95,8 +95,8 @@ def test_library_programs_have_unbatched_svds(rng):
     # fit_stitchers' stacked path, traced the way it runs
     from funsim.similarity import stitching as S
 
-    args = (jnp.asarray(np.stack(xs)), jnp.asarray(np.stack(ys)))
-    fit = lambda a, b: S._fit_stacked(a, b, family="orthogonal", ridge=0.0, normalize=True)[0]  # noqa: E731
+    args = (jnp.asarray(np.stack(xs)), jnp.asarray(np.stack(ys)), jnp.ones((3, 9)))
+    fit = lambda a, b, m: S._fit_padded(a, b, m, 0.0, family="orthogonal", normalize=True)[0]  # noqa: E731
     ops = _gesdd_operands(fit, *args)
     assert ops and all(len(shape) == 2 for shape in ops)
 

@@ -59,8 +59,10 @@ def test_the_wheel_installs_one_namespace(dist):
     assert tops == {"funsim"}, f"the wheel installs top-level names {sorted(tops)}; only 'funsim' is allowed"
     for pkg in PACKAGES:
         assert f"funsim/{pkg}/__init__.py" in names, f"funsim/{pkg} is missing from the wheel"
-        shipped = {Path(n).name for n in names if n.startswith(f"funsim/{pkg}/") and n.endswith(".py")}
-        source = {p.name for p in (ROOT / pkg).glob("*.py")}
+        # every module, subpackages too (a subpackage missing from pyproject's list is left out silently)
+        shipped = {n.split("/", 2)[2] for n in names if n.startswith(f"funsim/{pkg}/") and n.endswith(".py")}
+        source = {p.relative_to(ROOT / pkg).as_posix() for p in (ROOT / pkg).rglob("*.py")
+                  if "__pycache__" not in p.parts}
         assert shipped == source, f"funsim/{pkg} in the wheel differs from {pkg}/: {sorted(shipped ^ source)}"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "funsim = funsim.experiments.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()

@@ -17,7 +17,7 @@ import funsim.similarity as sim
 from funsim.similarity._precision import full_precision
 
 #: Public functions that compute nothing (bookkeeping of the registry and of JAX's caches).
-NOT_NUMERIC = {"list_measures", "make_measure", "measure", "register", "register_family", "release_if_near_limit"}
+NOT_NUMERIC = {"list_measures", "make_measure", "measure", "register", "register_family"}
 
 
 def _public_functions():

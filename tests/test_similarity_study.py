@@ -168,13 +168,13 @@ def test_interrupted_study_resumes_to_the_same_table(tiny, monkeypatch):
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if p.parent.name != "resumed"}
     monkeypatch.setattr(S, "_stitch_target", real)
     # the resumed run near the memory-mapping limit: it releases the compiled programs before its target
-    from funsim.similarity import _jit_memory as M
+    from funsim.experiments import jit_memory as M
     released, clear = [], jax.clear_caches
     monkeypatch.setattr(M, "_limit", lambda: 1000)
     monkeypatch.setattr(M, "_mappings", lambda: 900)
     monkeypatch.setitem(M._state, "floor", 0)
     monkeypatch.setattr(M, "_MIN_INTERVAL_S", 0.0)
-    monkeypatch.setattr(M.jax, "clear_caches", lambda: released.append(1) or clear())
+    monkeypatch.setattr(jax, "clear_caches", lambda: released.append(1) or clear())
     S.run(cfg, root=root, run_name="resumed", progress=False, log=lambda s: None)
     assert released
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())  # finished units are not redone

@@ -111,7 +111,7 @@ def _refuse_process_sharded(reps_a, reps_b, measure_name: str) -> None:
     the others build per-layer statistics over all samples (RDMs, kernels, bases).
     """
     for name, k, z in L.global_layers(reps_a, reps_b):
-        keys = L._as_layers(reps_a if name == "reps_a" else reps_b, name)[0]
+        keys = L.as_layers(reps_a if name == "reps_a" else reps_b, name)[0]
         raise ValueError(
             f"{name}[{k}] ({keys[k]!r}, shape {tuple(z.shape)}) is spread over several processes, and "
             f"measure {measure_name!r} needs every row of a layer in each process. With rows sharded "
@@ -124,7 +124,7 @@ def _refuse_process_sharded(reps_a, reps_b, measure_name: str) -> None:
 def _moment_fallback_reason(m: Measure, n_fit: int):
     """The reasons of a user's moment measure without a core: its width check, constant layers, and a
     non-finite value (it cannot say more)."""
-    base = G._no_reason(m.name)
+    base = G.no_reason(m.name)
 
     def reason(flags, shape_x, shape_y, opts):
         if flags is None:

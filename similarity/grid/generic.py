@@ -34,7 +34,7 @@ from funsim.similarity.protocol import Core
 # ----------------------------------------------------------------------------- adapters
 
 
-def _no_reason(measure_name: str):
+def no_reason(measure_name: str):
     """The reasons of a measure registered without a core: a constant layer (which every measure refuses).
     Any other non-finite value has no reason, and the grid reports it as an error in the measure."""
 
@@ -70,8 +70,8 @@ def _fn_pair(fn, sx, sy, opts):
 def _adapter(measure) -> Core:
     if measure.stats is not None:
         return Core(functools.partial(_stats_layer, measure.stats), functools.partial(_stats_pair, measure.stats),
-                    _no_reason(measure.name))
-    return Core(_fn_layer, functools.partial(_fn_pair, measure.fn), _no_reason(measure.name))
+                    no_reason(measure.name))
+    return Core(_fn_layer, functools.partial(_fn_pair, measure.fn), no_reason(measure.name))
 
 
 def core_of(measure) -> tuple[Core, bool]:
@@ -161,7 +161,7 @@ def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: 
     """One measure's tables by direction: ``"fwd"`` (``measure(A_i, B_j)``) and/or ``"rev"``
     (``measure(B_j, A_i)``, indexed ``[i, j]`` too)."""
     core, padded = core_of(measure)
-    groups = {s: lay.groups(s) if padded else L._groups(lay.side(s), buckets=False) for s in "ab"}
+    groups = {s: lay.groups(s) if padded else L.make_groups(lay.side(s), buckets=False) for s in "ab"}
     opts = tuple(np.asarray(o, lay.dtype) for o in core.opts)
     need = sum(_stats_bytes(core, lay.n, g.width, len(g.pidx), lay.dtype) for s in "ab" for g in groups[s])
     per_layer = need <= stats_budget

@@ -97,7 +97,7 @@ class Layers(NamedTuple):
         return (self.n, self.width(side, k))
 
 
-def _as_layers(reps, name) -> tuple[tuple, list]:
+def as_layers(reps, name) -> tuple[tuple, list]:
     if isinstance(reps, Mapping):
         keys, vals = tuple(reps.keys()), list(reps.values())
     elif isinstance(reps, Sequence) and not isinstance(reps, (str, bytes)):
@@ -115,7 +115,7 @@ def global_layers(reps_a, reps_b) -> list[tuple[str, int, Any]]:
     for name, reps in (("reps_a", reps_a), ("reps_b", reps_b)):
         if reps is None:
             continue
-        for k, z in enumerate(_as_layers(reps, name)[1]):
+        for k, z in enumerate(as_layers(reps, name)[1]):
             if isinstance(z, jax.Array) and not z.is_fully_addressable:
                 out.append((name, k, z))
     return out
@@ -195,7 +195,7 @@ def partition(widths: list[int], *, max_groups: int | None = None, pad_cost: flo
     return [[order[i] for i in range(lo, hi)] for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
-def _groups(vs, *, buckets: bool) -> tuple[Group, ...]:
+def make_groups(vs, *, buckets: bool) -> tuple[Group, ...]:
     """The layers padded into a few groups (:func:`partition`, ``buckets``), or one group per exact width."""
     widths = [int(z.shape[1]) for z in vs]
     if buckets:
@@ -215,9 +215,9 @@ def _groups(vs, *, buckets: bool) -> tuple[Group, ...]:
 
 def prepare(reps_a, reps_b, *, buckets: bool) -> Layers:
     """Check the layers' shapes, dtypes and sample counts, and group them (no values are read)."""
-    rows, va = _as_layers(reps_a, "reps_a")
+    rows, va = as_layers(reps_a, "reps_a")
     same = reps_b is None or reps_b is reps_a
-    cols, vb = (rows, va) if same else _as_layers(reps_b, "reps_b")
+    cols, vb = (rows, va) if same else as_layers(reps_b, "reps_b")
     va = [_check_layer(z, f"reps_a[{k}]") for k, z in enumerate(va)]
     vb = va if same else [_check_layer(z, f"reps_b[{k}]") for k, z in enumerate(vb)]
     n = va[0].shape[0]
@@ -230,10 +230,10 @@ def prepare(reps_a, reps_b, *, buckets: bool) -> Layers:
                 )
     dt = functools.reduce(jnp.promote_types, [V.compute_dtype(z.dtype, "reps") for z in va + vb])
     if dt == jnp.dtype(jnp.float64) and not jax.config.jax_enable_x64:
-        V._warn_float64_without_x64("reps")
+        V.warn_float64_without_x64("reps")
         dt = jnp.dtype(jnp.float32)
-    ga = _groups(va, buckets=buckets)
-    gb = ga if same else _groups(vb, buckets=buckets)
+    ga = make_groups(va, buckets=buckets)
+    gb = ga if same else make_groups(vb, buckets=buckets)
     return Layers(rows, cols, va, vb, n, dt, same, ga, gb)
 
 
