@@ -696,8 +696,7 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
     """Train every source into layer ``lt`` of every target model (the seeds of one architecture).
 
     ``families`` maps each family to train to its key. All of them train in one
-    ``train_stitchers`` call per task (one compiled loop for affine, one for the orthogonal
-    families) and are evaluated in one compiled program; each family's stitchers get the
+    ``train_stitchers`` call per task (one compiled loop for every family) and are evaluated in one compiled program; each family's stitchers get the
     keys its own call would have split from its key. Returns ``{family: {task: rows}}``.
     """
     import jax

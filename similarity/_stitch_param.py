@@ -13,7 +13,12 @@ The orthogonal families also carry constants ``{"base": (M, M), "mask": (M, M)}`
 trains as ``scaled_orthogonal`` (one compiled loop) with one more constant, ``"free": ()``,
 1 for a scaled stitcher and 0 for an orthogonal one: its scale is ``exp(log_scale * free)``,
 so an orthogonal stitcher's scale is exactly 1 and its ``log_scale`` gets a zero gradient
-(and stays at 0). The square orthogonal matrix is
+(and stays at 0). A batch that also holds affine stitchers trains as ``mixed``: every
+stitcher carries both parametrisations, ``{"weight": (M, d_tgt), "gen", "log_scale",
+"bias"}``, and one more constant, ``"affine": ()``, selects which one acts (``jnp.where``),
+so the other gets a zero gradient and stays at its start. Each stitcher then follows
+exactly the trajectory of its own family's loop, at the price of a Cayley solve for the
+affine stitchers too (see :func:`merge_families`). The square orthogonal matrix is
 
     Q = base @ cayley(A),   cayley(A) = (I - A)^{-1} (I + A),   A = (G - G^T) * mask,
 
@@ -77,13 +82,13 @@ def materialise(params: dict, consts: dict, *, family: str):
     Args:
       params: the family's parameter dict (see the module docstring).
       consts: ``{"base", "mask"}`` for the orthogonal families, ``{}`` for affine.
-      family: one of ``similarity.FAMILIES``.
+      family: one of ``similarity.FAMILIES``, or ``"mixed"`` (see the module docstring).
 
     Returns:
       ``(weight (D, d_tgt), scale (), bias (d_tgt,), q)`` where ``q`` is the
       ``(M, M)`` orthogonal matrix (``None`` for affine) and ``D`` the padded
       source width (``params["weight"]``'s rows, or ``M`` for the orthogonal
-      families: the caller slices the rows it needs).
+      and mixed families: the caller slices the rows it needs).
     """
     bias = params["bias"]
     one = jnp.ones((), bias.dtype)
@@ -91,20 +96,26 @@ def materialise(params: dict, consts: dict, *, family: str):
         return params["weight"], one, bias, None
     q = orthogonal_matrix(params["gen"], consts["base"], consts["mask"])
     weight = q[:, : bias.shape[0]]
-    if family != "scaled_orthogonal":
+    if family == "orthogonal":
         scale = one
     elif "free" in consts:  # a batch mixing orthogonal (free = 0: scale exactly 1) and scaled stitchers
         scale = jnp.exp(params["log_scale"] * consts["free"])
     else:
         scale = jnp.exp(params["log_scale"])
+    if family == "mixed":  # an affine stitcher (affine = 1) takes its own weight, scale 1 and no constraint
+        affine = consts["affine"] > 0
+        return jnp.where(affine, params["weight"], weight), jnp.where(affine, one, scale), bias, q
     return weight, scale, bias, q
 
 
-def constraint_error(q: jax.Array | None, dtype) -> jax.Array:
-    """``max |Q^T Q - I|`` (0 when there is no orthogonal matrix)."""
+def constraint_error(q: jax.Array | None, dtype, consts: dict | None = None) -> jax.Array:
+    """``max |Q^T Q - I|`` (0 when there is no orthogonal matrix, or for an affine stitcher of a mixed batch)."""
     if q is None:
         return jnp.zeros((), dtype)
-    return jnp.max(jnp.abs(q.T @ q - jnp.eye(q.shape[0], dtype=q.dtype)))
+    err = jnp.max(jnp.abs(q.T @ q - jnp.eye(q.shape[0], dtype=q.dtype)))
+    if consts is not None and "affine" in consts:
+        err = jnp.where(consts["affine"] > 0, jnp.zeros((), err.dtype), err)
+    return err
 
 
 def apply_channels(z: jax.Array, weight: jax.Array, scale, bias: jax.Array) -> jax.Array:
@@ -250,7 +261,8 @@ def init_params(
       pad_to: pad the sources to this width instead of their largest (at least that).
 
     Returns:
-      ``(params, consts)``: pytrees of ``(M, K, ...)`` arrays.
+      ``(params, consts)``: pytrees of ``(M, K, ...)`` NumPy arrays in ``dtype`` (host-side: the
+      caller merges batches and puts them on the device once).
     """
     widths = [int(s.shape[-1]) for s in srcs]
     d_max = max(widths) if pad_to is None else max(max(widths), int(pad_to))
@@ -286,33 +298,62 @@ def init_params(
             plist.append(p)
             clist.append(dict(base=base_full, mask=mask))
 
-    def stack(trees):
+    def stack(trees):  # on the host, in the working dtype (a conversion on the device compiles a program)
         return jax.tree.map(
-            lambda *a: jnp.asarray(np.stack(a).reshape(n_tails, len(widths), *np.shape(a[0])), dtype),
-            *trees,
+            lambda *a: np.stack(a).reshape(n_tails, len(widths), *np.shape(a[0])).astype(dtype), *trees,
         )
 
     return stack(plist), (stack(clist) if clist[0] else {})
 
 
-def merge_orthogonal(groups: Sequence[tuple[str, dict, dict]]) -> tuple[dict, dict]:
-    """One ``scaled_orthogonal`` batch from ``(family, params, consts)`` batches of both orthogonal families.
+def merge_families(groups: Sequence[tuple[str, dict, dict]]) -> tuple[str, dict, dict]:
+    """One batch, for one compiled loop, from ``(family, params, consts)`` batches of any families.
 
-    The batches must share their padded widths (:func:`init_params` with one ``pad_to``);
-    they are concatenated along the K axis in the order given. ``orthogonal`` batches get
-    ``log_scale = 0`` and ``free = 0``, ``scaled_orthogonal`` ones ``free = 1`` (see the
-    module docstring).
+    The batches come from :func:`init_params` with one ``pad_to`` (host arrays of one dtype);
+    they are concatenated along the K axis in the order given, on the host. One family is
+    returned as it is. The two orthogonal families merge into ``scaled_orthogonal``:
+    ``orthogonal`` batches get ``log_scale = 0`` and ``free = 0``, ``scaled_orthogonal`` ones
+    ``free = 1``. With affine batches too, the loop family is ``mixed``: each batch gets the
+    parameters and constants of the others at a neutral start (an affine stitcher's ``gen`` 0,
+    ``base`` the identity and ``mask`` 0; an orthogonal one's ``weight`` 0), and ``affine``
+    (1 or 0) selects its map (see the module docstring).
+
+    Returns:
+      ``(loop family, params, consts)``, pytrees of ``(M, K_total, ...)`` host arrays.
     """
+    fams = [f for f, _, _ in groups]
+    for f in fams:
+        if f not in ("affine", "orthogonal", "scaled_orthogonal"):
+            raise ValueError(f"merge_families takes stitcher families, got {f!r}.")
+    if len(groups) == 1:
+        return groups[0]
+    mixed = "affine" in fams
+    loop = "mixed" if mixed else "scaled_orthogonal"
+    ref_p = next(p for f, p, _ in groups if f != "affine")  # an orthogonal batch: its (M, M) shapes
+    d_tgt = ref_p["bias"].shape[-1]
+    m_max = ref_p["gen"].shape[-1]
     ps, cs = [], []
     for family, params, consts in groups:
-        if family not in ("orthogonal", "scaled_orthogonal"):
-            raise ValueError(f"merge_orthogonal takes orthogonal families, got {family!r}.")
         lead = params["bias"].shape[:2]  # (M, K)
-        p = dict(params)
-        if family == "orthogonal":
-            p["log_scale"] = jnp.zeros(lead, params["bias"].dtype)
+        dtype = params["bias"].dtype
+        full = lambda shape, v, lead=lead, dtype=dtype: np.full(lead + shape, v, dtype)  # noqa: E731
+        p, c = dict(params), dict(consts)
+        if family == "affine":
+            w = params["weight"]
+            p["weight"] = np.concatenate([w, np.zeros(lead + (m_max - w.shape[-2], d_tgt), dtype)], axis=-2)
+            p["gen"], p["log_scale"] = full((m_max, m_max), 0.0), full((), 0.0)
+            c["base"] = np.broadcast_to(np.eye(m_max, dtype=dtype), lead + (m_max, m_max)).copy()
+            c["mask"] = np.zeros_like(c["base"])
+            c["free"] = full((), 0.0)
+        else:
+            if family == "orthogonal":
+                p["log_scale"] = full((), 0.0)
+            c["free"] = full((), 1.0 if family == "scaled_orthogonal" else 0.0)
+            if mixed:
+                p["weight"] = full((m_max, d_tgt), 0.0)
+        if mixed:
+            c["affine"] = full((), 1.0 if family == "affine" else 0.0)
         ps.append(p)
-        cs.append(dict(consts, free=jnp.full(lead, 1.0 if family == "scaled_orthogonal" else 0.0,
-                                             params["bias"].dtype)))
-    cat = lambda *a: jnp.concatenate(a, axis=1)  # noqa: E731
-    return jax.tree.map(cat, *ps), jax.tree.map(cat, *cs)
+        cs.append(c)
+    cat = lambda *a: np.concatenate(a, axis=1)  # noqa: E731
+    return loop, jax.tree.map(cat, *ps), jax.tree.map(cat, *cs)

@@ -62,7 +62,7 @@ def objective(params, consts, z, y, teacher, tail_params, *, tail_apply, family,
     weight, scale, bias, q = materialise(params, consts, family=family)
     h = apply_channels(z, weight[: z.shape[-1]], scale, bias)
     value = loss_from_logits(tail_apply(tail_params, h), y, teacher, loss)
-    return value, constraint_error(q, value.dtype)
+    return value, constraint_error(q, value.dtype, consts)
 
 
 def make_optimizer(name: str, hyper: dict[str, jax.Array], static: tuple) -> optax.GradientTransformation:

@@ -46,7 +46,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity._precision import full_precision
-from funsim.similarity._stitch_param import INITS, apply_channels, init_params, merge_orthogonal
+from funsim.similarity._stitch_param import INITS, apply_channels, init_params, merge_families
 from funsim.similarity._stitch_train import LOSSES, OPTIMIZERS, fit_loop, loss_from_logits
 from funsim.similarity._validate import as_float_array, check_choice, check_finite, check_int_labels, is_concrete
 from funsim.similarity.stitching import FAMILIES, Stitcher
@@ -425,10 +425,11 @@ def train_stitchers(
     The stitchers may differ in source (any widths and spatial sizes: sources
     are zero-padded to a common width, with the orthogonal parametrisation
     masked so that each equals its unpadded fit), in family and in key. The
-    affine stitchers are one vmapped, jitted ``lax.scan`` loop and the two
-    orthogonal families another (an ``orthogonal`` stitcher trains there as a
-    scaled one whose scale is held at exactly 1). The result equals training
-    each with :func:`train_stitcher` one by one. With ``stacked_tails=True``
+    stitchers of every family are one vmapped, jitted ``lax.scan`` loop: an
+    ``orthogonal`` stitcher trains there as a scaled one whose scale is held at
+    exactly 1, and in a call that mixes affine and orthogonal families each
+    stitcher carries both parametrisations, one of them held at its start. The
+    result equals training each with :func:`train_stitcher` one by one. With ``stacked_tails=True``
     every source is also trained into each of M tails of one architecture at
     once (the tails vmapped), equal to M separate calls.
 
@@ -541,7 +542,6 @@ def train_stitchers(
         batch_size = None
     hyper, opt_static = _optimizer(optimizer, learning_rate, optimizer_options, dtype)
     keys = _keys(key, k_count)
-    keys_init = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
     evs = y_eval = t_eval = None
     if eval_data is not None:
         evs, y_eval, t_eval = _eval_data(eval_data, srcs, tshape, n_classes, m_count, stacked, loss)
@@ -551,51 +551,48 @@ def train_stitchers(
     static = dict(tail_apply=tail_apply, optimizer=optimizer, opt_static=opt_static, loss=loss,
                   batch_size=batch_size, steps=int(steps), chunk=int(min(eval_every, steps)),
                   patience=None if early_stopping is None else int(early_stopping))
-    results: list[TrainedStitcher | None] = [None] * k_count
-    # one compiled loop for affine and one for the orthogonal families (orthogonal and
-    # scaled_orthogonal train together, see similarity._stitch_param), in first-seen order
-    kind = lambda f: "affine" if f == "affine" else "orthogonal"  # noqa: E731
-    for group_kind in dict.fromkeys(kind(f) for f in fams):
-        members = [f for f in dict.fromkeys(fams) if kind(f) == group_kind]
-        idx = [i for f in members for i, g in enumerate(fams) if g == f]  # family by family
-        group = [srcs[i] for i in idx]
-        d_max = max(s.shape[-1] for s in group)
-        batches = []
-        for f in members:
-            sub = [i for i, g in enumerate(fams) if g == f]
-            batches.append((f, *init_params(
-                f, init, [srcs[i] for i in sub], None if z_tgts is None else list(z_tgts), d_tgt=tshape[-1],
-                n_tails=m_count, ridge=ridge, keys=keys_init[jnp.asarray(sub)], dtype=dtype, pad_to=d_max,
-            )))
-        if len(batches) == 1:
-            loop_family, params, consts = batches[0]
-        else:
-            loop_family, (params, consts) = "scaled_orthogonal", merge_orthogonal(batches)
-        z_ev = None if evs is None else _pad_stack([evs[i] for i in idx], d_max, dtype)
-        (weight, bias, scale), hist = fit_loop(
-            params, consts, keys[jnp.asarray(idx)], _pad_stack(group, d_max, dtype), y, teacher,
-            z_ev, y_eval, t_eval, tails, hyper, family=loop_family, **static,
-        )
-        hist = jax.tree.map(np.asarray, hist)
-        # each stitcher's slice taken on the host (slicing on the device compiles a program per shape)
-        weight, bias, scale = np.asarray(weight), np.asarray(bias), np.asarray(scale)
-        n_ev = hist["eval_loss"].shape[-1]
-        ev_steps = np.minimum(np.arange(n_ev) * static["chunk"], steps)
-        for j, i in enumerate(idx):
-            pick = (lambda a: a[:, j]) if stacked else (lambda a: a[0, j])  # noqa: E731
-            d_k = srcs[i].shape[-1]
-            results[i] = TrainedStitcher(
-                Stitcher(jnp.asarray(pick(weight)[..., :d_k, :]), jnp.asarray(pick(bias)), jnp.asarray(pick(scale)),
-                         fams[i]),
-                TrainHistory(
-                    train_loss=pick(hist["train_loss"]),
-                    constraint_error=pick(hist["constraint_error"]),
-                    eval_steps=np.broadcast_to(ev_steps, (m_count, n_ev)) if stacked else ev_steps,
-                    eval_loss=pick(hist["eval_loss"]),
-                    best_step=pick(hist["best_step"]),
-                    steps_run=pick(hist["steps_run"]),
-                ),
-            )
+    # one compiled loop for every family (see similarity._stitch_param.merge_families): each family's
+    # start on the host, padded to the call's widest source, merged, and put back in source order
+    d_max = max(s.shape[-1] for s in srcs)
+    keys_init = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys) if init == "random" else None
+    batches, idx = [], []
+    for f in dict.fromkeys(fams):
+        sub = [i for i, g in enumerate(fams) if g == f]
+        idx += sub
+        batches.append((f, *init_params(
+            f, init, [srcs[i] for i in sub], None if z_tgts is None else list(z_tgts), d_tgt=tshape[-1],
+            n_tails=m_count, ridge=ridge, keys=None if keys_init is None else keys_init[np.asarray(sub)],
+            dtype=dtype, pad_to=d_max,
+        )))
+    loop_family, params, consts = merge_families(batches)
+    order = np.argsort(idx)  # merged (family by family) -> source order
+    params, consts = (jax.tree.map(lambda a: jnp.asarray(a[:, order]), t) for t in (params, consts))
+    z_ev = None if evs is None else _pad_stack(evs, d_max, dtype)
+    (weight, bias, scale), hist = fit_loop(
+        params, consts, keys, _pad_stack(srcs, d_max, dtype), y, teacher,
+        z_ev, y_eval, t_eval, tails, hyper, family=loop_family, **static,
+    )
+    hist = jax.tree.map(np.asarray, hist)
+    # each stitcher's slice taken on the host (slicing on the device compiles a program per shape)
+    weight, bias, scale = np.asarray(weight), np.asarray(bias), np.asarray(scale)
+    n_ev = hist["eval_loss"].shape[-1]
+    ev_steps = np.minimum(np.arange(n_ev) * static["chunk"], steps)
+    results = []
+    for i, src in enumerate(srcs):
+        pick = (lambda a: a[:, i]) if stacked else (lambda a: a[0, i])  # noqa: E731
+        d_k = src.shape[-1]
+        results.append(TrainedStitcher(
+            Stitcher(jnp.asarray(pick(weight)[..., :d_k, :]), jnp.asarray(pick(bias)), jnp.asarray(pick(scale)),
+                     fams[i]),
+            TrainHistory(
+                train_loss=pick(hist["train_loss"]),
+                constraint_error=pick(hist["constraint_error"]),
+                eval_steps=np.broadcast_to(ev_steps, (m_count, n_ev)) if stacked else ev_steps,
+                eval_loss=pick(hist["eval_loss"]),
+                best_step=pick(hist["best_step"]),
+                steps_run=pick(hist["steps_run"]),
+            ),
+        ))
     return results
 
 

@@ -47,7 +47,7 @@ def test_rotated_copy_is_recovered_by_orthogonal(models, digits):
         assert np.max(r.history.constraint_error) <= 1e-10
     # the closed-form start is Q itself (training then moves it only slightly)
     h1 = np.asarray(a.features(split(digits)[0][0])["h1"])
-    w0 = fit_stitcher(h1, h1 @ np.asarray(q), family="orthogonal", normalize=False).weight
+    w0 = fit_stitcher(h1, h1 @ np.asarray(q), family="orthogonal", normalise=False).weight
     np.testing.assert_allclose(w0, q, atol=1e-8)
 
 
@@ -216,7 +216,7 @@ def test_with_a_flax_models_mlp(digits):
     r = res.a_to_b
     assert r.n_eval == 100 and np.isfinite([r.stitched_ce, r.own_ce]).all()
     za, zb = a.features(jnp.asarray(x[:300]))["fc0"], b.features(jnp.asarray(x[:300]))["fc0"]
-    ref = fit_stitcher(za, zb, family="scaled_orthogonal", normalize=False)
+    ref = fit_stitcher(za, zb, family="scaled_orthogonal", normalise=False)
     np.testing.assert_allclose(r.stitcher.weight, ref.weight, atol=1e-5)
     np.testing.assert_allclose(r.stitcher.scale, ref.scale, rtol=1e-5)
     logits = b.tail("fc0", stitch_representation(r.stitcher, a.features(jnp.asarray(x[300:]))["fc0"]))

@@ -256,7 +256,7 @@ def test_closed_form_init_is_fit_stitcher(models, digits):
                           steps=1, optimizer="sgd", learning_rate=0.0)
     for s, _ in out:
         affine = s.family == "affine"
-        ref = fit_stitcher(za, zb, family=s.family, ridge=1e-6 if affine else 0.0, normalize=affine)
+        ref = fit_stitcher(za, zb, family=s.family, ridge=1e-6 if affine else 0.0, normalise=affine)
         np.testing.assert_allclose(s.weight, ref.weight, atol=1e-10)
         np.testing.assert_allclose(s.bias, ref.bias, atol=1e-10)
         np.testing.assert_allclose(s.scale, ref.scale, atol=1e-10)
@@ -480,10 +480,11 @@ def test_orthogonal_closed_form_start_with_fewer_rows_than_source_features():
         np.testing.assert_allclose(float(scale), s, rtol=1e-8)
 
 
-def test_orthogonal_families_share_one_compiled_loop():
-    """Orthogonal and scaled-orthogonal stitchers in one call train in one program (the orthogonal ones
-    with their scale held at exactly 1) and equal two one-family calls with the same keys, to the bit
-    here; sources of different widths pad to one width."""
+def test_every_family_shares_one_compiled_loop():
+    """Affine, orthogonal and scaled-orthogonal stitchers in one call, interleaved, train in one program
+    (the orthogonal ones with their scale held at exactly 1, each stitcher with the other family's
+    parameters held at their start) and equal three one-family calls with the same keys, to rounding;
+    sources of different widths pad to one width."""
     from tests._compiles import CompileCounter
 
     rng = np.random.default_rng(0)
@@ -495,17 +496,26 @@ def test_orthogonal_families_share_one_compiled_loop():
         return h @ w
 
     kw = dict(z_tgt=x @ rng.normal(size=(6, 5)), steps=30, batch_size=64, eval_every=10)
-    keys = jax.random.split(jax.random.key(3), 4)
-    alone = (train_stitchers([x, x2], y, tail, w_tail, family="orthogonal", key=keys[:2], **kw)
-             + train_stitchers([x, x2], y, tail, w_tail, family="scaled_orthogonal", key=keys[2:], **kw))
+    keys = jax.random.split(jax.random.key(3), 6)
+    fams = ("orthogonal", "scaled_orthogonal", "affine")
+    alone = {f: train_stitchers([x, x2], y, tail, w_tail, family=f, key=keys[2 * k:2 * k + 2], **kw)
+             for k, f in enumerate(fams)}
+    # interleaved: (family, source) in an order that is neither family by family nor source by source
+    plan = [("affine", 1), ("orthogonal", 0), ("scaled_orthogonal", 1), ("orthogonal", 1), ("affine", 0),
+            ("scaled_orthogonal", 0)]
     with CompileCounter() as c:
-        mixed = train_stitchers([x, x2, x, x2], y, tail, w_tail,
-                                family=["orthogonal", "orthogonal", "scaled_orthogonal", "scaled_orthogonal"],
-                                key=keys, **kw)
+        mixed = train_stitchers([(x, x2)[s] for _, s in plan], y, tail, w_tail, family=[f for f, _ in plan],
+                                key=jnp.stack([keys[2 * fams.index(f) + s] for f, s in plan]), **kw)
     assert sum("fit_loop" in n for n in c.names) == 1, c.names
-    for a, b in zip(alone, mixed):
-        assert a.stitcher.family == b.stitcher.family
-        np.testing.assert_allclose(b.stitcher.weight, a.stitcher.weight, rtol=0, atol=1e-12)
-        np.testing.assert_allclose(b.stitcher.scale, a.stitcher.scale, rtol=0, atol=1e-12)
-        np.testing.assert_allclose(b.history.train_loss, a.history.train_loss, rtol=0, atol=1e-12)
-    assert [float(b.stitcher.scale) == 1.0 for b in mixed] == [True, True, False, False]
+    for (f, s), b in zip(plan, mixed):
+        a = alone[f][s]
+        assert a.stitcher.family == b.stitcher.family == f
+        assert b.stitcher.weight.shape == a.stitcher.weight.shape
+        np.testing.assert_allclose(b.stitcher.weight, a.stitcher.weight, rtol=0, atol=1e-12, err_msg=f)
+        np.testing.assert_allclose(b.stitcher.bias, a.stitcher.bias, rtol=0, atol=1e-12, err_msg=f)
+        np.testing.assert_allclose(b.stitcher.scale, a.stitcher.scale, rtol=0, atol=1e-12, err_msg=f)
+        np.testing.assert_allclose(b.history.train_loss, a.history.train_loss, rtol=0, atol=1e-12, err_msg=f)
+        np.testing.assert_allclose(b.history.constraint_error, a.history.constraint_error, rtol=0, atol=1e-12)
+        assert (float(b.stitcher.scale) == 1.0) == (f != "scaled_orthogonal"), f
+    # the affine stitchers really trained (not held at their start)
+    assert all(float(np.abs(np.diff(b.history.train_loss)).max()) > 0 for (f, _), b in zip(plan, mixed) if f == "affine")
