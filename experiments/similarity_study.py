@@ -25,7 +25,8 @@ For each data set of the zoo, two stages, both batched:
    compiled, vmapped call (``models.stack_tails``), then scored on held-out rows.
    With a coarse grouping of the labels the same stitchers are also trained on
    the coarse task, through the target's tail followed by the marginalisation of
-   its softmax over each group (:class:`CoarseTail`), and (``coarse_head``) through
+   its softmax over each group (``train_stitchers``' ``label_groups``, the loss of
+   :class:`CoarseTail`; fine and coarse in one compiled loop), and (``coarse_head``) through
    the paper code's readout: a new head per target model trained on its frozen
    penultimate features (``models.HeadTail``).
 
@@ -656,17 +657,6 @@ def _stitched_chunk_jit():
     return jax.jit(run, static_argnums=(0, 6))
 
 
-@functools.cache
-def _apply_tail_jit():
-    import jax
-    return jax.jit(lambda tail, params, z: tail(params, z), static_argnums=0)
-
-
-def _apply_tail(tail, params, z):
-    """``tail(params, z)`` as one compiled program per tail and shapes (not op by op)."""
-    return _apply_tail_jit()(tail, params, z)
-
-
 def _head_eligible(model, layer: str) -> bool:
     """Whether a new head on ``model``'s penultimate stage can follow ``layer`` (at or before that stage)."""
     import funsim.models as models_lib
@@ -695,9 +685,15 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
                    families: dict, cfg: StudyConfig, heads: dict | None = None) -> dict[str, dict[str, list[dict]]]:
     """Train every source into layer ``lt`` of every target model (the seeds of one architecture).
 
-    ``families`` maps each family to train to its key. All of them train in one
-    ``train_stitchers`` call per task (one compiled loop for every family) and are evaluated in one compiled program; each family's stitchers get the
-    keys its own call would have split from its key. Returns ``{family: {task: rows}}``.
+    ``families`` maps each family to train to its key. Training and evaluation are one compiled
+    program each per tail, not per task or family: the fine and coarse tasks' stitchers of every
+    family train in one ``train_stitchers`` call through the target's own tail (a coarse task's with
+    its ``label_groups``: the summed softmax of each group, as :class:`CoarseTail`) and are evaluated
+    together (a coarse task's logits are the fine ones coarsened on the host); each coarse head's
+    stitchers train and evaluate through that head. Every task's stitchers get the keys a call of
+    its own would have split from each family's key. The targets' own logits come from the same
+    evaluation program, through identity stitchers on their own activations. Returns
+    ``{family: {task: rows}}``.
     """
     import jax
     import jax.numpy as jnp
@@ -708,43 +704,66 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
     z_tr = [feats[m.id]["train"][ls] for m, ls in srcs]
     z_te = [feats[m.id]["test"][ls] for m, ls in srcs]
     z_tgt = np.stack([feats[t.id]["train"][lt] for t in targets])
-    own_te = np.stack([models_lib.compiled(t.model).tail(lt, feats[t.id]["test"][lt], as_numpy=True)
-                       for t in targets])  # (M, n, C)
+    z_own = [feats[t.id]["test"][lt] for t in targets]
     tshape = targets[0].feature_shapes[lt]
     fams = list(families)
-    k_count = len(srcs)
-    keys = jnp.concatenate([jax.random.split(families[f], k_count) for f in fams])  # family by family
-    out = {f: {} for f in fams}
-    for task, groups in tasks.items():
-        y_tr, y_te = ys[task]
-        params_t = params
-        if task.startswith("coarse_head:"):
-            # the paper's coarse readout: each target's new head on its frozen penultimate features
-            if not _head_eligible(targets[0], lt):
-                continue
-            g = task.split(":", 1)[1]
-            tail_t, params_t = models_lib.stack_head_tails([t.model for t in targets], lt,
-                                                           [heads[t.id][g] for t in targets])
-            host = jax.tree.map(np.asarray, params_t)  # per-model slices on the host, one program per tail
-            own = np.stack([np.asarray(_apply_tail(tail_t, jax.tree.map(lambda a, m=m: a[m], host),
-                                                   feats[t.id]["test"][lt])) for m, t in enumerate(targets)])
-        else:
-            tail_t = tail if groups is None else CoarseTail(tail, groups)
-            own = own_te if groups is None else np.asarray(coarsen_logits(own_te, groups))
-        trained = similarity.train_stitchers(
-            z_tr * len(fams), y_tr, tail_t, params_t, family=[f for f in fams for _ in srcs], init="closed_form",
-            z_tgt=z_tgt, stacked_tails=True, steps=cfg.stitch_steps, learning_rate=cfg.stitch_learning_rate,
-            batch_size=cfg.stitch_batch_size, eval_every=cfg.stitch_steps, key=keys,
+    k_count, m_count, width = len(srcs), len(targets), tshape[-1]
+    identity = [similarity.Stitcher(np.broadcast_to(np.eye(width, dtype=z_own[0].dtype), (m_count, width, width)),
+                                    np.zeros((m_count, width), z_own[0].dtype), np.ones(m_count, z_own[0].dtype),
+                                    "affine")] * m_count
+    # the fine and coarse tasks: one train_stitchers call through the target's own tail, the coarse
+    # stitchers with their grouping (a coarse label is the grouping of the fine one); each task's
+    # stitchers get the keys its own call would have had (family by family)
+    plain = [t for t in tasks if not t.startswith("coarse_head:")]
+    y_fine = ys["fine"][0]
+    for task in plain:
+        if tasks[task] is not None and not np.array_equal(ys[task][0], np.asarray(tasks[task])[y_fine]):
+            raise ValueError(f"The {task!r} training labels are not the grouping {tasks[task]} of the fine "
+                             "labels; the zoo's manifest and its data disagree (rebuild the zoo).")
+    keys = jnp.concatenate([jax.random.split(families[f], k_count) for _ in plain for f in fams])
+    trained_plain = similarity.train_stitchers(
+        z_tr * len(fams) * len(plain), y_fine, tail, params, family=[f for _ in plain for f in fams for _ in srcs],
+        label_groups=[tasks[t] for t in plain for _ in fams for _ in srcs], init="closed_form", z_tgt=z_tgt,
+        stacked_tails=True, steps=cfg.stitch_steps, learning_rate=cfg.stitch_learning_rate,
+        batch_size=cfg.stitch_batch_size, eval_every=cfg.stitch_steps, key=keys,
+    )
+    per_task = len(fams) * k_count
+    trained = {t: trained_plain[i * per_task:(i + 1) * per_task] for i, t in enumerate(plain)}
+    evals = {"own tail": (tail, params, plain)}  # tail name -> (tail, params, [tasks])
+    for task in tasks:
+        if not task.startswith("coarse_head:") or not _head_eligible(targets[0], lt):
+            continue
+        # the paper's coarse readout: each target's new head on its frozen penultimate features
+        g = task.split(":", 1)[1]
+        tail_t, params_t = models_lib.stack_head_tails([t.model for t in targets], lt,
+                                                       [heads[t.id][g] for t in targets])
+        evals[task] = (tail_t, params_t, [task])
+        trained[task] = similarity.train_stitchers(
+            z_tr * len(fams), ys[task][0], tail_t, params_t, family=[f for f in fams for _ in srcs],
+            init="closed_form", z_tgt=z_tgt, stacked_tails=True, steps=cfg.stitch_steps,
+            learning_rate=cfg.stitch_learning_rate, batch_size=cfg.stitch_batch_size, eval_every=cfg.stitch_steps,
+            key=keys[:per_task],
         )
-        logits_all = _stitched_logits(tail_t, params_t, [t.stitcher for t in trained], z_te * len(fams), tshape)
-        evaluations = [(task, None)]
-        if groups is None:  # the fine stitchers' predictions, coarsened: accuracy can only go up
-            evaluations += [(t.replace("coarse:", "coarsened:"), gr) for t, gr in tasks.items()
-                            if gr is not None and t.startswith("coarse:")]
-        for fi, family in enumerate(fams):
-            logits = logits_all[fi * k_count:(fi + 1) * k_count]
-            out[family][task] = _target_rows(ds, lt, srcs, targets, order, ys, y_te, own, logits, evaluations,
-                                             family)
+    out = {f: {} for f in fams}
+    for tail_e, params_e, names in evals.values():
+        stitchers = [t.stitcher for task in names for t in trained[task]] + identity
+        logits_all = _stitched_logits(tail_e, params_e, stitchers, z_te * len(fams) * len(names) + z_own, tshape)
+        own_all = logits_all[-m_count:][np.arange(m_count), np.arange(m_count)]  # (M, n, C): target m's own
+        for ti, task in enumerate(names):
+            groups = tasks[task]
+            coarse = task.startswith("coarse:")  # trained through the coarsened tail: coarsen here too
+            logits_task = logits_all[ti * len(fams) * k_count:(ti + 1) * len(fams) * k_count]
+            own = np.asarray(coarsen_logits(own_all, groups)) if coarse else own_all
+            if coarse:
+                logits_task = np.asarray(coarsen_logits(logits_task, groups))
+            evaluations = [(task, None)]
+            if groups is None:  # the fine stitchers' predictions, coarsened: accuracy can only go up
+                evaluations += [(t.replace("coarse:", "coarsened:"), gr) for t, gr in tasks.items()
+                                if gr is not None and t.startswith("coarse:")]
+            for fi, family in enumerate(fams):
+                logits = logits_task[fi * k_count:(fi + 1) * k_count]
+                out[family][task] = _target_rows(ds, lt, srcs, targets, order, ys, ys[task][1], own, logits,
+                                                 evaluations, family)
     return out
 
 

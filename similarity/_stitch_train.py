@@ -29,30 +29,41 @@ LOSSES = ("ce", "kl")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop", "adagrad", "lion")
 
 
-def loss_from_logits(logits: jax.Array, y: jax.Array, teacher: jax.Array | None, loss: str):
+def loss_from_logits(logits: jax.Array, y: jax.Array, teacher: jax.Array | None, loss: str,
+                     groups: jax.Array | None = None):
     """Mean cross-entropy with ``y`` (``"ce"``) or KL(teacher || model) (``"kl"``), in nats.
+
+    With ``groups`` (``"ce"`` only), the cross-entropy of a coarser task: class ``c`` of the
+    logits belongs to coarse class ``groups[c]``, the label of row ``i`` is ``groups[y[i]]``, and
+    its probability is the summed softmax of its classes. The identity grouping gives the plain
+    cross-entropy, value and gradient to the bit (one finite term in the log-sum-exp).
 
     Args:
       logits: ``(n, C)``; y: ``(n,)`` int; teacher: ``(n, C)`` logits or ``None``.
       loss: ``"ce"`` or ``"kl"``.
+      groups: ``(C,)`` int or ``None``.
 
     Returns:
       ``()``.
     """
     logp = jax.nn.log_softmax(logits, axis=-1)
+    if loss == "ce" and groups is not None:
+        same = groups[None, :] == groups[y][:, None]  # (n, C): the classes of each row's coarse label
+        return -jnp.mean(jax.nn.logsumexp(jnp.where(same, logp, -jnp.inf), axis=-1))
     if loss == "ce":
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=-1))
     logq = jax.nn.log_softmax(teacher, axis=-1)
     return jnp.mean(jnp.sum(jnp.exp(logq) * (logq - logp), axis=-1))
 
 
-def objective(params, consts, z, y, teacher, tail_params, *, tail_apply, family, loss):
+def objective(params, consts, z, y, teacher, tail_params, groups=None, *, tail_apply, family, loss):
     """Task loss of one padded stitcher and its constraint error ``max |Q^T Q - I|``.
 
     Args:
       params, consts: one stitcher (see :mod:`similarity._stitch_param`).
       z: ``(n, ..., D)`` padded source; y: ``(n,)``; teacher: ``(n, C)`` or ``None``.
       tail_params: the tail's parameter pytree.
+      groups: ``(C,)`` coarse class of each class, or ``None`` (see :func:`loss_from_logits`).
       tail_apply: ``tail_apply(tail_params, h) -> logits (n, C)``.
       family, loss: names.
 
@@ -61,7 +72,7 @@ def objective(params, consts, z, y, teacher, tail_params, *, tail_apply, family,
     """
     weight, scale, bias, q = materialise(params, consts, family=family)
     h = apply_channels(z, weight[: z.shape[-1]], scale, bias)
-    value = loss_from_logits(tail_apply(tail_params, h), y, teacher, loss)
+    value = loss_from_logits(tail_apply(tail_params, h), y, teacher, loss, groups)
     return value, constraint_error(q, value.dtype, consts)
 
 
@@ -70,7 +81,7 @@ def make_optimizer(name: str, hyper: dict[str, jax.Array], static: tuple) -> opt
     return getattr(optax, name)(**hyper, **dict(static))
 
 
-def train_step(params, opt_state, consts, key, step, live, z, y, teacher, tail_params, *,
+def train_step(params, opt_state, consts, key, step, live, z, y, teacher, tail_params, groups=None, *,
                tail_apply, opt, family, loss, batch_size):
     """One optimiser step of one stitcher on a minibatch (or the full batch).
 
@@ -88,14 +99,14 @@ def train_step(params, opt_state, consts, key, step, live, z, y, teacher, tail_p
     grad_fn = jax.value_and_grad(
         functools.partial(objective, tail_apply=tail_apply, family=family, loss=loss), has_aux=True
     )
-    (value, err), grads = grad_fn(params, consts, z, y, teacher, tail_params)
+    (value, err), grads = grad_fn(params, consts, z, y, teacher, tail_params, groups)
     updates, new_state = opt.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     keep = functools.partial(jax.tree.map, lambda a, b: jnp.where(live, a, b))
     return keep(new_params, params), keep(new_state, opt_state), value, err
 
 
-def _train_one(params, consts, key, z, z_eval, tail_params, teacher, t_eval, y, y_eval, hyper, *,
+def _train_one(params, consts, key, z, z_eval, groups, tail_params, teacher, t_eval, y, y_eval, hyper, *,
                tail_apply, optimizer, opt_static, family, loss, batch_size, steps, chunk, patience):
     """Train one stitcher into one tail; returns its final map and its history."""
     opt = make_optimizer(optimizer, hyper, opt_static)
@@ -106,14 +117,14 @@ def _train_one(params, consts, key, z, z_eval, tail_params, teacher, t_eval, y, 
     obj = functools.partial(objective, tail_apply=tail_apply, family=family, loss=loss)
 
     def evaluate(p):
-        return obj(p, consts, z_eval, y_eval, t_eval, tail_params)[0]
+        return obj(p, consts, z_eval, y_eval, t_eval, tail_params, groups)[0]
 
     def run_chunk(c, p, s):
         def body(carry, i):
             p, s = carry
             step = c * chunk + i
             p, s, value, err = train_step(p, s, consts, key, step, step < steps, z, y, teacher,
-                                          tail_params, **step_kw)
+                                          tail_params, groups, **step_kw)
             return (p, s), (value, err)
 
         return jax.lax.scan(body, (p, s), jnp.arange(chunk))
@@ -167,7 +178,7 @@ _STATIC = ("tail_apply", "optimizer", "opt_static", "family", "loss", "batch_siz
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_params, hyper, *,
+def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_params, hyper, groups=None, *,
              tail_apply: Callable[[Any, jax.Array], jax.Array], optimizer: str, opt_static: tuple,
              family: str, loss: str, batch_size: int | None, steps: int, chunk: int,
              patience: int | None):
@@ -181,6 +192,8 @@ def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_p
       z_eval, y_eval, t_eval: held-out ``(K, n_e, ..., D)``, ``(n_e,)``, ``(M, n_e, C)``, or ``None``.
       tail_params: pytree with a leading ``M`` axis.
       hyper: optimiser hyperparameters, ``{name: ()}`` arrays.
+      groups: ``(K, C)`` int, each stitcher's grouping of the tail's classes into the labels of its
+        task (the identity for the fine task), or ``None`` (every stitcher on the fine task).
       tail_apply, optimizer, opt_static, family, loss, batch_size, steps, chunk,
         patience: static (hashable) options.
 
@@ -195,6 +208,6 @@ def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_p
         family=family, loss=loss, batch_size=batch_size, steps=steps, chunk=chunk,
         patience=patience,
     )
-    over_sources = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, None, None, None, None, None, None))
-    over_tails = jax.vmap(over_sources, in_axes=(0, 0, None, None, None, 0, 0, 0, None, None, None))
-    return over_tails(params, consts, keys, z, z_eval, tail_params, teacher, t_eval, y, y_eval, hyper)
+    over_sources = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None, None, None, None, None, None))
+    over_tails = jax.vmap(over_sources, in_axes=(0, 0, None, None, None, None, 0, 0, 0, None, None, None))
+    return over_tails(params, consts, keys, z, z_eval, groups, tail_params, teacher, t_eval, y, y_eval, hyper)

@@ -419,6 +419,7 @@ def train_stitchers(
     early_stopping: int | None = None,
     eval_every: int = 50,
     ridge: float = 1e-6,
+    label_groups: Sequence[Sequence[int] | None] | None = None,
 ) -> list[TrainedStitcher]:
     """Train K stitchers into one target layer (of one or M stacked tails) in one compiled loop.
 
@@ -475,6 +476,14 @@ def train_stitchers(
       ridge: ridge of the closed-form affine init, in the scale-free units of
         :func:`~similarity.fit_stitcher`. The small default keeps dead or
         collinear units (common in ReLU layers) from making it singular.
+      label_groups: ``None`` (every stitcher on the tail's own task), or K
+        entries, each ``None`` or a grouping of the tail's C classes: stitcher
+        k then trains on the coarser task whose label for row i is
+        ``label_groups[k][y[i]]``, through the same tail, with the coarse
+        label's probability the summed softmax of its classes (``loss="ce"``
+        only; held-out losses likewise). Stitchers of several tasks into one
+        tail thus train in one compiled loop; a stitcher with ``None`` equals
+        its call without groups.
 
     Returns:
       K :class:`TrainedStitcher` ``(stitcher, history)``, in source order. The
@@ -532,6 +541,7 @@ def train_stitchers(
     dtype = jnp.result_type(*srcs)
     n_classes = _check_tail(tail_apply, tail_params, tshape, dtype, stacked)
     y = check_int_labels(y, "y", n_classes=n_classes)
+    groups = _label_groups(label_groups, k_count, n_classes, loss)
     teacher = None
     if loss == "kl":
         if teacher_logits is None:
@@ -570,7 +580,7 @@ def train_stitchers(
     z_ev = None if evs is None else _pad_stack(evs, d_max, dtype)
     (weight, bias, scale), hist = fit_loop(
         params, consts, keys, _pad_stack(srcs, d_max, dtype), y, teacher,
-        z_ev, y_eval, t_eval, tails, hyper, family=loop_family, **static,
+        z_ev, y_eval, t_eval, tails, hyper, groups, family=loop_family, **static,
     )
     hist = jax.tree.map(np.asarray, hist)
     # each stitcher's slice taken on the host (slicing on the device compiles a program per shape)
@@ -594,6 +604,31 @@ def train_stitchers(
             ),
         ))
     return results
+
+
+def _label_groups(label_groups, k_count: int, n_classes: int, loss: str) -> np.ndarray | None:
+    """``(K, C)`` int32 groupings (identity rows for ``None`` entries), or ``None`` when no stitcher has one."""
+    if label_groups is None:
+        return None
+    if isinstance(label_groups, (str, bytes)) or not isinstance(label_groups, Sequence) \
+            or len(label_groups) != k_count:
+        raise ValueError(f"label_groups must be None or a list of {k_count} entries (one per source), each "
+                         f"None or a grouping of the tail's {n_classes} classes; got {label_groups!r:.200}.")
+    if all(g is None for g in label_groups):
+        return None
+    if loss != "ce":
+        raise ValueError(f'label_groups trains on coarser labels with the cross-entropy; it needs loss="ce", '
+                         f"got loss={loss!r}.")
+    out = np.tile(np.arange(n_classes, dtype=np.int32), (k_count, 1))
+    for k, g in enumerate(label_groups):
+        if g is None:
+            continue
+        a = np.asarray(g)
+        if a.shape != (n_classes,) or not np.issubdtype(a.dtype, np.integer) or (a < 0).any():
+            raise ValueError(f"label_groups[{k}] must be {n_classes} non-negative integers (the coarse class "
+                             f"of each of the tail's classes), got shape {a.shape} and dtype {a.dtype}.")
+        out[k] = a
+    return out
 
 
 def _eval_data(eval_data, srcs, tshape, n_classes, m_count, stacked, loss):

@@ -519,3 +519,55 @@ def test_every_family_shares_one_compiled_loop():
         assert (float(b.stitcher.scale) == 1.0) == (f != "scaled_orthogonal"), f
     # the affine stitchers really trained (not held at their start)
     assert all(float(np.abs(np.diff(b.history.train_loss)).max()) > 0 for (f, _), b in zip(plan, mixed) if f == "affine")
+
+
+def test_label_groups_train_coarser_tasks_in_the_same_loop():
+    """A stitcher with ``label_groups`` trains on the coarse task through the fine tail: it equals a
+    stitcher trained on the coarse labels through a tail that sums the softmax within each group
+    (float64, to rounding); a ``None`` entry equals the plain call to the bit; fine and coarse
+    stitchers share one compiled loop."""
+    from tests._compiles import CompileCounter
+
+    rng = np.random.default_rng(4)
+    x, x2 = rng.normal(size=(160, 5)), rng.normal(size=(160, 3))
+    y = rng.integers(0, 4, size=160).astype(np.int32)
+    w_tail = jnp.asarray(rng.normal(size=(6, 4)))
+    groups = (0, 1, 1, 0)  # 4 classes into 2
+    y_coarse = np.asarray(groups)[y]
+
+    def tail(w, h):
+        return h @ w
+
+    def coarse_tail(w, h):
+        logits = h @ w
+        return jnp.stack([jax.nn.logsumexp(logits[:, [c for c in range(4) if groups[c] == g]], axis=-1)
+                          for g in (0, 1)], axis=-1)
+
+    kw = dict(z_tgt=x @ rng.normal(size=(5, 6)), steps=25, batch_size=48, eval_every=10)
+    keys = jax.random.split(jax.random.key(7), 3)
+    ev = ([x[:40], x2[:40], x[:40]], y[:40])
+    with CompileCounter() as c:
+        both = train_stitchers([x, x2, x], y, tail, w_tail, family=["affine", "scaled_orthogonal", "orthogonal"],
+                               key=keys, label_groups=[groups, None, groups], eval_data=ev, **kw)
+    assert sum("fit_loop" in n for n in c.names) == 1, c.names
+    fine = train_stitchers([x2], y, tail, w_tail, family="scaled_orthogonal", key=keys[1:2],
+                           eval_data=([x2[:40]], y[:40]), **kw)[0]
+    for f in ("weight", "bias", "scale"):
+        np.testing.assert_allclose(getattr(both[1].stitcher, f), getattr(fine.stitcher, f), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(both[1].history.eval_loss, fine.history.eval_loss, rtol=0, atol=1e-12)
+    for k, fam in ((0, "affine"), (2, "orthogonal")):
+        ref = train_stitchers([x], y_coarse, coarse_tail, w_tail, family=fam, key=keys[k:k + 1],
+                              eval_data=([x[:40]], y_coarse[:40]), **kw)[0]
+        for f in ("weight", "bias", "scale"):
+            np.testing.assert_allclose(getattr(both[k].stitcher, f), getattr(ref.stitcher, f), rtol=1e-9,
+                                       atol=1e-10, err_msg=(fam, f))
+        np.testing.assert_allclose(both[k].history.train_loss, ref.history.train_loss, rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(both[k].history.eval_loss, ref.history.eval_loss, rtol=1e-9, atol=1e-10)
+    # the groups are checked
+    with pytest.raises(ValueError, match="label_groups must be None or a list of 3"):
+        train_stitchers([x, x2, x], y, tail, w_tail, label_groups=[groups], **kw)
+    with pytest.raises(ValueError, match=r"label_groups\[1\] must be 4 non-negative integers"):
+        train_stitchers([x, x2], y, tail, w_tail, label_groups=[None, (0, 1)], **kw)
+    with pytest.raises(ValueError, match='needs loss="ce"'):
+        train_stitchers([x], y, tail, w_tail, label_groups=[groups], loss="kl",
+                        teacher_logits=np.zeros((160, 4)), **kw)
