@@ -181,12 +181,22 @@ def procrustes_start(x, y, *, scaled: bool) -> tuple[np.ndarray, np.ndarray, flo
     return weight, my - scale * mx @ weight, scale
 
 
-def _closed_form(family, srcs, z_tgts, ridge):
+def _closed_form(family, srcs, z_tgts, ridge, labels=None):
     """``fit_stitchers`` of every (tail m, source k) pair: ``[m][k] -> (weight, bias, scale)``.
 
     The orthogonal families fall back to :func:`procrustes_start` (their exact optimum on the
     fitting rows) when a source has at least as many features as there are rows, which
-    ``fit_stitchers`` refuses."""
+    ``fit_stitchers`` refuses. A source that appears several times (the same array object) is
+    fitted once; ``labels`` are the sources' indices in the caller's list, for the messages."""
+    labels = list(range(len(srcs))) if labels is None else labels
+    first = {}
+    for k, s in enumerate(srcs):
+        first.setdefault(id(s), k)
+    if len(first) < len(srcs):
+        uniq = list(first.values())
+        fits = _closed_form(family, [srcs[k] for k in uniq], z_tgts, ridge, [labels[k] for k in uniq])
+        where = {id(srcs[k]): u for u, k in enumerate(uniq)}
+        return [[row[where[id(s)]] for s in srcs] for row in fits]
     affine = family == "affine"
     k_count = len(srcs)
     flat = lambda z: z.reshape(-1, z.shape[-1])  # noqa: E731  NHWC: pixels are samples
@@ -213,8 +223,8 @@ def _closed_form(family, srcs, z_tgts, ridge):
     except ValueError as err:
         raise ValueError(
             f"init='closed_form' could not fit the {family} start ({err}) Indices count sources "
-            f"first, tails second (problem i = tail * {k_count} + source). Use init='identity' "
-            "or 'random', or pass ridge > 0 for affine."
+            f"first, tails second (problem i = tail * {k_count} + k for the k-th of the sources {labels}). "
+            "Use init='identity' or 'random', or pass ridge > 0 for affine."
         ) from err
     out = []
     for m in range(len(z_tgts)):
@@ -224,7 +234,7 @@ def _closed_form(family, srcs, z_tgts, ridge):
             scale = float(s.scale)
             if not scale > 0:
                 raise ValueError(
-                    f"The closed-form {family} fit of source {k} has scale {scale} <= 0 (the "
+                    f"The closed-form {family} fit of source {labels[k]} has scale {scale} <= 0 (the "
                     "source is constant or uncorrelated with the target); use init='identity' "
                     "or 'random'."
                 )
@@ -245,6 +255,7 @@ def init_params(
     keys: jax.Array,
     dtype,
     pad_to: int | None = None,
+    labels: Sequence[int] | None = None,
 ):
     """Initial padded parameters and constants of K stitchers into each of M tails.
 
@@ -259,6 +270,7 @@ def init_params(
       keys: ``(K,)`` keys for the random starts (the same for every tail).
       dtype: the working float dtype.
       pad_to: pad the sources to this width instead of their largest (at least that).
+      labels: the sources' indices in the caller's list (for messages; default 0..K-1).
 
     Returns:
       ``(params, consts)``: pytrees of ``(M, K, ...)`` NumPy arrays in ``dtype`` (host-side: the
@@ -267,7 +279,7 @@ def init_params(
     widths = [int(s.shape[-1]) for s in srcs]
     d_max = max(widths) if pad_to is None else max(max(widths), int(pad_to))
     m_max = max(d_max, d_tgt)
-    fits = _closed_form(family, srcs, z_tgts, ridge) if init == "closed_form" else None
+    fits = _closed_form(family, srcs, z_tgts, ridge, labels) if init == "closed_form" else None
     plist, clist = [], []
     for m in range(n_tails):
         for k, d_k in enumerate(widths):

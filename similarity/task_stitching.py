@@ -537,7 +537,11 @@ def train_stitchers(
     if z_tgt is not None:
         z_tgts = _per_tail(z_tgt, "z_tgt", m_count, n, stacked, "target activations")
     tshape = _target_shape(z_tgts, target_shape)
-    srcs = [_prepare_source(z, f"zs_src[{i}]", tshape, n) for i, z in enumerate(zs_src)]
+    # a source given several times (e.g. for several families or tasks) is checked and prepared once, and
+    # its closed-form starts are fitted once (see similarity._stitch_param._closed_form)
+    prepared: dict[int, jax.Array] = {}
+    srcs = [prepared[id(z)] if id(z) in prepared else prepared.setdefault(id(z), _prepare_source(
+        z, f"zs_src[{i}]", tshape, n)) for i, z in enumerate(zs_src)]
     dtype = jnp.result_type(*srcs)
     n_classes = _check_tail(tail_apply, tail_params, tshape, dtype, stacked)
     y = check_int_labels(y, "y", n_classes=n_classes)
@@ -572,7 +576,7 @@ def train_stitchers(
         batches.append((f, *init_params(
             f, init, [srcs[i] for i in sub], None if z_tgts is None else list(z_tgts), d_tgt=tshape[-1],
             n_tails=m_count, ridge=ridge, keys=None if keys_init is None else keys_init[np.asarray(sub)],
-            dtype=dtype, pad_to=d_max,
+            dtype=dtype, pad_to=d_max, labels=[f"zs_src[{i}]" for i in sub],
         )))
     loop_family, params, consts = merge_families(batches)
     order = np.argsort(idx)  # merged (family by family) -> source order

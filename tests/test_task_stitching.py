@@ -571,3 +571,30 @@ def test_label_groups_train_coarser_tasks_in_the_same_loop():
     with pytest.raises(ValueError, match='needs loss="ce"'):
         train_stitchers([x], y, tail, w_tail, label_groups=[groups], loss="kl",
                         teacher_logits=np.zeros((160, 4)), **kw)
+
+
+def test_a_source_given_twice_is_prepared_and_fitted_once(monkeypatch):
+    """The same array object for several stitchers (several families or tasks) gets one closed-form fit
+    per family, and every stitcher equals its call with the source given once."""
+    from funsim.similarity import _stitch_param
+
+    rng = np.random.default_rng(8)
+    x, x2 = rng.normal(size=(120, 5)), rng.normal(size=(120, 3))
+    y = (x[:, 0] > 0).astype(np.int32)
+    w_tail = jnp.asarray(rng.normal(size=(4, 2)))
+
+    def tail(w, h):
+        return h @ w
+
+    kw = dict(z_tgt=x @ rng.normal(size=(5, 4)), steps=5, family="affine")
+    problems = []
+    real = _stitch_param.fit_stitchers
+    monkeypatch.setattr(_stitch_param, "fit_stitchers", lambda a, b, **k: problems.append(len(a)) or real(a, b, **k))
+    keys = jax.random.split(jax.random.key(1), 3)
+    twice = train_stitchers([x, x2, x], y, tail, w_tail, key=keys, **kw)
+    assert problems == [2]  # x and x2, one tail
+    once = train_stitchers([x, x2], y, tail, w_tail, key=keys[:2], **kw)
+    for a, b in ((twice[0], once[0]), (twice[1], once[1])):
+        np.testing.assert_allclose(a.stitcher.weight, b.stitcher.weight, rtol=0, atol=1e-12)
+    third = train_stitchers([x], y, tail, w_tail, key=keys[2:], **kw)[0]
+    np.testing.assert_allclose(twice[2].stitcher.weight, third.stitcher.weight, rtol=0, atol=1e-12)
