@@ -1,6 +1,8 @@
 """`funsim similarity-study` and `funsim report usable-information` on the smoke zoo: end to end, the
 mathematical claims per pair, and resumption after an interruption."""
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from funsim.experiments import usable_information as ui
 from funsim.experiments import verdict
 from funsim.experiments import zoo as zoo_lib
 from funsim.experiments.io import read_json
+from tests._compiles import CompileCounter
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("claim1_asymmetry.png", "claim2_monotonicity.png", "claim3_r2.png", "claim4_granularity.png",
@@ -368,9 +371,17 @@ def test_unsaturated_design_smoke(tiny):
     cfg = S.config_from_dict({**TINY, "name": "unsat", "families": ["orthogonal", "scaled_orthogonal", "affine"],
                               "stitch_families": ["orthogonal", "scaled_orthogonal", "affine"], "depth_tolerance": 0.5,
                               "stitch_steps": 5, "stitch_train_rows_by_dataset": ["digits=12"], "conventions": []})
-    S.run(cfg, root=root, progress=False, log=lambda s: None)
+    with CompileCounter() as c:
+        S.run(cfg, root=root, progress=False, log=lambda s: None)
     run = root / "similarity_study" / "unsat"
     t = S.read_table(run / "comparisons.csv")
+    # at most one training loop per tail (a target's own, and its coarse head where it takes one), not
+    # per task or family: the fine and coarse tasks of all three families train together
+    units = run / "stitch" / "digits"
+    n_tails = sum(1 for _ in (units / "fine" / "affine").glob("*.json")) + sum(
+        1 for f in (units / "coarse_head_parity" / "affine").glob("*.json") if json.loads(f.read_text())["rows"])
+    assert n_tails >= 3
+    assert 0 < sum(n.endswith("fit_loop)") for n in c.names) <= n_tails, (n_tails, c.names)
     for fam in cfg.stitch_families:
         for task in ("fine", "coarse:parity", "coarse_head:parity"):
             sel = _where(t, measure=f"task/{fam}/relative_accuracy", task=task)
