@@ -408,9 +408,12 @@ def test_quickstart_smoke_run_in_float32(tmp_path, capsys):
     for pair in ("mlp_seeds", "mlp_vs_bilinear"):
         fams = m["stitching"][pair]
         for fam in similarity.FAMILIES:
-            for direction in ("a->b", "b->a"):
-                arr = np.array(fams[fam][direction], dtype=float)
-                assert np.all(np.isfinite(arr)) and np.all(arr <= 1 + 1e-5), (pair, fam, direction, arr)
+            v = np.concatenate([np.array(fams[fam][d], dtype=float).ravel() for d in ("a->b", "b->a")])
+            assert np.all(v[np.isfinite(v)] <= 1 + 1e-5), (pair, fam, v)
+            # a NaN cell is a held-out score the fitting rows leave open (a ReLU unit dead on them only),
+            # and each is named with its reason; a ridge makes every affine cell a number
+            assert int(np.isnan(v).sum()) == len(fams[fam]["undefined"]), (pair, fam, fams[fam]["undefined"])
+            assert fam != "affine" or np.all(np.isfinite(v)), (pair, v)
     ts = m["tensor_similarity"]
     for metric, value in ts["seeds"].items():
         assert np.isfinite(value) and abs(value) <= 1 + 1e-5, (metric, value)
