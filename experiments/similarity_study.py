@@ -681,13 +681,37 @@ def _train_heads(models: list, ds_obj, zdata, groupings: dict, cfg: StudyConfig)
     return heads
 
 
+def _family_keys(seed: int, jobs: tuple[int, ...], k_count: int, repeat: int):
+    """The stitchers' keys of one target in one compiled program (not an eager op per key and shape).
+
+    Family ``f``'s K keys are ``split(fold_in(key(seed), jobs[f]), K)``; returns them family by family,
+    ``repeat`` times over (one block per task trained through the target's tail), and once.
+    """
+    return _family_keys_jit()(seed, np.asarray(jobs, np.int32), k_count, repeat)
+
+
+@functools.cache
+def _family_keys_jit():
+    import jax
+    import jax.numpy as jnp
+
+    def run(seed, jobs, k_count, repeat):
+        base = jax.random.key(seed)
+        keys = jax.vmap(lambda j: jax.random.split(jax.random.fold_in(base, j), k_count))(jobs).reshape(-1)
+        return jnp.concatenate([keys] * repeat), keys
+
+    return jax.jit(run, static_argnums=(2, 3))
+
+
 def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, feats: dict, ys: dict, tasks: dict,
                    families: dict, cfg: StudyConfig, heads: dict | None = None) -> dict[str, dict[str, list[dict]]]:
     """Train every source into layer ``lt`` of every target model (the seeds of one architecture).
 
-    ``families`` maps each family to train to its key. Training and evaluation are one compiled
-    program each per tail, not per task or family: the fine and coarse tasks' stitchers of every
-    family train in one ``train_stitchers`` call through the target's own tail (a coarse task's with
+    ``families`` maps each family to train to its job index, which seeds its key
+    (``fold_in(key(cfg.seed), index)``, split over the sources: :func:`_family_keys`). Training and
+    evaluation are one compiled program each per tail, not per task or family: the fine and coarse
+    tasks' stitchers of every family train in one ``train_stitchers`` call through the target's own
+    tail (a coarse task's with
     its ``label_groups``: the summed softmax of each group, as :class:`CoarseTail`) and are evaluated
     together (a coarse task's logits are the fine ones coarsened on the host); each coarse head's
     stitchers train and evaluate through that head. Every task's stitchers get the keys a call of
@@ -695,9 +719,6 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
     evaluation program, through identity stitchers on their own activations. Returns
     ``{family: {task: rows}}``.
     """
-    import jax
-    import jax.numpy as jnp
-
     import funsim.models as models_lib
     from funsim import similarity
     tail, params = models_lib.stack_tails([t.model for t in targets], lt)
@@ -720,7 +741,7 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
         if tasks[task] is not None and not np.array_equal(ys[task][0], np.asarray(tasks[task])[y_fine]):
             raise ValueError(f"The {task!r} training labels are not the grouping {tasks[task]} of the fine "
                              "labels; the zoo's manifest and its data disagree (rebuild the zoo).")
-    keys = jnp.concatenate([jax.random.split(families[f], k_count) for _ in plain for f in fams])
+    keys, head_keys = _family_keys(cfg.seed, tuple(families.values()), k_count, len(plain))
     trained_plain = similarity.train_stitchers(
         z_tr * len(fams) * len(plain), y_fine, tail, params, family=[f for _ in plain for f in fams for _ in srcs],
         label_groups=[tasks[t] for t in plain for _ in fams for _ in srcs], init="closed_form", z_tgt=z_tgt,
@@ -742,7 +763,7 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
             z_tr * len(fams), ys[task][0], tail_t, params_t, family=[f for f in fams for _ in srcs],
             init="closed_form", z_tgt=z_tgt, stacked_tails=True, steps=cfg.stitch_steps,
             learning_rate=cfg.stitch_learning_rate, batch_size=cfg.stitch_batch_size, eval_every=cfg.stitch_steps,
-            key=keys[:per_task],
+            key=head_keys,
         )
     out = {f: {} for f in fams}
     for tail_e, params_e, names in evals.values():
@@ -798,10 +819,8 @@ def _target_rows(ds, lt, srcs, targets, order, ys, y_te, own, logits, evaluation
 
 def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyConfig, out: pathlib.Path, log,
                   progress: bool) -> dict:
-    import jax
     from tqdm.auto import tqdm
 
-    from funsim import similarity
     from funsim.experiments import distributed
 
     targets_all = _stitch_targets(models, cfg)
@@ -846,9 +865,8 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
     for name, lt, srcs, fams in bar:
         bar.set_postfix_str(f"{name}:{lt}")
         targets = [m for m in models if m.name == name]
-        keys = {fam: jax.random.fold_in(jax.random.key(cfg.seed), j) for fam, j in fams.items()}
         jit_memory.release_if_near_limit()  # each target compiles its own programs (see _grid)
-        rows = _stitch_target(ds, lt, srcs, targets, order, feats, ys, tasks, keys, cfg, heads)
+        rows = _stitch_target(ds, lt, srcs, targets, order, feats, ys, tasks, fams, cfg, heads)
         for fam in fams:
             for task in tasks:  # a task the target cannot take (no head after this layer): an empty unit
                 write_json_atomic(path(task, fam, name, lt), {"target": f"{name}:{lt}", "family": fam, "task": task,
@@ -974,7 +992,6 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     """
     from tqdm.auto import tqdm
 
-    from funsim import similarity
     from funsim.experiments import distributed
     from funsim.experiments import zoo as zoo_lib
 

@@ -195,10 +195,11 @@ def _head_step(p, m, v, t, z, y, lr):
 
 
 def _fit_head_jit(z, y, lr, *, n_classes, steps):
-    p = {"weight": jnp.zeros((z.shape[1], n_classes), z.dtype), "bias": jnp.zeros((n_classes,), z.dtype)}
-    m = jax.tree.map(jnp.zeros_like, p)
-    v = jax.tree.map(jnp.zeros_like, p)
-    lr = jnp.asarray(lr, z.dtype)
+    # the start on the host (a zeros or a cast on the device is a compiled program per shape)
+    zeros = lambda: {"weight": jnp.asarray(np.zeros((z.shape[1], n_classes), z.dtype)),  # noqa: E731
+                     "bias": jnp.asarray(np.zeros((n_classes,), z.dtype))}
+    p, m, v = zeros(), zeros(), zeros()
+    lr = jnp.asarray(np.asarray(lr, z.dtype))
     for t in range(1, steps + 1):
         p, m, v = _head_step(p, m, v, jnp.asarray(t, z.dtype), z, y, lr)
     return p["weight"], p["bias"]

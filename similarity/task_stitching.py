@@ -358,7 +358,7 @@ def _optimizer(optimizer, learning_rate, options, dtype):
         hash(static)
     except TypeError:
         raise TypeError(f"optimizer_options values must be numbers or hashable, got {static!r}.") from None
-    return {k: jnp.asarray(v, dtype) for k, v in hyper.items()}, static
+    return {k: jnp.asarray(np.asarray(v, dtype)) for k, v in hyper.items()}, static  # cast on the host
 
 
 def _check_tail(tail_apply, tail_params, tshape, dtype, stacked) -> int:
@@ -574,7 +574,7 @@ def train_stitchers(
         sub = [i for i, g in enumerate(fams) if g == f]
         idx += sub
         batches.append((f, *init_params(
-            f, init, [srcs[i] for i in sub], None if z_tgts is None else list(z_tgts), d_tgt=tshape[-1],
+            f, init, [srcs[i] for i in sub], None if z_tgts is None else list(np.asarray(z_tgts)), d_tgt=tshape[-1],
             n_tails=m_count, ridge=ridge, keys=None if keys_init is None else keys_init[np.asarray(sub)],
             dtype=dtype, pad_to=d_max, labels=[f"zs_src[{i}]" for i in sub],
         )))
