@@ -184,63 +184,80 @@ def procrustes_start(x, y, *, scaled: bool) -> tuple[np.ndarray, np.ndarray, flo
 def _closed_form(family, srcs, z_tgts, ridge, labels=None):
     """``fit_stitchers`` of every (tail m, source k) pair: ``[m][k] -> (weight, bias, scale)``.
 
+    One family's :func:`closed_form_starts`."""
+    return closed_form_starts([(family, srcs, labels)], z_tgts, ridge)[0]
+
+
+def closed_form_starts(jobs, z_tgts, ridge):
+    """The closed-form starts of several families in one compiled fit.
+
+    Args:
+      jobs: ``(family, srcs, labels)`` triples: K sources ``(n, ..., d_k)`` of one family and
+        their labels for the messages (``None``: their indices).
+      z_tgts: M target activations ``(n, ..., d_tgt)``.
+      ridge: ridge of the affine starts (the orthogonal families have none).
+
+    Returns:
+      per job, ``[m][k] -> (weight, bias, scale)`` as NumPy.
+
     The orthogonal families fall back to :func:`procrustes_start` (their exact optimum on the
     fitting rows) when a source has at least as many features as there are rows, which
-    ``fit_stitchers`` refuses. A source that appears several times (the same array object) is
-    fitted once; ``labels`` are the sources' indices in the caller's list, for the messages."""
-    labels = list(range(len(srcs))) if labels is None else labels
-    first = {}
-    for k, s in enumerate(srcs):
-        first.setdefault(id(s), k)
-    if len(first) < len(srcs):
-        uniq = list(first.values())
-        fits = _closed_form(family, [srcs[k] for k in uniq], z_tgts, ridge, [labels[k] for k in uniq])
-        where = {id(srcs[k]): u for u, k in enumerate(uniq)}
-        return [[row[where[id(s)]] for s in srcs] for row in fits]
-    affine = family == "affine"
-    k_count = len(srcs)
+    ``fit_stitchers`` refuses. Every other (job, tail, source) problem goes to ONE
+    ``fit_stitchers`` call, whatever the families (one compiled program). A source that appears
+    several times in a job (the same array object) is fitted once.
+    """
     flat = lambda z: z.reshape(-1, z.shape[-1])  # noqa: E731  NHWC: pixels are samples
-    n_rows = int(flat(srcs[0]).shape[0])
-    if not affine and max(int(s.shape[-1]) for s in srcs) > n_rows - 1:
-        out = []
-        for t in z_tgts:
-            row = []
-            for s_ in srcs:
-                w, b, sc = procrustes_start(flat(s_), flat(t), scaled=family == "scaled_orthogonal")
-                if not sc > 0:
-                    raise ValueError(
-                        f"The closed-form {family} fit has scale {sc} <= 0 (the source is constant or "
-                        "uncorrelated with the target); use init='identity' or 'random'.")
-                row.append((w, b, sc))
-            out.append(row)
-        return out
-    try:
-        fits = fit_stitchers(
-            [flat(s) for _ in z_tgts for s in srcs],
-            [flat(t) for t in z_tgts for _ in srcs],
-            family=family, ridge=ridge if affine else 0.0, normalise=affine,
-        )
-    except ValueError as err:
+    out, problems = [], []  # problems: (job, tail m, unique source u, family, label)
+    for j, (family, srcs, labels) in enumerate(jobs):
+        labels = list(range(len(srcs))) if labels is None else list(labels)
+        first = {}
+        for k, s_ in enumerate(srcs):
+            first.setdefault(id(s_), k)
+        uniq = list(first.values())
+        n_rows = int(flat(srcs[0]).shape[0])
+        fits = [[None] * len(uniq) for _ in z_tgts]
+        wide = family != "affine" and max(int(srcs[k].shape[-1]) for k in uniq) > n_rows - 1
+        for m, t in enumerate(z_tgts):
+            for u, k in enumerate(uniq):
+                if wide:
+                    w, b, sc = procrustes_start(flat(srcs[k]), flat(t), scaled=family == "scaled_orthogonal")
+                    _check_scale(family, sc, labels[k])
+                    fits[m][u] = (w, b, sc)
+                else:
+                    problems.append((j, m, u, family, labels[k]))
+        out.append((fits, uniq, srcs))
+    if problems:
+        names = [f"{lab} -> tail {m} ({fam} start)" for _, m, _, fam, lab in problems]
+        try:
+            fitted = fit_stitchers(
+                [flat(out[j][2][out[j][1][u]]) for j, _, u, _, _ in problems],
+                [flat(z_tgts[m]) for _, m, _, _, _ in problems],
+                family=[fam for *_, fam, _ in problems],
+                ridge=[ridge if fam == "affine" else 0.0 for *_, fam, _ in problems],
+                normalise=[fam == "affine" for *_, fam, _ in problems],
+                names=names,
+            )
+        except ValueError as err:
+            raise ValueError(
+                f"init='closed_form' could not fit a start ({err}) Use init='identity' or 'random', "
+                "or pass ridge > 0 for affine."
+            ) from err
+        for (j, m, u, fam, lab), st in zip(problems, fitted):
+            scale = float(st.scale)
+            _check_scale(fam, scale, lab)
+            out[j][0][m][u] = (np.asarray(st.weight, np.float64), np.asarray(st.bias, np.float64), scale)
+    result = []
+    for fits, uniq, srcs in out:
+        where = {id(srcs[k]): u for u, k in enumerate(uniq)}
+        result.append([[row[where[id(s_)]] for s_ in srcs] for row in fits])
+    return result
+
+
+def _check_scale(family: str, scale: float, label) -> None:
+    if not scale > 0:
         raise ValueError(
-            f"init='closed_form' could not fit the {family} start ({err}) Indices count sources "
-            f"first, tails second (problem i = tail * {k_count} + k for the k-th of the sources {labels}). "
-            "Use init='identity' or 'random', or pass ridge > 0 for affine."
-        ) from err
-    out = []
-    for m in range(len(z_tgts)):
-        row = []
-        for k in range(k_count):
-            s = fits[m * k_count + k]
-            scale = float(s.scale)
-            if not scale > 0:
-                raise ValueError(
-                    f"The closed-form {family} fit of source {labels[k]} has scale {scale} <= 0 (the "
-                    "source is constant or uncorrelated with the target); use init='identity' "
-                    "or 'random'."
-                )
-            row.append((np.asarray(s.weight, np.float64), np.asarray(s.bias, np.float64), scale))
-        out.append(row)
-    return out
+            f"The closed-form {family} fit of source {label} has scale {scale} <= 0 (the source is "
+            "constant or uncorrelated with the target); use init='identity' or 'random'.")
 
 
 def init_params(
@@ -256,6 +273,7 @@ def init_params(
     dtype,
     pad_to: int | None = None,
     labels: Sequence[int] | None = None,
+    fits=None,
 ):
     """Initial padded parameters and constants of K stitchers into each of M tails.
 
@@ -271,6 +289,8 @@ def init_params(
       dtype: the working float dtype.
       pad_to: pad the sources to this width instead of their largest (at least that).
       labels: the sources' indices in the caller's list (for messages; default 0..K-1).
+      fits: the closed-form starts ``[m][k]``, already fitted (:func:`closed_form_starts`, for
+        several families at once); ``None`` fits them here.
 
     Returns:
       ``(params, consts)``: pytrees of ``(M, K, ...)`` NumPy arrays in ``dtype`` (host-side: the
@@ -279,7 +299,10 @@ def init_params(
     widths = [int(s.shape[-1]) for s in srcs]
     d_max = max(widths) if pad_to is None else max(max(widths), int(pad_to))
     m_max = max(d_max, d_tgt)
-    fits = _closed_form(family, srcs, z_tgts, ridge, labels) if init == "closed_form" else None
+    if init == "closed_form" and fits is None:
+        fits = _closed_form(family, srcs, z_tgts, ridge, labels)
+    elif init != "closed_form":
+        fits = None
     plist, clist = [], []
     for m in range(n_tails):
         for k, d_k in enumerate(widths):

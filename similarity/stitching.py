@@ -562,15 +562,24 @@ def _check_finite_result(x: jax.Array, what: str) -> None:
 # ----------------------------------------------------------------------------- public API
 
 
-def _normalise_option(normalise, old_spelling: dict, fn: str) -> bool:
-    """The ``normalise`` option, also accepted under its old spelling ``normalize=`` (deprecated)."""
+def _normalise_option(normalise, old_spelling: dict, fn: str, check=V.check_bool):
+    """The ``normalise`` option, also accepted under its old spelling ``normalize=`` (deprecated);
+    ``check(value, name)`` validates it."""
     unknown = set(old_spelling) - {"normalize"}
     if unknown:
         raise TypeError(f"{fn}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
     if "normalize" not in old_spelling:
-        return V.check_bool(normalise, "normalise")
+        return check(normalise, "normalise")
     V.warn_at_caller("normalize= is deprecated: use normalise= (the same option).", DeprecationWarning)
-    return V.check_bool(old_spelling["normalize"], "normalize")
+    return check(old_spelling["normalize"], "normalize")
+
+
+def _norm(zc, c, normalize):
+    """The scale a centred side is divided by: its Frobenius norm (``normalize``) or ``1 / c``;
+    ``normalize`` a Python bool or a traced one (one per problem in a batch of mixed options)."""
+    if isinstance(normalize, bool):
+        return jnp.sqrt(jnp.sum(zc * zc)) if normalize else 1.0 / c
+    return jnp.where(normalize, jnp.sqrt(jnp.sum(zc * zc)), 1.0 / c)
 
 
 def _fit_impl(x, y, mask_src, *, family, ridge, normalize):
@@ -578,8 +587,7 @@ def _fit_impl(x, y, mask_src, *, family, ridge, normalize):
     mx, my = jnp.mean(x / cx, axis=0), jnp.mean(y / cy, axis=0)
     xc, yc = x / cx - mx[None, :], y / cy - my[None, :]
     one = jnp.ones((), x.dtype)
-    nx = jnp.sqrt(jnp.sum(xc * xc)) if normalize else 1.0 / cx
-    ny = jnp.sqrt(jnp.sum(yc * yc)) if normalize else 1.0 / cy
+    nx, ny = _norm(xc, cx, normalize), _norm(yc, cy, normalize)
     u, v = xc / nx, yc / ny
     mx, my, nx, ny = mx * cx, my * cy, nx * cx, ny * cy
     # the orthogonal families only need tr(U^T U), not the Gram matrix
@@ -1023,37 +1031,56 @@ def _is_traced(*zs) -> bool:
     return any(isinstance(z, jax.core.Tracer) for z in zs)
 
 
-@functools.partial(jax.jit, static_argnames=("family", "normalize"))
-def _fit_padded(xs, ys, mask_src, ridge, *, family, normalize):
-    """Fit ``b`` zero-padded problems in one vmapped program: ``((weight, bias, scale), flags)``.
+@functools.partial(jax.jit, static_argnames=("families",))
+def _fit_padded(xs, ys, mask_src, ridge, code, normalize, *, families):
+    """Fit ``b`` zero-padded problems of any families in one vmapped program: ``((weight, bias, scale), flags)``.
 
     ``xs: (b, n, W1)``, ``ys: (b, n, W2)``, ``mask_src: (b, W1)`` (1 on each source's real
-    features); ``flags: (b, 3)`` bool, per problem: all finite, source varies, target varies
-    (zero features change none of them). One program per family and padded shapes.
+    features); per problem ``ridge: (b,)``, ``code: (b,)`` int (the index of its family in the
+    static tuple ``families``) and ``normalize: (b,)`` bool. With several families every fit is
+    computed for every problem and ``code`` selects (arithmetic is cheap, a compile is not).
+    ``flags: (b, 3)`` bool, per problem: all finite, source varies, target varies (zero features
+    change none of them). One program per tuple of families and padded shapes.
     """
-    fit = functools.partial(_fit_impl, family=family, ridge=ridge, normalize=normalize)
-    out = jax.vmap(fit)(xs, ys, mask_src)
+
+    def fit(x, y, m, r, c, nz):
+        outs = [_fit_impl(x, y, m, family=f, ridge=r, normalize=nz) for f in families]
+        return functools.reduce(
+            lambda acc, j: jax.tree.map(lambda a, o: jnp.where(c == j, o, a), acc, outs[j]),
+            range(1, len(outs)), outs[0])
+
+    out = jax.vmap(fit)(xs, ys, mask_src, ridge, code, normalize)
     fx, fy = jax.vmap(V.rep_flags)(xs), jax.vmap(V.rep_flags)(ys)
     return out, jnp.stack([fx["finite"] & fy["finite"], fx["varies"], fy["varies"]], axis=1)
 
 
-def _fit_family(xs: list, ys: list, idx: list[int], family: str, ridge: float, normalize: bool,
-                bucket: bool, dt) -> list[Stitcher]:
-    """The problems ``idx`` of one family, padded to one width per side (and, with ``bucket``, the
-    widths and the count up the ladder :func:`_size_bucket`), fitted in one call of :func:`_fit_padded`.
+def _default_names(i: int) -> tuple[str, str]:
+    return f"zs_src[{i}]", f"zs_tgt[{i}]"
+
+
+def _fit_batch(xs: list, ys: list, fams: Sequence[str], normalize: Sequence[bool], ridge: Sequence[float],
+               bucket: bool, dt, names=_default_names) -> list[Stitcher]:
+    """Every problem, of any families and options, padded to one width per side (and, with ``bucket``,
+    the widths and the count up the ladder :func:`_size_bucket`), fitted in one call of :func:`_fit_padded`.
 
     Concrete inputs are padded and the results sliced on the host (NumPy), so that no program is
     compiled per width; traced inputs (under a caller's ``jit``) are padded in the caller's trace.
+    ``names(i) -> (source name, target name)`` for the messages.
     """
-    d1s, d2s = [xs[i].shape[1] for i in idx], [ys[i].shape[1] for i in idx]
+    idx = list(range(len(xs)))
+    families = tuple(sorted(set(fams)))
+    d1s, d2s = [x.shape[1] for x in xs], [y.shape[1] for y in ys]
     w1, w2, count = max(d1s), max(d2s), len(idx)
     if bucket:
         w1, w2, count = _size_bucket(w1), _size_bucket(w2), _size_bucket(count)
-    pidx = list(idx) + [idx[-1]] * (count - len(idx))  # dummy problems repeat the last one; dropped
-    n = xs[idx[0]].shape[0]
-    widths = np.array([xs[i].shape[1] for i in pidx])
+    pidx = idx + [idx[-1]] * (count - len(idx))  # dummy problems repeat the last one; dropped
+    n = xs[0].shape[0]
+    widths = np.array([d1s[i] for i in pidx])
     mask = (np.arange(w1)[None, :] < widths[:, None]).astype(dt)
-    traced = _is_traced(*(xs[i] for i in idx), *(ys[i] for i in idx))
+    per = dict(ridge=np.array([ridge[i] for i in pidx], dt),
+               code=np.array([families.index(fams[i]) for i in pidx], np.int32),
+               normalize=np.array([bool(normalize[i]) for i in pidx]))
+    traced = _is_traced(*xs, *ys)
     if traced:
         pad = lambda z, w: jnp.pad(jnp.asarray(z, dt), ((0, 0), (0, w - z.shape[1])))  # noqa: E731
         xp = jnp.stack([pad(xs[i], w1) for i in pidx])
@@ -1061,21 +1088,21 @@ def _fit_family(xs: list, ys: list, idx: list[int], family: str, ridge: float, n
     else:
         xp, yp = np.zeros((count, n, w1), dt), np.zeros((count, n, w2), dt)
         for k, i in enumerate(pidx):
-            xp[k, :, : xs[i].shape[1]] = xs[i]
-            yp[k, :, : ys[i].shape[1]] = ys[i]
-    (w, b, s), flags = _fit_padded(xp, yp, mask, np.asarray(ridge, dt), family=family, normalize=normalize)
+            xp[k, :, : d1s[i]] = xs[i]
+            yp[k, :, : d2s[i]] = ys[i]
+    (w, b, s), flags = _fit_padded(xp, yp, mask, per["ridge"], per["code"], per["normalize"], families=families)
     if traced:
-        return [Stitcher(w[k, :d1, :d2], b[k, :d2], s[k], family=family)
+        return [Stitcher(w[k, :d1, :d2], b[k, :d2], s[k], family=fams[k])
                 for k, (d1, d2) in enumerate(zip(d1s, d2s))]
     (w, b, s), flags = jax.device_get(((w, b, s), flags))
-    _raise_flags(flags, idx)
+    _raise_flags(flags, idx, names)
     parts = []
     for k, (d1, d2) in enumerate(zip(d1s, d2s)):
         weight = w[k, :d1, :d2]
         if not np.all(np.isfinite(weight)):
-            _raise_not_finite("A fitted stitcher weight")
+            _raise_not_finite(f"The fitted stitcher weight of {names(k)[0]}")
         parts.append((weight, b[k, :d2], s[k]))
-    return [Stitcher(*p, family=family) for p in jax.device_put(parts)]
+    return [Stitcher(*p, family=f) for p, f in zip(jax.device_put(parts), fams)]
 
 
 @full_precision
@@ -1085,20 +1112,22 @@ def fit_stitchers(
     /,
     *,
     family: str | Sequence[str] = "affine",
-    ridge: float = 0.0,
-    normalise: bool = True,
+    ridge: float | Sequence[float] = 0.0,
+    normalise: bool | Sequence[bool] = True,
     bucket: bool = True,
+    names: Sequence[str] | None = None,
     **old_spelling,
 ) -> list[Stitcher]:
-    """Fit many stitchers in one vmapped, jit-compiled call per family, whatever their widths.
+    """Fit many stitchers in one vmapped, jit-compiled call, whatever their widths and families.
 
-    The problems of a family are zero-padded to one source width and one target
-    width, with feature masks (padded source features get a unit diagonal in the
-    normal equations and weight 0; the orthogonal families are exact under zero
+    The problems are zero-padded to one source width and one target width, with
+    feature masks (padded source features get a unit diagonal in the normal
+    equations and weight 0; the orthogonal families are exact under zero
     padding), and fitted in one program, so each result equals the individual
-    unpadded :func:`fit_stitcher` and a call compiles one program per family,
-    however many widths it mixes. Padding and slicing run on the host (NumPy), so
-    no small program is compiled per width either.
+    unpadded :func:`fit_stitcher` and a call compiles one program, however many
+    widths and families it mixes (with several families each problem's fit is
+    selected from all of them, computed side by side). Padding and slicing run
+    on the host (NumPy), so no small program is compiled per width either.
 
     ``bucket`` (kept, with a new meaning): with ``True`` (default) the padded
     widths and the number of problems are rounded up the ladder 1, 2, 3, 4, 6, 8,
@@ -1112,8 +1141,10 @@ def fit_stitchers(
         ``(b, n, d_src)`` array.
       zs_tgt: the matching ``(n, d_tgt_i)`` arrays, or ``(b, n, d_tgt)``.
       family: one family for all, or b families (see ``FAMILIES``).
-      ridge, normalise: as in :func:`fit_stitcher`.
+      ridge, normalise: as in :func:`fit_stitcher`; one for all, or b of them.
       bucket: round the padded sizes up the ladder (see above).
+      names: b labels for the error messages (default: the problems' indices,
+        ``zs_src[i]``), e.g. the layer pairs.
 
     Returns:
       b :class:`Stitcher` (unpadded), in order, whatever the input form; stack
@@ -1131,12 +1162,15 @@ def fit_stitchers(
     bucket = V.check_bool(bucket, "bucket")
     stacked = hasattr(zs_src, "ndim") and hasattr(zs_tgt, "ndim")
     b = zs_src.shape[0] if stacked and zs_src.ndim else len(zs_src)
-    fams = (family,) * b if isinstance(family, str) else tuple(family)
-    if len(fams) != b:
-        raise ValueError(f"family has {len(fams)} entries but there are {b} problems.")
-    for fam in fams:
-        _check_options(fam, ridge)
-    normalize = _normalise_option(normalise, old_spelling, "fit_stitchers")
+    fams = _per_problem(family, b, "family")
+    ridges = _per_problem(ridge, b, "ridge")
+    for fam, r in zip(fams, ridges):
+        _check_options(fam, r)
+    ridges = [float(r) for r in ridges]
+    norms = _normalise_option(normalise, old_spelling, "fit_stitchers", check=lambda v, nm: [
+        V.check_bool(x, nm) for x in _per_problem(v, b, nm)])
+    labels = None if names is None else [str(v) for v in _per_problem(names, b, "names", scalar=False)]
+    where = _default_names if labels is None else (lambda i: (f"the source of {labels[i]}", f"the target of {labels[i]}"))
     if stacked:
         if _is_traced(zs_src, zs_tgt):
             big_x, big_y = V.as_float_array(zs_src, "zs_src"), V.as_float_array(zs_tgt, "zs_tgt")
@@ -1147,8 +1181,8 @@ def fit_stitchers(
                 "Stacked zs_src and zs_tgt must be (b, n, d) arrays with the same b and n, got "
                 f"{tuple(big_x.shape)} and {tuple(big_y.shape)}."
             )
-        for fam in dict.fromkeys(fams):
-            _check_fit_rows(big_x.shape[1], big_x.shape[2], fam, ridge, "zs_src")
+        for i, (fam, r) in enumerate(zip(fams, ridges)):
+            _check_fit_rows(big_x.shape[1], big_x.shape[2], fam, r, "zs_src" if labels is None else where(i)[0])
         xs, ys = [big_x[i] for i in range(b)], [big_y[i] for i in range(b)]
     else:
         zs_src, zs_tgt = list(zs_src), list(zs_tgt)
@@ -1161,40 +1195,50 @@ def fit_stitchers(
         for i, (a, b_) in enumerate(zip(zs_src, zs_tgt)):
             # shapes and dtypes here (on the host for concrete input); values (NaN/Inf, constant
             # sides) are checked inside the batched call, in one pass, and raised below
-            names = (f"zs_src[{i}]", f"zs_tgt[{i}]")
+            names = where(i)
             if _is_traced(a, b_):
                 x, y = V.check_pair(a, b_, names, finite=False)
             else:
                 x, y = _host_rep(a, names[0]), _host_rep(b_, names[1])
                 if x.shape[0] != y.shape[0]:
                     V.check_pair(x, y, names, finite=False)  # raises its message
-            _check_fit_rows(x.shape[0], x.shape[1], fams[i], ridge, names[0])
+            _check_fit_rows(x.shape[0], x.shape[1], fams[i], ridges[i], names[0])
             xs.append(x)
             ys.append(y)
         ns = {x.shape[0] for x in xs}
         if len(ns) != 1:
             raise ValueError(f"All problems must share the sample count n; got n in {sorted(ns)}.")
     dt = np.dtype(functools.reduce(jnp.promote_types, [z.dtype for z in xs + ys]))
-    out: list[Stitcher | None] = [None] * b
-    for fam in dict.fromkeys(fams):
-        idx = [i for i, f in enumerate(fams) if f == fam]
-        for i, st in zip(idx, _fit_family(xs, ys, idx, fam, float(ridge), normalize, bucket, dt)):
-            out[i] = st
-    return out
+    return _fit_batch(xs, ys, fams, norms, ridges, bucket, dt, where)
 
 
-def _raise_flags(flags, idx) -> None:
-    """The value checks of :func:`_fit_padded` (``(b, 3)``, fetched) for the problems ``idx``."""
+def _per_problem(value, b: int, name: str, scalar: bool = True) -> list:
+    """One option for all b problems (``scalar``: anything but a sequence, checked by the caller)
+    or a sequence of b of them."""
+    one = isinstance(value, (str, bytes)) or not hasattr(value, "__len__")
+    if scalar and one:
+        return [value] * b
+    if one:
+        raise TypeError(f"{name} must be a sequence of b = {b} values, got {value!r}.")
+    value = list(np.asarray(value).tolist() if isinstance(value, np.ndarray) else value)
+    if len(value) != b:
+        raise ValueError(f"{name} has {len(value)} entries but there are {b} problems; pass one value "
+                         f"or one per problem.")
+    return value
+
+
+def _raise_flags(flags, idx, names=_default_names) -> None:
+    """The value checks of :func:`_fit_padded` (``(b, 3)``, fetched) for the problems ``idx``;
+    ``names(i) -> (source name, target name)``."""
     flags = np.asarray(flags)
     for k, i in enumerate(idx):
+        src, tgt = names(i)
         if not flags[k, 0]:
-            raise ValueError(
-                f"zs_src[{i}] or zs_tgt[{i}] contains NaN or Inf values; remove or impute them."
-            )
-        for col, nm in ((1, "zs_src"), (2, "zs_tgt")):
+            raise ValueError(f"{src} or {tgt} contains NaN or Inf values; remove or impute them.")
+        for col, nm in ((1, src), (2, tgt)):
             if not flags[k, col]:
                 raise ValueError(
-                    f"{nm}[{i}] is constant across samples (zero variance after centring), so "
+                    f"{nm} is constant across samples (zero variance after centring), so "
                     "the stitcher fit is undefined (0/0). Check that the layer is not dead."
                 )
 

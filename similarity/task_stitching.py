@@ -46,7 +46,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity._precision import full_precision
-from funsim.similarity._stitch_param import INITS, apply_channels, init_params, merge_families
+from funsim.similarity._stitch_param import INITS, apply_channels, closed_form_starts, init_params, merge_families
 from funsim.similarity._stitch_train import LOSSES, OPTIMIZERS, fit_loop, loss_from_logits
 from funsim.similarity._validate import as_float_array, check_choice, check_finite, check_int_labels, is_concrete
 from funsim.similarity.stitching import FAMILIES, Stitcher
@@ -569,14 +569,19 @@ def train_stitchers(
     # start on the host, padded to the call's widest source, merged, and put back in source order
     d_max = max(s.shape[-1] for s in srcs)
     keys_init = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys) if init == "random" else None
+    subs = {f: [i for i, g in enumerate(fams) if g == f] for f in dict.fromkeys(fams)}
+    z_host = None if z_tgts is None else list(np.asarray(z_tgts))
+    starts = dict.fromkeys(subs)
+    if init == "closed_form":  # every family's starts in one compiled fit
+        starts = dict(zip(subs, closed_form_starts(
+            [(f, [srcs[i] for i in sub], [f"zs_src[{i}]" for i in sub]) for f, sub in subs.items()], z_host, ridge)))
     batches, idx = [], []
-    for f in dict.fromkeys(fams):
-        sub = [i for i, g in enumerate(fams) if g == f]
+    for f, sub in subs.items():
         idx += sub
         batches.append((f, *init_params(
-            f, init, [srcs[i] for i in sub], None if z_tgts is None else list(np.asarray(z_tgts)), d_tgt=tshape[-1],
+            f, init, [srcs[i] for i in sub], z_host, d_tgt=tshape[-1],
             n_tails=m_count, ridge=ridge, keys=None if keys_init is None else keys_init[np.asarray(sub)],
-            dtype=dtype, pad_to=d_max, labels=[f"zs_src[{i}]" for i in sub],
+            dtype=dtype, pad_to=d_max, labels=[f"zs_src[{i}]" for i in sub], fits=starts[f],
         )))
     loop_family, params, consts = merge_families(batches)
     order = np.argsort(idx)  # merged (family by family) -> source order

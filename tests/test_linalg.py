@@ -96,7 +96,8 @@ def test_library_programs_have_unbatched_svds(rng):
     from funsim.similarity import stitching as S
 
     args = (jnp.asarray(np.stack(xs)), jnp.asarray(np.stack(ys)), jnp.ones((3, 9)))
-    fit = lambda a, b, m: S._fit_padded(a, b, m, 0.0, family="orthogonal", normalize=True)[0]  # noqa: E731
+    fit = lambda a, b, m: S._fit_padded(a, b, m, jnp.zeros(3), jnp.zeros(3, jnp.int32), jnp.ones(3, bool),
+                                          families=("orthogonal",))[0]  # noqa: E731
     ops = _gesdd_operands(fit, *args)
     assert ops and all(len(shape) == 2 for shape in ops)
 

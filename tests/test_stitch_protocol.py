@@ -8,7 +8,7 @@ programs.
 * the held-out orthogonal scores where the fit is not unique: undefined exactly where a float64
   NumPy reference over random null-space completions spreads, and equal to that reference's (single)
   value where it does not; the threshold is tested on both sides in float64 and float32;
-* ``fit_stitchers`` compiles one program per family for a call of mixed widths, none for a second call
+* ``fit_stitchers`` compiles one program for a call of mixed widths and families, none for a second call
   whose sizes fall in the same buckets, and each result equals the unpadded ``fit_stitcher``.
 """
 
@@ -422,18 +422,49 @@ def test_fit_stitchers_of_mixed_widths_compile_one_program(family):
                                    rtol=1e-9, atol=1e-12)
 
 
-def test_fit_stitchers_mixed_families_and_integer_input_compile_one_program_per_family():
+def test_fit_stitchers_mixed_families_and_integer_input_compile_one_program():
     xs, ys = _problems(SHAPES16[:6], seed=3)
     xs = [np.round(4 * x).astype(np.int32) for x in xs]  # cast on the host: no convert program
     fams = ["affine", "orthogonal", "scaled_orthogonal"] * 2
     with CompileCounter() as c:
         fits = jax.block_until_ready(sim.fit_stitchers(xs, ys, family=fams, ridge=0.1))
-    assert c.count <= 3, c.names
+    assert c.count == 1, c.names
     assert all("convert_element_type" not in nm for nm in c.names), c.names
     for x, y, fam, s in zip(xs, ys, fams, fits):
         ref = sim.fit_stitcher(x.astype(np.float64), y, family=fam, ridge=0.1)
+        assert s.family == fam
         np.testing.assert_allclose(s.weight, ref.weight, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(s.bias, ref.bias, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(s.scale, ref.scale, rtol=1e-9, atol=1e-12)
+
+
+def test_fit_stitchers_per_problem_options_and_names():
+    """ridge and normalise per problem, as b separate fit_stitcher calls would have them; names in messages."""
+    xs, ys = _problems(SHAPES16[:4], seed=6)
+    fams = ["affine", "orthogonal", "affine", "scaled_orthogonal"]
+    ridges, norms = [0.0, 0.0, 0.5, 0.0], [True, False, False, True]
+    with CompileCounter() as c:
+        fits = sim.fit_stitchers(xs, ys, family=fams, ridge=ridges, normalise=norms)
+    assert c.count == 1, c.names
+    for x, y, fam, r, nz, s in zip(xs, ys, fams, ridges, norms, fits):
+        ref = sim.fit_stitcher(x, y, family=fam, ridge=r, normalise=nz)
+        for a, b in zip((s.weight, s.bias, s.scale), (ref.weight, ref.bias, ref.scale)):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    # the options do matter (else the comparison above proves nothing)
+    assert not np.allclose(fits[1].scale, sim.fit_stitcher(xs[1], ys[1], family="orthogonal").scale)
+    assert not np.allclose(fits[2].weight, sim.fit_stitcher(xs[2], ys[2], ridge=0.0).weight)
+    with pytest.raises(ValueError, match="ridge has 3 entries but there are 4 problems"):
+        sim.fit_stitchers(xs, ys, ridge=[0.0] * 3)
+    with pytest.raises(TypeError, match="normalise must be True or False, got 1"):
+        sim.fit_stitchers(xs, ys, normalise=[True, 1, True, True])
+    with pytest.raises(ValueError, match="ridge must be a non-negative"):
+        sim.fit_stitchers(xs, ys, ridge=[0.0, -1.0, 0.0, 0.0])
+    bad = list(ys)
+    bad[3] = np.full_like(ys[3], 2.0)
+    with pytest.raises(ValueError, match=re.escape("the target of conv2->fc1 is constant across samples")):
+        sim.fit_stitchers(xs, bad, names=["a", "b", "c", "conv2->fc1"])
+    with pytest.raises(TypeError, match="names must be a sequence of b = 4 values"):
+        sim.fit_stitchers(xs, ys, names="abcd")
 
 
 def test_fit_stitchers_without_buckets_and_under_jit():
@@ -464,5 +495,5 @@ def test_fit_stitchers_errors_name_the_problem():
         sim.fit_stitchers([xs[0] + 0j], [ys[0]])
     xd = xs[0].copy()
     xd[:, 1] = xd[:, 0]
-    with pytest.raises(ValueError, match="A fitted stitcher weight is not finite"):
+    with pytest.raises(ValueError, match=re.escape("The fitted stitcher weight of zs_src[0] is not finite")):
         sim.fit_stitchers([xd, xs[2]], [ys[0], ys[0]])

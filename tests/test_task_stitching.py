@@ -7,6 +7,8 @@ test_functional.py. Tails here are pure functions of a parameter pytree
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -507,6 +509,7 @@ def test_every_family_shares_one_compiled_loop():
         mixed = train_stitchers([(x, x2)[s] for _, s in plan], y, tail, w_tail, family=[f for f, _ in plan],
                                 key=jnp.stack([keys[2 * fams.index(f) + s] for f, s in plan]), **kw)
     assert sum("fit_loop" in n for n in c.names) == 1, c.names
+    assert sum("_fit_padded" in n for n in c.names) == 1, c.names  # the three families' closed-form starts
     for (f, s), b in zip(plan, mixed):
         a = alone[f][s]
         assert a.stitcher.family == b.stitcher.family == f
@@ -519,6 +522,12 @@ def test_every_family_shares_one_compiled_loop():
         assert (float(b.stitcher.scale) == 1.0) == (f != "scaled_orthogonal"), f
     # the affine stitchers really trained (not held at their start)
     assert all(float(np.abs(np.diff(b.history.train_loss)).max()) > 0 for (f, _), b in zip(plan, mixed) if f == "affine")
+    # a start that cannot be fitted is named: source, tail and family
+    dead = np.ones_like(x2)
+    with pytest.raises(ValueError, match=re.escape(
+            "init='closed_form' could not fit a start (the source of zs_src[1] -> tail 0 (orthogonal start) "
+            "is constant across samples")):
+        train_stitchers([x, dead], y, tail, w_tail, family=["affine", "orthogonal"], key=keys[:2], **kw)
 
 
 def test_label_groups_train_coarser_tasks_in_the_same_loop():
