@@ -1,4 +1,4 @@
-"""Composition beyond first order (issue 29): second derivatives.
+"""Composition beyond first order (issue 29): second derivatives, NaN derivatives.
 
 * RBF CKA's Hessian, against float64 references: central differences of ``jax.grad``, and
   second differences of an independent NumPy implementation (Kornblith et al.'s median
@@ -7,6 +7,8 @@
   The median-bandwidth RBF CKA is invariant to scaling the data, ``f(s x) = f(x)``, so
   ``d^2/ds^2 f(s x) = x . H x = 0`` at ``s = 1``, and differentiating Euler's identity
   ``x . grad f(x) = 0`` gives ``H x = -grad f(x)``.
+* A NaN value (a measure undefined for its input, under a transformation) has NaN
+  derivatives, along every entry of both inputs: never a number such as 0.
 """
 
 import jax
@@ -112,3 +114,93 @@ def test_rbf_cka_hessian_under_jit_and_vmap():
     batched = np.asarray(jax.jit(jax.vmap(hess, in_axes=(None, 0)))(jnp.asarray(x), ys))
     for k in range(2):
         np.testing.assert_allclose(batched[k], np.asarray(hess(jnp.asarray(x), ys[k])), rtol=1e-12, atol=1e-14)
+
+
+# ---------------------------------------------------------- NaN values, NaN derivatives
+
+NR, DR = 20, 4
+
+
+def _regular():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(NR, DR)) @ np.diag([2.0, 1.0, 0.7, 0.4])
+    y = np.tanh(x @ rng.normal(size=(DR, 3))) + 0.3 * rng.normal(size=(NR, 3))
+    return x, y
+
+
+def _dead_unit(x):
+    x = x.copy()
+    x[:, 1] = 0.7
+    return x
+
+
+def _duplicated_column(x):
+    x = x.copy()
+    x[:, 2] = x[:, 0]
+    return x
+
+
+def _constant(x):
+    return np.full_like(x, 1.5)
+
+
+# (label, function, how x becomes degenerate); the first four are issue 29's cases. SVCCA and
+# RSA of a constant layer have values that no longer depend on that layer's entries at all,
+# so only the protocol's zero-valued probe carries NaN to them.
+DEGENERATE = [
+    ("pwcca, a dead unit", similarity.pwcca, _dead_unit),
+    ("shape_distance alpha=0.5, a dead unit", lambda a, b: similarity.shape_distance(a, b, alpha=0.5), _dead_unit),
+    ("cca_mean, a duplicated column", similarity.cca_mean, _duplicated_column),
+    ("regression R^2, a constant predictor", similarity.linear_regression_r2, _constant),
+    ("regression R^2, a constant target", lambda a, b: similarity.linear_regression_r2(b, a), _constant),
+    ("svcca, a constant side", similarity.svcca, _constant),
+    ("rsa euclidean/pearson, a constant side", similarity.measure("rsa/euclidean/pearson"), _constant),
+]
+
+
+@pytest.mark.parametrize("label, fn, degenerate", DEGENERATE, ids=[c[0] for c in DEGENERATE])
+def test_a_nan_value_has_nan_derivatives(label, fn, degenerate):
+    x, y = _regular()
+    xd = degenerate(x)
+    with pytest.raises(ValueError):  # eagerly, the pairwise call says why
+        fn(xd, y)
+    value, (gx, gy) = jax.value_and_grad(fn, argnums=(0, 1))(jnp.asarray(xd), jnp.asarray(y))
+    assert np.isnan(float(value)), label
+    assert np.all(np.isnan(np.asarray(gx))) and np.all(np.isnan(np.asarray(gy))), (label, gx, gy)
+    # forward mode too, along a direction that does not touch the degenerate column
+    v = np.zeros_like(xd)
+    v[:, 0] = 1.0
+    _, tangent = jax.jvp(fn, (jnp.asarray(xd), jnp.asarray(y)), (jnp.asarray(v), jnp.zeros_like(jnp.asarray(y))))
+    assert np.isnan(float(tangent)), label
+
+
+@pytest.mark.parametrize("label, fn, degenerate", DEGENERATE, ids=[c[0] for c in DEGENERATE])
+def test_the_gradient_at_a_regular_point_matches_finite_differences(label, fn, degenerate):
+    del degenerate
+    x, y = _regular()
+    gx, gy = jax.grad(fn, argnums=(0, 1))(jnp.asarray(x), jnp.asarray(y))
+    assert np.all(np.isfinite(np.asarray(gx))) and np.all(np.isfinite(np.asarray(gy))), label
+    rng = np.random.default_rng(3)
+    for _ in range(2):
+        vx, vy = rng.normal(size=x.shape), rng.normal(size=y.shape)
+
+        def central(h, vx=vx, vy=vy):
+            return (float(fn(x + h * vx, y + h * vy)) - float(fn(x - h * vx, y - h * vy))) / (2 * h)
+
+        fd = (4.0 * central(5e-5) - central(1e-4)) / 3.0  # Richardson: O(h^4)
+        ad = float(np.sum(np.asarray(gx) * vx) + np.sum(np.asarray(gy) * vy))
+        assert ad == pytest.approx(fd, rel=1e-6, abs=1e-8), (label, ad, fd)
+
+
+def test_a_vector_of_nan_correlations_has_nan_jacobians():
+    """cca returns every canonical correlation, a vector: each NaN entry has NaN derivatives, and at
+    a regular point the Jacobian matches central differences."""
+    x, y = _regular()
+    jac = jax.jacobian(similarity.cca, argnums=(0, 1))
+    jx, jy = jac(jnp.asarray(_duplicated_column(x)), jnp.asarray(y))
+    assert np.all(np.isnan(np.asarray(jx))) and np.all(np.isnan(np.asarray(jy)))
+    jx, _ = jac(jnp.asarray(x), jnp.asarray(y))
+    v = np.random.default_rng(5).normal(size=x.shape)
+    h = 1e-5
+    fd = (np.asarray(similarity.cca(x + h * v, y)) - np.asarray(similarity.cca(x - h * v, y))) / (2 * h)
+    np.testing.assert_allclose(np.einsum("kij,ij->k", np.asarray(jx), v), fd, rtol=1e-6, atol=1e-8)
