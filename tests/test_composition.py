@@ -1,4 +1,4 @@
-"""Composition beyond first order (issue 29): second derivatives, NaN derivatives.
+"""Composition beyond first order (issue 29): second derivatives, NaN derivatives, tracers.
 
 * RBF CKA's Hessian, against float64 references: central differences of ``jax.grad``, and
   second differences of an independent NumPy implementation (Kornblith et al.'s median
@@ -9,6 +9,7 @@
   ``x . grad f(x) = 0`` gives ``H x = -grad f(x)``.
 * A NaN value (a measure undefined for its input, under a transformation) has NaN
   derivatives, along every entry of both inputs: never a number such as 0.
+* ``compare_grid`` refuses tracers with a clear ``TypeError``.
 """
 
 import jax
@@ -204,3 +205,35 @@ def test_a_vector_of_nan_correlations_has_nan_jacobians():
     h = 1e-5
     fd = (np.asarray(similarity.cca(x + h * v, y)) - np.asarray(similarity.cca(x - h * v, y))) / (2 * h)
     np.testing.assert_allclose(np.einsum("kij,ij->k", np.asarray(jx), v), fd, rtol=1e-6, atol=1e-8)
+
+
+# ------------------------------------------------------------------- compare_grid
+
+
+_X = np.random.default_rng(4).normal(size=(30, 3))
+GRID_CALLS = [
+    ("reps_a[0]", lambda: jax.jit(lambda a: similarity.compare_grid([a], [a]).tables["cka/linear"])(_X)),
+    ("reps_a['x']", lambda: jax.grad(
+        lambda a: similarity.compare_grid({"x": a}, measures="cka/linear").tables["cka/linear"].sum())(_X)),
+    ("reps_b[0]", lambda: jax.jit(
+        lambda a: similarity.compare_grid([_X], [a], measures="rsa/euclidean/pearson").tables["rsa/euclidean/pearson"]
+    )(_X)),
+    ("reps_a[0]", lambda: jax.vmap(
+        lambda a: similarity.compare_grid([a], measures="cka/linear").tables["cka/linear"])(np.stack([_X, _X]))),
+    ("reps_a", lambda: jax.jit(lambda a: similarity.compare_grid(a).tables["cka/linear"])(np.stack([_X, _X]))),
+    ("key", lambda: jax.jit(lambda k: similarity.compare_grid([_X], key=k).tables["stitch/affine"])(jax.random.key(1))),
+    ("split", lambda: jax.jit(
+        lambda i: similarity.compare_grid([_X], split=(i, i + 15)).tables["stitch/affine"])(jnp.arange(15))),
+]
+
+
+@pytest.mark.parametrize("argument, call", GRID_CALLS, ids=[f"{i}-{c[0]}" for i, c in enumerate(GRID_CALLS)])
+def test_compare_grid_refuses_tracers_clearly(argument, call):
+    """Not a bare TracerArrayConversionError: a TypeError naming the traced argument and its shape,
+    saying why (a host-level driver) and what to use instead (the per-pair measures)."""
+    with pytest.raises(TypeError) as info:
+        call()
+    assert not isinstance(info.value, jax.errors.TracerArrayConversionError)
+    msg = str(info.value)
+    assert msg.startswith(f"compare_grid got a traced {argument} of shape ("), msg
+    assert "host-level driver" in msg and "per-pair measures" in msg and "jax.vmap(similarity.measure(" in msg
