@@ -25,6 +25,8 @@ import argparse
 import json
 import sys
 import time
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +57,17 @@ class CompareError(Exception):
     """A user-facing error: printed without a traceback, exit status 2."""
 
 
+# What numpy raises for a file it cannot read: a 0-byte file is an EOFError, a damaged .npz a
+# zipfile.BadZipFile (or a zlib.error for a compressed member), a cut .npy a ValueError.
+_UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def _unreadable(path: str, e: BaseException) -> CompareError:
+    why = str(e) or type(e).__name__
+    return CompareError(f"{path}: cannot read it as .npy/.npz ({why}). Is it empty, truncated or damaged? "
+                        "Save it again with numpy.save / numpy.savez.")
+
+
 def load_representation(spec: str, key: str | None = None) -> np.ndarray:
     """Load ``file.npy``, ``file.npz`` (its only array, or ``key``) or ``file.npz:name``."""
     path, name = spec, key
@@ -65,8 +78,8 @@ def load_representation(spec: str, key: str | None = None) -> np.ndarray:
         raise CompareError(f"{path}: no such file.")
     try:
         data = np.load(p, allow_pickle=False)
-    except (ValueError, OSError) as e:
-        raise CompareError(f"{path}: cannot read it as .npy/.npz ({e}).") from None
+    except _UNREADABLE as e:
+        raise _unreadable(path, e) from None
     if isinstance(data, np.lib.npyio.NpzFile):
         with data:
             keys = list(data.keys())
@@ -79,7 +92,10 @@ def load_representation(spec: str, key: str | None = None) -> np.ndarray:
                 name = keys[0]
             if name not in keys:
                 raise CompareError(f"{path} has no array {name!r}; it holds: {', '.join(keys)}.")
-            arr = data[name]
+            try:
+                arr = data[name]  # a damaged member shows only when it is read (a bad CRC, a cut stream)
+            except _UNREADABLE as e:
+                raise _unreadable(path, e) from None
     else:
         arr = data
     if arr.ndim != 2:

@@ -66,6 +66,7 @@ __all__ = [
     "rep_flags",
     "flags_ok",
     "nan_unless",
+    "nan_reaches_inputs",
     "fetch_flags",
     "raise_rep_flags",
     "raise_pair_flags",
@@ -407,15 +408,47 @@ def flags_ok(*flags: dict[str, jax.Array]) -> jax.Array:
 
 
 def nan_unless(ok: jax.Array, out: Any) -> Any:
-    """Every floating leaf of ``out`` where ``ok``, else NaN (so failed checks never return a number)."""
+    """Every floating leaf of ``out`` where ``ok``, else NaN (so failed checks never return a number),
+    and so are its derivatives.
+
+    Formed as ``v * where(ok, 1, nan)``, not ``where(ok, v, nan)``: a ``where`` sends the
+    cotangent 0 to ``v`` where ``not ok``, so ``jax.grad`` of a NaN value was an all-zero
+    gradient (a number). The product sends ``nan`` back instead, which reaches every input the
+    value depends on; where ``ok`` it multiplies the value and its derivatives by exactly 1
+    (bit-identical to ``v``).
+    """
 
     def one(v):
         v = jnp.asarray(v)
         if not jnp.issubdtype(v.dtype, jnp.floating):
             return v
-        return jnp.where(ok, v, jnp.full((), jnp.nan, v.dtype))
+        return v * jnp.where(ok, jnp.ones((), v.dtype), jnp.full((), jnp.nan, v.dtype))
 
     return jax.tree.map(one, out)
+
+
+def nan_reaches_inputs(value: Any, *inputs: jax.Array) -> Any:
+    """``value`` unchanged, but where an entry of it is NaN, that entry's derivative along every entry
+    of ``inputs`` is NaN (every floating leaf of a pytree ``value``, of any shape).
+
+    :func:`nan_unless` sends NaN back into the computation of a failed value; it cannot reach an
+    input the value does not depend on there (SVCCA keeping no direction of a constant side: every
+    correlation is masked; the RDM of a constant layer, whose distances sit at their kink with
+    derivative 0). This multiplies by ``1 + probe * zero``, where ``zero = sum(z - stop_gradient(z))``
+    over the inputs is exactly 0 with derivative 1 along every input entry, and ``probe`` is NaN
+    where the entry of ``value`` is, else 0: a NaN value then never has a derivative that is a
+    number. Where an entry is a number the factor is exactly 1 and the added derivative exactly 0.
+    """
+    zero = sum(jnp.sum(z - jax.lax.stop_gradient(z)) for z in inputs)
+
+    def one(v):
+        v = jnp.asarray(v)
+        if not jnp.issubdtype(v.dtype, jnp.floating):
+            return v
+        probe = jnp.where(jnp.isnan(v), jnp.full((), jnp.nan, v.dtype), jnp.zeros((), v.dtype))
+        return v * (1 + probe * zero.astype(v.dtype))
+
+    return jax.tree.map(one, value)
 
 
 def fetch_flags(flags: Any) -> Any | None:

@@ -177,7 +177,15 @@ def _median_flat(v: jax.Array) -> jax.Array:
 @_median_flat.defjvp
 def _median_flat_jvp(primals, tangents):
     """The median moves with the entries it is made of: the mean tangent of the entries equal to
-    each middle value (equal entries are the same distance counted twice, ``d_ij = d_ji``)."""
+    each middle value (equal entries are the same distance counted twice, ``d_ij = d_ji``).
+
+    The primal output is ``_median_flat(v)`` itself, not ``lo + (hi - lo) / 2`` rebuilt from the
+    bit-pattern sort: the sort carries no derivative, so a rebuilt value would be a constant to an
+    outer derivative and every second derivative through the bandwidth would be lost (a Hessian of
+    RBF CKA asymmetric and off by tens of percent). Called recursively, an outer ``jvp`` applies
+    this rule again. The tangent is linear in ``dv`` with a locally constant mask: the median is
+    piecewise linear, so its own second derivative is zero.
+    """
     (v,), (dv,) = primals, tangents
     lo, hi = _median_lo_hi(v)
 
@@ -185,7 +193,7 @@ def _median_flat_jvp(primals, tangents):
         hit = v == value
         return jnp.sum(jnp.where(hit, dv, 0.0)) / jnp.maximum(jnp.sum(hit), 1)
 
-    return lo + (hi - lo) / 2, (at(lo) + at(hi)) / 2
+    return _median_flat(v), (at(lo) + at(hi)) / 2
 
 
 def _median_nonneg(a: jax.Array) -> jax.Array:

@@ -77,12 +77,17 @@ def feature_mask(width, size: int, dtype) -> jax.Array:
 
 @functools.lru_cache(maxsize=None)
 def _program(layer: Callable, pair: Callable):
-    """``pair(layer(x), layer(y))`` as one jit-compiled program (once per core and shapes)."""
+    """``pair(layer(x), layer(y))`` as one jit-compiled program (once per core and shapes).
+
+    A NaN value has a NaN derivative along every entry of ``x`` and ``y``
+    (:func:`similarity._validate.nan_reaches_inputs`), never a number such as 0.
+    """
 
     def run(x, y, opts):
         sx = layer(x, jnp.asarray(x.shape[1], jnp.int32), opts)
         sy = layer(y, jnp.asarray(y.shape[1], jnp.int32), opts)
-        return pair(sx, sy, opts)
+        value, flags = pair(sx, sy, opts)
+        return V.nan_reaches_inputs(value, x, y), flags
 
     return jax.jit(run)
 

@@ -90,6 +90,37 @@ def test_errors(pair, capsys, argv, match):
     assert __import__("re").search(match, err), err
 
 
+def _corrupt_middle(raw: bytes) -> bytes:
+    b = bytearray(raw)
+    for i in range(len(b) // 2, len(b) // 2 + 40):
+        b[i] ^= 0xFF
+    return bytes(b)
+
+
+@pytest.mark.parametrize("name, content", [
+    ("empty.npy", lambda npy, npz: b""),  # 0 bytes: numpy raises EOFError
+    ("truncated.npy", lambda npy, npz: npy[: len(npy) // 2]),
+    ("empty.npz", lambda npy, npz: b""),
+    ("truncated.npz", lambda npy, npz: npz[: len(npz) // 2]),  # zipfile.BadZipFile
+    ("corrupt.npz", lambda npy, npz: _corrupt_middle(npz)),  # a bad CRC when the member is read
+])
+def test_unreadable_input_exits_2_naming_the_file(pair, capsys, name, content):
+    """Unreadable input is a user error (exit status 2, as documented), one line naming the file,
+    never a traceback (a 0-byte .npy gave an EOFError traceback and exit status 1)."""
+    import io
+
+    d, x, _ = pair
+    npy, npz = io.BytesIO(), io.BytesIO()
+    np.save(npy, x)
+    np.savez(npz, first=x)
+    path = d / name
+    path.write_bytes(content(npy.getvalue(), npz.getvalue()))
+    rc, _, err = run([str(path), str(d / "b.npy")], capsys)
+    assert rc == 2, err
+    assert err.startswith(f"funsim compare: error: {path}: cannot read it as .npy/.npz"), err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 def test_list(capsys):
     rc, out, _ = run(["--list"], capsys)
     assert rc == 0 and "pwcca" in out and "directed" in out

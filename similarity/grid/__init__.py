@@ -242,7 +242,7 @@ def compare_grid(
         mismatched sample counts, NaN/Inf, a bad split, a measure that returns a
         non-finite value without a reason (named by its pair), or with
         ``on_undefined="raise"`` an undefined cell.
-      TypeError: called under a JAX transformation (a tracer for a layer).
+      TypeError: called under a JAX transformation (a traced layer, ``split`` or ``key``).
 
     Examples:
       >>> import jax
@@ -261,13 +261,13 @@ def compare_grid(
       >>> g.tables["cka/linear"][:, 0].tolist()[1], list(g.undefined["cka/linear"]), w[0].category.__name__
       (nan, [(1, 0)], 'UndefinedCellWarning')
     """
+    _refuse_tracers(reps_a, reps_b, split, key)
     streaming = chunk_size is not None
     if streaming and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
     reverse = V.check_bool(reverse, "reverse")
     strict = V.check_choice(on_undefined, "on_undefined", ("nan", "raise")) == "raise"
     buckets = V.check_bool(buckets, "buckets")
-    _refuse_tracers(reps_a, reps_b)
     measures = [measures] if isinstance(measures, str) else list(measures)
     moment, generic = _resolve(measures, streaming=streaming)
     if generic:
@@ -328,15 +328,38 @@ def compare_grid(
     return GridResult(out, lay.rows, lay.cols, rev_out, undefined, rev_undefined if reverse else {})
 
 
-def _refuse_tracers(*reps) -> None:
-    for name, r in zip(("reps_a", "reps_b"), reps):
-        if r is None:
-            continue
-        for z in (r.values() if isinstance(r, Mapping) else r if isinstance(r, Sequence) else ()):
+def _traced(reps_a, reps_b, split, key):
+    """``(argument, shape)`` of the first tracer among compare_grid's array arguments, or ``None``."""
+    for name, r in (("reps_a", reps_a), ("reps_b", reps_b)):
+        if isinstance(r, jax.core.Tracer):
+            return name, r.shape
+        if isinstance(r, Mapping):
+            for k, z in r.items():
+                if isinstance(z, jax.core.Tracer):
+                    return f"{name}[{k!r}]", z.shape
+        elif isinstance(r, Sequence) and not isinstance(r, str):
+            for i, z in enumerate(r):
+                if isinstance(z, jax.core.Tracer):
+                    return f"{name}[{i}]", z.shape
+    for name, a in (("split", split), ("key", key)):
+        for z in jax.tree.leaves(a):
             if isinstance(z, jax.core.Tracer):
-                raise TypeError(
-                    f"compare_grid got a traced {name} layer (inside jax.jit, jax.grad or jax.vmap): the grid is a "
-                    "host-level driver that reads each cell's flags to name undefined cells. Call it on concrete "
-                    "arrays, or use the measures themselves inside your transformation, e.g. "
-                    "jax.vmap(similarity.measure('cka/linear')) over stacked layers."
-                )
+                return name, z.shape
+    return None
+
+
+def _refuse_tracers(reps_a, reps_b, split, key) -> None:
+    """A clear ``TypeError`` for a traced argument (inside ``jit``/``grad``/``vmap``), before anything
+    would convert it to NumPy (a bare ``TracerArrayConversionError``)."""
+    hit = _traced(reps_a, reps_b, split, key)
+    if hit is None:
+        return
+    name, shape = hit
+    raise TypeError(
+        f"compare_grid got a traced {name} of shape {tuple(shape)} (it was called inside jax.jit, jax.grad or "
+        "jax.vmap): the grid is a host-level driver that pads and groups layers and reads each cell's flags on "
+        "the host to name undefined cells, so it cannot be traced. Call it on concrete arrays; inside your "
+        "transformation use the per-pair measures, e.g. similarity.cka(a, b) or "
+        "jax.vmap(similarity.measure('cka/linear')) over stacked layers (similarity.similarity_matrix is the "
+        "jit-compiled all-pairs call for tensor-network checkpoints)."
+    )
