@@ -2,6 +2,7 @@
 #   make demo   build .venv if missing, install, run the quickstart offline, print where the report is
 #   make test   same setup, then the fast test suite (what CI runs)
 #   make test-f32  the float32 leg: the marked tests with x64 off, as users run (CI runs it too)
+#   make lint   ruff check (config in pyproject.toml; CI runs it)
 #   make bench  run the side-by-side benchmarks (installs the peer libraries first)
 #   make data   install the optional offline Fashion-MNIST (Debian package dataset-fashion-mnist)
 
@@ -13,7 +14,7 @@ PYTEST_ARGS ?=
 # pytest-xdist: one worker per core (JAX compiles dominate the suite's time).
 PYTEST_WORKERS ?= auto
 
-.PHONY: demo test test-f32 test-slow bench clean venv data
+.PHONY: demo test test-f32 test-slow lint bench clean venv data
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,9 @@ test: $(STAMP)
 # references; only the tests marked float32 run (the x64 suite skips them).
 test-f32: $(STAMP)
 	FUNSIM_TEST_X64=0 $(PY) -m pytest -n $(PYTEST_WORKERS) -m float32 $(PYTEST_ARGS) tests/test_float32.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m slow $(PYTEST_ARGS) tests

@@ -23,7 +23,6 @@ import jax
 import numpy as np
 
 from benchmarks.bench_tensor import _timeit
-
 from funsim.similarity import (
     AttentionLayer,
     AttentionNetwork,

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from funsim import similarity
 from benchmarks.bench_tensor import _fmt, _timeit
+from funsim import similarity
 from funsim.experiments import checkpoint_similarity as cs
 
 

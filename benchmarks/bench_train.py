@@ -34,7 +34,6 @@ import numpy as np
 import optax
 from flax import nnx
 
-
 # ----------------------------------------------------------------------------- the reference loop
 
 

@@ -172,9 +172,9 @@ def design(args, zoo_dir: pathlib.Path) -> dict:
 def child(spec_path: str, result_path: str) -> None:
     spec = json.loads(pathlib.Path(spec_path).read_text())
     t_import = time.perf_counter()
-    import funsim
     import jax
 
+    import funsim
     from funsim import similarity
     from funsim.experiments import similarity_study as S
 

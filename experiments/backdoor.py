@@ -50,6 +50,7 @@ import argparse
 import dataclasses
 import pathlib
 import time
+import typing
 
 import numpy as np
 
@@ -57,6 +58,9 @@ from funsim.experiments import curriculum as cur
 from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import releases_run_locks
 from funsim.experiments.verdict import Rule
+
+if typing.TYPE_CHECKING:  # annotations only: --help does not import JAX
+    import jax
 
 #: the paper's block gaps (tdooms/tensor-similarity, SVHN backdoor bundle)
 PAPER = {

@@ -67,14 +67,20 @@ import time
 import numpy as np
 
 from funsim.experiments import verdict as verdict_lib
-from funsim.experiments.io import (load_config, open_run, releases_run_locks, write_atomic, write_json_atomic,
-                                  write_text_atomic)
+from funsim.experiments.io import (
+    load_config,
+    open_run,
+    releases_run_locks,
+    write_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
 from funsim.experiments.verdict import Rule
 
 __all__ = [
     "GrokkingConfig",
     "CONFIGS",
-    "TokenPairs",
+    "TokenPairs",  # noqa: F822  (built on first use, served by the module __getattr__)
     "PAPER",
     "MEASURES",
     "RULES",
@@ -429,7 +435,6 @@ def spectrum_summary(power, /, *, n_top: int) -> dict[str, np.ndarray]:
       in bin 0.
     """
     power = np.asarray(power, np.float64)
-    per_unit = power[..., 1:].sum(axis=-1)  # (..., r)
     total = power[..., 1:].sum(axis=(-2, -1))
     layer = power.sum(axis=-2)
     q = layer[..., 1:] / total[..., None]

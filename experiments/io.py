@@ -46,6 +46,8 @@ __all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "write_text_atomi
            "write_table_atomic", "verify_table"]
 
 # names of funsim.models.io served from here, imported when first used (PEP 562)
+if typing.TYPE_CHECKING:
+    from funsim.models.io import DamagedFileError, SetupMismatchError, fingerprint, setup_diff
 _FROM_MODELS_IO = ("DamagedFileError", "SetupMismatchError", "fingerprint", "setup_diff", "check_setup")
 
 

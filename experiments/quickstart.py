@@ -28,12 +28,16 @@ import argparse
 import dataclasses
 import pathlib
 import time
+import typing
 import warnings
 
 import numpy as np
 
 from funsim.experiments import data as data_lib
 from funsim.experiments.io import open_run, releases_run_locks, write_json_atomic
+
+if typing.TYPE_CHECKING:  # annotations only: --help does not import JAX
+    from funsim import similarity
 
 # jax, flax, funsim.models, funsim.similarity and matplotlib are imported inside the
 # functions that use them, so that `funsim quickstart --help` answers at once.
@@ -159,8 +163,7 @@ def _stitch_grid(cfg, g: similarity.GridResult):
 def _tensor_step(cfg, trained, out):
     from flax import nnx
 
-    from funsim import models
-    from funsim import similarity
+    from funsim import models, similarity
     from funsim.models.train import list_checkpoints, load_checkpoint
 
     ts = similarity.tensor_similarity
@@ -184,8 +187,7 @@ def _tensor_step(cfg, trained, out):
 def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log=print) -> dict:
     """Run the quickstart; returns the metrics dict (also written to metrics.json)."""
-    from funsim import models
-    from funsim import similarity
+    from funsim import models, similarity
     from funsim.experiments import plotting
 
     t0 = time.time()

@@ -79,8 +79,16 @@ import numpy as np
 
 from funsim.experiments import jit_memory
 from funsim.experiments import verdict as verdict_lib
-from funsim.experiments.io import (config_overrides, config_type, open_run, read_json, releases_run_locks,
-                                  write_json_atomic, write_table_atomic, write_text_atomic)
+from funsim.experiments.io import (
+    config_overrides,
+    config_type,
+    open_run,
+    read_json,
+    releases_run_locks,
+    write_json_atomic,
+    write_table_atomic,
+    write_text_atomic,
+)
 
 SUPPORTS_MULTIPROCESS = True  # `funsim launch -n N similarity-study`: units are split over the processes
 
@@ -518,7 +526,6 @@ def _model_pairs(models: list) -> list[tuple]:
 def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pathlib.Path, log) -> dict:
     """Compare every model pair of ``ds`` (skipping the pairs already written); returns timings."""
     import funsim.models as models_lib
-
     from funsim.experiments import distributed
 
     pdir = out / "pairs" / ds

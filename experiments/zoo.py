@@ -43,8 +43,18 @@ from typing import Any
 import numpy as np
 
 from funsim.experiments import data as data_lib
-from funsim.experiments.io import (ConfigError, coerce_fields, config_overrides, config_type, open_run, read_json,
-                                  releases_run_locks, to_jsonable, write_json_atomic, write_text_atomic)
+from funsim.experiments.io import (
+    ConfigError,
+    coerce_fields,
+    config_overrides,
+    config_type,
+    open_run,
+    read_json,
+    releases_run_locks,
+    to_jsonable,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 __all__ = [
     "DataSpec", "ModelSpec", "ZooConfig", "CONFIGS", "config_from_dict", "run",

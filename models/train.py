@@ -47,9 +47,9 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from funsim.models.io import DamagedFileError, read_json, to_jsonable, write_json_atomic
 from funsim.models.io import checkpoint_manager as _checkpoint_manager
 from funsim.models.io import fingerprint as _fingerprint
-from funsim.models.io import DamagedFileError, read_json, to_jsonable, write_json_atomic
 from funsim.models.io import setup_diff as _diff
 
 __all__ = [

@@ -40,7 +40,7 @@ import difflib
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import jax

@@ -49,11 +49,11 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import protocol
+from funsim.similarity._linalg import pow2_at
+from funsim.similarity._linalg import svd as _svd
 from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats
 from funsim.similarity.protocol import Core
-from funsim.similarity._linalg import pow2_at
-from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["cca", "cca_r2", "cca_mean", "svcca", "pwcca", "cca_core", "svcca_core", "pwcca_core",
            "cca_layer_stats", "svcca_layer_stats", "pwcca_layer_stats"]

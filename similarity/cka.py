@@ -47,10 +47,10 @@ from jax.typing import ArrayLike, DTypeLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import protocol
-from funsim.similarity._precision import full_precision
-from funsim.similarity.protocol import Core
-from funsim.similarity.moments import LayerStats, MomentPair, MomentStats
 from funsim.similarity._linalg import pow2_at, pow2_scale
+from funsim.similarity._precision import full_precision
+from funsim.similarity.moments import LayerStats, MomentPair, MomentStats
+from funsim.similarity.protocol import Core
 
 __all__ = [
     "KERNELS",

@@ -38,11 +38,21 @@ from collections.abc import Callable, Iterable
 import jax
 
 from funsim.similarity import _validate as V
+from funsim.similarity.cca import (
+    cca_core,
+    cca_layer_stats,
+    cca_mean,
+    cca_r2,
+    pwcca,
+    pwcca_core,
+    pwcca_layer_stats,
+    svcca,
+    svcca_core,
+    svcca_layer_stats,
+)
+from funsim.similarity.cka import cka, cka_core, cka_layer_stats, linear_cka_moment_stats
 from funsim.similarity.moments import MOMENT_KINDS, LayerStats, MomentStats
 from funsim.similarity.protocol import Core
-from funsim.similarity.cca import (cca_core, cca_layer_stats, cca_mean, cca_r2, pwcca, pwcca_core, pwcca_layer_stats,
-                                   svcca, svcca_core, svcca_layer_stats)
-from funsim.similarity.cka import cka, cka_core, cka_layer_stats, linear_cka_moment_stats
 from funsim.similarity.regression import linear_regression_r2, regression_core, regression_layer_stats
 from funsim.similarity.rsa import COMPARISONS, RDM_METRICS, rsa, rsa_core, rsa_layer_stats
 from funsim.similarity.shape import (

@@ -35,11 +35,11 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import protocol
+from funsim.similarity._linalg import pow2_at, pow2_scale
+from funsim.similarity._linalg import svd as _svd
 from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats
 from funsim.similarity.protocol import Core
-from funsim.similarity._linalg import pow2_at, pow2_scale
-from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["linear_regression_r2", "regression_layer_stats", "regression_core"]
 

@@ -44,10 +44,10 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import protocol
+from funsim.similarity._linalg import pow2_scale, row_hash
 from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats
 from funsim.similarity.protocol import Core
-from funsim.similarity._linalg import pow2_scale, row_hash
 
 __all__ = ["RDM_METRICS", "COMPARISONS", "rdm", "rsa", "rank_average", "compare_vectors", "rsa_layer_stats",
            "rsa_core"]

@@ -57,11 +57,11 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import protocol
+from funsim.similarity._linalg import arccos_unit, pow2_at, pow2_scale, sqrt_floor
+from funsim.similarity._linalg import svd as _svd
 from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats, MomentPair, MomentStats
 from funsim.similarity.protocol import Core
-from funsim.similarity._linalg import arccos_unit, pow2_at, pow2_scale, sqrt_floor
-from funsim.similarity._linalg import svd as _svd
 
 __all__ = ["SHAPE_DISTANCES", "shape_distance", "nbs", "procrustes_distance", "partial_whiten",
            "shape_layer_stats", "shape_moment_stats", "nbs_moment_stats", "procrustes_moment_stats",

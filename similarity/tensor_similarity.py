@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any
 
 import jax
 import jax.numpy as jnp

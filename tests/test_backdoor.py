@@ -9,9 +9,8 @@ import pytest
 
 from funsim import similarity
 from funsim.experiments import backdoor as bd
-from funsim.experiments import cli
+from funsim.experiments import cli, verdict
 from funsim.experiments import curriculum as cur
-from funsim.experiments import verdict
 from tests.conftest import NEEDS_MNIST5K, NEEDS_TFDS
 
 DIAMOND = np.array([
@@ -211,8 +210,7 @@ def test_backdoor_paper_config_runs_on_mock_svhn_without_downloading(tmp_path):
 def test_the_backdoor_model_has_no_embedding(rng):
     from flax import nnx
 
-    from funsim import models
-    from funsim import similarity
+    from funsim import models, similarity
     m = models.BilinearMLP((6, 6, 1), 4, d_model=5, d_hidden=3, residual=False, embed=False, rngs=nnx.Rngs(0))
     net = m.to_network()
     assert [type(l).__name__ for l in net] == ["BilinearLayer", "LinearLayer"] and net[0].left.shape == (3, 36)

@@ -189,13 +189,25 @@ def _degenerate(rng) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     for side, z in (("x", x), ("y", y)):
         d = z.shape[1]
         bad = {}
-        b = z.copy(); b[:, 1] = 0.0; bad["dead unit"] = b
-        b = z.copy(); b[:, d - 1] = 2.0 * b[:, 0]; bad["collinear"] = b
+        b = z.copy()
+        b[:, 1] = 0.0
+        bad["dead unit"] = b
+        b = z.copy()
+        b[:, d - 1] = 2.0 * b[:, 0]
+        bad["collinear"] = b
         bad["constant"] = np.tile(z[:1], (N, 1))
-        b = z.copy(); b[4] = 1.5; bad["constant row"] = b
-        b = z.copy(); b[6] = 0.0; bad["zero row"] = b
-        b = z.copy(); b[2] = b[7]; bad["duplicated sample"] = b
-        b = z.copy(); b[3, 0] = np.nan; bad["nan"] = b
+        b = z.copy()
+        b[4] = 1.5
+        bad["constant row"] = b
+        b = z.copy()
+        b[6] = 0.0
+        bad["zero row"] = b
+        b = z.copy()
+        b[2] = b[7]
+        bad["duplicated sample"] = b
+        b = z.copy()
+        b[3, 0] = np.nan
+        bad["nan"] = b
         for case, b in bad.items():
             cases[f"{case} ({side})"] = (b, y) if side == "x" else (x, b)
     cases["ties (x)"] = (np.eye(N)[:, :5] + np.eye(N)[:, 5:10], y)  # duplicated unit rows and zero rows

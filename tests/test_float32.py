@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from funsim import similarity
-from tests._tensor_nets import bilinear, deep, linear, np_tree_inner
+from tests._tensor_nets import deep, np_tree_inner
 from tests.test_cca import ref_cca, ref_pwcca, ref_svcca
 from tests.test_cka import ref_cka
 from tests.test_regression import ref_r2

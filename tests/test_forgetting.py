@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 
 from funsim import similarity
-from funsim.experiments import cli
+from funsim.experiments import cli, verdict
 from funsim.experiments import curriculum as cur
 from funsim.experiments import forgetting as fg
-from funsim.experiments import verdict
 from funsim.similarity import BilinearLayer, LinearLayer
 from tests.conftest import NEEDS_MNIST5K, NEEDS_TFDS
 

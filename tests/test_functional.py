@@ -16,12 +16,12 @@ from tests._stitch_models import (  # digits, models: shared module-scoped fixtu
     MLP,
     Bottleneck,
     Rotated,
-    digits,
+    digits,  # noqa: F401  (a fixture)
     haar,
+    models,  # noqa: F401  (a fixture)
     np_adaptive_pool,
     np_ce_acc,
     split,
-    models,
 )
 
 

@@ -16,7 +16,6 @@ from funsim.experiments import cli, grokking, verdict
 from funsim.experiments.data import modular_addition
 from funsim.experiments.io import to_jsonable
 
-
 # --------------------------------------------------------------------------- data
 
 

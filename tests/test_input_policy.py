@@ -12,11 +12,10 @@ cases here are the public functions outside the registry.
 """
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
-import re
-
 import numpy as np
 import pytest
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from funsim.experiments import cli, distributed, launch
-from tests.conftest import TOL
 from tests._multiprocess import MultiprocessError, launch_processes, run_in_processes
+from tests.conftest import TOL
 
 # ----------------------------------------------------------------------------- distributed.setup_from_env
 

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 

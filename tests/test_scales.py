@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 
 from funsim import similarity
-from funsim.similarity import list_measures, measure
-from funsim.similarity import HeldOutOverlapWarning
+from funsim.similarity import HeldOutOverlapWarning, list_measures, measure
 from tests.invariance import invariance_data
 
 NAMES = list_measures()

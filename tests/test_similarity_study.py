@@ -7,9 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from funsim.experiments import cli, similarity_study as S
+from funsim.experiments import cli, verdict
+from funsim.experiments import similarity_study as S
 from funsim.experiments import usable_information as ui
-from funsim.experiments import verdict
 from funsim.experiments import zoo as zoo_lib
 from funsim.experiments.io import read_json
 from tests._compiles import CompileCounter

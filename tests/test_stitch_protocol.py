@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 import funsim.similarity as sim
 from funsim.similarity import protocol
 from funsim.similarity import stitching as S
-from funsim.similarity.moments import LayerMoments, MomentPair, split_weights
+from funsim.similarity.moments import MomentPair, split_weights
 from tests._compiles import CompileCounter, compiles
 from tests.test_stitching import held_out_ref
 

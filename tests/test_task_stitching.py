@@ -33,13 +33,13 @@ from funsim.similarity._stitch_param import cayley, complete_orthogonal
 from funsim.similarity._stitch_train import objective
 from tests._stitch_models import (  # digits, models: shared module-scoped fixtures
     CompileCounter,
-    digits,
+    digits,  # noqa: F401  (a fixture)
     haar,
+    models,  # noqa: F401  (a fixture)
     np_adaptive_pool,
     split,
     tail_h1,
     tail_h2,
-    models,
 )
 
 

@@ -5,7 +5,6 @@ L-BFGS loop compiles only a handful of times.
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import funsim.models.train  # noqa: F401  (loads the submodule that models.train names below)
 from funsim import models
-import funsim.models.train
 from funsim.experiments import cli, data, zoo
 from funsim.experiments.io import read_json, to_jsonable
 from tests.conftest import NEEDS_TFDS

@@ -30,7 +30,6 @@ from funsim.similarity.grid.devices import Plan, put_pairs, replicate, replicate
 from funsim.similarity.grid.undefined import Table
 from funsim.similarity.protocol import Core
 
-
 # ----------------------------------------------------------------------------- adapters
 
 
