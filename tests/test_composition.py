@@ -1,4 +1,4 @@
-"""Composition beyond first order (issue 29): second derivatives, NaN derivatives, tracers.
+"""Composition beyond first order: second derivatives, NaN derivatives, tracers.
 
 * RBF CKA's Hessian, against float64 references: central differences of ``jax.grad``, and
   second differences of an independent NumPy implementation (Kornblith et al.'s median
@@ -145,7 +145,7 @@ def _constant(x):
     return np.full_like(x, 1.5)
 
 
-# (label, function, how x becomes degenerate); the first four are issue 29's cases. SVCCA and
+# (label, function, how x becomes degenerate); the first four once had an all-zero gradient. SVCCA and
 # RSA of a constant layer have values that no longer depend on that layer's entries at all,
 # so only the protocol's zero-valued probe carries NaN to them.
 DEGENERATE = [
