@@ -22,7 +22,7 @@ import argparse
 import jax
 import numpy as np
 
-from benchmarks.bench_tensor import _timeit
+from benchmarks._timing import first_and_warm, fmt_seconds
 from funsim.similarity import (
     AttentionLayer,
     AttentionNetwork,
@@ -55,17 +55,13 @@ def _net(rng, vocab, d, heads, e, depth, *, like=None, noise=0.3):
                             f(("pos_embed",), (8, d), 0.1))
 
 
-def _fmt(t):
-    return f"{t * 1e3:.1f} ms" if t < 1 else f"{t:.2f} s"
-
-
 def _mc_to_1pct(a, b, context, scale, cap):
     """Samples for a 1% relative SE (from a pilot), and their warm time (extrapolated beyond ``cap``)."""
     pilot, se = attention_monte_carlo_inner(a, b, context=context, scale=scale, n_samples=4096, key=jax.random.key(1))
     n = int(np.ceil(4096 * (float(se) / (0.01 * abs(float(pilot)))) ** 2))
     m = min(n, cap)
     fn = lambda: attention_monte_carlo_inner(a, b, context=context, scale=scale, n_samples=m, key=jax.random.key(2))
-    _, warm = _timeit(fn, repeats=2)
+    _, warm = first_and_warm(fn, repeats=2)
     est, se = fn()
     note = f"SE {float(se) / abs(float(est)):.2%}" if m == n else f"timed {m}, extrapolated"
     return n, warm * n / m, note
@@ -85,24 +81,24 @@ def main(argv=None) -> str:
         a = _net(rng, vocab, d, heads, e, depth)
         near = _net(rng, vocab, d, heads, e, depth, like=a, noise=0.3)
         far = _net(rng, vocab, d, heads, e, depth, like=a, noise=1.0)
-        first, warm = _timeit(lambda: attention_inner(a, near, context=context, method=method, scale=scale))
+        first, warm = first_and_warm(lambda: attention_inner(a, near, context=context, method=method, scale=scale))
         refs = []
         for name, b in (("near", near), ("far", far)):
             n, t, note = _mc_to_1pct(a, b, context, scale, cap)
-            refs.append(f"MC 1%, {name} checkpoint: {n} samples ({note}) {_fmt(t)} ({t / warm:.2g}x)")
+            refs.append(f"MC 1%, {name} checkpoint: {n} samples ({note}) {fmt_seconds(t, 1)} ({t / warm:.2g}x)")
         est, se = attention_monte_carlo_inner(a, near, context=context, scale=scale, n_samples=200_000,
                                               key=jax.random.key(3))
         ours = float(attention_inner(a, near, context=context, method=method, scale=scale))
         check = f"abs(MC - ours) = {abs(float(est) - ours) / float(se):.1f} SE (200k samples)"
-        rows.append(f"| {method}, {depth} layer{'s' if depth > 1 else ''} | {_fmt(warm)} (first call {_fmt(first)}) | "
+        rows.append(f"| {method}, {depth} layer{'s' if depth > 1 else ''} | {fmt_seconds(warm, 1)} (first call {fmt_seconds(first, 1)}) | "
                     f"{'; '.join(refs)} | {check} |")
     a = _net(rng, vocab, d, heads, e, 1)
     nets = [_net(rng, vocab, d, heads, e, 1, like=a, noise=0.1 * i) for i in range(n_ckpt)]
-    first, warm = _timeit(lambda: attention_similarity_matrix(nets, context=context, scale=scale), repeats=1)
-    one_first, one = _timeit(lambda: attention_similarity(nets[0], nets[1], context=context, scale=scale))
+    first, warm = first_and_warm(lambda: attention_similarity_matrix(nets, context=context, scale=scale), repeats=1)
+    one_first, one = first_and_warm(lambda: attention_similarity(nets[0], nets[1], context=context, scale=scale))
     pairs = n_ckpt * (n_ckpt - 1) // 2
-    rows.append(f"| {n_ckpt}-checkpoint matrix, 1 layer exact | {_fmt(warm)} (first call {_fmt(first)}) | "
-                f"{pairs} separate attention_similarity calls: {_fmt(one)} each, {_fmt(one * pairs)} in all "
+    rows.append(f"| {n_ckpt}-checkpoint matrix, 1 layer exact | {fmt_seconds(warm, 1)} (first call {fmt_seconds(first, 1)}) | "
+                f"{pairs} separate attention_similarity calls: {fmt_seconds(one, 1)} each, {fmt_seconds(one * pairs, 1)} in all "
                 f"({one * pairs / warm:.1f}x) | |")
     head = [
         f"Bilinear-attention similarity benchmark ({'quick' if args.quick else 'full'} sizes), float32, "

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.bench_tensor import _fmt, _timeit
+from benchmarks._timing import first_and_warm, fmt_seconds
 from funsim import similarity
 from funsim.experiments import checkpoint_similarity as cs
 
@@ -43,20 +43,20 @@ def bench_slices(n, sizes, rows):
     d, m, h, o = sizes
     nets = _checkpoints(n, d, m, h, o)
     stacked = cs.stack_networks(nets)
-    first, ours = _timeit(lambda: cs.tensor_matrices(stacked, metrics=["gaussian"]), repeats=3)
+    first, ours = first_and_warm(lambda: cs.tensor_matrices(stacked, metrics=["gaussian"]), repeats=3)
 
     def loop():
         full = similarity.similarity_matrix(stacked)
         return [full] + [similarity.similarity_matrix(stacked, outputs=[c]) for c in range(o)]
 
-    first_ref, ref = _timeit(loop, repeats=1)
+    first_ref, ref = first_and_warm(loop, repeats=1)
     mine = cs.tensor_matrices(stacked, metrics=["gaussian"])
     got = loop()
     err = max(np.abs(mine["tensor/gaussian"] - np.asarray(got[0])).max(),
               *(np.abs(mine["tensor/gaussian/outputs"][c] - np.asarray(got[c + 1])).max() for c in range(o)))
     rows.append(f"| tensor similarity + {o} class slices, {n} checkpoints (d={d}, embed {m}, h={h}, o={o}) | "
-                f"{_fmt(ours)} (first call {_fmt(first)}) | {o + 1} similarity_matrix calls: {_fmt(ref)} "
-                f"(first {_fmt(first_ref)}; {ref / ours:.1f}x) | max abs difference {err:.1e} |")
+                f"{fmt_seconds(ours)} (first call {fmt_seconds(first)}) | {o + 1} similarity_matrix calls: {fmt_seconds(ref)} "
+                f"(first {fmt_seconds(first_ref)}; {ref / ours:.1f}x) | max abs difference {err:.1e} |")
 
 
 def bench_baselines(n, sizes, n_inputs, rows):
@@ -69,7 +69,7 @@ def bench_baselines(n, sizes, n_inputs, rows):
         y = cs.network_outputs(stacked, x)
         return cs.behavioural_matrix(y), cs.cka_matrix(y), cs.weight_cosine_matrix(stacked)
 
-    first, ours = _timeit(ours_fn, repeats=3)
+    first, ours = first_and_warm(ours_fn, repeats=3)
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
 
     def loop():
@@ -80,14 +80,14 @@ def bench_baselines(n, sizes, n_inputs, rows):
             out.append(similarity.weight_cosine(nets[i], nets[j]))
         return out
 
-    first_ref, ref = _timeit(loop, repeats=1)
+    first_ref, ref = first_and_warm(loop, repeats=1)
     b, k, w = ours_fn()
     got = loop()
     i, j = pairs[-1]
     err = max(abs(b[i, j] - float(got[-3])), abs(k[i, j] - float(got[-2])), abs(w[i, j] - float(got[-1])))
     rows.append(f"| behavioural + CKA of the logits + matrix cosine, {n} checkpoints, {n_inputs} inputs | "
-                f"{_fmt(ours)} (first call {_fmt(first)}) | loop over {len(pairs)} pairs of the pairwise functions: "
-                f"{_fmt(ref)} ({ref / ours:.0f}x) | last pair's difference {err:.1e} |")
+                f"{fmt_seconds(ours)} (first call {fmt_seconds(first)}) | loop over {len(pairs)} pairs of the pairwise functions: "
+                f"{fmt_seconds(ref)} ({ref / ours:.0f}x) | last pair's difference {err:.1e} |")
 
 
 def main(argv=None) -> str:

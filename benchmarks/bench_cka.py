@@ -36,14 +36,7 @@ import time
 
 import numpy as np
 
-
-def _median_time(f, repeats: int) -> float:
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+from benchmarks._timing import alternating, median_time, timed
 
 
 def numpy_features(x, y):
@@ -72,19 +65,6 @@ def numpy_debiased(x, y, *, syrk=True):
     return hxy / np.sqrt(_unbiased(np.sum(gx**2), kx, kx, n) * _unbiased(np.sum(gy**2), ky, ky, n))
 
 
-def _alternating(fns: dict, repeats: int) -> dict:
-    """``{name: (median wall s, median CPU s)}`` over ``repeats`` alternating rounds."""
-    import jax
-
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            c0, w0 = time.process_time(), time.perf_counter()
-            jax.block_until_ready(f())
-            times[k].append((time.perf_counter() - w0, time.process_time() - c0))
-    return {k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for k, v in times.items()}
-
-
 def ratios_table(repeats: int) -> str:
     """The public ``cka`` against NumPy, alternating rounds, wall and CPU time, two workloads."""
     import jax
@@ -105,7 +85,7 @@ def ratios_table(repeats: int) -> str:
         for f in fns.values():
             f()
         assert abs(float(fns["funsim `cka`"]()) - float(ref(x, y))) < 1e-4
-        t = _alternating(fns, repeats)
+        t = alternating(fns, repeats, reduce=statistics.median)
         ow, oc = t["funsim `cka`"]
         what = f"{'debiased' if debiased else 'linear'} CKA, {n:,} x {d}"
         for k, (w, c) in t.items():
@@ -159,21 +139,20 @@ def main(argv: list[str] | None = None) -> str:
     jax.jit(cka).lower(xj, yj).compile()  # trace + compile only, on a fresh wrapper
     compile_s = time.perf_counter() - t0
     ours_jit = jax.jit(cka)
-    t0 = time.perf_counter()
-    v_ours = float(ours_jit(xj, yj).block_until_ready())
-    first = time.perf_counter() - t0
-    t_ours = _median_time(lambda: ours_jit(xj, yj).block_until_ready(), args.repeats)
+    v_ours, first = timed(ours_jit, xj, yj)
+    v_ours = float(v_ours)
+    t_ours = median_time(lambda: ours_jit(xj, yj).block_until_ready(), args.repeats)
     rows.append(("funsim `jax.jit(cka)` (feature space)", n, t_ours, f"compile {compile_s:.2f} s; first call {first:.2f} s"))
-    t_pub = _median_time(lambda: cka(x, y).block_until_ready(), args.repeats)
+    t_pub = median_time(lambda: cka(x, y).block_until_ready(), args.repeats)
     rows.append(("funsim `cka` (value checks inside the program, NumPy input)", n, t_pub, ""))
 
-    t_np = _median_time(lambda: numpy_features(x, y), args.repeats)
+    t_np = median_time(lambda: numpy_features(x, y), args.repeats)
     v_np = float(numpy_features(x, y))
     rows.append(("NumPy feature space", n, t_np, ""))
 
     gn = min(args.gram_n, n)
     xs, ys = x[:gn], y[:gn]
-    t_g = _median_time(lambda: numpy_gram(xs, ys), max(1, args.repeats // 3))
+    t_g = median_time(lambda: numpy_gram(xs, ys), max(1, args.repeats // 3))
     rows.append(("NumPy Gram form (n×n)", gn, t_g * (n / gn) ** 2,
                  f"run at n={gn}: {t_g:.3f} s, extrapolated ×(n/{gn})² (O(n² d))" if gn < n else ""))
 
@@ -184,12 +163,12 @@ def main(argv: list[str] | None = None) -> str:
         torch.set_num_threads(os.cpu_count() or 1)
         tn = min(args.ckatorch_n, n)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-        t_small = _median_time(lambda: cka_base(xt[:tn], yt[:tn]), 1)
+        t_small = median_time(lambda: cka_base(xt[:tn], yt[:tn]), 1)
         est = t_small * (n / tn) ** 2
         if est <= args.ckatorch_budget:
-            t0 = time.perf_counter()
-            v_t = float(cka_base(xt, yt))
-            rows.append(("ckatorch `cka_base` (float64 internally)", n, time.perf_counter() - t0,
+            v_t, t_full = timed(cka_base, xt, yt)
+            v_t = float(v_t)
+            rows.append(("ckatorch `cka_base` (float64 internally)", n, t_full,
                          f"one run at full size; value agrees to {abs(v_t - v_ours):.1e}"))
         else:
             rows.append(("ckatorch `cka_base` (float64 internally)", tn, est,

@@ -13,7 +13,7 @@ Every workload runs in a fresh Python process with JAX's persistent compilation 
 everything it needs. The process builds its inputs with NumPy, places them on the default device
 (not timed), then calls the public function twice: the first call's wall time (compile and run),
 the second call's (run only, warm), their ratio, and the programs handed to the backend during each
-call (``tests/_compiles.py``'s ``CompileCounter``: jax.monitoring's backend-compile events) with the
+call (``funsim.experiments.compile_count.CompileCounter``: jax.monitoring's backend-compile events) with the
 seconds those compilations took. A warm call that compiles anything is a bug (a shape or a Python
 value reaching a trace). Only public APIs are called: ``similarity.fit_stitchers`` and
 ``similarity.compare_grid``.
@@ -112,19 +112,7 @@ def _child(name: str, size: str, quick: bool) -> dict:
     import jax
 
     from funsim import similarity
-    from tests._compiles import CompileCounter
-
-    class Timed(CompileCounter):
-        """CompileCounter that also adds up the compilations' seconds."""
-
-        def __init__(self):
-            super().__init__()
-            self.seconds = 0.0
-
-        def _listen(self, event, duration, **kwargs):
-            if event == self.EVENT:
-                self.seconds += duration
-            super()._listen(event, duration, **kwargs)
+    from funsim.experiments.compile_count import CompileCounter
 
     count, n, widths = _sizes(name, size, quick)
     _, spec, *_ = WORKLOADS[name]
@@ -143,7 +131,7 @@ def _child(name: str, size: str, quick: bool) -> dict:
     jax.block_until_ready((xs, ys) if name.startswith("fit") else (a, b))
     out = {}
     for which in ("first", "second"):
-        with Timed() as c:
+        with CompileCounter() as c:
             t0 = time.perf_counter()
             jax.block_until_ready(call())
             out[which] = time.perf_counter() - t0

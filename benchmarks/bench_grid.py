@@ -37,7 +37,6 @@ events) and its time, with the size buckets and without (``buckets=False``).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 import warnings
@@ -46,6 +45,8 @@ import jax
 import numpy as np
 
 import funsim.similarity as sim
+from benchmarks._timing import alternating, first_and_warm, timed
+from funsim.experiments.compile_count import CompileCounter
 from funsim.similarity.grid import compare_grid
 
 GRID_MEASURES = [
@@ -69,18 +70,6 @@ GENERIC_MEASURES = [
     "regression/r2",
     "rsa/correlation/pearson",
 ]
-
-
-def _timed(f, reps: int) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    jax.block_until_ready(f())
-    first = time.perf_counter() - t0
-    warm = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f())
-        warm.append(time.perf_counter() - t0)
-    return first, statistics.median(warm)
 
 
 def _pair_loop(a, b, measures=GRID_MEASURES):
@@ -109,40 +98,6 @@ def _numpy_cka_loop(a, b):
     return out
 
 
-def _alternating(fns: dict, rounds: int) -> dict:
-    """``{name: (min wall s, min CPU s)}`` over ``rounds`` alternating rounds of every function."""
-    wall = {k: [] for k in fns}
-    cpu = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, f in fns.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            jax.block_until_ready(f())
-            wall[k].append(time.perf_counter() - t0)
-            cpu[k].append(time.process_time() - c0)
-    return {k: (min(wall[k]), min(cpu[k])) for k in fns}
-
-
-class _Compiles:
-    """Counts the programs lowered and their compile time while active (``jax.monitoring`` events)."""
-
-    def __init__(self):
-        self.programs, self.seconds = 0, 0.0
-
-    def _listen(self, event, duration, **kwargs):
-        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
-            self.programs += 1
-        if event == "/jax/core/compile/backend_compile_duration":
-            self.seconds += duration
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-        return self
-
-    def __exit__(self, *exc):
-        jax.monitoring.unregister_event_duration_listener(self._listen)
-        return False
-
-
 def _architectures(r, n, widths, dtype=np.float32):
     base = r.normal(size=(n, 8))
     return [np.tanh(base @ r.normal(size=(8, d)) + 0.5 * r.normal(size=(n, d))).astype(dtype) for d in widths]
@@ -163,15 +118,11 @@ def _buckets_part(r, quick: bool) -> list[str]:
         a2, b2 = (_architectures(r, n, w) for w in second)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with _Compiles() as c1:
-                t0 = time.perf_counter()
-                compare_grid(a1, b1, measures=measures, reverse=True, buckets=buckets)
-                t1 = time.perf_counter() - t0
-            with _Compiles() as c2:
-                t0 = time.perf_counter()
-                compare_grid(a2, b2, measures=measures, reverse=True, buckets=buckets)
-                t2 = time.perf_counter() - t0
-        rows.append(f"| buckets={buckets} | {c1.programs} programs, {t1:.1f} s | **{c2.programs} programs**, "
+            with CompileCounter() as c1:
+                _, t1 = timed(lambda: compare_grid(a1, b1, measures=measures, reverse=True, buckets=buckets))
+            with CompileCounter() as c2:
+                _, t2 = timed(lambda: compare_grid(a2, b2, measures=measures, reverse=True, buckets=buckets))
+        rows.append(f"| buckets={buckets} | {c1.lowered} programs, {t1:.1f} s | **{c2.lowered} programs**, "
                     f"{c2.seconds:.1f} s compiling, {t2:.1f} s in all |")
     return [
         f"**A second architecture pair** (n = {n}; layer widths {list(map(list, first))}, then "
@@ -222,10 +173,10 @@ def _grid_part(r, L, n, widths, reps) -> list[str]:
     a = [jax.device_put(r.normal(size=(n, widths[k % len(widths)])).astype(np.float32)) for k in range(L)]
     b = [jax.device_put(np.tanh(x[:, : widths[0]] @ r.normal(size=(widths[0], widths[(k + 1) % len(widths)]))).astype(np.float32)) for k, x in enumerate(a)]
     _say(f"part 1: {L} x {L} grid, n = {n}, moment measures: compare_grid ({reps} warm calls)")
-    first, ours = _timed(lambda: compare_grid(a, b, measures=GRID_MEASURES, reverse=True), reps)
+    first, ours = first_and_warm(lambda: compare_grid(a, b, measures=GRID_MEASURES, reverse=True), reps)
     _say(f"part 1: {ours:.2f} s warm; the loop over pairwise functions (compiling, then one timed pass)")
     jax.block_until_ready(_pair_loop(a, b))  # compile every pair shape once
-    _, loop = _timed(lambda: _pair_loop(a, b), 1)
+    _, loop = first_and_warm(lambda: _pair_loop(a, b), 1)
     lines += [
         f"**Grid of {L} x {L} layers, n = {n}, widths {list(widths)}, measures: "
         f"{', '.join(GRID_MEASURES)} (reverse=True: stitching in both directions).**",
@@ -235,10 +186,10 @@ def _grid_part(r, L, n, widths, reps) -> list[str]:
         f"| moment measures | {ours:.2f} | {first - ours:.1f} | {loop:.2f} | **{loop / ours:.1f}x** |",
     ]
     _say(f"part 1: {loop:.2f} s; other measures: compare_grid")
-    gfirst, gours = _timed(lambda: compare_grid(a, b, measures=GENERIC_MEASURES).tables, 1)
+    gfirst, gours = first_and_warm(lambda: compare_grid(a, b, measures=GENERIC_MEASURES).tables, 1)
     _say(f"part 1: {gours:.2f} s warm; other measures: the loop over pairwise functions")
     jax.block_until_ready(_pair_loop(a, b, GENERIC_MEASURES))
-    _, gloop = _timed(lambda: _pair_loop(a, b, GENERIC_MEASURES), 1)
+    _, gloop = first_and_warm(lambda: _pair_loop(a, b, GENERIC_MEASURES), 1)
     lines += [
         f"| other measures: {', '.join(GENERIC_MEASURES)} | {gours:.2f} | {gfirst - gours:.1f} | {gloop:.2f} "
         f"| **{gloop / gours:.1f}x** |",
@@ -256,10 +207,8 @@ def _cka_part(r, L, n2, d2, reps, ck_pairs, rounds) -> list[str]:
     a2j, b2j = [jax.device_put(x) for x in a2], [jax.device_put(x) for x in b2]
     _say(f"part 2: {L} x {L} linear-CKA grid of ({n2} x {d2}): compare_grid and the NumPy loop, {rounds} "
          "alternating rounds, then ckatorch")
-    t0 = time.perf_counter()
-    jax.block_until_ready(compare_grid(a2j, b2j, measures=["cka/linear"]).tables)
-    first2 = time.perf_counter() - t0
-    best = _alternating({"ours": lambda: compare_grid(a2j, b2j, measures=["cka/linear"]).tables,
+    _, first2 = timed(lambda: compare_grid(a2j, b2j, measures=["cka/linear"]).tables)
+    best = alternating({"ours": lambda: compare_grid(a2j, b2j, measures=["cka/linear"]).tables,
                          "numpy": lambda: _numpy_cka_loop(a2, b2)}, rounds)
     (ours2, ours_cpu), (np_loop, np_cpu) = best["ours"], best["numpy"]
     ref = _numpy_cka_loop(a2, b2)

@@ -4,10 +4,10 @@ Run: ``python -m benchmarks.bench_grokking [--quick]``. Prints and returns a
 Markdown report; float32 for training, float64 for segmentation, default JAX device.
 
 * **Training step** (p = 113, hidden 64, full batch of 3,831 pairs, AdamW):
-  ``experiments.grokking.TokenPairs`` (gathers the two one-hot columns) against
+  ``models.TokenPairs`` (gathers the two one-hot columns) against
   the same :class:`models.BilinearMLP` fed the one-hot matrix. Both are one
   jitted step; identical functions and gradients (tested in
-  ``tests/test_grokking.py``).
+  ``tests/test_models.py``).
 * **Segmentation** of an ``n x n`` similarity matrix into K = 5 segments:
   ``similarity.change_points`` (jitted, vectorised DP) against two NumPy
   references that compute the same optimum: the straightforward triple loop
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.bench_tensor import _timeit  # (first call seconds, median warm seconds)
+from benchmarks._timing import first_and_warm
 
 
 def _step_fn(model):
@@ -55,11 +55,11 @@ def bench_training(p: int, repeats: int) -> list[str]:
     oh = modular_addition(p=p, train_fraction=0.3, onehot=True)
     rows = []
     times = {}
-    for name, model, x in (("TokenPairs (gather two columns)", grokking._model(cfg, 0), tok.x_train),
-                           ("BilinearMLP on the one-hot matrix", grokking._model(cfg, 0).model, oh.x_train)):
+    for name, model, x in (("TokenPairs (gather two columns)", grokking.make_model(cfg, 0), tok.x_train),
+                           ("BilinearMLP on the one-hot matrix", grokking.make_model(cfg, 0).model, oh.x_train)):
         step, params, opt = _step_fn(model)
         x, y = jnp.asarray(x), jnp.asarray(tok.y_train)
-        first, warm = _timeit(lambda: step(params, opt, x, y), repeats=repeats)
+        first, warm = first_and_warm(lambda: step(params, opt, x, y), repeats=repeats)
         times[name] = warm
         rows.append((name, warm, first))
     base = rows[0][1]
@@ -131,7 +131,7 @@ def bench_segmentation(sizes, k: int, repeats: int) -> list[str]:
             z /= np.linalg.norm(z, axis=1, keepdims=True)
             s = z @ z.T
             sj = jnp.asarray(s)
-            first, ours = _timeit(lambda: change_points(sj, n_segments=k, cost="pairwise").starts, repeats=repeats)
+            first, ours = first_and_warm(lambda: change_points(sj, n_segments=k, cost="pairwise").starts, repeats=repeats)
             got = np.asarray(change_points(sj, n_segments=k, cost="pairwise").starts).tolist()
             t0 = time.perf_counter()
             vec = np_vector_dp(s, k)

@@ -6,8 +6,8 @@ Run: ``python -m benchmarks.bench_models [--quick] [--rounds R]``. Prints and re
   program per architecture, chunks of 1,024 rows) against ``model.features(x)``
   run eagerly in chunks of 1,000 rows (what the similarity study, the quickstart
   and the drivers did), for three default-zoo architectures on mnist5k rows.
-* **Stitched evaluation**: the similarity study's ``_stitched_logits`` (one
-  compiled ``lax.map`` over K stitchers of a ``vmap`` over M = 2 stacked tails)
+* **Stitched evaluation**: ``similarity.stitched_logits`` (what the similarity
+  study calls: one compiled ``lax.map`` over K stitchers, M = 2 stacked tails unrolled)
   against the loop it replaced (kept below: per stitcher and tail, an eager
   ``nnx.merge``, tail and host copy), K = 8 sources of different widths into a
   dense and a conv layer of the default zoo's CNN.
@@ -21,22 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import jax
 import numpy as np
 from flax import nnx
 
-
-def _min_alternating(fns: dict, rounds: int) -> dict:
-    """``{name: (min wall seconds, min CPU seconds)}`` over rounds that alternate the functions."""
-    out = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            jax.block_until_ready(fn())
-            out[k].append((time.perf_counter() - t0, time.process_time() - c0))
-    return {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in out.items()}
+from benchmarks._timing import alternating
 
 
 def _eager_features(model, x, batch=1000):
@@ -64,7 +54,7 @@ def bench_features(quick: bool, rounds: int) -> list[str]:
         fns = {"eager": lambda: _eager_features(m, x), "compiled": lambda: fast.features(x, as_numpy=True)}
         a, b = fns["eager"](), fns["compiled"]()
         diff = max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
-        t = _min_alternating(fns, rounds)
+        t = alternating(fns, rounds)
         (we, ce), (wc, cc) = t["eager"], t["compiled"]
         lines.append(f"| {name} | {we:.3f} | {wc:.3f} | {we / wc:.1f}x | {ce / cc:.1f}x | {diff:.1e} |")
     return lines
@@ -90,7 +80,6 @@ def _loop_stitched_logits(tail, tail_params, stitchers, z_test, target_shape):
 
 def bench_stitched(quick: bool, rounds: int) -> list[str]:
     from funsim import models, similarity
-    from funsim.experiments import similarity_study as S
 
     rng = np.random.default_rng(0)
     n, k = (200, 4) if quick else (1000, 8)
@@ -112,10 +101,10 @@ def bench_stitched(quick: bool, rounds: int) -> list[str]:
                                   np.zeros((2, t), np.float32), np.ones((2,), np.float32), "affine") for z in srcs]
         tail, params = models.stack_tails(targets, layer)
         fns = {"loop": lambda: _loop_stitched_logits(tail, params, st, srcs, tshape),
-               "compiled": lambda: S._stitched_logits(tail, params, st, srcs, tshape)}
+               "compiled": lambda: similarity.stitched_logits(tail, params, st, srcs, tshape)}
         a, b = fns["loop"](), fns["compiled"]()
         diff = float(np.max(np.abs(a - b)))
-        tm = _min_alternating(fns, rounds)
+        tm = alternating(fns, rounds)
         (wl, cl), (wc, cc) = tm["loop"], tm["compiled"]
         lines.append(f"| {layer} {tshape} | {wl:.3f} | {wc:.3f} | {wl / wc:.1f}x | {cl / cc:.1f}x | {diff:.1e} |")
     return lines

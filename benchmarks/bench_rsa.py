@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import time
 
 import numpy as np
 
-from benchmarks.bench_cka import _median_time
+from benchmarks._timing import median_time, timed
 
 
 def scipy_rsa(x, y, metric: str, compare: str) -> float:
@@ -67,16 +66,15 @@ def main(argv: list[str] | None = None) -> str:
         x, y = x64.astype(dtype), y64.astype(dtype)
         for metric, compare in cases:
             f = lambda: rsa(x, y, rdm_metric=metric, compare=compare).block_until_ready()
-            t0 = time.perf_counter()
-            v = float(f())
-            first = time.perf_counter() - t0
-            t = _median_time(f, args.repeats)
+            v, first = timed(f)
+            v = float(v)
+            t = median_time(f, args.repeats)
             scipy_rsa(x, y, metric, compare)  # warm-up (imports, first-call overheads)
-            ts = _median_time(lambda: scipy_rsa(x, y, metric, compare), max(1, args.repeats // 2))
+            ts = median_time(lambda: scipy_rsa(x, y, metric, compare), max(1, args.repeats // 2))
             ref = scipy_rsa(x64, y64, metric, compare)
             try:
                 rsatoolbox_rsa(x, y, metric, compare)  # warm-up
-                tr = _median_time(lambda: rsatoolbox_rsa(x, y, metric, compare), max(1, args.repeats // 2))
+                tr = median_time(lambda: rsatoolbox_rsa(x, y, metric, compare), max(1, args.repeats // 2))
                 if metric == "euclidean":  # a monotone map of our RDM: the same Spearman value
                     assert abs(rsatoolbox_rsa(x64, y64, metric, compare) - ref) < 1e-9
             except ImportError:  # pragma: no cover - the bench extra

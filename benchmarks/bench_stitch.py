@@ -17,32 +17,18 @@ float32 arrays; the references compute in float64 as their libraries do.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import jax
 import numpy as np
 import scipy.linalg
 from sklearn.linear_model import LinearRegression
 
+from benchmarks._timing import first_and_warm, timed
 from funsim.similarity.stitching import FAMILIES, fit_stitcher, fit_stitchers
 
 
 def _block(tree):
     return jax.block_until_ready(tree)
-
-
-def _timed(f, reps: int) -> tuple[float, float]:
-    """(first call seconds, median of ``reps`` warm calls)."""
-    t0 = time.perf_counter()
-    _block(f())
-    first = time.perf_counter() - t0
-    warm = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        _block(f())
-        warm.append(time.perf_counter() - t0)
-    return first, statistics.median(warm)
 
 
 def _ref_fit(x, y, family):
@@ -78,14 +64,11 @@ def main(argv=None) -> str:
     ys_j = [jax.device_put(y) for y in ys]
     rows = []
     for fam in FAMILIES:
-        first, ours = _timed(lambda: fit_stitchers(xs_j, ys_j, family=fam), reps)
+        first, ours = first_and_warm(lambda: fit_stitchers(xs_j, ys_j, family=fam), reps)
         for x, y in zip(xs_j, ys_j):  # compile every single-fit shape first
             _block(fit_stitcher(x, y, family=fam))
-        _, loop = _timed(lambda: [fit_stitcher(x, y, family=fam) for x, y in zip(xs_j, ys_j)], 1)
-        t0 = time.perf_counter()
-        for x, y in zip(xs, ys):
-            _ref_fit(x, y, fam)
-        ref = time.perf_counter() - t0
+        _, loop = first_and_warm(lambda: [fit_stitcher(x, y, family=fam) for x, y in zip(xs_j, ys_j)], 1)
+        _, ref = timed(lambda: [_ref_fit(x, y, fam) for x, y in zip(xs, ys)])
         ref_name = "sklearn LinearRegression" if fam == "affine" else "scipy orthogonal_procrustes"
         rows.append(
             f"| {fam} | {ours * 1e3:.0f} | {first - ours:.2f} | {loop * 1e3:.0f} | {loop / ours:.1f}x "

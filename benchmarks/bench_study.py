@@ -27,24 +27,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import jax
 import numpy as np
 
+from benchmarks._timing import timed
+
 
 def _reps(zoo_dir, dataset, n_models, rows):
     import funsim.models as models_lib
-    from funsim.experiments import similarity_study as S
     from funsim.experiments import zoo as zoo_lib
 
     zoo = zoo_lib.load_zoo(zoo_dir, datasets=(dataset,))
     every = zoo.by_dataset(dataset)
     ms = [every[int(k)] for k in np.unique(np.linspace(0, len(every) - 1, n_models).round())]  # spread over architectures
-    x = S._rows(zoo.data(dataset).dataset, rows)
+    ds = zoo.data(dataset).dataset
+    x = np.concatenate([ds.x_test, ds.x_train])[:rows]  # the study's rows: the test rows first, then training rows
     reps, owner = {}, {}
     for m in ms:
-        for layer, z in models_lib.flatten_features(S._features(m.model, x), policy="spatial_mean").items():
+        feats = models_lib.compiled(m.model, chunk=1000).features(x, as_numpy=True)
+        for layer, z in models_lib.flatten_features(feats, policy="spatial_mean").items():
             reps[f"{m.id}:{layer}"] = np.asarray(z, np.float32)
             owner[f"{m.id}:{layer}"] = m.id
     return ms, reps, owner
@@ -79,13 +81,7 @@ def _loop(reps, owner, measures):
     return jax.block_until_ready(out)
 
 
-def _timed(f, *args):
-    t0 = time.perf_counter()
-    out = f(*args)
-    return out, time.perf_counter() - t0
-
-
-def main(argv=None) -> None:
+def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--zoo", default="results/zoo/default")
     p.add_argument("--dataset", default="mnist5k")
@@ -99,8 +95,8 @@ def main(argv=None) -> None:
     measures, cfg = _measures()
     sizes = [sum(1 for v in owner.values() if v == m.id) for m in ms]
     pairs = (sum(sizes) ** 2 - sum(s * s for s in sizes)) // 2
-    (tables, b_first), (_, b_warm) = _timed(_batched, reps, measures, cfg), _timed(_batched, reps, measures, cfg)
-    (vals, l_first), (_, l_warm) = _timed(_loop, reps, owner, measures), _timed(_loop, reps, owner, measures)
+    (tables, b_first), (_, b_warm) = timed(_batched, reps, measures, cfg), timed(_batched, reps, measures, cfg)
+    (vals, l_first), (_, l_warm) = timed(_loop, reps, owner, measures), timed(_loop, reps, owner, measures)
     from funsim import similarity
     # the loop's values agree with the grid's (same measure, same pair)
     names = list(reps)
@@ -108,17 +104,21 @@ def main(argv=None) -> None:
     i, j = names.index(a), names.index(b)
     dev = max(abs(float(tables[m][i, j]) - float(similarity.measure(m)(reps[a], reps[b]))) for m in measures)
     load = os.getloadavg()[0]
-    print(f"Study subset: {len(ms)} models of {args.dataset} ({', '.join(m.id.split('/')[1] for m in ms)}), "
-          f"{len(reps)} layers, {pairs} layer pairs of different models, {args.rows} rows, {len(measures)} measures "
-          f"({', '.join(measures)}); JAX {jax.__version__}, {jax.default_backend()}, load average {load:.1f}; "
-          f"max |grid - pairwise| on one pair = {dev:.1e} ({len(vals)} loop values).")
-    print()
-    print("| implementation | first call (s) | warm (s) | layer-pair comparisons / s (warm) | loop / batched (warm) |")
-    print("|---|---:|---:|---:|---:|")
-    print(f"| batched: one `compare_grid` call (the study) | {b_first:.2f} | {b_warm:.2f} | {pairs / b_warm:.1f} | 1.0 |")
-    print(f"| Python loop over `similarity.measure(name)(x, y)` | {l_first:.2f} | {l_warm:.2f} | {pairs / l_warm:.1f} | "
-          f"{l_warm / b_warm:.1f} |")
-
+    lines = [
+        f"Study subset: {len(ms)} models of {args.dataset} ({', '.join(m.id.split('/')[1] for m in ms)}), "
+        f"{len(reps)} layers, {pairs} layer pairs of different models, {args.rows} rows, {len(measures)} measures "
+        f"({', '.join(measures)}); JAX {jax.__version__}, {jax.default_backend()}, load average {load:.1f}; "
+        f"max |grid - pairwise| on one pair = {dev:.1e} ({len(vals)} loop values).",
+        "",
+        "| implementation | first call (s) | warm (s) | layer-pair comparisons / s (warm) | loop / batched (warm) |",
+        "|---|---:|---:|---:|---:|",
+        f"| batched: one `compare_grid` call (the study) | {b_first:.2f} | {b_warm:.2f} | {pairs / b_warm:.1f} | 1.0 |",
+        f"| Python loop over `similarity.measure(name)(x, y)` | {l_first:.2f} | {l_warm:.2f} | {pairs / l_warm:.1f} | "
+        f"{l_warm / b_warm:.1f} |",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    return text
 
 if __name__ == "__main__":
     main()

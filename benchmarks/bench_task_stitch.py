@@ -27,7 +27,6 @@ import argparse
 import itertools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,19 +66,8 @@ def _problem(k, n, d, seed=0):
     return srcs, jnp.asarray(y), params
 
 
-def _timed(fn, repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - t0
-    warm = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        warm.append(time.perf_counter() - t0)
-    return first, statistics.median(warm)
-
-
 def _batched_vs_sequential(quick: bool) -> str:
+    from benchmarks._timing import first_and_warm
     from funsim.similarity import train_stitcher, train_stitchers
 
     k = 16
@@ -101,8 +89,8 @@ def _batched_vs_sequential(quick: bool) -> str:
             return [train_stitcher(s, y, _tail, params, family=family, key=kk, **kw).stitcher.weight
                     for s, kk in zip(srcs, keys)]
 
-        b_first, b_warm = _timed(batched, repeats)
-        s_first, s_warm = _timed(sequential, repeats)
+        b_first, b_warm = first_and_warm(batched, repeats)
+        s_first, s_warm = first_and_warm(sequential, repeats)
         err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(batched(), sequential()))
         rows.append((f"{n} / {d} / {batch}", family, b_warm, s_warm, s_warm / b_warm,
                      b_first - b_warm, s_first - s_warm, err))
@@ -130,6 +118,8 @@ def _sweep(variant: str, size: dict) -> dict:
 
     from funsim.models import MLP
 
+    # counted by hand, not with funsim.experiments.compile_count: the "old" variant runs against a
+    # revision of the tree that predates that module (and benchmarks._timing)
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, d, **kw: compiles.append(1) if event.endswith("backend_compile_duration") else None

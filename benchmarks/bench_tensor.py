@@ -13,7 +13,7 @@ are steady state (median of warm calls, ``block_until_ready``); the first call
   same formula); and the same with the self inner products using three of the four
   blocks (``R~ L~^T = (L~ R~^T)^T``), as ours does. Alternating rounds, minimum of
   each, wall and CPU time (``time.process_time``, which other jobs on a shared
-  machine do not inflate); the one-thread command is in ``benchmarks/RESULTS.md``.
+  machine do not inflate); ``benchmarks/RESULTS.md`` has the current numbers.
 * ``MC 1%``: our jitted Monte Carlo (``monte_carlo_inner``) with the number of
   samples that gives a 1% relative standard error (estimated from a pilot run),
   for a "near checkpoint" (``b = a + 0.3 noise``) and a "far checkpoint"
@@ -24,13 +24,13 @@ are steady state (median of warm calls, ``block_until_ready``); the first call
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks._timing import alternating, first_and_warm, fmt_seconds, timed
 from funsim.similarity import (
     BilinearLayer,
     monte_carlo_inner,
@@ -38,19 +38,6 @@ from funsim.similarity import (
     tensor_inner,
     tensor_similarity,
 )
-
-
-def _timeit(fn, *, repeats=5):
-    """(first call seconds, median warm seconds)."""
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - t0
-    warm = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        warm.append(time.perf_counter() - t0)
-    return first, statistics.median(warm)
 
 
 def _layer(rng, d, h, o, *, residual=False, bias=True, like=None, noise=0.3):
@@ -135,19 +122,6 @@ def numpy_symmetric_similarity(a, b, *, same_trick=False):
     return ab / np.sqrt(aa * bb)
 
 
-def _alternating(fns, rounds):
-    """``{name: (min wall s, min CPU s)}`` over alternating rounds."""
-    wall = {k: [] for k in fns}
-    cpu = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, f in fns.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            jax.block_until_ready(f())
-            wall[k].append(time.perf_counter() - t0)
-            cpu[k].append(time.process_time() - c0)
-    return {k: (min(wall[k]), min(cpu[k])) for k in fns}
-
-
 def bench_symmetric(sizes, rows, rounds):
     """The symmetric similarity of a classifier layer against NumPy, side by side."""
     d, h, o = sizes
@@ -155,16 +129,15 @@ def bench_symmetric(sizes, rows, rounds):
     a = _layer(rng, d, h, o)
     b = _layer(rng, d, h, o, like=a)
     ours = lambda: tensor_similarity((a,), (b,), metric="symmetric")  # noqa: E731
-    t0 = time.perf_counter()
-    val = float(ours())
-    first = time.perf_counter() - t0
-    best = _alternating({"ours": ours, "numpy": lambda: numpy_symmetric_similarity(a, b),
+    val, first = timed(ours)
+    val = float(val)
+    best = alternating({"ours": ours, "numpy": lambda: numpy_symmetric_similarity(a, b),
                          "numpy_trick": lambda: numpy_symmetric_similarity(a, b, same_trick=True)}, rounds)
     err = abs(float(numpy_symmetric_similarity(a, b)) - val)
     (w, c), (nw, nc), (tw, tc) = best["ours"], best["numpy"], best["numpy_trick"]
-    rows.append(f"| symmetric similarity d={d}, h={h}, o={o} (three inner products) | {_fmt(w)}, CPU {_fmt(c)} "
-                f"(first call {_fmt(first)}) | numpy symmetric {_fmt(nw)}, CPU {_fmt(nc)}: **{nw / w:.2f}x** wall, "
-                f"**{nc / c:.2f}x** CPU; with the same self-product saving {_fmt(tw)}, CPU {_fmt(tc)}: "
+    rows.append(f"| symmetric similarity d={d}, h={h}, o={o} (three inner products) | {fmt_seconds(w)}, CPU {fmt_seconds(c)} "
+                f"(first call {fmt_seconds(first)}) | numpy symmetric {fmt_seconds(nw)}, CPU {fmt_seconds(nc)}: **{nw / w:.2f}x** wall, "
+                f"**{nc / c:.2f}x** CPU; with the same self-product saving {fmt_seconds(tw)}, CPU {fmt_seconds(tc)}: "
                 f"{tw / w:.2f}x wall, {tc / c:.2f}x CPU (min of {rounds} alternating rounds) | "
                 f"abs diff {err:.1e} |")
 
@@ -200,7 +173,7 @@ def _mc_to_one_percent(a, b, key, *, pilot=20_000, cap=200_000):
     n = max(int(np.ceil((sd / (0.01 * abs(float(est)))) ** 2)), 1000)
     m = min(n, cap)
     fn = lambda: monte_carlo_inner(a, b, n_samples=m, key=jax.random.fold_in(key, 1))
-    _, warm = _timeit(fn, repeats=3)
+    _, warm = first_and_warm(fn, repeats=3)
     if n > m:
         return n, warm * n / m, f"timed {m}, extrapolated"
     est, se = fn()
@@ -211,12 +184,8 @@ def _mc_cell(a, b, b_far, key, ours):
     out = []
     for label, other in (("near checkpoint", b), ("far checkpoint", b_far)):
         n, t, note = _mc_to_one_percent(a, other, key)
-        out.append(f"MC 1%, {label}: {n} samples ({note}) {_fmt(t)} ({t / ours:.1f}x)")
+        out.append(f"MC 1%, {label}: {n} samples ({note}) {fmt_seconds(t)} ({t / ours:.1f}x)")
     return "; ".join(out)
-
-
-def _fmt(t):
-    return f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.2f} s"
 
 
 def bench_classifier(sizes, rows, key):
@@ -224,17 +193,17 @@ def bench_classifier(sizes, rows, key):
     rng = np.random.default_rng(0)
     a = (_layer(rng, d, h, o),)
     b = (_layer(rng, d, h, o, like=a[0]),)
-    first, ours = _timeit(lambda: tensor_inner(a, b))
-    _, ours_sim = _timeit(lambda: tensor_similarity(a, b))
-    _, ref_gram = _timeit(lambda: numpy_gram_inner(a[0], b[0]))
-    _, ref_mat = _timeit(lambda: numpy_materialised_inner(a[0], b[0]), repeats=3)
+    first, ours = first_and_warm(lambda: tensor_inner(a, b))
+    _, ours_sim = first_and_warm(lambda: tensor_similarity(a, b))
+    _, ref_gram = first_and_warm(lambda: numpy_gram_inner(a[0], b[0]))
+    _, ref_mat = first_and_warm(lambda: numpy_materialised_inner(a[0], b[0]), repeats=3)
     val = float(tensor_inner(a, b))
     err_g = abs(numpy_gram_inner(a[0], b[0]) - val) / abs(val)
     err_m = abs(numpy_materialised_inner(a[0], b[0]) - val) / abs(val)
     mc = _mc_cell(a, b, (_layer(rng, d, h, o, like=a[0], noise=1.0),), key, ours)
-    rows.append(f"| classifier layer d={d}, h={h}, o={o} | {_fmt(ours)} (first call "
-                f"{_fmt(first)}; similarity {_fmt(ours_sim)}) | numpy Gram {_fmt(ref_gram)} "
-                f"({ref_gram / ours:.1f}x); materialise {_fmt(ref_mat)} ({ref_mat / ours:.1f}x); "
+    rows.append(f"| classifier layer d={d}, h={h}, o={o} | {fmt_seconds(ours)} (first call "
+                f"{fmt_seconds(first)}; similarity {fmt_seconds(ours_sim)}) | numpy Gram {fmt_seconds(ref_gram)} "
+                f"({ref_gram / ours:.1f}x); materialise {fmt_seconds(ref_mat)} ({ref_mat / ours:.1f}x); "
                 f"{mc} | agree: gram "
                 f"{err_g:.1e}, materialise {err_m:.1e} rel |")
 
@@ -244,19 +213,19 @@ def bench_residual(sizes, reduced, rows):
     rng = np.random.default_rng(1)
     a = (_layer(rng, d, h, d, residual=True),)
     b = (_layer(rng, d, h, d, residual=True, like=a[0]),)
-    first, ours = _timeit(lambda: tensor_inner(a, b))
+    first, ours = first_and_warm(lambda: tensor_inner(a, b))
     rd, rh = reduced
     ra = (_layer(rng, rd, rh, rd, residual=True),)
     rb = (_layer(rng, rd, rh, rd, residual=True, like=ra[0]),)
-    _, ref_small = _timeit(lambda: numpy_materialised_inner(ra[0], rb[0]), repeats=3)
+    _, ref_small = first_and_warm(lambda: numpy_materialised_inner(ra[0], rb[0]), repeats=3)
     val = float(tensor_inner(ra, rb))
     err = abs(numpy_materialised_inner(ra[0], rb[0]) - val) / abs(val)
     factor = (d / rd) ** 3 * (h / rh)  # building o d^2 entries from h units: o * h * d^2
     ref = ref_small * factor
     mem = (d + 1) ** 3 * 4 * 2 / 2**30
-    rows.append(f"| residual layer d=o={d}, h={h} | {_fmt(ours)} (first call {_fmt(first)}) | "
-                f"materialise measured at d=o={rd}, h={rh}: {_fmt(ref_small)}, extrapolated by "
-                f"o·h·d² (x{factor:.0f}) to {_fmt(ref)} and {mem:.1f} GiB for the two tensors "
+    rows.append(f"| residual layer d=o={d}, h={h} | {fmt_seconds(ours)} (first call {fmt_seconds(first)}) | "
+                f"materialise measured at d=o={rd}, h={rh}: {fmt_seconds(ref_small)}, extrapolated by "
+                f"o·h·d² (x{factor:.0f}) to {fmt_seconds(ref)} and {mem:.1f} GiB for the two tensors "
                 f"({ref / ours:.0f}x) | agree at reduced size: {err:.1e} rel |")
 
 
@@ -267,7 +236,7 @@ def bench_matrix(n_ckpt, sizes, n_sample_calls, rows):
     for _ in range(n_ckpt - 1):
         ckpts.append((_layer(rng, d, h, o, like=ckpts[-1][0], noise=0.1),))
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *ckpts)
-    first, ours = _timeit(lambda: similarity_matrix(stacked), repeats=3)
+    first, ours = first_and_warm(lambda: similarity_matrix(stacked), repeats=3)
     pairs = [(i, j) for i in range(n_ckpt) for j in range(i + 1, n_ckpt)]
     sample = pairs[:n_sample_calls]
     jax.block_until_ready(tensor_similarity(ckpts[0], ckpts[1]))  # compile once
@@ -278,9 +247,9 @@ def bench_matrix(n_ckpt, sizes, n_sample_calls, rows):
     total = per_call * len(pairs)
     m = np.asarray(similarity_matrix(stacked))
     check = abs(float(tensor_similarity(ckpts[3], ckpts[7])) - m[3, 7])
-    rows.append(f"| {n_ckpt}-checkpoint similarity matrix (d={d}, h={h}, o={o}) | {_fmt(ours)} "
-                f"(first call {_fmt(first)}) | {len(pairs)} separate tensor_similarity calls: "
-                f"{_fmt(per_call)} each (timed {len(sample)}), {_fmt(total)} in all "
+    rows.append(f"| {n_ckpt}-checkpoint similarity matrix (d={d}, h={h}, o={o}) | {fmt_seconds(ours)} "
+                f"(first call {fmt_seconds(first)}) | {len(pairs)} separate tensor_similarity calls: "
+                f"{fmt_seconds(per_call)} each (timed {len(sample)}), {fmt_seconds(total)} in all "
                 f"({total / ours:.0f}x) | max entry check {check:.1e} |")
 
 
@@ -289,14 +258,14 @@ def bench_depth2(sizes, rows, key):
     rng = np.random.default_rng(3)
     a = (_layer(rng, d, h, d, residual=True), _layer(rng, d, h, o))
     b = (_layer(rng, d, h, d, residual=True, like=a[0]), _layer(rng, d, h, o, like=a[1]))
-    first, ours = _timeit(lambda: tensor_inner(a, b), repeats=3)
+    first, ours = first_and_warm(lambda: tensor_inner(a, b), repeats=3)
     far = (_layer(rng, d, h, d, residual=True, like=a[0], noise=1.0),
            _layer(rng, d, h, o, like=a[1], noise=1.0))
     mc = _mc_cell(a, b, far, key, ours)
     est, se = monte_carlo_inner(a, b, n_samples=200_000, key=jax.random.fold_in(key, 7))
     z = abs(float(est) - float(tensor_inner(a, b))) / float(se)
     rows.append(f"| exact Gaussian depth 2, d={d}, h={h}, o={o} (residual first layer) | "
-                f"{_fmt(ours)} (first call {_fmt(first)}) | {mc} | abs(MC - exact) = {z:.1f} SE "
+                f"{fmt_seconds(ours)} (first call {fmt_seconds(first)}) | {mc} | abs(MC - exact) = {z:.1f} SE "
                 "(200k samples) |")
 
 
@@ -306,15 +275,15 @@ def bench_scaling(hs, ds, fixed_d, fixed_h, o, rows):
     def t(d, h):
         a = (_layer(rng, d, h, o),)
         b = (_layer(rng, d, h, o, like=a[0]),)
-        return _timeit(lambda: tensor_inner(a, b), repeats=3)[1]
+        return first_and_warm(lambda: tensor_inner(a, b), repeats=3)[1]
 
     th = [t(fixed_d, h) for h in hs]
     td = [t(d, fixed_h) for d in ds]
     sh = np.polyfit(np.log(hs), np.log(th), 1)[0]
     sd = np.polyfit(np.log(ds), np.log(td), 1)[0]
     rows.append(f"| scaling, one-layer Gaussian, o={o} | time ∝ h^{sh:.2f} (d={fixed_d}, h in "
-                f"{hs}: {', '.join(_fmt(x) for x in th)}); time ∝ d^{sd:.2f} (h={fixed_h}, d in "
-                f"{ds}: {', '.join(_fmt(x) for x in td)}) | theory O(h² d) | |")
+                f"{hs}: {', '.join(fmt_seconds(x) for x in th)}); time ∝ d^{sd:.2f} (h={fixed_h}, d in "
+                f"{ds}: {', '.join(fmt_seconds(x) for x in td)}) | theory O(h² d) | |")
 
 
 def main(argv=None) -> str:

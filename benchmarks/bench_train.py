@@ -26,13 +26,14 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+
+from benchmarks._timing import alternating
 
 # ----------------------------------------------------------------------------- the reference loop
 
@@ -91,7 +92,7 @@ def _workloads(quick: bool):
                                    ("grokking model, batch 512", min(512, n), "independent"),
                                    ("grokking model, batch 512; after: `sampling=\"epochs\"`", min(512, n), "epochs")):
         out.append(dict(
-            name=label, make=lambda: grokking._model(gcfg, 0), data=(tok.x_train, tok.y_train, tok.x_test, tok.y_test),
+            name=label, make=lambda: grokking.make_model(gcfg, 0), data=(tok.x_train, tok.y_train, tok.x_test, tok.y_test),
             batch=batch, lr=1e-3, optimizer="adamw", wd=0.3, steps=60 if quick else 400, eval_train=n, sampling=sampling,
         ))
     out.append(dict(
@@ -128,15 +129,8 @@ def bench_training(quick: bool, rounds: int) -> list[str]:
 
         pa, pb = before(), after()  # warm-up: compiles both
         diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)))
-        wall, cpu = {"before": [], "after": []}, {"before": [], "after": []}
-        for _ in range(rounds):
-            for name, fn in (("before", before), ("after", after)):
-                t0, c0 = time.perf_counter(), time.process_time()
-                jax.block_until_ready(fn())
-                wall[name].append(time.perf_counter() - t0)
-                cpu[name].append(time.process_time() - c0)
-        b, a = min(wall["before"]), min(wall["after"])
-        cb, ca = min(cpu["before"]), min(cpu["after"])
+        t = alternating({"before": before, "after": after}, rounds)
+        (b, cb), (a, ca) = t["before"], t["after"]
         lines.append(f"| {w['name']} | {cfg.steps} | {cfg.steps / b:.0f} | {cfg.steps / a:.0f} | {b / a:.2f}x | "
                      f"{cb / ca:.2f}x | {diff:.1e} |")
     return lines

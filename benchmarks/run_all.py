@@ -1,13 +1,16 @@
-"""Run every benchmark in one process and rewrite ``benchmarks/RESULTS.md``.
+"""Run every benchmark in one process and write a new dated record ``benchmarks/results/<date>-<host>.md``.
 
 Usage::
 
-    python -m benchmarks.run_all            # full sizes (what RESULTS.md records)
-    python -m benchmarks.run_all --quick    # tiny sizes, a smoke run in seconds
+    python -m benchmarks.run_all            # full sizes: writes benchmarks/results/<date>-<host>.md
+    python -m benchmarks.run_all --quick    # tiny sizes, a smoke run: printed, nothing written
     python -m benchmarks.run_all --only cka tensor
 
 Each ``benchmarks/bench_<topic>.py`` exposes ``main(argv) -> str`` returning a
-Markdown section. The results file is written atomically.
+Markdown section. A run never overwrites a file: a second run on the same day and
+host gets ``<date>-<host>-2.md``, and so on. ``benchmarks/RESULTS.md`` is the
+hand-kept table of current numbers; this script never edits it (copy a new number
+there by hand, with a link to its dated file).
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import importlib
 import os
 import pkgutil
 import platform
+import re
+import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+RESULTS_DIR = HERE / "results"
 
 
 def discover() -> list[str]:
@@ -46,18 +51,43 @@ def machine_line() -> str:
     )
 
 
-def atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def load(topic: str):
+    """The benchmark module ``benchmarks.bench_<topic>``."""
+    return importlib.import_module(f"benchmarks.bench_{topic}")
+
+
+def host_name() -> str:
+    """This machine's name, reduced to letters, digits and dashes (for a file name)."""
+    return re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname().split(".")[0]).strip("-") or "host"
+
+
+def write_record(text: str, directory: Path, *, date: str | None = None, host: str | None = None) -> Path:
+    """Write ``text`` to a new file ``directory/<date>-<host>[-k].md`` and return its path.
+
+    ``date`` defaults to today (UTC, ISO), ``host`` to :func:`host_name`. An existing
+    file is never replaced: the first free name of ``<stem>.md``, ``<stem>-2.md``,
+    ``<stem>-3.md``, ... is created exclusively (so two runs at once cannot collide).
+    """
+    stem = f"{date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()}-{host or host_name()}"
+    directory.mkdir(parents=True, exist_ok=True)
+    for k in range(1, 10_000):
+        path = directory / (f"{stem}.md" if k == 1 else f"{stem}-{k}.md")
+        try:
+            with open(path, "x") as f:
+                f.write(text)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"{directory} already holds 9,999 records named {stem}*.md; move some away.")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
     parser.add_argument("--only", nargs="*", default=None, help=f"topics, from {discover()}")
-    parser.add_argument("--output", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--results-dir", type=Path, default=None,
+                        help="where the dated record goes (default benchmarks/results; "
+                             "with --quick, nothing is written unless this is given)")
     args = parser.parse_args(argv)
     topics = args.only or discover()
     unknown = sorted(set(topics) - set(discover()))
@@ -66,27 +96,35 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python -m benchmarks.run_all" + (" --quick" if args.quick else "")
     if args.only:
         cmd += " --only " + " ".join(topics)
-    sections = []
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    sections, failed = [], []
     for topic in topics:
-        mod = importlib.import_module(f"benchmarks.bench_{topic}")
         t0 = time.perf_counter()
         print(f"== benchmarks.bench_{topic}", flush=True)
-        text = mod.main(["--quick"] if args.quick else [])
+        try:
+            text = load(topic).main(["--quick"] if args.quick else [])
+        except Exception as e:  # recorded, and the run goes on to the next benchmark
+            failed.append(topic)
+            text = f"**bench_{topic} failed**: {type(e).__name__}: {e}"
+            print(text, file=sys.stderr, flush=True)
         sections.append(f"{text.rstrip()}\n\n_(bench_{topic}: {time.perf_counter() - t0:.0f} s wall)_\n")
     header = (
         "# Benchmark results\n\n"
-        f"Produced by `{cmd}` (`make bench` runs it) on {datetime.date.today().isoformat()}.\n\n"
+        f"Produced by `{cmd}` (`make bench` runs it) on {stamp}.\n\n"
         f"Machine: {machine_line()}.\n\n"
         "Ratios are reference time / funsim time (higher means funsim is faster). Steady-state times "
         "are medians of warm calls; compile time is reported separately.\n\n"
     )
-    if args.quick and args.output == HERE / "RESULTS.md":
-        print(header + "\n".join(sections))
-        print("(--quick: RESULTS.md left unchanged)")
-        return 0
-    atomic_write(args.output, header + "\n".join(sections))
-    print(f"wrote {args.output}")
-    return 0
+    text = header + "\n".join(sections)
+    if args.quick and args.results_dir is None:
+        print(text)
+        print("(--quick: a smoke run, no record written)")
+    else:
+        path = write_record(text, args.results_dir or RESULTS_DIR)
+        print(f"wrote {path} (benchmarks/RESULTS.md is hand-kept: copy what changed there)")
+    if failed:
+        print(f"failed: {', '.join(failed)} (their sections say why)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -80,12 +80,12 @@ from funsim.experiments.verdict import Rule
 __all__ = [
     "GrokkingConfig",
     "CONFIGS",
-    "TokenPairs",  # noqa: F822  (built on first use, served by the module __getattr__)
     "PAPER",
     "MEASURES",
     "RULES",
     "STATISTICS",
     "checkpoint_schedule",
+    "make_model",
     "authors_run",
     "mutual_nearest",
     "matched_grid",
@@ -824,67 +824,14 @@ def _authors_statistics(cfg: GrokkingConfig, ref: dict) -> dict:
 # --------------------------------------------------------------------------- training
 
 
-def _token_pair_logits(layer, tokens, p: int):
-    """``apply_layer(layer, one_hot(tokens))`` for ``tokens (n, 2)`` in ``[0, p)``, without the one-hot product.
-
-    ``one_hot(a, b) @ W^T`` is ``W[:, a] + W[:, p + b]``: gathering two columns
-    replaces the ``(n, 2p) x (2p, h)`` product (and its gradient becomes a
-    scatter-add): a full-batch AdamW step at p = 113 ran 2.6x faster
-    (``benchmarks/bench_grokking.py``).
-    """
-    import jax.numpy as jnp
-
-    cols = jnp.stack([tokens[:, 0], tokens[:, 1] + p], axis=1)  # (n, 2) columns of the one-hot
-
-    def project(w, b):
-        z = jnp.take(w.T, cols, axis=0).sum(axis=1)  # (n, h)
-        return z if b is None else z + b[None, :]
-
-    out = jnp.einsum("nh,oh->no", project(layer.left, layer.left_bias) * project(layer.right, layer.right_bias), layer.down)
-    return out if layer.down_bias is None else out + layer.down_bias[None, :]
-
-
-@functools.cache
-def _token_pairs_class() -> type:
-    """:class:`TokenPairs`, defined on first use: it subclasses flax's ``nnx.Module``, and importing
-    this module (``funsim grokking --help``) must not import flax and jax."""
-    import jax.numpy as jnp
-    from flax import nnx
-
-    class TokenPairs(nnx.Module):
-        """A one-bilinear-layer :class:`models.BilinearMLP` on one-hot ``(a, b)``, fed the tokens instead.
-
-        ``TokenPairs(m, p)(tokens) == m(one_hot(tokens))`` (:func:`_token_pair_logits`);
-        the parameters, the optimiser state and the checkpoints are those of ``m``
-        (attribute ``model``), so ``model.to_network()`` is the trained network.
-        """
-
-        def __init__(self, model, p: int):
-            if model.embed is not None or model.head is not None or len(model.layers) != 1 or model.layers[0].residual:
-                raise ValueError("TokenPairs needs BilinearMLP(..., n_layers=1, residual=False, embed=False, head=False).")
-            self.model = model
-            self.p = int(p)
-
-        def __call__(self, tokens):
-            (layer,) = self.model.to_network()
-            return _token_pair_logits(layer, jnp.asarray(tokens), self.p)
-
-    TokenPairs.__module__, TokenPairs.__qualname__ = __name__, "TokenPairs"
-    return TokenPairs
-
-
-def __getattr__(name: str):
-    if name == "TokenPairs":  # the public name of the class built by _token_pairs_class
-        return _token_pairs_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _model(cfg: GrokkingConfig, seed: int):
+def make_model(cfg: GrokkingConfig, seed: int):
+    """The grokking network of ``cfg``, initialised from ``seed``: a :class:`models.TokenPairs` around a
+    one-layer :class:`models.BilinearMLP` (one-hot width ``2p``, ``cfg.d_hidden`` hidden units, ``p`` outputs)."""
     from flax import nnx
 
     from funsim import models
-    return _token_pairs_class()(models.BilinearMLP(2 * cfg.p, cfg.p, d_hidden=cfg.d_hidden, n_layers=1,
-                                                   residual=False, embed=False, head=False, rngs=nnx.Rngs(seed)), cfg.p)
+    return models.TokenPairs(models.BilinearMLP(2 * cfg.p, cfg.p, d_hidden=cfg.d_hidden, n_layers=1,
+                                                residual=False, embed=False, head=False, rngs=nnx.Rngs(seed)), cfg.p)
 
 
 def _train(cfg: GrokkingConfig, tokens, workdir: pathlib.Path, progress: bool, log):
@@ -895,7 +842,7 @@ def _train(cfg: GrokkingConfig, tokens, workdir: pathlib.Path, progress: bool, l
 
     from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, train
 
-    model = _model(cfg, cfg.seed)
+    model = make_model(cfg, cfg.seed)
     init = model.model.to_network()  # the arrays stay those of step 0: training replaces, never mutates
     tcfg = TrainConfig(
         steps=cfg.steps, batch_size=cfg.batch_size or len(tokens.x_train), learning_rate=cfg.learning_rate,
@@ -911,7 +858,7 @@ def _train(cfg: GrokkingConfig, tokens, workdir: pathlib.Path, progress: bool, l
     if result.resumed_from:
         log(f"      resumed from step {result.resumed_from}")
     steps = list_checkpoints(workdir)
-    template = _model(cfg, cfg.seed)
+    template = make_model(cfg, cfg.seed)
     nets = [init]
     for s in tqdm(steps, desc="loading checkpoints", disable=not progress, leave=False):
         nets.append(load_checkpoint(template, workdir, s, config=tcfg).model.to_network())

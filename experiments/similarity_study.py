@@ -605,65 +605,6 @@ def _scores(logits: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(np.mean(np.argmax(logits, -1) == y)), float(-np.mean(logp[np.arange(len(y)), y]))
 
 
-def _stitched_logits(tail, tail_params, stitchers, z_test: list, target_shape, chunk: int = 512) -> np.ndarray:
-    """Logits ``(K, M, n, C)`` of each of K stitchers into each of M stacked tails on held-out sources.
-
-    One compiled program (:func:`_stitched_chunk`) per chunk of rows: the sources,
-    in the target's form (flattened, or resized to the target's grid) and
-    zero-padded to one width with the stitchers' weights, go through a
-    ``lax.map`` over the K stitchers, each into the M tails.
-    """
-    from funsim import similarity
-    spatial = tuple(target_shape[:2]) if len(target_shape) == 3 else None
-    zs = [np.asarray(similarity.resize_spatial(z, size=spatial)) if spatial is not None
-          else np.asarray(z).reshape(len(z), -1) for z in z_test]
-    width = max(z.shape[-1] for z in zs)
-    pad = lambda a, axis: np.pad(np.asarray(a), [(0, width - a.shape[axis]) if d == axis % a.ndim else (0, 0)  # noqa: E731
-                                                 for d in range(a.ndim)])
-    z = np.stack([pad(a, -1) for a in zs])  # (K, n, ..., W)
-    weight = np.stack([pad(st.weight, -2) for st in stitchers])  # (K, M, W, T)
-    bias = np.stack([np.asarray(st.bias) for st in stitchers])  # (K, M, T)
-    scale = np.stack([np.asarray(st.scale) for st in stitchers])  # (K, M)
-    family = stitchers[0].family
-    n = z.shape[1]
-    parts = []
-    for i in range(0, n, chunk):
-        zc = z[:, i:i + chunk]
-        if zc.shape[1] < min(chunk, n):  # every chunk one shape: repeat the last row
-            zc = np.concatenate([zc, np.repeat(zc[:, -1:], min(chunk, n) - zc.shape[1], axis=1)], axis=1)
-        parts.append(np.asarray(_stitched_chunk(tail, tail_params, weight, bias, scale, zc, family=family)))
-    return np.concatenate(parts, axis=2)[:, :, :n]
-
-
-def _stitched_chunk(tail, tail_params, weight, bias, scale, z, *, family):
-    """``(K, M, rows, C)``: stitcher ``(k, m)`` on source ``k``, into tail ``m`` (jitted; see :func:`_stitched_logits`)."""
-    return _stitched_chunk_jit()(tail, tail_params, weight, bias, scale, z, family)
-
-
-@functools.cache
-def _stitched_chunk_jit():
-    import jax
-    import jax.numpy as jnp
-
-    from funsim import similarity
-
-    def run(tail, tail_params, weight, bias, scale, z, family):
-        def per_source(args):
-            w, b, s, zk = args
-            # the M tails unrolled, not vmapped: a vmapped conv tail becomes a grouped convolution,
-            # which XLA's CPU backend runs several times slower than M plain ones
-            out = []
-            for m in range(w.shape[0]):
-                p = jax.tree.map(lambda a, m=m: a[m], tail_params)
-                st = similarity.Stitcher(w[m], b[m], s[m], family)
-                out.append(tail(p, similarity.stitch_representation(st, zk)))
-            return jnp.stack(out)
-
-        return jax.lax.map(per_source, (weight, bias, scale, z))
-
-    return jax.jit(run, static_argnums=(0, 6))
-
-
 def _head_eligible(model, layer: str) -> bool:
     """Whether a new head on ``model``'s penultimate stage can follow ``layer`` (at or before that stage)."""
     import funsim.models as models_lib
@@ -775,7 +716,7 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
     out = {f: {} for f in fams}
     for tail_e, params_e, names in evals.values():
         stitchers = [t.stitcher for task in names for t in trained[task]] + identity
-        logits_all = _stitched_logits(tail_e, params_e, stitchers, z_te * len(fams) * len(names) + z_own, tshape)
+        logits_all = similarity.stitched_logits(tail_e, params_e, stitchers, z_te * len(fams) * len(names) + z_own, tshape)
         own_all = logits_all[-m_count:][np.arange(m_count), np.arange(m_count)]  # (M, n, C): target m's own
         for ti, task in enumerate(names):
             groups = tasks[task]

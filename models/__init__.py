@@ -17,6 +17,7 @@ from funsim.models.base import flatten_features as flatten_features
 from funsim.models.base import unknown_name_error as _unknown_name_error
 from funsim.models.bilinear import BilinearMLP as BilinearMLP
 from funsim.models.bilinear import BilinearTransformer as BilinearTransformer
+from funsim.models.bilinear import TokenPairs as TokenPairs
 from funsim.models.bilinear import bilinear_attention as bilinear_attention
 from funsim.models.compiled import CompiledModel as CompiledModel
 from funsim.models.compiled import compiled as compiled

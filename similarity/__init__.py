@@ -89,6 +89,7 @@ from funsim.similarity.task_stitching import stitch_representation as stitch_rep
 from funsim.similarity.task_stitching import stitching_loss as stitching_loss
 from funsim.similarity.task_stitching import train_stitcher as train_stitcher
 from funsim.similarity.task_stitching import train_stitchers as train_stitchers
+from funsim.similarity.stitched_eval import stitched_logits as stitched_logits
 
 # --- multilinear networks and tensor similarity ---
 from funsim.similarity.multilinear import BilinearLayer as BilinearLayer

@@ -17,7 +17,7 @@ import scipy.special
 from sklearn.datasets import load_digits
 from sklearn.neural_network import MLPClassifier
 
-from tests._compiles import CompileCounter  # noqa: F401  (re-exported for the stitching tests)
+from funsim import similarity
 
 
 def _dense(x, w, b):
@@ -142,3 +142,30 @@ def np_adaptive_pool(z, size):
     return out
 
 
+def stacked_stitchers(rng, widths, m, t, family="affine"):
+    """One stitcher per source width, each with M weights (one per tail)."""
+    return [similarity.Stitcher(
+        rng.normal(size=(m, d, t)).astype(np.float32) / np.sqrt(d),
+        rng.normal(size=(m, t)).astype(np.float32) * 0.1,
+        rng.uniform(0.5, 2.0, size=(m,)).astype(np.float32),
+        family,
+    ) for d in widths]
+
+
+def reference_stitched_logits(targets, layer, sts, zs, spatial, coarse=None):
+    """(K, M, n, C) by NumPy stitching (float64) and each target model's own eager tail."""
+    out = []
+    for st, z in zip(sts, zs):
+        z = np.asarray(z, np.float64)
+        z = np_adaptive_pool(z, spatial) if spatial is not None else z.reshape(len(z), -1)
+        per = []
+        for mi, model in enumerate(targets):
+            w, b, s = (np.asarray(a[mi], np.float64) for a in (st.weight, st.bias, st.scale))
+            h = s * np.einsum("...d,dt->...t", z, w) + b
+            logits = np.asarray(model.tail(layer, h.astype(np.float32)), np.float64)
+            if coarse is not None:
+                logits = np.stack([np.logaddexp.reduce(logits[:, np.asarray(coarse) == g], axis=1)
+                                   for g in range(max(coarse) + 1)], axis=1)
+            per.append(logits)
+        out.append(np.stack(per))
+    return np.stack(out)

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 import funsim.similarity.cca  # noqa: F401  (the module; `similarity.cca` is the function)
 from funsim import similarity
+from funsim.experiments.compile_count import CompileCounter
 from funsim.similarity import protocol
-from tests._compiles import CompileCounter
 
 C = sys.modules["funsim.similarity.cca"]
 

@@ -20,11 +20,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from funsim.experiments.compile_count import CompileCounter
 from funsim.similarity import list_measures, measure, protocol
 from funsim.similarity.regression import regression_core
 from funsim.similarity.rsa import COMPARISONS, KENDALL_MAX_ENTRIES, RDM_METRICS, rsa_core
 from funsim.similarity.shape import nbs_core, procrustes_core, shape_core
-from tests._compiles import CompileCounter
 
 N = 12
 #: every measure this file covers: the registered names plus family members built on demand

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import funsim.similarity as sim
+from funsim.experiments.compile_count import CompileCounter
 from funsim.similarity.grid import compare_grid
-from tests._compiles import CompileCounter
 
 N = 36
 STITCH = [f"stitch/{fam}{fig}" for fam in ("affine", "scaled_orthogonal", "orthogonal") for fig in ("", "/in_sample")]

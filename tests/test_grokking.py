@@ -45,29 +45,6 @@ def test_modular_addition_exact_counts_and_disjoint_split(p, fraction):
     assert {tuple(r) for r in other.x_train.tolist()} != train
 
 
-def test_token_pairs_equal_the_one_hot_model():
-    from flax import nnx
-
-    from funsim import models
-    p = 7
-    m = models.BilinearMLP(2 * p, p, d_hidden=5, n_layers=1, residual=False, embed=False, head=False, bias=True,
-                           rngs=nnx.Rngs(0))
-    m.layers[0].left_bias[...] = jnp.linspace(-1, 1, 5, dtype=jnp.float32)
-    m.layers[0].down_bias[...] = jnp.linspace(0, 1, p, dtype=jnp.float32)
-    tok = modular_addition(p=p, train_fraction=0.5)
-    oh = modular_addition(p=p, train_fraction=0.5, onehot=True)
-    wrapped = grokking.TokenPairs(m, p)
-    np.testing.assert_allclose(wrapped(tok.x_train), m(oh.x_train), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(wrapped(tok.x_test), similarity.apply_network(m.to_network(), oh.x_test), rtol=1e-5, atol=1e-5)
-    # the same gradients, so training on tokens is training the one-hot model
-    loss = lambda model, x: jnp.sum(model(x) ** 2)
-    g_tok = nnx.grad(lambda mod: loss(mod, tok.x_train))(wrapped)
-    g_oh = nnx.grad(lambda mod: loss(mod, oh.x_train))(m)
-    np.testing.assert_allclose(g_tok.model.layers[0].left[...], g_oh.layers[0].left[...], rtol=1e-4, atol=1e-4)
-    with pytest.raises(ValueError, match="TokenPairs needs"):
-        grokking.TokenPairs(models.BilinearMLP(2 * p, p, rngs=nnx.Rngs(0)), p)
-
-
 # --------------------------------------------------------------------------- Fourier
 
 

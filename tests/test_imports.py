@@ -7,7 +7,10 @@
    not ``m._f`` on an imported funsim module. What is shared is public, or lives in a
    private module of the *same* package (``funsim.similarity._validate`` inside
    ``funsim.similarity``), imported by its public names.
-3. Layering: similarity <- models <- experiments; no package imports a later one.
+3. Layering: similarity <- models <- experiments <- benchmarks; no package imports a later one,
+   and none imports ``tests``. ``benchmarks/`` follows rules 1, 2 and 4 too: it may use the public
+   names of the three packages (and its own modules' public names, ``benchmarks._timing``'s
+   included), never a private name of theirs nor a test helper.
 4. One tree API: ``jax.tree.map`` / ``leaves`` / ``structure``, not ``jax.tree_util.tree_*``
    (``jax.tree_util.register_*`` has no ``jax.tree`` spelling and stays).
 
@@ -45,8 +48,13 @@ def modules() -> dict[str, Path]:
 MODULES = modules()
 
 
+BENCHMARKS = {f"benchmarks.{p.stem}": p for p in sorted((ROOT / "benchmarks").glob("*.py"))}
+#: the top-level names no module of the packages or the benchmarks may import (besides the layering)
+FORBIDDEN = {"tests": "a test helper", "benchmarks": "the benchmarks"}
+
+
 def package_of(module: str) -> str:
-    return ".".join(module.split(".")[:2])
+    return "benchmarks" if module.split(".")[0] == "benchmarks" else ".".join(module.split(".")[:2])
 
 
 def is_private(name: str) -> bool:
@@ -62,13 +70,16 @@ def offences(module: str, source: str) -> list[str]:
 
     def check_module_path(target: str, text: str) -> None:
         parts = target.split(".")
+        if parts[0] in FORBIDDEN and parts[0] != pkg:
+            found.append(f"{text}  ({FORBIDDEN[parts[0]]}: {pkg} may not import {parts[0]})")
+            return
         if parts[0] in PACKAGES:
             found.append(f"{text}  (bare import: use funsim.{target})")
             return
         if parts[0] != "funsim" or len(parts) < 2:
             return
         target_pkg = ".".join(parts[:2])
-        if target_pkg in LAYER and LAYER[target_pkg] > LAYER[pkg]:
+        if target_pkg in LAYER and LAYER[target_pkg] > LAYER.get(pkg, len(LAYER)):
             found.append(f"{text}  (upward import: {pkg} may not import {target_pkg})")
         if target_pkg != pkg and any(is_private(p) for p in parts[2:]):
             found.append(f"{text}  (a private module of another package)")
@@ -92,7 +103,7 @@ def offences(module: str, source: str) -> list[str]:
                     aliases[a.asname or a.name] = full
                     if is_private(a.name) and package_of(full) != pkg:
                         found.append(f"{text}  (a private module of another package)")
-                elif is_private(a.name) and src.split(".")[0] in ("funsim", *PACKAGES):
+                elif is_private(a.name) and src.split(".")[0] in ("funsim", "benchmarks", *PACKAGES):
                     found.append(text)
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             base = aliases.get(node.value.id)
@@ -135,20 +146,35 @@ def test_the_scanner_sees_each_kind_of_offence():
     assert any("upward import" in f for f in found)  # models importing experiments
     assert "T._fingerprint" in keys and "jax.tree_util.tree_map" in keys
     assert not any("register_dataclass" in f or f.endswith("import cka") for f in found)
+    # the benchmarks: public names of any package, no privates, no test helpers; no package imports them
+    bench = "\n".join([
+        "from funsim.experiments import similarity_study as S",
+        "S._stitched_logits",
+        "from funsim.similarity import cka",
+        "from tests._compiles import CompileCounter",
+        "from benchmarks.bench_tensor import _timeit",
+        "from benchmarks._timing import first_and_warm",
+    ])
+    keys = [_key(f) for f in offences("benchmarks.bench_models", bench)]
+    assert "S._stitched_logits" in keys and "from tests._compiles import CompileCounter" in keys
+    assert "from benchmarks.bench_tensor import _timeit" in keys
+    assert not any(k.endswith("import cka") or k.endswith("first_and_warm") for k in keys)
+    assert [_key(f) for f in offences("funsim.experiments.zoo", "import benchmarks.run_all")] == ["import benchmarks.run_all"]
+    assert [_key(f) for f in offences("funsim.similarity.cka", "from tests import _compiles")] == ["from tests import _compiles"]
     # inside its own package a private module is fine, by its public names
     assert offences("funsim.similarity.cka", "from funsim.similarity import _validate as V\nV.check_finite") == []
     assert offences("funsim.similarity.cka", "from funsim.similarity import _validate as V\nV._helper") != []
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
+@pytest.mark.parametrize("module", sorted(MODULES) + sorted(BENCHMARKS))
 def test_imports_follow_the_rules(module):
-    found = offences(module, MODULES[module].read_text())
+    found = offences(module, {**MODULES, **BENCHMARKS}[module].read_text())
     new = [f for f in found if (module, _key(f)) not in ALLOWED]
     assert not new, f"{module} breaks funsim's import rules (see this test's docstring):\n  " + "\n  ".join(new)
 
 
 def test_the_allow_list_only_names_offences_that_still_exist():
     """When an offence is fixed, its entry goes (so the list cannot hide a new one of the same text)."""
-    live = {(m, _key(f)) for m, p in MODULES.items() for f in offences(m, p.read_text())}
+    live = {(m, _key(f)) for m, p in {**MODULES, **BENCHMARKS}.items() for f in offences(m, p.read_text())}
     stale = sorted(ALLOWED - live)
     assert not stale, f"remove these from ALLOWED, they are fixed: {stale}"

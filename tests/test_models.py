@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from funsim import models
+from funsim.experiments.data import modular_addition
 from funsim.models import flatten, flatten_features, get_model
 from funsim.similarity.multilinear import BilinearLayer, LinearLayer, apply_network
 
@@ -404,7 +405,7 @@ def test_compiled_model_equals_the_eager_one(name):
 
 
 def test_compiled_model_float64_matches_and_compiles_once_per_architecture():
-    from tests._stitch_models import CompileCounter
+    from funsim.experiments.compile_count import CompileCounter
 
     mk = lambda s: models.CNN(IMG, 10, channels=(4, 6), rngs=nnx.Rngs(s))
     x = np.random.default_rng(1).normal(size=(7, *IMG))  # float64 (x64 is on in the tests)
@@ -450,3 +451,35 @@ def test_tail_until_and_the_new_head_tail():
     y = (z[:, 0] + 0.5 * z[:, 1] > 0).astype(int)
     h = models.train_head(z, y, 2, steps=300, learning_rate=0.05)
     assert np.mean(np.argmax(z @ h["weight"] + h["bias"], 1) == y) > 0.97
+
+
+def test_token_pairs_equal_the_one_hot_model():
+    p = 7
+    m = models.BilinearMLP(2 * p, p, d_hidden=5, n_layers=1, residual=False, embed=False, head=False, bias=True,
+                           rngs=nnx.Rngs(0))
+    m.layers[0].left_bias[...] = jnp.linspace(-1, 1, 5, dtype=jnp.float32)
+    m.layers[0].down_bias[...] = jnp.linspace(0, 1, p, dtype=jnp.float32)
+    tok = modular_addition(p=p, train_fraction=0.5)
+    oh = modular_addition(p=p, train_fraction=0.5, onehot=True)
+    wrapped = models.TokenPairs(m, p)
+    np.testing.assert_allclose(wrapped(tok.x_train), m(oh.x_train), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(wrapped(tok.x_test), apply_network(m.to_network(), oh.x_test), rtol=1e-5, atol=1e-5)
+    # the same gradients, so training on tokens is training the one-hot model
+    loss = lambda model, x: jnp.sum(model(x) ** 2)
+    g_tok = nnx.grad(lambda mod: loss(mod, tok.x_train))(wrapped)
+    g_oh = nnx.grad(lambda mod: loss(mod, oh.x_train))(m)
+    np.testing.assert_allclose(g_tok.model.layers[0].left[...], g_oh.layers[0].left[...], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="TokenPairs needs"):
+        models.TokenPairs(models.BilinearMLP(2 * p, p, rngs=nnx.Rngs(0)), p)
+
+
+def test_token_pairs_name_bad_tokens_and_widths():
+    p = 7
+    m = models.BilinearMLP(2 * p, p, d_hidden=5, n_layers=1, residual=False, embed=False, head=False, rngs=nnx.Rngs(0))
+    wrapped = models.TokenPairs(m, p)
+    with pytest.raises(ValueError, match=r"integer pairs \(n, 2\), got shape \(3, 14\)"):
+        wrapped(np.zeros((3, 2 * p), np.float32))  # one-hot rows instead of tokens
+    with pytest.raises(ValueError, match=r"\[0, p\) = \[0, 7\), got values from 0 to 7"):
+        wrapped(np.asarray([[0, 7]]))
+    with pytest.raises(ValueError, match="one-hot width 2p = 16"):
+        models.TokenPairs(m, 8)

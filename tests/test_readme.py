@@ -148,10 +148,11 @@ def test_the_readme_measure_table_is_the_registry():
 
 
 def test_relative_links_in_the_docs_resolve():
-    """Every relative link of README.md and docs/*.md points at a file of the repository (and a
-    heading of it, for a ``#fragment`` into a Markdown file)."""
+    """Every relative link of README.md, docs/*.md and the benchmark results points at a file of the
+    repository (and a heading of it, for a ``#fragment`` into a Markdown file)."""
     bad = []
-    for path in (README, *sorted((ROOT / "docs").glob("*.md"))):
+    results = [ROOT / "benchmarks" / "RESULTS.md", *sorted((ROOT / "benchmarks" / "results").glob("*.md"))]
+    for path in (README, *sorted((ROOT / "docs").glob("*.md")), *results):
         for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
             if re.match(r"[a-z]+:", target) or not re.search(r"[./#]", target):
                 continue  # http(s), mailto; ``[x](y)`` in a formula

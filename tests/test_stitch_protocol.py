@@ -26,10 +26,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import funsim.similarity as sim
+from funsim.experiments.compile_count import CompileCounter, compiles
 from funsim.similarity import protocol
 from funsim.similarity import stitching as S
 from funsim.similarity.moments import MomentPair, split_weights
-from tests._compiles import CompileCounter, compiles
 from tests.test_stitching import held_out_ref
 
 FAMS = S.FAMILIES

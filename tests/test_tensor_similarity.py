@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 
+from funsim.experiments.compile_count import CompileCounter
 from funsim.similarity import (
     BilinearLayer,
     apply_network,
@@ -30,7 +31,6 @@ from funsim.similarity import (
     tensor_similarity,
     weight_cosine,
 )
-from tests._compiles import CompileCounter
 from tests._tensor_nets import bilinear, deep, linear, np_tree_inner
 
 EXACT_RTOL = 1e-8
