@@ -44,6 +44,9 @@ __all__ = ["ConfigError", "RuledConfig", "coerce_fields", "load_config", "from_d
            "apply_overrides", "run_name", "add_arguments", "from_args", "config_json"]
 
 
+# ----------------------------------------------------------------------------- checking values by annotation
+
+
 class ConfigError(ValueError):
     """A config that cannot be used: broken JSON, an unknown field or a value of the wrong type.
 
