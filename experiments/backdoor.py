@@ -54,6 +54,7 @@ import typing
 
 import numpy as np
 
+from funsim.experiments import config as config_lib
 from funsim.experiments import curriculum as cur
 from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import releases_run_locks
@@ -208,7 +209,7 @@ class PoisonTransform:
 
 
 @dataclasses.dataclass(frozen=True)
-class BackdoorConfig:
+class BackdoorConfig(config_lib.RuledConfig, statistics=STATISTICS):
     """Everything the experiment does; saved as config.json.
 
     Attributes:
@@ -246,10 +247,6 @@ class BackdoorConfig:
     noise_std: float = 0.05
     seed: int = 0
     verdict_rules: tuple[Rule, ...] = RULES
-
-    def __post_init__(self):
-        object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
-        verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="BackdoorConfig")
 
 
 CONFIGS = {
@@ -464,7 +461,7 @@ def summary(cfg: BackdoorConfig, m: dict, dataset: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    cur.add_driver_arguments(parser, "BackdoorConfig")
+    cur.add_driver_arguments(parser, BackdoorConfig, CONFIGS)
 
 
 def main(args: argparse.Namespace) -> int:

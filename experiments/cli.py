@@ -7,7 +7,7 @@ imported only when its subcommand runs (or shows its own ``--help``), so ``funsi
 flax inside their functions, so ``funsim COMMAND --help`` does not either.
 
 Mistakes a user can fix are printed as one line, ``funsim COMMAND: error: ...``,
-without a traceback: a bad config file (exit status 2, as argparse's own errors),
+without a traceback: a bad ``--config`` or ``--set`` (exit status 2, as argparse's own errors),
 a run folder in use by another run, or a damaged result file or checkpoint (exit
 status 1); each message names the file and the fix.
 
@@ -67,7 +67,8 @@ def _command(argv: list[str]) -> str | None:
 
 def _user_error_status(e: BaseException) -> int | None:
     """The exit status of an error the user can fix (printed without a traceback), or None."""
-    from funsim.experiments.io import ConfigError, RunLockedError
+    from funsim.experiments.config import ConfigError
+    from funsim.experiments.io import RunLockedError
 
     if isinstance(e, ConfigError):
         return 2

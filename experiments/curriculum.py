@@ -1,7 +1,7 @@
 """Shared helpers of the training-dynamics drivers (``forgetting``, ``backdoor``).
 
 Training through a sequence of stages, the image data the stages draw from,
-configs by name or JSON file, run directories that refuse a changed config,
+run directories that refuse a changed config,
 cached result arrays and markdown tables.
 
 A *curriculum* is a list of :class:`Stage`: each stage trains the same model
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from funsim.experiments.io import load_config as load_config  # re-exported: the drivers' config loader
+from funsim.experiments import config as config_lib
 
 __all__ = [
     "Stage",
@@ -42,7 +42,6 @@ __all__ = [
     "to_grayscale",
     "select_classes",
     "load_images",
-    "load_config",
     "prepare_run",
     "cached_arrays",
     "markdown_table",
@@ -349,23 +348,26 @@ def finish_run(out: pathlib.Path, metrics: dict, summary: str, figures: Sequence
 # --------------------------------------------------------------------------- command line
 
 
-def add_driver_arguments(parser, config_class: str) -> None:
-    """The options every driver takes: ``--config``, ``--run``, ``--root``, ``--no-progress``."""
-    parser.add_argument("--config", default="default",
-                        help=f"smoke | default | paper, or a JSON file of {config_class} fields (default: default)")
-    parser.add_argument("--run", default=None, help="run name (default: the config's name); rerun it to resume")
+def add_driver_arguments(parser, cls, configs: dict) -> None:
+    """The options every driver takes: ``--config``, ``--set``, ``--print-config`` (:mod:`experiments.config`),
+    ``--run``, ``--root``, ``--no-progress``."""
+    config_lib.add_arguments(parser, cls, configs)
+    parser.add_argument("--run", default=None,
+                        help="run name (default: the config's name and its --set overrides); rerun it to resume")
     parser.add_argument("--root", default="results", help="results root directory (default: results)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
 
 
 def driver_main(args, name: str, cls, configs: dict, run: Callable) -> int:
-    """Resolve ``--config`` and ``--run`` and call ``run``; a missing data set is reported, exit status 1."""
+    """Resolve the config and the run name and call ``run``; a missing data set is reported, exit status 1."""
     from funsim.experiments.data import DataNotFoundError
 
-    cfg = load_config(cls, configs, args.config)
-    run_name = args.run or (args.config if args.config in configs else pathlib.Path(args.config).stem)
+    cfg, run_name = config_lib.from_args(args, cls, configs)
+    if args.print_config:
+        print(config_lib.config_json(cfg))
+        return 0
     try:
-        run(cfg, root=args.root, run_name=run_name, progress=not args.no_progress)
+        run(cfg, root=args.root, run_name=args.run or run_name, progress=not args.no_progress)
     except DataNotFoundError as e:
         print(f"funsim {name}: {e}")
         return 1

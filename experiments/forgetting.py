@@ -49,6 +49,7 @@ import time
 
 import numpy as np
 
+from funsim.experiments import config as config_lib
 from funsim.experiments import curriculum as cur
 from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import releases_run_locks
@@ -110,7 +111,7 @@ RULES: tuple[Rule, ...] = (
 
 
 @dataclasses.dataclass(frozen=True)
-class ForgettingConfig:
+class ForgettingConfig(config_lib.RuledConfig, statistics=STATISTICS):
     """Everything the experiment does; saved as config.json.
 
     Attributes:
@@ -162,10 +163,6 @@ class ForgettingConfig:
     split_data: bool = False
     seed: int = 0
     verdict_rules: tuple[Rule, ...] = RULES
-
-    def __post_init__(self):
-        object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
-        verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="ForgettingConfig")
 
 
 CONFIGS = {
@@ -483,7 +480,7 @@ def summary(cfg: ForgettingConfig, m: dict, dataset: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    cur.add_driver_arguments(parser, "ForgettingConfig")
+    cur.add_driver_arguments(parser, ForgettingConfig, CONFIGS)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -66,9 +66,9 @@ import time
 
 import numpy as np
 
+from funsim.experiments import config as config_lib
 from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import (
-    load_config,
     open_run,
     releases_run_locks,
     write_atomic,
@@ -136,7 +136,7 @@ RULES: tuple[Rule, ...] = (
 
 
 @dataclasses.dataclass(frozen=True)
-class GrokkingConfig:
+class GrokkingConfig(config_lib.RuledConfig, statistics=STATISTICS):
     """Everything the grokking experiment does; saved as config.json.
 
     Attributes:
@@ -192,8 +192,7 @@ class GrokkingConfig:
     verdict_rules: tuple[Rule, ...] = RULES
 
     def __post_init__(self):
-        object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
-        verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="GrokkingConfig")
+        super().__post_init__()
         if self.sampling not in ("independent", "epochs"):
             raise ValueError(f"GrokkingConfig.sampling must be 'independent' or 'epochs', got {self.sampling!r}.")
         if self.checkpoint_rule not in CHECKPOINT_RULES:
@@ -1264,16 +1263,10 @@ def _authors_section(cfg: GrokkingConfig, m: dict) -> list[str]:
 # --------------------------------------------------------------------------- CLI
 
 
-def _config_from(name_or_path: str) -> tuple[str, GrokkingConfig]:
-    """``(run name, config)``: a named config, or a JSON file (named after its stem)."""
-    name = name_or_path if name_or_path in CONFIGS else pathlib.Path(name_or_path).stem
-    return name, load_config(GrokkingConfig, CONFIGS, name_or_path)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="default",
-                        help="smoke | default | paper | path to a JSON file of GrokkingConfig fields (default: default)")
-    parser.add_argument("--run", default=None, help="run name (default: the config's name, so a rerun resumes)")
+    config_lib.add_arguments(parser, GrokkingConfig, CONFIGS)
+    parser.add_argument("--run", default=None,
+                        help="run name (default: the config's name and its --set overrides, so a rerun resumes)")
     parser.add_argument("--root", default="results", help="results root directory (default: results)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
     parser.add_argument("--authors-run", default=None, metavar="DIR",
@@ -1282,7 +1275,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    name, cfg = _config_from(args.config)
+    cfg, name = config_lib.from_args(args, GrokkingConfig, CONFIGS)
+    if args.print_config:
+        print(config_lib.config_json(cfg))
+        return 0
     run(cfg, root=args.root, run_name=args.run or name, progress=not args.no_progress,
         authors_dir=args.authors_run)
     return 0

@@ -5,11 +5,9 @@
   :mod:`funsim.experiments`: the layering is similarity <- models <- experiments);
   they are forwarded here, imported on first use, so that ``funsim <command> --help``
   never waits for jax and flax.
-* **Configs.** :func:`load_config`, :func:`config_type` and :func:`config_overrides`
-  read a driver's config from a name or a JSON file and check every field against
-  the config dataclass's annotations (:func:`coerce_fields`): an unknown field, a
-  wrong type (``"seeds": "12"``, ``[1.7]`` for integers) or broken JSON is a
-  :class:`ConfigError` that names the file and the field.
+* **Configs.** Read by :mod:`funsim.experiments.config` (a name or a JSON file, then
+  ``--set`` overrides, every field checked against the annotations); its
+  :class:`ConfigError` is forwarded here.
 * **Runs.** :func:`open_run` creates ``root/experiment/run``, takes its lock
   (:func:`acquire_run_lock`: a second run into the same folder is refused before it
   writes anything) and, given a config, refuses a rerun with a changed config
@@ -24,7 +22,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import functools
@@ -33,14 +30,15 @@ import os
 import pathlib
 import socket
 import sys
-import types
 import typing
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
+from funsim.experiments.config import ConfigError
+
 __all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "write_text_atomic", "read_json", "results_dir",
-           "ConfigError", "coerce_fields", "config_type", "config_overrides", "load_config", "check_run_config",
+           "ConfigError", "check_run_config",
            "RunLockedError", "LOCK_FILE", "acquire_run_lock", "release_run_lock", "releases_run_locks", "open_run",
            "DamagedFileError", "SetupMismatchError", "fingerprint", "setup_diff", "read_npz", "table_manifest_path",
            "write_table_atomic", "verify_table"]
@@ -108,276 +106,6 @@ def results_dir(experiment: str, run: str | None = None, *, root: str | os.PathL
 
 
 # ----------------------------------------------------------------------------- configs
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used: broken JSON, an unknown field or a value of the wrong type.
-
-    The message names the file (when there is one) and the field. The ``funsim``
-    command prints it without a traceback (exit status 2).
-    """
-
-
-def _type_name(tp: Any) -> str:
-    """How a JSON value of annotation ``tp`` is described in an error message."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        parts = [_type_name(a) for a in args if a is not type(None)]
-        return " or ".join(parts) + (" or null" if type(None) in args else "")
-    if tp is bool:
-        return "true or false"
-    if tp is int:
-        return "an integer"
-    if tp is float:
-        return "a number"
-    if tp is str:
-        return "a string"
-    if tp is dict or origin is dict:
-        return "an object ({...})"
-    if tp is tuple or tp is list:
-        return "a list"
-    if origin in (tuple, list):
-        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
-            plural = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}.get(args[0])
-            return f"a list of {plural}" if plural else f"a list, each {_type_name(args[0])}"
-        return f"a list of {len(args)}: " + ", ".join(_type_name(a) for a in args)
-    if origin is typing.Literal:
-        return "one of " + ", ".join(json.dumps(a) for a in args)
-    if dataclasses.is_dataclass(tp):
-        return f"an object with {tp.__name__} fields"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _show(value: Any) -> str:
-    """A value as the user wrote it in JSON, with its kind."""
-    kind = {str: "the string", bool: "the boolean", int: "the integer", float: "the number", list: "the list",
-            tuple: "the list", dict: "the object", type(None): "null"}.get(type(value), type(value).__name__)
-    if value is None:
-        return "null"
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return f"{kind} {text[:80]}"
-
-
-def _deep_tuple(v: Any) -> Any:
-    return tuple(_deep_tuple(u) for u in v) if isinstance(v, (list, tuple)) else v
-
-
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """``value`` (from JSON) as annotation ``tp`` wants it (lists become tuples), or a :class:`ConfigError`.
-
-    ``where`` is the field's path in the config, e.g. ``seeds[0]`` or ``datasets[1].n_train``.
-    """
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-
-    def bad():
-        return ConfigError(f"field '{where}' must be {_type_name(tp)}, got {_show(value)}.")
-
-    if tp is Any or tp is object or isinstance(tp, (str, typing.ForwardRef)):
-        return _deep_tuple(value)  # not checkable: lists become tuples, as before
-    if tp is type(None):
-        if value is None:
-            return None
-        raise bad()
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            if type(None) in args:
-                return None
-            raise bad()
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, where)
-            except ConfigError:
-                continue
-        raise bad()
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad()
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad()
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value in ("inf", "-inf"):  # how to_jsonable writes infinities
-            return float(value)
-        raise bad()
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad()
-    if tp is dict or origin is dict:
-        if not isinstance(value, Mapping):
-            raise bad()
-        if len(args) == 2:
-            return {_coerce(k, args[0], f"{where} (a key)"): _coerce(v, args[1], f"{where}[{k!r}]")
-                    for k, v in value.items()}
-        return dict(value)
-    if tp in (tuple, list) or origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            raise bad()
-        container = list if (tp is list or origin is list) else tuple
-        if not args:
-            return container(_deep_tuple(v) for v in value)
-        if origin is list or (len(args) == 2 and args[1] is Ellipsis):
-            return container(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise bad()
-        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if origin is typing.Literal:
-        if value in args:
-            return value
-        raise bad()
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, Mapping):
-            raise bad()
-        return tp(**coerce_fields(tp, value, path=where))
-    return value  # an annotation this checker does not know: taken as given
-
-
-def _field_types(cls: type) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(cls)
-    except Exception:  # annotations that do not resolve (e.g. a class defined in a function): unchecked
-        return {f.name: f.type for f in dataclasses.fields(cls)}
-
-
-def coerce_fields(cls: type, d: Mapping[str, Any], *, path: str = "") -> dict[str, Any]:
-    """The fields ``d`` (from JSON) of the dataclass ``cls``, checked against its annotations.
-
-    Lists become tuples where the annotation is a tuple; nested dataclasses are
-    built from objects; an integer is accepted where a number is expected.
-
-    Args:
-      cls: a dataclass.
-      d: field values (a subset of the fields).
-      path: where ``d`` sits in a larger config, for messages (e.g. ``"datasets[0]"``).
-
-    Raises:
-      ConfigError: an unknown field (naming the valid ones) or a value of the
-        wrong type (naming the field, what it must be and what it is).
-
-    Examples:
-      >>> @dataclasses.dataclass
-      ... class C:
-      ...     seeds: tuple[int, ...] = (0,)
-      ...     rate: float = 0.1
-      >>> coerce_fields(C, {"seeds": [1, 2], "rate": 1})
-      {'seeds': (1, 2), 'rate': 1}
-      >>> coerce_fields(C, {"seeds": "12"})
-      Traceback (most recent call last):
-        ...
-      funsim.experiments.io.ConfigError: field 'seeds' must be a list of integers, got the string "12".
-      >>> coerce_fields(C, {"seeds": [1.7]})
-      Traceback (most recent call last):
-        ...
-      funsim.experiments.io.ConfigError: field 'seeds[0]' must be an integer, got the number 1.7.
-    """
-    where = f" in '{path}'" if path else ""
-    if not isinstance(d, Mapping):
-        raise ConfigError(f"a {cls.__name__} config{where} must be a JSON object ({{\"field\": value, ...}}), "
-                          f"got {_show(d)}.")
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - fields)
-    if unknown:
-        raise ConfigError(f"unknown {cls.__name__} fields {unknown}{where}; valid fields: {sorted(fields)}.")
-    types_ = _field_types(cls)
-    return {k: _coerce(v, types_.get(k, Any), f"{path}.{k}" if path else k) for k, v in d.items()}
-
-
-def _read_config_file(path: pathlib.Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read the config file ({e}).") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}.") from None
-
-
-def _in_file(path: pathlib.Path, e: Exception) -> ConfigError:
-    msg = str(e)
-    return ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}")
-
-
-def config_type(configs: Mapping[str, object], from_dict: Callable[[dict], object]) -> Callable[[str], object]:
-    """An argparse ``type`` for ``--config``: a name in ``configs``, or a ``.json`` file read by ``from_dict``.
-
-    A JSON file without a ``"name"`` is named after the file's stem. Any problem
-    with the file (broken JSON, an unknown field, a wrong type) is reported by
-    argparse with the file name and the real reason (``argparse.ArgumentTypeError``).
-    """
-
-    def parse(value: str):
-        if value in configs:
-            return configs[value]
-        path = pathlib.Path(value)
-        if not (path.suffix == ".json" and path.is_file()):
-            raise argparse.ArgumentTypeError(
-                f"--config must be one of {', '.join(configs)} or an existing .json file, got {value!r}."
-            )
-        try:
-            d = _read_config_file(path)
-            if isinstance(d, dict):
-                d.setdefault("name", path.stem)
-            return from_dict(d)
-        except (ValueError, TypeError) as e:
-            raise argparse.ArgumentTypeError(str(_in_file(path, e))) from None
-
-    return parse
-
-
-def config_overrides(d: Mapping[str, object], cls: type, what: str) -> tuple[dict, str | None]:
-    """``(fields, base)``: a JSON config ``d`` split into its ``"base"`` name and the other fields, type-checked.
-
-    Raises:
-      ConfigError: a field that ``cls`` (a dataclass) does not have (naming the valid
-        ones), or a value of the wrong type for its annotation (:func:`coerce_fields`).
-    """
-    if not isinstance(d, Mapping):
-        raise ConfigError(f"A {what} config must be a JSON object ({{\"field\": value, ...}}), got {_show(d)}.")
-    d = dict(d)
-    base = d.pop("base", None)
-    if base is not None and not isinstance(base, str):
-        raise ConfigError(f"field 'base' must be a string (a config name), got {_show(base)}.")
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - fields)
-    if unknown:
-        raise ConfigError(f"Unknown {what} config fields {unknown}; valid fields: {sorted(fields)} (and 'base').")
-    return coerce_fields(cls, d), base
-
-
-def load_config(cls: type, configs: Mapping[str, object], name_or_path: str):
-    """A driver config: a name in ``configs`` or a JSON file of the dataclass ``cls``'s fields.
-
-    Every field is checked against ``cls``'s annotations (:func:`coerce_fields`);
-    lists become tuples where the annotation is a tuple, so a saved ``config.json``
-    loads back into an equal config.
-
-    Raises:
-      ConfigError: neither a known name nor a file; broken JSON; a field ``cls`` does
-        not have (naming the valid ones); a value of the wrong type. The message
-        names the file.
-    """
-    if name_or_path in configs:
-        return configs[name_or_path]
-    path = pathlib.Path(name_or_path)
-    if not path.is_file():
-        raise ConfigError(f"--config {name_or_path!r} is neither one of {', '.join(configs)} nor a JSON file.")
-    raw = _read_config_file(path)
-    try:
-        return cls(**coerce_fields(cls, raw))
-    except ConfigError as e:
-        raise _in_file(path, e) from None
 
 
 def _config_defaults(cfg: Any) -> dict:

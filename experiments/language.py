@@ -55,8 +55,8 @@ import time
 
 import numpy as np
 
+from funsim.experiments import config as config_lib
 from funsim.experiments import verdict as verdict_lib
-from funsim.experiments.io import load_config as io_load_config
 from funsim.experiments.io import open_run, read_json, releases_run_locks, write_json_atomic, write_text_atomic
 from funsim.experiments.verdict import Rule
 
@@ -111,7 +111,7 @@ WIDE_COST = ("measured 2026-12-03 at load average 9-11 with 150 steps and 3 chec
 
 
 @dataclasses.dataclass(frozen=True)
-class LanguageConfig:
+class LanguageConfig(config_lib.RuledConfig, statistics=STATISTICS):
     """Everything the experiment does; saved as config.json (a changed config is refused on resume)."""
 
     seq_len: int = 32
@@ -139,10 +139,6 @@ class LanguageConfig:
     ngram_min_count: int = 10
     segments: tuple[int, ...] = (2, 3, 4)
     verdict_rules: tuple[Rule, ...] = RULES
-
-    def __post_init__(self):
-        object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
-        verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="LanguageConfig")
 
 
 CONFIGS = {
@@ -653,19 +649,17 @@ def summary(metrics: dict, cfg: LanguageConfig) -> str:
 # ---------------------------------------------------------------------------
 
 
-def load_config(spec: str) -> LanguageConfig:
-    """A named config (smoke, default, paper) or a JSON file with LanguageConfig fields."""
-    return io_load_config(LanguageConfig, CONFIGS, spec)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="default", help="smoke, default, paper, or a JSON file (default: default)")
+    config_lib.add_arguments(parser, LanguageConfig, CONFIGS)
     parser.add_argument("--run", default=None, help="run name (default: a UTC timestamp); reuse it to resume")
     parser.add_argument("--root", default="results", help="results root directory (default: results)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)
+    cfg, _ = config_lib.from_args(args, LanguageConfig, CONFIGS)
+    if args.print_config:
+        print(config_lib.config_json(cfg))
+        return 0
     run(cfg, root=args.root, run_name=args.run, progress=not args.no_progress)
     return 0

@@ -33,6 +33,7 @@ import warnings
 
 import numpy as np
 
+from funsim.experiments import config as config_lib
 from funsim.experiments import data as data_lib
 from funsim.experiments.io import open_run, releases_run_locks, write_json_atomic
 
@@ -333,6 +334,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a smoke run: tiny models and data, about 13 s on 2 CPU cores, mostly XLA compilation "
                              "(compiled with XLA's backend optimisation off)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
+    config_lib.add_arguments(parser, QuickstartConfig, {}, config=False)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -353,6 +355,10 @@ def main(args: argparse.Namespace) -> int:
         for n in names:
             similarity.measure(n)  # unknown names fail here, with suggestions
         cfg = dataclasses.replace(cfg, measures=tuple(names))
+    cfg = config_lib.apply_overrides(cfg, args.overrides)
+    if args.print_config:
+        print(config_lib.config_json(cfg))
+        return 0
     try:
         run(cfg, root=args.root, run_name=args.run, progress=not args.no_progress)
     except data_lib.DataNotFoundError as e:

@@ -77,11 +77,10 @@ from typing import Any
 
 import numpy as np
 
+from funsim.experiments import config as config_lib
 from funsim.experiments import jit_memory
 from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import (
-    config_overrides,
-    config_type,
     open_run,
     read_json,
     releases_run_locks,
@@ -193,7 +192,7 @@ RULES: tuple[verdict_lib.Rule, ...] = (
 
 
 @dataclasses.dataclass(frozen=True)
-class StudyConfig:
+class StudyConfig(config_lib.RuledConfig, statistics=STATISTICS):
     """A similarity study of a trained zoo.
 
     Attributes:
@@ -269,10 +268,6 @@ class StudyConfig:
     coarse_head_steps: int = 500
     verdict_rules: tuple[verdict_lib.Rule, ...] = RULES
 
-    def __post_init__(self):
-        object.__setattr__(self, "verdict_rules", verdict_lib.coerce_rules(self.verdict_rules))
-        verdict_lib.check_rules(self.verdict_rules, STATISTICS, owner="StudyConfig")
-
 
 _SMOKE = StudyConfig(name="smoke", zoo="smoke", n_rows=96, flatten="spatial_mean", depth_tolerance=0.5,
                      stitch_steps=20, stitch_batch_size=32, stitch_train_rows=128, coarse_groupings=("parity",),
@@ -317,14 +312,7 @@ def config_from_dict(d: Mapping[str, Any]) -> StudyConfig:
       >>> config_from_dict({"base": "smoke", "n_rows": 64}).n_rows
       64
     """
-    d, base = config_overrides(d, StudyConfig, "study")  # typed: lists become tuples
-    if base is not None:
-        if base not in CONFIGS:
-            raise ValueError(f"Unknown base config {base!r}; valid: {', '.join(CONFIGS)}.")
-        return dataclasses.replace(CONFIGS[base], **d)
-    if "name" not in d:
-        raise ValueError("A study config needs a 'name' (or a 'base' config to start from).")
-    return StudyConfig(**d)
+    return config_lib.from_dict(StudyConfig, CONFIGS, d)  # typed: lists become tuples
 
 
 def _check_config(cfg: StudyConfig) -> None:
@@ -1032,19 +1020,23 @@ def summary(cfg: StudyConfig, metrics: dict) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=config_type(CONFIGS, config_from_dict), default=CONFIGS["default"],
-                        help="smoke | default | paper | path.json (default: default)")
+    config_lib.add_arguments(parser, StudyConfig, CONFIGS)
     parser.add_argument("--zoo", default=None, help="the zoo run (a name under ROOT/zoo/ or a directory; "
                         "default: the config's)")
-    parser.add_argument("--run", default=None, help="run name (default: the config's name; reruns resume it)")
+    parser.add_argument("--run", default=None,
+                        help="run name (default: the config's name and its --set overrides; reruns resume it)")
     parser.add_argument("--root", default="results", help="results root directory (default: results)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = args.config if args.zoo is None else dataclasses.replace(args.config, zoo=args.zoo)
+    cfg, name = config_lib.from_args(args, StudyConfig, CONFIGS)
+    cfg = cfg if args.zoo is None else dataclasses.replace(cfg, zoo=args.zoo)
+    if args.print_config:
+        print(config_lib.config_json(cfg))
+        return 0
     try:
-        run(cfg, root=args.root, run_name=args.run, progress=not args.no_progress)
+        run(cfg, root=args.root, run_name=args.run or name, progress=not args.no_progress)
     except FileNotFoundError as e:
         print(f"funsim similarity-study: {e}")
         return 1

@@ -42,12 +42,10 @@ from typing import Any
 
 import numpy as np
 
+from funsim.experiments import config as config_lib
 from funsim.experiments import data as data_lib
+from funsim.experiments.config import ConfigError, coerce_fields
 from funsim.experiments.io import (
-    ConfigError,
-    coerce_fields,
-    config_overrides,
-    config_type,
     open_run,
     read_json,
     releases_run_locks,
@@ -232,15 +230,7 @@ def config_from_dict(d: Mapping[str, Any]) -> ZooConfig:
       >>> config_from_dict({"base": "smoke", "seeds": [0]}).seeds
       (0,)
     """
-    d, base = config_overrides(d, ZooConfig, "zoo")  # typed: data sets and models become DataSpec / ModelSpec
-    if base is not None:
-        if base not in CONFIGS:
-            raise ValueError(f"Unknown base config {base!r}; valid: {', '.join(CONFIGS)}.")
-        return dataclasses.replace(CONFIGS[base], **d)
-    missing = sorted({"name", "datasets", "models"} - set(d))
-    if missing:
-        raise ValueError(f"A zoo config needs {missing} (or a 'base' config to start from).")
-    return ZooConfig(**d)
+    return config_lib.from_dict(ZooConfig, CONFIGS, d)  # typed: data sets and models become DataSpec / ModelSpec
 
 
 # ----------------------------------------------------------------------------- data
@@ -791,9 +781,9 @@ def load_zoo_data(run_dir: str | pathlib.Path, dataset: str) -> ZooData:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=config_type(CONFIGS, config_from_dict), default=CONFIGS["default"],
-                        help="smoke | default | paper | path.json (default: default)")
-    parser.add_argument("--run", default=None, help="run name (default: the config's name; reruns resume it)")
+    config_lib.add_arguments(parser, ZooConfig, CONFIGS)
+    parser.add_argument("--run", default=None,
+                        help="run name (default: the config's name and its --set overrides; reruns resume it)")
     parser.add_argument("--root", default="results", help="results root directory (default: results)")
     parser.add_argument("--download", action="store_true", help="let tfds download missing data sets (internet)")
     parser.add_argument("--data-dir", default=None, help="the tfds data directory")
@@ -801,11 +791,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = args.config
+    cfg, name = config_lib.from_args(args, ZooConfig, CONFIGS)
     if args.download or args.data_dir:
         cfg = dataclasses.replace(cfg, download=cfg.download or args.download, data_dir=args.data_dir or cfg.data_dir)
+    if args.print_config:
+        print(config_lib.config_json(cfg))
+        return 0
     try:
-        run(cfg, root=args.root, run_name=args.run, progress=not args.no_progress)
+        run(cfg, root=args.root, run_name=args.run or name, progress=not args.no_progress)
     except data_lib.DataNotFoundError as e:
         print(f"funsim zoo: {e}")
         return 1

@@ -82,6 +82,7 @@ from funsim.similarity.usable_info import v_information as v_information
 from funsim.similarity.task_stitching import INITS as INITS
 from funsim.similarity.task_stitching import LOSSES as LOSSES
 from funsim.similarity.task_stitching import OPTIMIZERS as OPTIMIZERS
+from funsim.similarity.task_stitching import StitchTraining as StitchTraining
 from funsim.similarity.task_stitching import TrainedStitcher as TrainedStitcher
 from funsim.similarity.task_stitching import TrainHistory as TrainHistory
 from funsim.similarity.task_stitching import resize_spatial as resize_spatial

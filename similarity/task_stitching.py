@@ -37,6 +37,8 @@ layer ``(n, d)`` takes a flattened source.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -55,6 +57,7 @@ __all__ = [
     "INITS",
     "LOSSES",
     "OPTIMIZERS",
+    "StitchTraining",
     "TrainHistory",
     "TrainedStitcher",
     "resize_spatial",
@@ -249,6 +252,138 @@ class TrainedStitcher(NamedTuple):
 
 
 # ---------------------------------------------------------------------------
+# Training options
+# ---------------------------------------------------------------------------
+
+
+def _positive_int(value, name: str, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)) or value < 1:
+        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, "
+                         f"got {value!r}.")
+
+
+def _non_negative(value, name: str) -> None:
+    if not isinstance(value, (int, float, np.number)) or isinstance(value, (bool, np.bool_)) \
+            or not 0 <= value < np.inf:
+        raise ValueError(f"{name} must be a non-negative number, got {value!r}.")
+
+
+def _option_pairs(options) -> tuple[tuple[str, Any], ...]:
+    """``optimizer_options`` as sorted ``(name, value)`` pairs (hashable), checked."""
+    if options is None:
+        return ()
+    if isinstance(options, Mapping):
+        pairs = list(options.items())
+    else:
+        try:
+            pairs = [tuple(p) for p in options]
+        except TypeError:
+            pairs = None
+        if pairs is None or any(len(p) != 2 for p in pairs):
+            raise TypeError(f"optimizer_options must be a mapping of keyword arguments of the optax optimiser, "
+                            f"e.g. {{'momentum': 0.9}}, got {options!r:.200}.")
+    for k, v in pairs:
+        if not isinstance(k, str):
+            raise TypeError(f"optimizer_options keys must be argument names (strings), got {k!r}.")
+        if k == "learning_rate":
+            raise ValueError("Pass learning_rate as its own argument, not in optimizer_options.")
+        try:
+            hash(v)
+        except TypeError:
+            raise TypeError(f"optimizer_options values must be numbers or hashable, got {k}={v!r}.") from None
+    return tuple(sorted(pairs))
+
+
+@dataclasses.dataclass(frozen=True)
+class StitchTraining:
+    """How stitchers train with the task loss: the options of :func:`train_stitchers` and :func:`train_stitcher`.
+
+    Pass one as ``options=``, or give any field as a keyword argument of those functions
+    (``train_stitchers(..., steps=100)`` is ``train_stitchers(..., options=StitchTraining(steps=100))``;
+    with both, the keyword replaces the field of ``options``). Every field is checked when
+    the options are made; a bad value raises ``ValueError`` naming the field.
+
+    Attributes:
+      init: ``"closed_form"`` (start at :func:`~similarity.fit_stitcher`'s least-squares
+        reconstruction of ``z_tgt``: ``normalise=False`` for the orthogonal families, so
+        that ``orthogonal`` has scale 1; ``normalise=True`` with ``ridge`` for ``affine``),
+        ``"identity"`` (the padded identity block) or ``"random"`` (Haar-random rotation;
+        Gaussian ``N(0, 1/d_src)`` affine weight).
+      steps: optimiser steps, a positive int.
+      optimizer: an optax optimiser name, one of ``OPTIMIZERS``.
+      learning_rate: its learning rate, a non-negative number (traced data: changing it
+        does not recompile).
+      optimizer_options: more keyword arguments of the optax optimiser, e.g.
+        ``{"momentum": 0.9}`` for ``"sgd"`` (a mapping, kept as sorted ``(name, value)``
+        pairs); numbers are traced data, other values (e.g. ``nesterov=True``) are static.
+      loss: ``"ce"`` (task cross-entropy) or ``"kl"`` (to the teacher's logits).
+      batch_size: minibatch size (indices drawn uniformly, with replacement, each step), or
+        ``None`` for full-batch steps (also when it is at least the number of rows).
+      early_stopping: patience in evaluations: stop a stitcher when its held-out loss has
+        not improved for that many evaluations and return its best parameters (``None``:
+        train every step). Needs held-out data (``eval_data``).
+      eval_every: steps per ``lax.scan`` chunk and between evaluations.
+      ridge: ridge of the closed-form affine init, in the scale-free units of
+        :func:`~similarity.fit_stitcher`, non-negative. The small default keeps dead or
+        collinear units (common in ReLU layers) from making it singular.
+
+    Examples:
+      >>> StitchTraining(steps=200, optimizer="sgd", optimizer_options={"momentum": 0.9}).optimizer_options
+      (('momentum', 0.9),)
+      >>> StitchTraining(steps=0)
+      Traceback (most recent call last):
+        ...
+      ValueError: steps must be a positive int, got 0.
+    """
+
+    init: str = "closed_form"
+    steps: int = 500
+    optimizer: str = "adam"
+    learning_rate: float = 1e-2
+    optimizer_options: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()
+    loss: str = "ce"
+    batch_size: int | None = None
+    early_stopping: int | None = None
+    eval_every: int = 50
+    ridge: float = 1e-6
+
+    def __post_init__(self):
+        check_choice(self.init, "init", INITS)
+        _positive_int(self.steps, "steps")
+        check_choice(self.optimizer, "optimizer", OPTIMIZERS)
+        _non_negative(self.learning_rate, "learning_rate")
+        object.__setattr__(self, "optimizer_options", _option_pairs(self.optimizer_options))
+        check_choice(self.loss, "loss", LOSSES)
+        _positive_int(self.batch_size, "batch_size", allow_none=True)
+        _positive_int(self.early_stopping, "early_stopping", allow_none=True)
+        _positive_int(self.eval_every, "eval_every")
+        _non_negative(self.ridge, "ridge")
+
+
+_TRAIN_KEYWORDS = ("family", "z_tgt", "target_shape", "stacked_tails", "key", "teacher_logits", "eval_data",
+                   "label_groups", "options")
+
+
+def _training(options: StitchTraining | None, overrides: Mapping[str, Any]) -> StitchTraining:
+    """``options`` (default ``StitchTraining()``) with the keyword arguments ``overrides`` replacing its fields."""
+    if options is None:
+        options = StitchTraining()
+    elif not isinstance(options, StitchTraining):
+        raise TypeError(f"options must be a StitchTraining, got {type(options).__name__}; pass "
+                        "options=StitchTraining(steps=..., ...) or the fields as keyword arguments.")
+    fields = [f.name for f in dataclasses.fields(StitchTraining)]
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], [*fields, *_TRAIN_KEYWORDS], n=1)
+        raise TypeError(f"unexpected keyword arguments {unknown}"
+                        + (f" (did you mean {near[0]!r}?)" if near else "")
+                        + f"; the training options are StitchTraining's fields: {', '.join(fields)}.")
+    return dataclasses.replace(options, **overrides) if overrides else options
+
+
+# ---------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------
 
@@ -341,24 +476,16 @@ def _keys(key, k_count: int) -> jax.Array:
     return key
 
 
-def _optimizer(optimizer, learning_rate, options, dtype):
-    check_choice(optimizer, "optimizer", OPTIMIZERS)
-    if not isinstance(learning_rate, (int, float, np.number)) or not learning_rate >= 0:
-        raise ValueError(f"learning_rate must be a non-negative number, got {learning_rate!r}.")
-    hyper, static = {"learning_rate": learning_rate}, []
-    for k, v in dict(options or {}).items():
-        if k == "learning_rate":
-            raise ValueError("Pass learning_rate as its own argument, not in optimizer_options.")
+def _optimizer(opts: StitchTraining, dtype):
+    """``(traced hyperparameters, static options)`` of the optimiser: numbers cast to ``dtype`` on the host."""
+    hyper = {"learning_rate": opts.learning_rate}
+    static = []
+    for k, v in opts.optimizer_options:
         if isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_)):
             hyper[k] = v  # a number: traced data
         else:
             static.append((k, v))  # e.g. nesterov=True: part of the compiled program
-    static = tuple(sorted(static))
-    try:
-        hash(static)
-    except TypeError:
-        raise TypeError(f"optimizer_options values must be numbers or hashable, got {static!r}.") from None
-    return {k: jnp.asarray(np.asarray(v, dtype)) for k, v in hyper.items()}, static  # cast on the host
+    return {k: jnp.asarray(np.asarray(v, dtype)) for k, v in hyper.items()}, tuple(static)
 
 
 def _check_tail(tail_apply, tail_params, tshape, dtype, stacked) -> int:
@@ -381,14 +508,6 @@ def _check_tail(tail_apply, tail_params, tshape, dtype, stacked) -> int:
     return int(out.shape[1])
 
 
-def _check_int(value, name: str, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, "
-                         f"got {value!r}.")
-
-
 # ---------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------
@@ -403,23 +522,15 @@ def train_stitchers(
     /,
     *,
     family: str | Sequence[str] = "affine",
-    init: str = "closed_form",
     z_tgt: ArrayLike | None = None,
     target_shape: Sequence[int] | None = None,
     stacked_tails: bool = False,
-    steps: int = 500,
-    optimizer: str = "adam",
-    learning_rate: float = 1e-2,
-    optimizer_options: Mapping[str, Any] | None = None,
     key: jax.Array | None = None,
-    loss: str = "ce",
     teacher_logits: ArrayLike | None = None,
-    batch_size: int | None = None,
     eval_data: tuple | None = None,
-    early_stopping: int | None = None,
-    eval_every: int = 50,
-    ridge: float = 1e-6,
     label_groups: Sequence[Sequence[int] | None] | None = None,
+    options: StitchTraining | None = None,
+    **training: Any,
 ) -> list[TrainedStitcher]:
     """Train K stitchers into one target layer (of one or M stacked tails) in one compiled loop.
 
@@ -443,39 +554,18 @@ def train_stitchers(
       tail_params: its parameter pytree; with ``stacked_tails``, every leaf has
         a leading axis of M tails.
       family: one family for all, or K families (see ``similarity.FAMILIES``).
-      init: ``"closed_form"`` (start at :func:`~similarity.fit_stitcher`'s
-        least-squares reconstruction of ``z_tgt``: ``normalise=False`` for the
-        orthogonal families, so that ``orthogonal`` has scale 1; ``normalise=True``
-        with ``ridge`` for ``affine``), ``"identity"`` (the padded identity block) or
-        ``"random"`` (Haar-random rotation; Gaussian ``N(0, 1/d_src)`` affine weight).
       z_tgt: ``(n, *target_shape)`` model B's own target-layer activations on
         the same inputs (``(M, n, *target_shape)`` for stacked tails); required
         for ``init="closed_form"``.
       target_shape: the per-sample target shape, ``(d_tgt,)`` or ``(H, W, C)``,
         when ``z_tgt`` is not given.
       stacked_tails: ``tail_params`` holds M tails stacked on a leading axis.
-      steps: optimiser steps.
-      optimizer: an optax optimiser name, one of ``OPTIMIZERS`` (default ``"adam"``).
-      learning_rate: its learning rate (traced data: changing it does not recompile).
-      optimizer_options: more keyword arguments of the optax optimiser, e.g.
-        ``{"momentum": 0.9}`` for ``"sgd"``; numbers are traced data, other
-        values (e.g. ``nesterov=True``) are static.
       key: one key (split into K) or K keys (default ``jax.random.key(0)``);
         used for random inits and minibatch sampling, the same for every tail.
-      loss: ``"ce"`` (task cross-entropy) or ``"kl"`` (to ``teacher_logits``).
       teacher_logits: ``(n, C)`` model B's own logits (``(M, n, C)`` stacked), for ``loss="kl"``.
-      batch_size: minibatch size (indices drawn uniformly, with replacement,
-        each step), or ``None`` for full-batch steps.
       eval_data: ``(zs_src_eval, y_eval)`` or ``(zs_src_eval, y_eval,
         teacher_logits_eval)``, with K held-out source arrays; the held-out
-        loss is logged every ``eval_every`` steps.
-      early_stopping: patience in evaluations: stop a stitcher when its
-        held-out loss has not improved for that many evaluations and return its
-        best parameters. Needs ``eval_data``.
-      eval_every: steps per ``lax.scan`` chunk and between evaluations.
-      ridge: ridge of the closed-form affine init, in the scale-free units of
-        :func:`~similarity.fit_stitcher`. The small default keeps dead or
-        collinear units (common in ReLU layers) from making it singular.
+        loss is logged every ``eval_every`` steps (and early stopping watches it).
       label_groups: ``None`` (every stitcher on the tail's own task), or K
         entries, each ``None`` or a grouping of the tail's C classes: stitcher
         k then trains on the coarser task whose label for row i is
@@ -484,6 +574,11 @@ def train_stitchers(
         only; held-out losses likewise). Stitchers of several tasks into one
         tail thus train in one compiled loop; a stitcher with ``None`` equals
         its call without groups.
+      options: how the stitchers train: a :class:`StitchTraining` (default
+        ``StitchTraining()``): init, steps, optimiser, loss, minibatches, early
+        stopping, evaluation period and the closed-form init's ridge.
+      **training: :class:`StitchTraining` fields as keyword arguments (``steps=100``),
+        replacing those of ``options``.
 
     Returns:
       K :class:`TrainedStitcher` ``(stitcher, history)``, in source order. The
@@ -516,13 +611,9 @@ def train_stitchers(
         raise ValueError(f"family has {len(fams)} entries but there are {k_count} sources.")
     for f in fams:
         check_choice(f, "family", FAMILIES)
-    check_choice(init, "init", INITS)
-    check_choice(loss, "loss", LOSSES)
-    _check_int(steps, "steps")
-    _check_int(eval_every, "eval_every")
-    _check_int(early_stopping, "early_stopping", allow_none=True)
-    _check_int(batch_size, "batch_size", allow_none=True)
-    if early_stopping is not None and eval_data is None:
+    opts = _training(options, training)
+    init, loss, steps, batch_size = opts.init, opts.loss, opts.steps, opts.batch_size
+    if opts.early_stopping is not None and eval_data is None:
         raise ValueError("early_stopping needs eval_data=(zs_src_eval, y_eval) held-out data.")
     if init == "closed_form" and z_tgt is None:
         raise ValueError(
@@ -554,7 +645,7 @@ def train_stitchers(
         teacher = teacher.astype(dtype)
     if batch_size is not None and batch_size >= n:
         batch_size = None
-    hyper, opt_static = _optimizer(optimizer, learning_rate, optimizer_options, dtype)
+    hyper, opt_static = _optimizer(opts, dtype)
     keys = _keys(key, k_count)
     evs = y_eval = t_eval = None
     if eval_data is not None:
@@ -562,9 +653,9 @@ def train_stitchers(
         t_eval = None if t_eval is None else t_eval.astype(dtype)
 
     tails = jax.tree.map(lambda a: jnp.asarray(a) if stacked else jnp.asarray(a)[None], tail_params)
-    static = dict(tail_apply=tail_apply, optimizer=optimizer, opt_static=opt_static, loss=loss,
-                  batch_size=batch_size, steps=int(steps), chunk=int(min(eval_every, steps)),
-                  patience=None if early_stopping is None else int(early_stopping))
+    static = dict(tail_apply=tail_apply, optimizer=opts.optimizer, opt_static=opt_static, loss=loss,
+                  batch_size=batch_size, steps=int(steps), chunk=int(min(opts.eval_every, steps)),
+                  patience=None if opts.early_stopping is None else int(opts.early_stopping))
     # one compiled loop for every family (see similarity._stitch_param.merge_families): each family's
     # start on the host, padded to the call's widest source, merged, and put back in source order
     d_max = max(s.shape[-1] for s in srcs)
@@ -574,13 +665,13 @@ def train_stitchers(
     starts = dict.fromkeys(subs)
     if init == "closed_form":  # every family's starts in one compiled fit
         starts = dict(zip(subs, closed_form_starts(
-            [(f, [srcs[i] for i in sub], [f"zs_src[{i}]" for i in sub]) for f, sub in subs.items()], z_host, ridge)))
+            [(f, [srcs[i] for i in sub], [f"zs_src[{i}]" for i in sub]) for f, sub in subs.items()], z_host, opts.ridge)))
     batches, idx = [], []
     for f, sub in subs.items():
         idx += sub
         batches.append((f, *init_params(
             f, init, [srcs[i] for i in sub], z_host, d_tgt=tshape[-1],
-            n_tails=m_count, ridge=ridge, keys=None if keys_init is None else keys_init[np.asarray(sub)],
+            n_tails=m_count, ridge=opts.ridge, keys=None if keys_init is None else keys_init[np.asarray(sub)],
             dtype=dtype, pad_to=d_max, labels=[f"zs_src[{i}]" for i in sub], fits=starts[f],
         )))
     loop_family, params, consts = merge_families(batches)
@@ -673,24 +764,11 @@ def train_stitcher(
     /,
     *,
     family: str = "affine",
-    init: str = "closed_form",
-    z_tgt: ArrayLike | None = None,
-    target_shape: Sequence[int] | None = None,
-    stacked_tails: bool = False,
-    steps: int = 500,
-    optimizer: str = "adam",
-    learning_rate: float = 1e-2,
-    optimizer_options: Mapping[str, Any] | None = None,
     key: jax.Array | None = None,
-    loss: str = "ce",
-    teacher_logits: ArrayLike | None = None,
-    batch_size: int | None = None,
     eval_data: tuple | None = None,
-    early_stopping: int | None = None,
-    eval_every: int = 50,
-    ridge: float = 1e-6,
+    **kwargs: Any,
 ) -> TrainedStitcher:
-    """Train one stitcher from a source layer into model B's layer with the task loss.
+    """Train one stitcher from a source layer into model B's layer with the task loss: ``train_stitchers([z_src], ...)[0]``.
 
     Only the stitcher is trained; the tail (B's rest of network) is frozen.
     The orthogonal families stay exactly (semi-)orthogonal at every step. The
@@ -702,11 +780,11 @@ def train_stitcher(
       y: ``(n,)`` integer labels.
       tail_apply, tail_params: the tail, ``tail_apply(tail_params, h) -> logits``.
       family: ``"orthogonal"``, ``"scaled_orthogonal"`` or ``"affine"``.
-      init, z_tgt, target_shape, stacked_tails, steps, optimizer, learning_rate,
-        optimizer_options, loss, teacher_logits, batch_size, early_stopping,
-        eval_every, ridge: as in :func:`train_stitchers`.
-      key: one key (default ``jax.random.key(0)``), used as it is.
+      key: one key (default ``jax.random.key(0)``), used as it is (not split).
       eval_data: ``(z_src_eval, y_eval)`` or ``(z_src_eval, y_eval, teacher_logits_eval)``.
+      **kwargs: any other keyword argument of :func:`train_stitchers`: ``z_tgt``,
+        ``target_shape``, ``stacked_tails``, ``teacher_logits``, ``options`` (a
+        :class:`StitchTraining`) and its fields (``steps=...``, ``learning_rate=...``).
 
     Returns:
       A :class:`TrainedStitcher` ``(stitcher, history)``: a
@@ -714,7 +792,7 @@ def train_stitcher(
       for NHWC) and a :class:`TrainHistory`.
 
     Raises:
-      ValueError: see :func:`train_stitchers`.
+      ValueError: see :func:`train_stitchers` and :class:`StitchTraining`.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -737,11 +815,5 @@ def train_stitcher(
             raise TypeError("eval_data must be (z_src_eval, y_eval) or "
                             "(z_src_eval, y_eval, teacher_logits_eval).")
         eval_data = ([eval_data[0]],) + tuple(eval_data[1:])
-    return train_stitchers(
-        [z_src], y, tail_apply, tail_params, family=family, init=init, z_tgt=z_tgt,
-        target_shape=target_shape, stacked_tails=stacked_tails, steps=steps, optimizer=optimizer,
-        learning_rate=learning_rate, optimizer_options=optimizer_options,
-        key=None if key is None else jnp.stack([key]), loss=loss, teacher_logits=teacher_logits,
-        batch_size=batch_size, eval_data=eval_data, early_stopping=early_stopping,
-        eval_every=eval_every, ridge=ridge,
-    )[0]
+    return train_stitchers([z_src], y, tail_apply, tail_params, family=family,
+                           key=None if key is None else jnp.stack([key]), eval_data=eval_data, **kwargs)[0]

@@ -303,27 +303,10 @@ def _concat(*zs):
     return jnp.concatenate(zs, axis=1)
 
 
-_COMMON_ARGS = """      family: ``"linear"``, ``"mlp"`` (classification, integer ``y``) or
-        ``"gaussian_linear"`` (regression, float ``y`` of shape ``(n,)`` or ``(n, k)``).
-      split: train fraction in (0, 1) drawn with ``key``, or ``(train_idx, test_idx)``.
-      key: PRNG key for the split and the MLP initialisation (default ``jax.random.key(0)``).
-      n_classes: number of classes (inferred from ``y`` when concrete).
-      l2: L2 penalty on the weights (classification families; traced: a new value
-        compiles nothing).
-      hidden: MLP hidden width.
-      max_iter, tol: L-BFGS stopping rule (gradient norm below ``tol``; ``tol`` is traced)."""
-
-
-def _doc(f):
-    f.__doc__ = f.__doc__.replace("      COMMON\n", _COMMON_ARGS + "\n")
-    return f
-
-
 # ----------------------------------------------------------------------------- public API
 
 
 @full_precision
-@_doc
 def v_entropy(
     z: ArrayLike | None,
     y: ArrayLike,
@@ -344,7 +327,15 @@ def v_entropy(
       z: ``(n, d)`` representation, or None for ``H_V(Y|∅)`` (the label
         entropy under the family's bias-only member).
       y: ``(n,)`` integer labels, or ``(n,)``/``(n, k)`` regression targets.
-      COMMON
+      family: ``"linear"``, ``"mlp"`` (classification, integer ``y``) or
+        ``"gaussian_linear"`` (regression, float ``y`` of shape ``(n,)`` or ``(n, k)``).
+      split: train fraction in (0, 1) drawn with ``key``, or ``(train_idx, test_idx)``.
+      key: PRNG key for the split and the MLP initialisation (default ``jax.random.key(0)``).
+      n_classes: number of classes (inferred from ``y`` when concrete).
+      l2: L2 penalty on the weights (classification families; traced: a new value
+        compiles nothing).
+      hidden: MLP hidden width.
+      max_iter, tol: L-BFGS stopping rule (gradient norm below ``tol``; ``tol`` is traced).
 
     Returns:
       :class:`VResult` ``(held_out, in_sample)``.
@@ -366,7 +357,6 @@ def v_entropy(
 
 
 @full_precision
-@_doc
 def v_information(
     z: ArrayLike,
     y: ArrayLike,
@@ -386,7 +376,7 @@ def v_information(
     Args:
       z: ``(n, d)``.
       y: ``(n,)`` integer labels, or ``(n,)``/``(n, k)`` regression targets.
-      COMMON
+      family, split, key, n_classes, l2, hidden, max_iter, tol: as in :func:`v_entropy`.
 
     Returns:
       :class:`VResult` ``(held_out, in_sample)``.
@@ -406,7 +396,6 @@ def v_information(
 
 
 @full_precision
-@_doc
 def conditional_v_information(
     z1: ArrayLike,
     z2: ArrayLike,
@@ -430,7 +419,7 @@ def conditional_v_information(
       z1: ``(n, d1)``.
       z2: ``(n, d2)``.
       y: ``(n,)`` integer labels, or ``(n,)``/``(n, k)`` regression targets.
-      COMMON
+      family, split, key, n_classes, l2, hidden, max_iter, tol: as in :func:`v_entropy`.
 
     Returns:
       :class:`VResult` ``(held_out, in_sample)``.
@@ -452,7 +441,6 @@ def conditional_v_information(
 
 
 @full_precision
-@_doc
 def pointwise_v_information(
     z: ArrayLike,
     y: ArrayLike,
@@ -475,7 +463,7 @@ def pointwise_v_information(
     Args:
       z: ``(n, d)``.
       y: ``(n,)`` integer labels, or ``(n,)``/``(n, k)`` regression targets.
-      COMMON
+      family, split, key, n_classes, l2, hidden, max_iter, tol: as in :func:`v_entropy`.
 
     Returns:
       :class:`PointwiseVInfo` with ``values (n,)`` and ``is_train (n,)``.

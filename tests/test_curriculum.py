@@ -11,6 +11,7 @@ from flax import nnx
 from funsim import models
 from funsim.experiments import curriculum as cur
 from funsim.experiments import data
+from funsim.experiments.config import load_config
 from funsim.models.train import TrainConfig, train
 
 
@@ -183,13 +184,13 @@ def test_configs_runs_and_cached_arrays(tmp_path):
 
     p = tmp_path / "c.json"
     p.write_text(json.dumps({"a": 5, "b": [[1, [2, 3]]]}))
-    assert cur.load_config(Cfg, {"x": Cfg()}, str(p)) == Cfg(a=5)
-    assert cur.load_config(Cfg, {"x": Cfg(a=2)}, "x") == Cfg(a=2)
+    assert load_config(Cfg, {"x": Cfg()}, str(p)) == Cfg(a=5)
+    assert load_config(Cfg, {"x": Cfg(a=2)}, "x") == Cfg(a=2)
     with pytest.raises(ValueError, match="neither one of x nor a JSON file"):
-        cur.load_config(Cfg, {"x": Cfg()}, "nope")
+        load_config(Cfg, {"x": Cfg()}, "nope")
     p.write_text(json.dumps({"c": 1}))
     with pytest.raises(ValueError, match=r"unknown Cfg fields \['c'\]"):
-        cur.load_config(Cfg, {}, str(p))
+        load_config(Cfg, {}, str(p))
 
     out = cur.prepare_run("exp", Cfg(), root=tmp_path, run_name="r")
     assert json.loads((out / "config.json").read_text()) == {"a": 1, "b": [[1, [2, 3]]]}

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from funsim import similarity
 from funsim.experiments import cli, grokking, verdict
+from funsim.experiments import config as config_lib
 from funsim.experiments.data import modular_addition
 from funsim.experiments.io import to_jsonable
 
@@ -325,17 +326,45 @@ def test_grokking_smoke_end_to_end_and_resume(tmp_path, capsys, monkeypatch):
     assert m2["segmentation"] == m["segmentation"]
 
 
+def _config_from(*argv):
+    """``(run name, config)`` that ``funsim grokking ARGV`` would run, read through its own parser."""
+    args = cli.build_parser("grokking").parse_args(["grokking", *argv])
+    cfg, name = config_lib.from_args(args, grokking.GrokkingConfig, grokking.CONFIGS)
+    return name, cfg
+
+
 def test_grokking_config_file_and_bad_fields(tmp_path):
     good = tmp_path / "tiny.json"
     good.write_text(json.dumps({"p": 5, "steps": 3}))
-    name, cfg = grokking._config_from(str(good))
+    name, cfg = _config_from("--config", str(good))
     assert name == "tiny" and cfg.p == 5 and cfg.steps == 3 and cfg.d_hidden == 64
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"p": 5, "stepz": 3}))
-    with pytest.raises(ValueError, match=r"unknown GrokkingConfig fields \['stepz'\]"):
-        grokking._config_from(str(bad))
-    with pytest.raises(ValueError, match="neither one of smoke, default, paper nor a JSON file"):
-        grokking._config_from("defualt")
+    with pytest.raises(ValueError, match=r"unknown GrokkingConfig fields \['stepz'\] \(did you mean 'steps'\?\)"):
+        _config_from("--config", str(bad))
+    with pytest.raises(ValueError, match="neither one of smoke, default, paper nor a JSON file; did you mean 'default'"):
+        _config_from("--config", "defualt")
+
+
+def test_grokking_set_overrides_the_named_config(monkeypatch, capsys):
+    """`funsim grokking --config default --set steps=2000` runs the default config with 2,000 steps (not run
+    here: the call is recorded), into a run named after both; `--set stepz=2000` is one line naming `steps`."""
+    calls = []
+    monkeypatch.setattr(grokking, "run", lambda cfg, **kw: calls.append((cfg, kw)))
+    assert cli.main(["grokking", "--config", "default", "--set", "steps=2000", "--no-progress"]) == 0
+    [(cfg, kw)] = calls
+    assert cfg == dataclasses.replace(grokking.CONFIGS["default"], steps=2000)
+    assert kw["run_name"] == "default+steps=2000"
+    capsys.readouterr()
+    assert cli.main(["grokking", "--config", "default", "--set", "stepz=2000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["funsim grokking: error: --set stepz=2000: GrokkingConfig has no field 'stepz'; "
+                   "did you mean 'steps'?"]
+    assert len(calls) == 1  # nothing ran
+    # the later of two overrides of one field wins, and the config's own checks apply
+    assert _config_from("--set", "steps=5", "--set", "steps=7")[1].steps == 7
+    with pytest.raises(ValueError, match=r"--set checkpoint_rule=square: GrokkingConfig.checkpoint_rule must be"):
+        _config_from("--set", "checkpoint_rule=square")
 
 
 # --------------------------------------------------------------------------- the authors' run, matched protocols
@@ -575,13 +604,13 @@ def test_verdict_rules_in_the_config(tmp_path):
     # config.json round trip: the rules come back as Rule objects, the config equal
     path = tmp_path / "saved.json"
     path.write_text(json.dumps(to_jsonable(cfg)))
-    assert grokking._config_from(str(path))[1] == cfg
+    assert _config_from("--config", str(path))[1] == cfg
     # a rule on a statistic the driver does not compute is refused at load time
     d = to_jsonable(cfg)
     d["verdict_rules"][0]["statistic"] = "boundaries_near_landmark"
     path.write_text(json.dumps(d))
     with pytest.raises(ValueError, match="names the statistic 'boundaries_near_landmark'"):
-        grokking._config_from(str(path))
+        _config_from("--config", str(path))
     with pytest.raises(ValueError, match="checkpoint_rule must be one of"):
         dataclasses.replace(cfg, checkpoint_rule="square")
     # the paper config draws its minibatches epoch by epoch, as the authors' shuffled data loader

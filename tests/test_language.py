@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from funsim.experiments import config as config_lib
 from funsim.experiments import language, verdict
 from tests.conftest import NEEDS_SHAKESPEARE
 
@@ -141,16 +142,19 @@ def test_resume_reuses_every_stage_and_refuses_another_config(smoke):
 
 
 def test_cli_config_parsing(tmp_path):
-    assert language.load_config("smoke") == language.CONFIGS["smoke"]
+    def load(spec):
+        return config_lib.load_config(language.LanguageConfig, language.CONFIGS, spec)
+
+    assert load("smoke") == language.CONFIGS["smoke"]
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"steps": 7, "segments": [2, 3]}))
-    cfg = language.load_config(str(path))
+    cfg = load(str(path))
     assert cfg.steps == 7 and cfg.segments == (2, 3)
     path.write_text(json.dumps({"stepz": 7}))
     with pytest.raises(ValueError, match="unknown LanguageConfig fields"):
-        language.load_config(str(path))
+        load(str(path))
     with pytest.raises(ValueError, match="neither"):
-        language.load_config("nope")
+        load("nope")
 
 
 def test_ngram_targets_match_brute_force_counts():

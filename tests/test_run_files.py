@@ -15,6 +15,7 @@ import pytest
 
 from funsim.experiments import cli
 from funsim.experiments import io as xio
+from funsim.experiments.config import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -90,10 +91,10 @@ def test_load_config_round_trips_a_saved_config_and_names_the_file(tmp_path):
     cfg = forgetting.CONFIGS["smoke"]
     path = tmp_path / "saved.json"
     xio.write_json_atomic(path, cfg)  # how config.json is written
-    assert xio.load_config(forgetting.ForgettingConfig, {}, str(path)) == cfg  # nested tuples come back
+    assert load_config(forgetting.ForgettingConfig, {}, str(path)) == cfg  # nested tuples come back
     path.write_text(json.dumps({"curriculum": "base"}))
     with pytest.raises(xio.ConfigError, match=rf"{path}: field 'curriculum' must be a list"):
-        xio.load_config(forgetting.ForgettingConfig, {}, str(path))
+        load_config(forgetting.ForgettingConfig, {}, str(path))
 
 
 def test_subcommand_help_does_not_import_jax():

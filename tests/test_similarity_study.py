@@ -235,7 +235,7 @@ def test_damaged_result_files_are_named_refused_and_recomputed(tiny, capsys):
 def test_bad_config_and_missing_zoo(tmp_path):
     for cfg in S.CONFIGS.values():  # every shipped config is valid (measures, families, options)
         S._check_config(cfg)
-    with pytest.raises(ValueError, match="Unknown study config fields \\['n_row'\\]"):
+    with pytest.raises(ValueError, match="unknown StudyConfig fields \\['n_row'\\] \\(did you mean 'n_rows'\\?\\)"):
         S.config_from_dict({"base": "smoke", "n_row": 3})
     with pytest.raises(ValueError, match="reconstruction scores come from `families`"):
         S.run(S.config_from_dict({"base": "smoke", "measures": ["stitch/affine"]}), root=tmp_path, progress=False)

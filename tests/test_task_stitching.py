@@ -7,6 +7,7 @@ test_functional.py. Tails here are pure functions of a parameter pytree
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -21,6 +22,7 @@ from funsim.experiments.compile_count import CompileCounter
 from funsim.similarity import (
     OPTIMIZERS,
     Stitcher,
+    StitchTraining,
     TrainedStitcher,
     TrainHistory,
     fit_stitcher,
@@ -424,6 +426,79 @@ def test_bad_input_train_stitcher():
         train_stitchers(z, y, _head, eye, **kw)
     with pytest.raises(ValueError, match=r"z must be \(n, 3\) or NHWC"):
         stitch_representation(Stitcher(jnp.eye(3), jnp.zeros(3), jnp.ones(()), "affine"), jnp.ones((2, 4)))
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("init", "identty", r"Unknown init 'identty'\. Did you mean 'identity'"),
+    ("steps", 0, r"steps must be a positive int, got 0"),
+    ("steps", 2.0, r"steps must be a positive int, got 2\.0"),
+    ("steps", True, r"steps must be a positive int, got True"),
+    ("optimizer", "adamm", r"Unknown optimizer 'adamm'"),
+    ("learning_rate", -1.0, r"learning_rate must be a non-negative number, got -1\.0"),
+    ("learning_rate", float("nan"), r"learning_rate must be a non-negative number, got nan"),
+    ("learning_rate", float("inf"), r"learning_rate must be a non-negative number, got inf"),
+    ("learning_rate", "0.1", r"learning_rate must be a non-negative number, got '0\.1'"),
+    ("optimizer_options", {"learning_rate": 0.1}, r"learning_rate as its own argument"),
+    ("loss", "mse", r"Unknown loss 'mse'"),
+    ("batch_size", 0, r"batch_size must be a positive int or None, got 0"),
+    ("early_stopping", -2, r"early_stopping must be a positive int or None, got -2"),
+    ("eval_every", None, r"eval_every must be a positive int, got None"),
+    ("ridge", -1e-3, r"ridge must be a non-negative number, got -0\.001"),
+])
+def test_stitch_training_checks_each_field_once(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        StitchTraining(**{field: value})
+    # the same check, the same message, when the field comes as a keyword of either function
+    z, y = jnp.ones((10, 3)), jnp.zeros(10, jnp.int32)
+    with pytest.raises(ValueError, match=message):
+        train_stitcher(z, y, _head, jnp.eye(3), target_shape=(3,), **{"init": "identity", field: value})
+
+
+def test_stitch_training_options_and_keywords():
+    o = StitchTraining(steps=20, optimizer="sgd", optimizer_options={"nesterov": True, "momentum": 0.5})
+    assert o.optimizer_options == (("momentum", 0.5), ("nesterov", True))  # sorted pairs: hashable
+    assert hash(o) == hash(StitchTraining(steps=20, optimizer="sgd",
+                                          optimizer_options=[("momentum", 0.5), ("nesterov", True)]))
+    with pytest.raises(TypeError, match=r"optimizer_options values must be numbers or hashable, got a=\[1\]"):
+        StitchTraining(optimizer_options={"a": [1]})
+    with pytest.raises(TypeError, match=r"optimizer_options must be a mapping"):
+        StitchTraining(optimizer_options=3)
+    rng = np.random.default_rng(2)
+    z, y = rng.normal(size=(40, 3)), rng.integers(0, 3, 40)
+    common = dict(family="scaled_orthogonal", init="random", target_shape=(3,), key=jax.random.key(4))
+    by_options = train_stitcher(z, y, _head, jnp.eye(3), options=o, **common)
+    by_keywords = train_stitcher(z, y, _head, jnp.eye(3), steps=20, optimizer="sgd",
+                                 optimizer_options={"momentum": 0.5, "nesterov": True}, **common)
+    # a keyword replaces the field of options
+    overridden = train_stitcher(z, y, _head, jnp.eye(3), options=dataclasses.replace(o, steps=5), steps=20, **common)
+    for other in (by_keywords, overridden):
+        np.testing.assert_array_equal(other.stitcher.weight, by_options.stitcher.weight)
+        np.testing.assert_array_equal(other.history.train_loss, by_options.history.train_loss)
+    assert by_options.history.train_loss.shape == (20,)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['stepz'\] \(did you mean 'steps'\?\)"):
+        train_stitchers([z], y, _head, jnp.eye(3), stepz=3, **common)
+    with pytest.raises(TypeError, match=r"options must be a StitchTraining, got dict"):
+        train_stitchers([z], y, _head, jnp.eye(3), options={"steps": 3}, **common)
+
+
+def test_train_stitcher_is_train_stitchers_of_one_source(monkeypatch):
+    """``train_stitcher(z, ...)`` returns ``train_stitchers([z], ...)[0]``: one call, the key used as given."""
+    from funsim.similarity import task_stitching
+
+    rng = np.random.default_rng(3)
+    z, y = rng.normal(size=(48, 3)), rng.integers(0, 3, 48)
+    z_ev, y_ev = rng.normal(size=(16, 3)), rng.integers(0, 3, 16)
+    k = jax.random.key(9)
+    kw = dict(family="affine", init="random", target_shape=(3,), steps=30, batch_size=16, eval_every=10,
+              early_stopping=2)
+    many = train_stitchers([z], y, _head, jnp.eye(3), key=jnp.stack([k]), eval_data=([z_ev], y_ev), **kw)[0]
+    calls = []
+    real = task_stitching.train_stitchers
+    monkeypatch.setattr(task_stitching, "train_stitchers", lambda *a, **k: calls.append(a) or real(*a, **k))
+    one = train_stitcher(z, y, _head, jnp.eye(3), key=k, eval_data=(z_ev, y_ev), **kw)
+    assert len(calls) == 1 and len(calls[0][0]) == 1 and calls[0][0][0] is z
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_every_listed_optimizer_runs():

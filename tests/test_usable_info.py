@@ -203,3 +203,25 @@ def test_new_l2_and_tol_compile_nothing():
     lr = LogisticRegression(C=1.0 / (0.1 * len(tr)), tol=1e-12, max_iter=10_000).fit(h[tr], y[tr])
     logp = lr.predict_log_proba(h)
     np.testing.assert_allclose(got.held_out, -logp[te, y[te]].mean(), atol=1e-6)
+
+
+def test_docstrings_are_as_written_in_the_source():
+    """No docstring is patched at import: each public function's help is the text in its source, and every
+    keyword option of the V-information functions is documented there (directly or by reference)."""
+    import ast
+    import inspect
+
+    for name in dir(sim):
+        f = inspect.unwrap(getattr(sim, name))
+        if name.startswith("_") or not inspect.isfunction(f):
+            continue
+        tree = ast.parse(inspect.getsource(inspect.getmodule(f)))
+        node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == f.__name__), None)
+        if node is None:  # not defined at module level under its own name (e.g. made by a factory)
+            continue
+        assert inspect.cleandoc(f.__doc__ or "") == (ast.get_docstring(node) or ""), name
+    for f in (sim.v_entropy, sim.v_information, sim.conditional_v_information, sim.pointwise_v_information):
+        options = [p.name for p in inspect.signature(f).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        args = f.__doc__.split("Args:")[1].split("Returns:")[0]
+        assert all(o in args for o in options), (f.__name__, [o for o in options if o not in args])
+        assert "COMMON" not in f.__doc__
