@@ -537,6 +537,50 @@ def test_sharded_over_four_forced_host_devices():
     assert "SHARDED-OK" in out.stdout
 
 
+FEATURE_SHARDED = textwrap.dedent(
+    """
+    import jax, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from funsim.similarity import compare_grid
+    assert jax.device_count() == 4
+    r = np.random.default_rng(3)
+    n = 48
+    a = {"l1": r.normal(size=(n, 8)), "l2": r.normal(size=(n, 20)), "l3": r.normal(size=(n, 4))}
+    b = [r.normal(size=(n, 12)), r.normal(size=(n, 4))]
+    ms = ["cka/linear", "stitch/affine/ridge=0.001", "pwcca", "nbs"]
+    want = compare_grid(a, b, measures=ms, reverse=True)
+    flat = Mesh(np.array(jax.devices()), ("d",))
+    square = Mesh(np.array(jax.devices()).reshape(2, 2), ("r", "d"))
+    for sharding in (NamedSharding(flat, P(None, "d")),  # a tensor-parallel layer's features
+                     NamedSharding(square, P("r", "d")),  # rows and features
+                     NamedSharding(square, P(None, ("r", "d")))):  # features over both mesh axes
+        put = lambda z: jax.device_put(z, sharding)
+        got = compare_grid({k: put(z) for k, z in a.items()}, [put(z) for z in b], measures=ms, reverse=True)
+        for k in ms:
+            np.testing.assert_allclose(got.tables[k], want.tables[k], rtol=1e-12, atol=1e-13, err_msg=k)
+            np.testing.assert_allclose(got.reverse[k], want.reverse[k], rtol=1e-12, atol=1e-13, err_msg=k)
+        got = compare_grid([put(z) for z in b], measures=["cka/linear"], chunk_size=16)  # streamed
+        np.testing.assert_allclose(got.tables["cka/linear"], compare_grid(b, measures=["cka/linear"]).tables[
+            "cka/linear"], rtol=1e-12)
+    print("FEATURE-SHARDED-OK")
+    """
+)
+
+
+def test_feature_sharded_layers_over_four_forced_host_devices():
+    """Layers sharded over their features (``PartitionSpec(None, "d")``, as a tensor-parallel layer
+    comes), over rows and features, or over features on a 2-D mesh: the grid reshards as it needs
+    and its tables equal those of the same layers on the host."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", FEATURE_SHARDED], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "FEATURE-SHARDED-OK" in out.stdout
+
+
 def test_integer_and_list_layers_are_cast(grid):
     a, b, g = grid
     ints = np.round(4 * a["l1"]).astype(np.int32)
