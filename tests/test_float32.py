@@ -558,3 +558,25 @@ def test_float64_tensor_weights_with_x64_off_warn_with_precision_warning(monkeyp
     kinds = [w.category for w in caught]
     assert similarity.PrecisionWarning in kinds, [str(w.message) for w in caught]
     assert not [w for w in caught if "requested dtype" in str(w.message)], [str(w.message) for w in caught]
+
+
+# ------------------------------------------------------------------ the docs' examples, in float32
+
+def _doc_blocks():
+    """Every python block of README.md and docs/*.md that tests/test_readme.py runs in the x64 leg,
+    but those marked slow (they run under ``make test-slow``, with x64)."""
+    from tests.test_readme import _params
+
+    return [p for p in _params() if not p.marks]
+
+
+@pytest.mark.parametrize("where, code", _doc_blocks())
+def test_doc_block_runs_in_float32(where, code, monkeypatch):
+    """The docs' examples in the users' default precision (x64 off), number comments included: a
+    two-layer attention Monte Carlo example in docs/guide.md overflowed float32 while the x64 leg
+    passed."""
+    from tests.test_readme import ROOT, _run
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    _run(code, where)
