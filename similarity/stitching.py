@@ -1412,7 +1412,7 @@ def _score_of(x: ArrayLike, y: ArrayLike, /, *, family: str, ridge: float, which
     if msg is not None:
         raise ValueError(msg)
     value, flags = protocol.evaluate(core, x, y)
-    flags = V.fetch_flags(flags)
+    flags = V.fetch_flags(flags, x, y)
     protocol.raise_from_flags(core, flags, x, y, ("z_src", "z_tgt"))
     if flags is not None and which == "held_out":
         _warn_shared(flags)
