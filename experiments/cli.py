@@ -9,7 +9,8 @@ flax inside their functions, so ``funsim COMMAND --help`` does not either.
 Mistakes a user can fix are printed as one line, ``funsim COMMAND: error: ...``,
 without a traceback: a bad ``--config`` or ``--set`` (exit status 2, as argparse's own errors),
 a run folder in use by another run, or a damaged result file or checkpoint (exit
-status 1); each message names the file and the fix.
+status 1); each message names the file and the fix. Ctrl-C prints one line with the command
+that resumes the run, and exits with status 130.
 
 A subcommand whose module sets ``SUPPORTS_MULTIPROCESS = True`` first joins the
 multi-process run it belongs to (``distributed.initialize()``: ``funsim launch``,
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 from funsim.experiments import compile_cache
@@ -97,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         distributed.initialize()
     try:
         status = int(args._main(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: one line that says how to go on, not a traceback
+        print(f"funsim {name}: interrupted. Rerun the same command to resume (a run continues from its "
+              f"last checkpoint): {shlex.join(['funsim', *argv])}", file=sys.stderr)
+        status = 130  # 128 + SIGINT, as a shell reports it
     except Exception as e:
         status = _user_error_status(e)
         if status is None:

@@ -228,7 +228,28 @@ def coerce_fields(cls: type, d: Mapping[str, Any], *, path: str = "") -> dict[st
         raise ConfigError(f"unknown {cls.__name__} fields {unknown}{where}{_did_you_mean(unknown, fields)}; "
                           f"valid fields: {sorted(fields)}.")
     types_ = _field_types(cls)
-    return {k: _coerce(v, types_.get(k, Any), f"{path}.{k}" if path else k) for k, v in d.items()}
+    out = {k: _coerce(v, types_.get(k, Any), f"{path}.{k}" if path else k) for k, v in d.items()}
+    for k, v in out.items():
+        _check_value(k, v, f"{path}.{k}" if path else k)
+    return out
+
+
+#: Fields (by the end of their name) whose numbers must be finite and > 0, and why.
+POSITIVE_FIELDS = {"learning_rate": "a learning rate is a step size: 0 does not train, and a negative one "
+                                    "climbs the loss instead of descending it (e.g. 1e-3)"}
+
+
+def _check_value(name: str, value: Any, where: str) -> None:
+    """The value rules a type cannot say (:data:`POSITIVE_FIELDS`), as a ``ConfigError`` naming the field;
+    inside a free-form object (e.g. a zoo's ``train`` overrides) too."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _check_value(str(k), v, f"{where}.{k}")
+        return
+    for suffix, why in POSITIVE_FIELDS.items():
+        if name.endswith(suffix) and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and not 0 < value < float("inf"):
+            raise ConfigError(f"field '{where}' must be a finite number > 0, got {value!r}: {why}.")
 
 
 def _read_config_file(path: pathlib.Path) -> Any:

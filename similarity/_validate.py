@@ -12,8 +12,9 @@ With concrete inputs the function raises from those flags after the program
 returns (:func:`raise_pair_flags`). Inside a user's ``jit``/``vmap``/``grad`` the
 flags are tracers and cannot raise: there every measure returns NaN for input
 that fails a value check (:func:`nan_unless`), never a number, so degenerate
-input is visible in the result; validate eagerly first, or wrap the call with
-``jax.experimental.checkify``, if you need the message.
+input is visible in the result; validate eagerly first, or use the flag-returning
+path (:func:`similarity.protocol.evaluate` gives ``(value, flags)``, and the core's
+``reason`` turns fetched flags into the message), if you need the message.
 
 A representation is **constant** when no entry differs from the first row's by
 more than ``CONSTANT_RTOL`` (1e-12) times its largest magnitude: a relative rule,
@@ -41,7 +42,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +72,8 @@ __all__ = [
     "raise_rep_flags",
     "raise_pair_flags",
     "check_option_positive",
+    "Bound",
+    "is_traced",
     "min_samples_reason",
     "constant_reason",
     "pair_constant_reason",
@@ -359,8 +362,80 @@ def check_positive_result(value: jax.Array, what: str, cause: str) -> jax.Array:
     return value
 
 
-def check_option_positive(value: Any, name: str, *, why: str = "") -> float:
-    """A float option that must be finite and > 0 (e.g. a bandwidth), as a Python float.
+def is_traced(value: Any) -> bool:
+    """True for a JAX tracer (an option or input under a caller's ``jit``/``vmap``/``grad``)."""
+    return isinstance(value, jax.core.Tracer)
+
+
+class Bound(NamedTuple):
+    """The valid range of a float option, checked eagerly for a concrete value and in-program for a traced one.
+
+    Attributes:
+      name: the option's name, for messages.
+      lo, hi: the bounds (``-inf``/``inf`` allowed: the value must still be finite).
+      lo_open, hi_open: whether ``lo`` (``hi``) itself is excluded.
+      why: what the option means, appended to the message.
+      message: the whole message instead, a format string with ``{value!r}`` (for wordings
+        users already match on).
+
+    Examples:
+      >>> b = Bound("alpha", 0.0, 1.0, why="partial-whitening strength")
+      >>> b.check(0.5)
+      0.5
+      >>> b.check(2.0)
+      Traceback (most recent call last):
+      ...
+      ValueError: alpha must be a finite number in [0, 1], got 2.0 (partial-whitening strength).
+    """
+
+    name: str
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+    why: str = ""
+    message: str = ""
+
+    def _range(self) -> str:
+        lo, hi = (f"{v:g}" for v in (self.lo, self.hi))
+        if self.hi == np.inf:
+            return f"{'>' if self.lo_open else '>='} {lo}"
+        return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+
+    def _inside(self, v) -> Any:
+        above = v > self.lo if self.lo_open else v >= self.lo
+        below = v < self.hi if self.hi_open else v <= self.hi
+        return above & below
+
+    def check(self, value: Any) -> Any:
+        """A concrete value as a Python float (``ValueError`` outside the range); a traced ``()``
+        real value as it is (checked in the program by :meth:`ok`; any other tracer a ``TypeError``)."""
+        reason = f" ({self.why})" if self.why else ""
+        if is_traced(value):
+            if value.shape != () or not jnp.issubdtype(value.dtype, jnp.floating):
+                raise TypeError(f"{self.name} must be a real scalar, got a traced {value.dtype} array of shape "
+                                f"{tuple(value.shape)}; vmap over a vector of values instead.")
+            return value
+        ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+        if not ok and isinstance(value, (np.ndarray, jax.Array)) and value.shape == () \
+                and np.issubdtype(value.dtype, np.number) and not np.issubdtype(value.dtype, np.complexfloating):
+            ok = True
+        if not ok or not (np.isfinite(float(value)) and self._inside(float(value))):
+            shown = float(value) if ok and not isinstance(value, (int, float)) else value
+            if self.message:
+                raise ValueError(self.message.format(value=shown))
+            raise ValueError(f"{self.name} must be a finite number {self._range()}, got {shown!r}{reason}.")
+        return float(value)
+
+    def ok(self, value: Any) -> jax.Array:
+        """``()`` bool in the program: ``value`` is finite and in range."""
+        value = jnp.asarray(value)
+        return jnp.isfinite(value) & self._inside(value)
+
+
+def check_option_positive(value: Any, name: str, *, why: str = "") -> Any:
+    """A float option that must be finite and > 0 (e.g. a bandwidth): a Python float, or a traced
+    ``()`` value as it is (see :class:`Bound`).
 
     Examples:
       >>> check_option_positive(0.5, "rbf_scale")
@@ -370,11 +445,7 @@ def check_option_positive(value: Any, name: str, *, why: str = "") -> float:
       ...
       ValueError: rbf_scale must be a finite number > 0, got 0.0 (the RBF bandwidth is rbf_scale x the median distance).
     """
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-    if not ok or not 0 < float(value) < np.inf:
-        reason = f" ({why})" if why else ""
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}{reason}.")
-    return float(value)
+    return Bound(name, 0.0, np.inf, lo_open=True, why=why).check(value)
 
 
 # ----------------------------------------------------------------- in-program value checks
@@ -451,10 +522,15 @@ def nan_reaches_inputs(value: Any, *inputs: jax.Array) -> Any:
     return jax.tree.map(one, value)
 
 
-def fetch_flags(flags: Any) -> Any | None:
-    """The flags as NumPy values (one transfer), or ``None`` under tracing (nothing to raise)."""
+def fetch_flags(flags: Any, *inputs: Any) -> Any | None:
+    """The flags as NumPy values (one transfer), or ``None`` under tracing (nothing to raise).
+
+    Tracing is judged by the flags and by ``inputs`` (the data and options the flags came
+    from): under ``jax.grad`` boolean flags come back concrete (they carry no tangent), but
+    the call is still inside the caller's transformation, where the rule is NaN, not an error.
+    """
     leaves = jax.tree.leaves(flags)
-    if not is_concrete(*leaves):
+    if not is_concrete(*leaves, *jax.tree.leaves(inputs)):
         return None
     return jax.device_get(flags)
 

@@ -352,9 +352,10 @@ def _pwcca_rank_reason(flag, name: str, n: int, epsilon: float) -> str | None:
 
 def _pwcca_reason(flags, shape_x, shape_y, opts) -> str | None:
     """The pairwise call's message for fetched flags (``None``: only what the shapes decide)."""
-    epsilon = float(opts[0])
-    # with epsilon > 0 the kept neurons decide (d >= n is fine when enough are dropped)
-    msg = _shape_reason(shape_x, shape_y, "CCA", _HINT_CCA if epsilon == 0 else None)
+    epsilon = opts[0]
+    # with epsilon > 0 the kept neurons decide (d >= n is fine when enough are dropped); a traced
+    # epsilon leaves that to the program's rank flags
+    msg = _shape_reason(shape_x, shape_y, "CCA", _HINT_CCA if not V.is_traced(epsilon) and epsilon == 0 else None)
     if msg is not None or flags is None:
         return msg
     msg = V.pair_constant_reason(flags, shape_x, shape_y, what="PWCCA")
@@ -367,11 +368,12 @@ def _pwcca_reason(flags, shape_x, shape_y, opts) -> str | None:
     return None
 
 
-def _check_epsilon(epsilon) -> float:
-    epsilon = float(epsilon)
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"epsilon must be in [0, 1) (a variance relative to the largest), got {epsilon!r}.")
-    return epsilon
+_EPSILON = V.Bound("epsilon", 0.0, 1.0, hi_open=True,
+                   message="epsilon must be in [0, 1) (a variance relative to the largest), got {value!r}.")
+
+
+def _check_epsilon(epsilon):
+    return _EPSILON.check(epsilon)
 
 
 def pwcca_core(*, epsilon: float = 0.0) -> Core:
@@ -392,7 +394,7 @@ def pwcca_core(*, epsilon: float = 0.0) -> Core:
       >>> round(float(value), 6), int(flags["rank_x"]["kept"])
       (1.0, 4)
     """
-    return Core(_pwcca_layer, _pwcca_pair, _pwcca_reason, (_check_epsilon(epsilon),))
+    return Core(_pwcca_layer, _pwcca_pair, _pwcca_reason, (_check_epsilon(epsilon),), (_EPSILON,))
 
 
 @full_precision
@@ -507,10 +509,12 @@ def _svcca_reason(flags, shape_x, shape_y, opts) -> str | None:
     return V.pair_constant_reason(flags, shape_x, shape_y, what="SVCCA")
 
 
-def _check_keep_variance(keep_variance) -> float:
-    if not 0.0 < float(keep_variance) <= 1.0:
-        raise ValueError(f"keep_variance must be in (0, 1], got {keep_variance!r}.")
-    return float(keep_variance)
+_KEEP_VARIANCE = V.Bound("keep_variance", 0.0, 1.0, lo_open=True,
+                         message="keep_variance must be in (0, 1], got {value!r}.")
+
+
+def _check_keep_variance(keep_variance):
+    return _KEEP_VARIANCE.check(keep_variance)
 
 
 def svcca_core(*, keep_variance: float = 0.99) -> Core:
@@ -529,7 +533,8 @@ def svcca_core(*, keep_variance: float = 0.99) -> Core:
       >>> round(float(value), 6), bool(flags["y"]["varies"])
       (1.0, True)
     """
-    return Core(_svcca_layer, _svcca_pair, _svcca_reason, (_check_keep_variance(keep_variance),))
+    return Core(_svcca_layer, _svcca_pair, _svcca_reason, (_check_keep_variance(keep_variance),),
+                (_KEEP_VARIANCE,))
 
 
 @full_precision

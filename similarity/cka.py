@@ -246,10 +246,17 @@ def rbf_gram(x: ArrayLike, /, *, scale: float = 0.5) -> jax.Array:
       (3, 3)
     """
     scale = V.check_option_positive(scale, "scale", why=_RBF_SCALE_WHY)
-    return _rbf_gram_and_median(V.as_float_array(x, "x"), scale)[0]
+    k = _rbf_gram_and_median(V.as_float_array(x, "x"), scale)[0]
+    if V.is_traced(scale):  # checked in the program: NaN (and NaN derivatives) out of range
+        k = V.nan_reaches_inputs(V.nan_unless(_rbf_bound("scale").ok(scale), k), scale)
+    return k
 
 
 _RBF_SCALE_WHY = "the RBF bandwidth is this factor times the median pairwise distance"
+
+
+def _rbf_bound(name: str = "rbf_scale") -> V.Bound:
+    return V.Bound(name, 0.0, float("inf"), lo_open=True, why=_RBF_SCALE_WHY)
 
 
 @full_precision
@@ -612,9 +619,9 @@ def cka_core(*, kernel: str = "linear", debiased: bool = False, rbf_scale: float
     """
     V.check_choice(kernel, "kernel", KERNELS)
     V.check_choice(method, "method", METHODS)
-    rbf_scale = V.check_option_positive(rbf_scale, "rbf_scale", why=_RBF_SCALE_WHY)
+    rbf_scale = _rbf_bound().check(rbf_scale)
     layer, pair, reason = _cka_parts(kernel, V.check_bool(debiased, "debiased"), method)
-    return Core(layer, pair, reason, (rbf_scale,))
+    return Core(layer, pair, reason, (rbf_scale,), (_rbf_bound(),))
 
 
 @full_precision
@@ -637,7 +644,7 @@ def cka(
       debiased: use the unbiased HSIC (Song et al. 2012); needs n >= 4. The
         debiased value can be slightly negative for unrelated representations.
       rbf_scale: RBF bandwidth relative to the median distance, > 0 (traced:
-        a new value compiles nothing).
+        a new value compiles nothing; ``jit``, ``vmap`` and ``grad`` over it work).
       method: linear kernel only: "features" (``O(n d^2)``), "gram"
         (``O(n^2 d)``) or "auto" (features when ``max(d1, d2) <= n``). Both
         give the same value.

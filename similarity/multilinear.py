@@ -16,7 +16,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity._precision import full_precision
-from funsim.similarity._validate import check_bool, check_finite, compute_dtype
+from funsim.similarity._validate import check_bool, check_finite, compute_dtype, warn_float64_without_x64
 
 
 @jax.tree_util.register_dataclass
@@ -469,7 +469,13 @@ def validate_network(net, name: str = "net", *, batch_ndim: int = 0) -> tuple:
 
 
 def _cast_network(net: tuple, dtype, name: str, *, check: bool = True) -> tuple:
-    """Every leaf as a ``jax.Array`` of ``dtype``; with ``check``, NaN/Inf-checked when concrete."""
+    """Every leaf as a ``jax.Array`` of ``dtype``; with ``check``, NaN/Inf-checked when concrete.
+
+    float64 while JAX's x64 mode is off is float32, with the package's ``PrecisionWarning``
+    (once per process), not JAX's generic dtype-truncation warning."""
+    if jnp.dtype(dtype) == jnp.dtype(jnp.float64) and not jax.config.jax_enable_x64:
+        warn_float64_without_x64(name)
+        dtype = jnp.float32
     out = []
     for i, layer in enumerate(net):
         cast = {}

@@ -32,6 +32,10 @@ call agree on the value and on the message.
 ``opts`` are the measure's numerical options (a bandwidth factor, a ridge, an
 epsilon) as Python floats; they are passed into the programs as arrays, so two
 measures of one family that differ only in an option share every compiled program.
+An option may also be a caller's tracer (``jit``, ``vmap`` or ``grad`` over the option
+itself): then its range (``bounds``, a :class:`similarity._validate.Bound` per option) is
+checked inside the program, and a value out of range gives NaN with NaN derivatives, as
+every other failed value check does.
 """
 
 from __future__ import annotations
@@ -56,18 +60,27 @@ class Core(NamedTuple):
       layer: ``(z (n, W), width () int, opts) -> stats`` (pure, jit-able; zero padding allowed).
       pair: ``(stats_x, stats_y, opts) -> (value (), flags)`` (pure, jit-able).
       reason: ``(flags or None, shape_x, shape_y, opts) -> str | None`` (host).
-      opts: the numerical options, a tuple of Python floats (traced in every program).
+      opts: the numerical options, a tuple of Python floats (traced in every program), or of a
+        caller's ``()`` tracers.
+      bounds: one :class:`similarity._validate.Bound` per option (empty: not checked in the program).
     """
 
     layer: Callable
     pair: Callable
     reason: Callable
     opts: tuple = ()
+    bounds: tuple = ()
 
 
 def opts_arrays(core: Core, dtype) -> tuple:
-    """The core's options as ``()`` arrays of ``dtype`` (NumPy: placing them compiles nothing)."""
-    return tuple(np.asarray(o, dtype=dtype) for o in core.opts)
+    """The core's options as ``()`` arrays of ``dtype`` (NumPy: placing them compiles nothing; a
+    traced option stays traced)."""
+    return tuple(jnp.asarray(o, dtype) if V.is_traced(o) else np.asarray(o, dtype=dtype) for o in core.opts)
+
+
+def traced_opts(core: Core) -> bool:
+    """Whether any of the core's options is a caller's tracer."""
+    return any(V.is_traced(o) for o in core.opts)
 
 
 def feature_mask(width, size: int, dtype) -> jax.Array:
@@ -93,8 +106,19 @@ def _program(layer: Callable, pair: Callable):
 
 
 def evaluate(core: Core, x: jax.Array, y: jax.Array) -> tuple[jax.Array, dict]:
-    """``(value, flags)`` of the core on two checked layers, unpadded (pure and traceable)."""
-    return _program(core.layer, core.pair)(x, y, opts_arrays(core, x.dtype))
+    """``(value, flags)`` of the core on two checked layers, unpadded (pure and traceable).
+
+    With a traced option, ``flags["opts"]`` says whether every option is in its range, and the
+    value is NaN (NaN derivatives too) where one is not."""
+    opts = opts_arrays(core, x.dtype)
+    value, flags = _program(core.layer, core.pair)(x, y, opts)
+    if traced_opts(core) and core.bounds:
+        ok = jnp.ones((), bool)
+        for bound, o in zip(core.bounds, opts):
+            ok = ok & bound.ok(o)
+        value = V.nan_reaches_inputs(V.nan_unless(ok, value), *(o for o in opts if V.is_traced(o)))
+        flags = {**flags, "opts": ok}
+    return value, flags
 
 
 def raise_from_flags(core: Core, flags: dict | None, x: jax.Array, y: jax.Array,
@@ -122,6 +146,6 @@ def call(core: Core, x: jax.Array, y: jax.Array, names: tuple[str, str] = ("x", 
     if msg is not None:
         raise ValueError(msg)
     value, flags = evaluate(core, x, y)
-    raise_from_flags(core, V.fetch_flags(flags), x, y, names)
+    raise_from_flags(core, V.fetch_flags(flags, x, y, *core.opts), x, y, names)
     return value
 

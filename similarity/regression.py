@@ -72,7 +72,8 @@ def _r2(u, s, d, yc, ridge):
     its real width (the rank tolerance is numpy's ``max(n, d) eps s_max``); ``s = 0`` marks a
     direction that is not the predictor's (zero padding)."""
     tol = jnp.maximum(u.shape[0], d).astype(yc.dtype) * jnp.finfo(yc.dtype).eps * s[0]
-    t2 = (jnp.sqrt(ridge) / jnp.where(s > 0, s, 1.0)) ** 2
+    safe = jnp.where(s > 0, s, 1.0)
+    t2 = ridge / safe / safe  # ridge / s^2 without forming s^2 (no overflow); smooth in ridge at 0
     shrink = jnp.where(s > 0, 1.0 / (1.0 + t2), 0.0)
     f = jnp.where(ridge == 0, (s > tol).astype(yc.dtype), shrink)
     coef = jnp.einsum("nk,ne->ke", u, yc)
@@ -121,11 +122,11 @@ def _regression_reason(flags, shape_x, shape_y, opts) -> str | None:
     return V.pair_constant_reason(flags, shape_x, shape_y, what="the regression R^2")
 
 
-def _check_ridge(ridge) -> float:
-    ridge = float(ridge)
-    if not ridge >= 0.0:
-        raise ValueError(f"ridge must be >= 0, got {ridge!r}.")
-    return ridge
+_RIDGE = V.Bound("ridge", 0.0, float("inf"), message="ridge must be >= 0 (and finite), got {value!r}.")
+
+
+def _check_ridge(ridge):
+    return _RIDGE.check(ridge)
 
 
 def regression_core(*, ridge: float = 0.0) -> Core:
@@ -141,7 +142,7 @@ def regression_core(*, ridge: float = 0.0) -> Core:
       >>> round(float(value), 6), bool(flags["x"]["varies"])
       (1.0, True)
     """
-    return Core(_regression_layer, _regression_pair, _regression_reason, (_check_ridge(ridge),))
+    return Core(_regression_layer, _regression_pair, _regression_reason, (_check_ridge(ridge),), (_RIDGE,))
 
 
 @full_precision
@@ -152,7 +153,8 @@ def linear_regression_r2(x: ArrayLike, y: ArrayLike, /, *, ridge: float = 0.0) -
       x: ``(n, d1)``, the predictor.
       y: ``(n, d2)``, the target.
       ridge: ``>= 0``; penalty ``ridge * ||W||_F^2`` added to the squared error
-        on centred data (traced: a new value compiles nothing).
+        on centred data (traced: a new value compiles nothing; ``jit``, ``vmap``
+        and ``grad`` over it work).
 
     Returns:
       ``()`` in [0, 1] (in-sample).

@@ -297,11 +297,12 @@ def _shape_parts(whiten: bool, distance: str) -> tuple:
     return (_shape_layer_fn(whiten), functools.partial(_shape_core_pair, **kw), functools.partial(_shape_reason, **kw))
 
 
-def _check_alpha(alpha) -> float:
-    alpha = float(alpha)
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1] (1 = Procrustes, 0 = CCA-like), got {alpha!r}.")
-    return alpha
+_ALPHA = V.Bound("alpha", 0.0, 1.0, message="alpha must be in [0, 1] (1 = Procrustes, 0 = CCA-like), got {value!r}.")
+
+
+def _check_alpha(alpha):
+    """A concrete ``alpha`` as a float (``ValueError`` outside [0, 1]), a traced one as it is."""
+    return _ALPHA.check(alpha)
 
 
 def shape_core(*, alpha: float = 1.0, distance: str = "angular") -> Core:
@@ -322,7 +323,9 @@ def shape_core(*, alpha: float = 1.0, distance: str = "angular") -> Core:
     """
     V.check_choice(distance, "distance", SHAPE_DISTANCES)
     alpha = _check_alpha(alpha)
-    return Core(*_shape_parts(_whitens(alpha), distance), (alpha,))
+    # a traced alpha gets the whitening program for every value (it cannot pick a program)
+    whiten = True if V.is_traced(alpha) else _whitens(alpha)
+    return Core(*_shape_parts(whiten, distance), (alpha,), (_ALPHA,))
 
 
 @full_precision
@@ -338,7 +341,9 @@ def shape_distance(
       x: ``(n, d1)``.
       y: ``(n, d2)``; the narrower side is zero-padded.
       alpha: partial-whitening strength in [0, 1] (traced: a new value in [0, 1)
-        compiles nothing): 1 = Procrustes, 0 = CCA-like.
+        compiles nothing): 1 = Procrustes, 0 = CCA-like. ``jit``, ``vmap`` and
+        ``grad`` over ``alpha`` work; a traced ``alpha`` always takes the whitening
+        program, so it needs ``d < n`` and full-rank sides even where its value is 1.
       distance: "angular" (radians, in [0, pi/2]) or "euclidean" (Frobenius norm
         of the aligned difference; each whitened side keeps its total variance,
         counted over the padded width as netrep does, see the module docstring).

@@ -225,12 +225,32 @@ def pair_moments(
 # ----------------------------------------------------------------------------- fits
 
 
+def _affine_shift(gram: jax.Array) -> jax.Array:
+    """``()``: the smallest diagonal shift of the affine normal equations, ``10 eps tr(G)``.
+
+    Eigenvalues of ``G`` below it are rounding (a dead unit, a duplicated column: exactly 0 in
+    exact arithmetic), and the rank rule of :func:`affine_ambiguity` counts them as null.
+    """
+    tr = jnp.trace(gram)
+    return (_RANK_RTOL * jnp.finfo(gram.dtype).eps) * jnp.where(tr > 0, tr, 1.0)
+
+
 def affine_system(gram: jax.Array, *, ridge: float, mask: jax.Array | None = None) -> jax.Array:
-    """Cholesky factor of the (ridge-regularised) normal equations ``G + ridge I``.
+    """Cholesky factor of the normal equations ``G + max(ridge, shift) I`` (``shift`` = 10 eps tr G).
+
+    :func:`fit_from_moments` solves with it and refines once against ``G + ridge I``: for a ridge
+    above the shift that is ordinary iterative refinement, and at ridge 0 it gives the least-squares
+    fit to a relative ``(shift / lambda)^2`` on every direction of eigenvalue ``lambda``. Along
+    directions of ``G`` with eigenvalue 0 (a dead unit, a duplicated column) the least-squares
+    weights are not unique: there the weights are set by rounding (zero for an exactly dead unit,
+    a few percent of the weights' size for a duplicated column), and the predictions on rows in
+    the span of the train rows, hence every defined score, do not depend on them
+    (:func:`affine_ambiguity` says when a held-out score would). The factor exists for every
+    ``G``, so derivatives are finite too.
 
     Args:
       gram: ``(d, d)`` ``U^T U`` of the normalised source.
-      ridge: non-negative ridge, in units of the normalised problem.
+      ridge: non-negative ridge, in units of the normalised problem (may be traced).
       mask: ``(d,)`` 1 for real features, 0 for zero-padded ones (padded
         coordinates get a unit diagonal so the system stays definite; their
         weights come out exactly 0).
@@ -240,8 +260,39 @@ def affine_system(gram: jax.Array, *, ridge: float, mask: jax.Array | None = Non
     """
     d = gram.shape[0]
     mask = jnp.ones((d,), gram.dtype) if mask is None else mask.astype(gram.dtype)
-    a = gram + jnp.diag(ridge * mask + (1.0 - mask))
+    a = gram + jnp.diag(jnp.maximum(ridge, _affine_shift(gram)) * mask + (1.0 - mask))
     return jnp.linalg.cholesky(a)
+
+
+def affine_ambiguity(gram_train: jax.Array, gram_test: jax.Array, ridge, /) -> jax.Array:
+    """How much of a held-out affine score at ridge 0 the train rows leave to an arbitrary choice (pure).
+
+    At ridge 0 the least-squares weights are not unique along the null directions ``N`` of the
+    train source moment ``G`` (eigenvalues at most :func:`_affine_shift`: a dead unit, a
+    duplicated column, fewer train rows than features). The held-out predictions ``U_te W`` do
+    not depend on that choice exactly when ``U_te N = 0``: the held-out rows have no component
+    there. This returns ``sqrt(tr(N^T G_te N) / tr(G_te))``, the share of the held-out source's
+    norm in those directions (0 for a unit dead on every row or a column duplicated on every
+    row; of order 1 for a unit constant on the train rows that varies on the held-out rows), and
+    0 for ``ridge > 0`` (the fit is unique). Compare it with :func:`ambiguity_threshold`, as for
+    the orthogonal families (:func:`held_out_ambiguity`). No derivative flows through it: it only
+    decides whether the score is defined.
+
+    Args:
+      gram_train: ``(d, d)`` the train source moment ``U_tr^T U_tr`` (zero padding allowed).
+      gram_test: ``(d, d)`` the held-out source moment ``U_te^T U_te``.
+      ridge: ``()`` the ridge (may be traced).
+
+    Returns:
+      ``()`` in ``[0, 1]``.
+    """
+    g, g_te = jax.lax.stop_gradient(gram_train), jax.lax.stop_gradient(gram_test)
+    lam, vec = jnp.linalg.eigh(g)
+    null = (lam <= _affine_shift(g)).astype(g.dtype)
+    part = jnp.einsum("ik,ij,jk,k->", vec, g_te, vec, null)
+    total = jnp.trace(g_te)
+    amb = jnp.sqrt(jnp.clip(part / jnp.where(total > 0, total, 1.0), 0.0, 1.0))
+    return jnp.where(jax.lax.stop_gradient(ridge) > 0, jnp.zeros((), g.dtype), amb)
 
 
 def fit_from_moments(
@@ -278,6 +329,11 @@ def fit_from_moments(
         if chol is None:
             chol = affine_system(gram_train, ridge=ridge, mask=mask_src)
         w = jax.scipy.linalg.cho_solve((chol, True), cross_train)
+        # one refinement step against G + ridge I (the factor may carry a larger shift: affine_system)
+        d = gram_train.shape[0]
+        mask = jnp.ones((d,), dt) if mask_src is None else mask_src.astype(dt)
+        resid = cross_train - jnp.einsum("ij,jk->ik", gram_train, w) - (ridge * mask)[:, None] * w
+        w = w + jax.scipy.linalg.cho_solve((chol, True), resid)
         return w, jnp.ones((), dt)
     # The (d1, d2) block of the square Procrustes solution on the zero-padded
     # space is U V^T from the *thin* SVD U S V^T of the (d1, d2) cross-covariance
@@ -455,21 +511,23 @@ def held_out_ambiguity(
 
 
 def _scores(m_src, m_tgt, pm, *, family, ridge, chol=None, svd=None):
-    """``(ReconstructionScore, ambiguity ())``: :func:`score_from_moments` and, for the orthogonal
-    families, :func:`held_out_ambiguity` from the same SVD (0 for ``affine``)."""
+    """``(ReconstructionScore, ambiguity ())``: :func:`score_from_moments` and the held-out score's
+    ambiguity: :func:`held_out_ambiguity` from the same SVD (orthogonal families) or
+    :func:`affine_ambiguity` (``affine``, 0 for ``ridge > 0``)."""
     if family != "affine" and svd is None:
         svd = _svd(pm.cross_train)
     score = score_from_moments(m_src, m_tgt, pm, family=family, ridge=ridge, chol=chol, svd=svd)
     if family == "affine":
-        return score, jnp.zeros((), pm.cross_train.dtype)
+        return score, affine_ambiguity(m_src.gram_train, m_src.gram_test, ridge)
     return score, held_out_ambiguity(svd, pm.cross_test, m_src.gram_test, m_tgt.gram_test)
 
 
 def _score_flags(score: ReconstructionScore, ambiguity: jax.Array, *, family: str, which: str) -> dict:
     """The checks of one score (``which``): ``result`` (finite), ``determined`` (not left to an
-    arbitrary rotation: only a held-out orthogonal score can fail it) and ``ambiguity`` itself."""
+    arbitrary choice of the fit: only a held-out score can fail it) and ``ambiguity`` itself."""
+    del family
     value = getattr(score, which)
-    if family != "affine" and which == "held_out":  # NaN (a failed SVD) is left to ``result``
+    if which == "held_out":  # NaN (a failed SVD) is left to ``result``
         determined = ~(ambiguity > ambiguity_threshold(value.dtype))
     else:
         determined = jnp.ones((), bool)
@@ -477,6 +535,16 @@ def _score_flags(score: ReconstructionScore, ambiguity: jax.Array, *, family: st
 
 
 def _ambiguity_message(family: str, ambiguity: float) -> str:
+    if family == "affine":
+        return (
+            "The held-out affine reconstruction score at ridge 0 is not determined by the train rows: "
+            "the train rows of z_src are rank-deficient, and the held-out rows have components in "
+            f"directions the train rows leave free ({ambiguity:.2g} of the held-out norm), e.g. a unit "
+            "that is constant on the train rows but varies on the held-out rows. Any least-squares "
+            "weights there fit the train rows equally well, so the score would be arbitrary. Use more "
+            "train rows (or another split), drop that unit, or pass ridge > 0 (e.g. ridge=1e-3; "
+            "'stitch/affine/ridge=0.001' in the registry)."
+        )
     return (
         f"The held-out {family} reconstruction score is not determined by the train rows: the train "
         "cross-covariance of z_src and z_tgt is rank-deficient, and the held-out rows have components "
@@ -491,8 +559,12 @@ def _ambiguity_message(family: str, ambiguity: float) -> str:
 # ----------------------------------------------------------------------------- validation
 
 
+_RIDGE = V.Bound("ridge", 0.0, math.inf, message="{name} must be a non-negative finite float, got {value!r}.")
+
+
 def check_ridge(ridge: float, /, *, name: str = "ridge") -> float:
-    """Validate a ridge (a non-negative, finite Python or NumPy number) and return it as a float.
+    """Validate a ridge (a non-negative, finite Python or NumPy number) and return it as a float;
+    a caller's traced ``()`` ridge is returned as it is (checked in the program: NaN out of range).
 
     Examples:
       >>> check_ridge(1e-3)
@@ -502,10 +574,21 @@ def check_ridge(ridge: float, /, *, name: str = "ridge") -> float:
       ...
       ValueError: ridge must be a non-negative finite float, got -1.0.
     """
-    if isinstance(ridge, (bool, np.bool_)) or not isinstance(ridge, (int, float, np.integer, np.floating)) \
-            or not 0 <= ridge < math.inf:
-        raise ValueError(f"{name} must be a non-negative finite float, got {ridge!r}.")
-    return float(ridge)
+    bound = _RIDGE._replace(name=name, message=_RIDGE.message.replace("{name}", name))
+    return bound.check(ridge)
+
+
+def _ridge_array(ridge, dtype):
+    """A checked ridge as a ``()`` array of ``dtype`` (NumPy for a Python float: placing it compiles nothing)."""
+    return jnp.asarray(ridge, dtype) if V.is_traced(ridge) else np.asarray(ridge, dtype)
+
+
+def _ridge_in_range(ridge, out):
+    """``out`` as it is for a concrete ridge (checked eagerly); for a traced one, NaN (NaN derivatives
+    too) where the ridge is out of range."""
+    if not V.is_traced(ridge):
+        return out
+    return V.nan_reaches_inputs(V.nan_unless(_RIDGE.ok(ridge), out), ridge)
 
 
 def _check_options(family: str, ridge: float) -> None:
@@ -523,6 +606,8 @@ def _fit_rows_reason(n_fit: int, d_src: int, family: str, ridge: float, where: s
     components in those directions, would depend on that arbitrary choice. Only
     the affine family has a regulariser that removes the ambiguity (``ridge > 0``).
     """
+    if V.is_traced(ridge) and family == "affine":
+        return None  # a traced ridge: the program checks ridge > 0 where the rows are too few
     if n_fit - 1 < d_src and not (family == "affine" and ridge > 0):
         fix = "pass ridge > 0 (affine only, e.g. ridge=1e-3), " if family == "affine" else ""
         return (
@@ -673,9 +758,10 @@ def fit_stitcher(
     x, y = V.check_pair(z_src, z_tgt, ("z_src", "z_tgt"), finite=False)
     _check_fit_rows(x.shape[0], x.shape[1], family, ridge, "z_src")
     (weight, bias, scale), flags = _fit_program(
-        x, y, jnp.asarray(float(ridge), x.dtype), family=family, normalize=bool(normalize)
+        x, y, _ridge_array(ridge, x.dtype), family=family, normalize=bool(normalize)
     )
-    flags = V.fetch_flags(flags)
+    weight, bias, scale = _ridge_in_range(ridge, (weight, bias, scale))
+    flags = V.fetch_flags(flags, x, y, ridge)
     if flags is not None:
         V.raise_pair_flags(flags["x"], flags["y"], x, y, ("z_src", "z_tgt"), what="the stitcher fit")
         if not flags["result"]:
@@ -712,6 +798,7 @@ class _StitchLayer(NamedTuple):
       chol: ``(W, W)`` the Cholesky factor of the affine normal equations (``affine`` only, else ``()``).
       hashes: ``(2, n)`` uint32 hashes of the rows' real features (to count held-out rows repeating a train row).
       flags: ``finite`` (all rows) and ``varies`` (the train rows).
+      width: ``()`` the real width (the first ``width`` of the ``W`` features).
     """
 
     moments: LayerMoments
@@ -721,6 +808,7 @@ class _StitchLayer(NamedTuple):
     chol: jax.Array
     hashes: jax.Array
     flags: dict
+    width: jax.Array
 
 
 def _default_weights(n: int, dtype) -> tuple[jax.Array, jax.Array]:
@@ -746,7 +834,7 @@ def _layer_from_weights(z, width, w_tr, w_te, ridge, *, family: str, factor: boo
     else:
         chol = jnp.zeros((), z.dtype)
     hashes = jnp.stack([row_hash(z, seed, width) for seed in _HASH_SEEDS])
-    return _StitchLayer(m, u, w_tr, w_te, chol, hashes, flags)
+    return _StitchLayer(m, u, w_tr, w_te, chol, hashes, flags, jnp.asarray(width, jnp.int32))
 
 
 def _stitch_layer(z, width, opts, *, family: str, which: str) -> _StitchLayer:
@@ -774,9 +862,12 @@ def _pair_parts(sx: _StitchLayer, sy: _StitchLayer, ridge, *, family: str):
                          chol=sx.chol if family == "affine" else None)
     h1, h2 = (_pair_hash(sx.hashes[k], sy.hashes[k]) for k in range(2))
     train, test = w_tr > 0, w_te > 0
+    n_train = jnp.sum(train).astype(jnp.int32)
+    # the minimum-rows rule (_fit_rows_reason) in the program, where a traced ridge leaves it open
+    rows = (n_train - 1 >= sx.width) | ((ridge > 0) if family == "affine" else False)
     flags = dict(x=sx.flags, y=sy.flags, n_rows=jnp.sum(train | test).astype(jnp.int32),
                  n_test=jnp.sum(test).astype(jnp.int32),
-                 shared=shared_hashes(h1, h2, train, test).astype(jnp.int32))
+                 shared=shared_hashes(h1, h2, train, test).astype(jnp.int32), rows=rows)
     return score, amb, flags
 
 
@@ -785,7 +876,7 @@ def _stitch_pair(sx: _StitchLayer, sy: _StitchLayer, opts, *, family: str, which
     (ridge,) = opts
     score, amb, flags = _pair_parts(sx, sy, ridge, family=family)
     checks = _score_flags(score, amb, family=family, which=which)
-    ok = V.flags_ok(sx.flags, sy.flags) & checks["determined"]
+    ok = V.flags_ok(sx.flags, sy.flags) & checks["determined"] & flags["rows"]
     return V.nan_unless(ok, getattr(score, which)), {**flags, **checks}
 
 
@@ -864,7 +955,7 @@ def stitch_core(family: str = "affine", *, ridge: float = 0.0, which: str = "hel
     _check_options(family, ridge)
     V.check_choice(which, "which", ReconstructionScore._fields)
     layer, pair, reason = _stitch_parts(family, which)
-    return protocol.Core(layer, pair, reason, (check_ridge(ridge),))
+    return protocol.Core(layer, pair, reason, (check_ridge(ridge),), (_RIDGE,))
 
 
 def _warn_shared(flags: dict) -> None:
@@ -886,7 +977,7 @@ def _score_program(x, y, w_tr, w_te, ridge, *, family):
     sy = _layer_from_weights(y, y.shape[1], w_tr, w_te, ridge, family=family, factor=False)
     score, amb, flags = _pair_parts(sx, sy, ridge, family=family)
     checks = _score_flags(score, amb, family=family, which="held_out")
-    score = V.nan_unless(V.flags_ok(sx.flags, sy.flags), score)
+    score = V.nan_unless(V.flags_ok(sx.flags, sy.flags) & flags["rows"], score)
     score = score._replace(held_out=V.nan_unless(checks["determined"], score.held_out))
     return score, {**flags, **checks}
 
@@ -944,8 +1035,9 @@ def reconstruction_score(
     w_tr, w_te = split_weights(x.shape[0], split, key, x.dtype)
     _check_fit_rows(int(round(float(np.sum(np.asarray(w_tr))))) if V.is_concrete(w_tr) else x.shape[0],
                     x.shape[1], family, ridge, "the train split")
-    out, flags = _score_program(x, y, w_tr, w_te, np.asarray(float(ridge), x.dtype), family=family)
-    flags = V.fetch_flags(flags)
+    out, flags = _score_program(x, y, w_tr, w_te, _ridge_array(ridge, x.dtype), family=family)
+    out = _ridge_in_range(ridge, out)
+    flags = V.fetch_flags(flags, x, y, w_tr, ridge)
     if flags is not None:
         protocol.raise_from_flags(stitch_core(family, ridge=ridge), flags, x, y, ("z_src", "z_tgt"))
         _warn_shared(flags)
@@ -1275,7 +1367,8 @@ def _stitch_finish(ctx: MomentPair, *, family: str, ridge: float, which: str) ->
     score, amb = ctx.memo(("stitch", family, ridge), parts)
     checks = _score_flags(score, amb, family=family, which=which)
     # the moments hold no rows, so held-out rows that repeat a train row cannot be counted here
-    flags = dict(shared=jnp.zeros((), jnp.int32), **checks)
+    # the minimum-rows rule is checked before the grid's programs run (``check``): rows always hold here
+    flags = dict(shared=jnp.zeros((), jnp.int32), rows=jnp.ones((), bool), **checks)
     return V.nan_unless(checks["determined"], getattr(score, which)), flags
 
 
@@ -1319,7 +1412,7 @@ def _score_of(x: ArrayLike, y: ArrayLike, /, *, family: str, ridge: float, which
     if msg is not None:
         raise ValueError(msg)
     value, flags = protocol.evaluate(core, x, y)
-    flags = V.fetch_flags(flags)
+    flags = V.fetch_flags(flags, x, y)
     protocol.raise_from_flags(core, flags, x, y, ("z_src", "z_tgt"))
     if flags is not None and which == "held_out":
         _warn_shared(flags)

@@ -49,6 +49,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity._gaussian_forms import set_partitions
+from funsim.similarity._linalg import pow2_at
 from funsim.similarity._precision import full_precision
 from funsim.similarity._validate import (
     check_bool,
@@ -59,6 +60,8 @@ from funsim.similarity._validate import (
     warn_at_caller,
 )
 from funsim.similarity.multilinear import (
+    BilinearLayer,
+    LinearLayer,
     apply_network,
     fold_network,
     network_depth,
@@ -491,6 +494,58 @@ def tensor_inner(
     return _inner_jit(net_a, net_b, code, program, outputs)
 
 
+def _max_abs(*arrays) -> jax.Array:
+    """``()``: the largest magnitude over the arrays that are not None."""
+    return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(a)) for a in arrays if a is not None])
+
+
+def _div(a, c):
+    return None if a is None else a / c
+
+
+def pow2_normalised(net: tuple) -> tuple:
+    """The same network up to one power-of-two factor on its output, its layers at unit scale (exact).
+
+    Layer by layer, with the input at scale ``s`` (1 for the network's input): a linear layer
+    ``W h + b`` becomes ``g (W' h' + b')`` with ``W' = s W / g``, ``b' = b / g`` and ``g`` the
+    power of two at their largest magnitude; a bilinear layer's left and right factors are
+    normalised the same way (``a``, ``b``), its down projection takes ``a b`` and is divided by
+    the new scale ``t`` (the power of two at its largest magnitude, or ``s`` for a residual
+    layer, whose input passes through unchanged). Multiplying by powers of two is exact, and
+    every metric's normalised inner product is invariant to a factor on either network's
+    output, so :func:`tensor_similarity` is unchanged where nothing overflows and defined where
+    the raw weights (e.g. scaled by 1e10 or 1e-10 in float32) would overflow or underflow. No
+    gradient flows through the factors (they are piecewise constant).
+
+    Args:
+      net: a validated network (a tuple of layers, no stacking axis).
+
+    Returns:
+      The rescaled network (same structure, shapes and dtype).
+    """
+    s = None
+    out = []
+    for layer in net:
+        if isinstance(layer, LinearLayer):
+            w = layer.weight if s is None else layer.weight * s
+            g = pow2_at(_max_abs(w, layer.bias))
+            out.append(LinearLayer(w / g, _div(layer.bias, g)))
+            s = g
+            continue
+        assert isinstance(layer, BilinearLayer)
+        left = layer.left if s is None else layer.left * s
+        right = layer.right if s is None else layer.right * s
+        a = pow2_at(_max_abs(left, layer.left_bias))
+        b = pow2_at(_max_abs(right, layer.right_bias))
+        down = layer.down * (a * b)
+        t = (jnp.ones((), down.dtype) if s is None else s) if layer.residual else pow2_at(
+            _max_abs(down, layer.down_bias))
+        out.append(BilinearLayer(left / a, right / b, down / t, _div(layer.left_bias, a), _div(layer.right_bias, b),
+                                 _div(layer.down_bias, t), residual=layer.residual))
+        s = t
+    return tuple(out)
+
+
 @full_precision
 def tensor_similarity(
     net_a,
@@ -533,7 +588,18 @@ def tensor_similarity(
       1.0
     """
     net_a, net_b, program, code, outputs = _prepare(net_a, net_b, metric, method, outputs)
+    # each network at unit scale (exact powers of two): the ratio is unchanged, and weights far
+    # from 1 (x 1e10, x 1e-10 in float32) neither overflow nor underflow
+    net_a, net_b = pow2_normalised(net_a), pow2_normalised(net_b)
     ab, aa, bb = _similarity_jit(net_a, net_b, code, program, outputs)
+    for value, side in ((aa, "net_a"), (bb, "net_b"), (ab, "net_a, net_b")):
+        if is_concrete(value) and not np.isfinite(np.asarray(value)):
+            raise ValueError(
+                f"<{side}|{metric}|...> is not finite in {value.dtype} even with every layer at unit scale: "
+                "the network's function spans more orders of magnitude than the dtype holds (e.g. a residual "
+                "branch far larger or smaller than the stream it adds to). Use float64 (x64) or rescale the "
+                "weights."
+            )
     cause = "the network is zero on the selected outputs; its similarity is undefined (0/0)."
     check_positive_result(aa, f"<net_a|{metric}|net_a>", cause)
     check_positive_result(bb, f"<net_b|{metric}|net_b>", cause)

@@ -205,11 +205,28 @@ class _Prepared(NamedTuple):
     opts: dict
 
 
+_BOUNDS = {nm: V.Bound(nm, 0.0, float("inf"), message=nm + " must be a non-negative float, got {value!r}.")
+           for nm in ("l2", "tol")}
+
+
+@jax.custom_jvp
+def _no_derivative(v):
+    """``v`` itself; differentiating through it raises (the fits are iterative: no derivative is defined here)."""
+    return v
+
+
+@_no_derivative.defjvp
+def _no_derivative_jvp(primals, tangents):
+    raise TypeError(
+        "l2 and tol can be traced (jit, vmap) but not differentiated: the classifier is fitted by an "
+        "iterative optimiser (L-BFGS in a while loop), which has no derivative here. Differentiate "
+        "a closed-form measure instead (e.g. the stitching or regression ridge), or use finite differences."
+    )
+
+
 def _prepare(zs, y, *, family, split, key, n_classes, l2, hidden, max_iter, tol):
     V.check_choice(family, "family", V_FAMILIES)
-    for nm, val, lo in (("l2", l2, 0.0), ("tol", tol, 0.0)):
-        if not isinstance(val, (int, float)) or isinstance(val, bool) or not val >= lo:
-            raise ValueError(f"{nm} must be a non-negative float, got {val!r}.")
+    l2, tol = _BOUNDS["l2"].check(l2), _BOUNDS["tol"].check(tol)
     for nm, val in (("hidden", hidden), ("max_iter", max_iter)):
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ValueError(f"{nm} must be a positive int, got {val!r}.")
@@ -275,15 +292,22 @@ def _prepare(zs, y, *, family, split, key, n_classes, l2, hidden, max_iter, tol)
                     "so their held-out cross-entropy is infinite. Use a stratified split "
                     "(split=(train_idx, test_idx)) or more samples."
                 )
-    opts = dict(family=family, n_classes=n_classes, l2=jnp.asarray(float(l2), dt), hidden=hidden,
-                max_iter=max_iter, tol=jnp.asarray(float(tol), dt))
+    opts = dict(family=family, n_classes=n_classes, l2=_option_array(l2, dt), hidden=hidden,
+                max_iter=max_iter, tol=_option_array(tol, dt))
     return _Prepared(tuple(out), y, w_tr, w_te, k_init, opts)
+
+
+def _option_array(value, dtype):
+    """A checked ``l2``/``tol`` as a ``()`` array; a traced one passes through :func:`_no_derivative`."""
+    return _no_derivative(jnp.asarray(value, dtype)) if V.is_traced(value) else jnp.asarray(value, dtype)
 
 
 def _loglik(p: _Prepared, z):
     opts = dict(p.opts)
     l2, tol = opts.pop("l2"), opts.pop("tol")
     ll = _loglik_core(z, p.y, p.w_tr, p.key, l2, tol, has_z=z is not None, **opts)
+    if V.is_traced(l2) or V.is_traced(tol):  # checked in the program: NaN out of range
+        ll = V.nan_unless(_BOUNDS["l2"].ok(l2) & _BOUNDS["tol"].ok(tol), ll)
     if V.is_concrete(ll) and not np.all(np.isfinite(np.asarray(ll))):
         raise ValueError(
             "A log-likelihood is not finite (degenerate fit: perfectly predicted regression "
@@ -333,7 +357,8 @@ def v_entropy(
       key: PRNG key for the split and the MLP initialisation (default ``jax.random.key(0)``).
       n_classes: number of classes (inferred from ``y`` when concrete).
       l2: L2 penalty on the weights (classification families; traced: a new value
-        compiles nothing).
+        compiles nothing, and ``jit`` or ``vmap`` over it work; not differentiable:
+        the fit is iterative, and ``grad`` over ``l2`` or ``tol`` raises a ``TypeError``).
       hidden: MLP hidden width.
       max_iter, tol: L-BFGS stopping rule (gradient norm below ``tol``; ``tol`` is traced).
 

@@ -237,3 +237,20 @@ def test_compare_grid_refuses_tracers_clearly(argument, call):
     msg = str(info.value)
     assert msg.startswith(f"compare_grid got a traced {argument} of shape ("), msg
     assert "host-level driver" in msg and "per-pair measures" in msg and "jax.vmap(similarity.measure(" in msg
+
+
+def test_the_flag_returning_path_gives_the_message_inside_jit():
+    """Inside ``jit`` the measure returns NaN; ``protocol.evaluate`` returns the flags beside it,
+    and the core's ``reason`` turns them into the pairwise call's own message (the documented
+    route in place of ``checkify``), for cca_mean and pwcca on rank-deficient input."""
+    from funsim.similarity import protocol
+
+    x, y = _regular()
+    for name, degenerate in (("cca/mean", _duplicated_column), ("pwcca", _dead_unit)):
+        core = similarity.measure(name).core
+        xd = degenerate(x)
+        with pytest.raises(ValueError) as eager:
+            similarity.measure(name)(xd, y)
+        value, flags = jax.jit(lambda a, b, core=core: protocol.evaluate(core, a, b))(xd, y)
+        assert np.isnan(float(value)), name
+        assert core.reason(jax.device_get(flags), xd.shape, y.shape, core.opts) == str(eager.value), name

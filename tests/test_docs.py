@@ -111,3 +111,17 @@ def test_every_public_name_is_in_the_api_reference(package):
             if not re.search(rf"`(class )?{re.escape(n)}[(` =]", text):
                 missing.append(f"{modname}.{n}")
     assert not missing, f"not in docs/api.md (run `python docs/gen_api.py`): {missing}"
+
+
+def test_the_benchmark_docs_agree_on_where_benchmarks_ran():
+    """benchmarks/RESULTS.md is the record: each accelerator section it has ("## On a GPU: <device>")
+    is named in docs/benchmarks.md and docs/gpu.md, and neither says that no benchmark ran there."""
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    bench, gpu = ((ROOT / "docs" / f).read_text() for f in ("benchmarks.md", "gpu.md"))
+    devices = re.findall(r"^## On a GPU: NVIDIA (\S+)", results, flags=re.M)
+    for text, name in ((bench, "benchmarks.md"), (gpu, "gpu.md")):
+        denial = re.search(r"no benchmark[^.]*\bGPU|never[^.]*\bon a GPU|not run on a GPU", text, flags=re.I)
+        if devices:
+            assert denial is None, (name, denial.group(0))
+            for d in devices:
+                assert d in text, (name, d)

@@ -504,3 +504,79 @@ def test_readme_examples_run_with_x64_off(where, code, monkeypatch):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".* is float64 but JAX's x64 mode is off")  # NumPy input
         _run(code, where)
+
+
+# ------------------------------------------------------------------ tensor similarity at extreme scales
+
+
+def _bilinear_pair():
+    from tests._tensor_nets import bilinear
+
+    r = np.random.default_rng(8)
+    a = (bilinear(r, 4, 5, 3),)
+    b = (bilinear(r, 4, 5, 3),)
+    return a, b
+
+
+def _scaled(net, c):
+    return jax.tree.map(lambda w: np.asarray(np.asarray(w, np.float64) * c, F32), net)
+
+
+@pytest.mark.parametrize("c", [1e10, 1e-10, 1e5, 1e-5])
+@pytest.mark.parametrize("metric", ["gaussian", "frobenius"])
+def test_tensor_similarity_of_weights_far_from_one(c, metric):
+    """A bias-free bilinear layer scaled by c computes c^3 times its function, and each metric's
+    normalised inner product ignores such a factor: in float32 the raw inner products overflow
+    (1e10: <a|a> ~ 1e60) or underflow (1e-10), and before, this said "the network is zero" (or
+    returned 0.0 and inf at 1e5 and 1e-5). Against the float64 NumPy tree reference (frobenius) and
+    the unscaled float32 value (gaussian, itself tested against references above)."""
+    a, b = _bilinear_pair()
+    got = float(similarity.tensor_similarity(_scaled(a, c), _scaled(b, c), metric=metric))
+    if metric == "frobenius":
+        def inner(p, q):
+            return np_tree_inner(p, q, symmetric=False)
+
+        want = inner(a, b) / math.sqrt(inner(a, a) * inner(b, b))
+    else:
+        want = float(similarity.tensor_similarity(_scaled(a, 1.0), _scaled(b, 1.0), metric=metric))
+    assert got == pytest.approx(want, abs=2e-5), (c, metric, got, want)
+
+
+def test_float64_tensor_weights_with_x64_off_warn_with_precision_warning(monkeypatch, recwarn):
+    """float64 weights while x64 is off are computed in float32 with funsim's PrecisionWarning,
+    not JAX's generic "explicitly requested dtype float64" UserWarning."""
+    import warnings
+
+    from funsim.similarity import _validate
+
+    monkeypatch.setattr(_validate, "_warned_x64", False)
+    a, b = _bilinear_pair()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = similarity.tensor_similarity(a, b)
+    assert out.dtype == jnp.float32
+    kinds = [w.category for w in caught]
+    assert similarity.PrecisionWarning in kinds, [str(w.message) for w in caught]
+    assert not [w for w in caught if "requested dtype" in str(w.message)], [str(w.message) for w in caught]
+
+
+# ------------------------------------------------------------------ the docs' examples, in float32
+
+def _doc_blocks():
+    """Every python block of README.md and docs/*.md that tests/test_readme.py runs in the x64 leg,
+    but those marked slow (they run under ``make test-slow``, with x64)."""
+    from tests.test_readme import _params
+
+    return [p for p in _params() if not p.marks]
+
+
+@pytest.mark.parametrize("where, code", _doc_blocks())
+def test_doc_block_runs_in_float32(where, code, monkeypatch):
+    """The docs' examples in the users' default precision (x64 off), number comments included: a
+    two-layer attention Monte Carlo example in docs/guide.md overflowed float32 while the x64 leg
+    passed."""
+    from tests.test_readme import ROOT, _run
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    _run(code, where)

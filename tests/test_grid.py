@@ -485,18 +485,22 @@ def test_bad_input(grid):
         compare_grid(a, b, measures=["nbs"], reverse="yes")
 
 
-def test_moment_non_finite_entry_names_the_pair(grid):
+def test_duplicated_columns_give_defined_affine_cells_equal_to_the_pairwise_calls(grid):
+    """Identical columns on the train rows make the unregularised normal equations singular. That was an
+    undefined cell ("not finite") while the same rank deficiency elsewhere gave a number; under the one
+    rank-deficiency rule of the stitching families the held-out affine score is defined wherever the
+    held-out rows share the deficiency, as here, at ridge 0 as at ridge > 0, and each cell equals the
+    pairwise call."""
     a, b, _ = grid
-    # identical columns on the train rows: the unregularised normal equations are singular
     dup = dict(a, l1=np.repeat(a["l0"][:, :1], 5, axis=1) + np.arange(5.0) * 1e-300)
-    # settled one pair of widths at a time: the narrower B layer (cols[1], 3 features) first
-    with pytest.raises(ValueError, match=r"stitch/affine: the entry for \(rows\[1\] = 'l1', cols\[1\] = 1\) "
-                                         r"is not finite.*stitch/affine/ridge=0.001"):
-        compare_grid(dup, b, measures=["stitch/affine"], on_undefined="raise")
-    with pytest.warns(sim.UndefinedCellWarning, match="normal equations"):
-        g = compare_grid(dup, b, measures=["stitch/affine", "stitch/affine/ridge=0.001"])
-    assert set(g.undefined["stitch/affine"]) == {(1, 0), (1, 1)} and g.undefined["stitch/affine/ridge=0.001"] == {}
-    assert np.all(np.isfinite(np.asarray(g.tables["stitch/affine/ridge=0.001"])))
+    names = ["stitch/affine", "stitch/affine/ridge=0.001"]
+    g = compare_grid(dup, b, measures=names, on_undefined="raise")
+    for name in names:
+        assert g.undefined[name] == {}, name
+        for i, xa in enumerate(dup.values()):
+            for j, yb in enumerate(b.values() if isinstance(b, dict) else b):
+                np.testing.assert_allclose(np.asarray(g.tables[name])[i, j], float(sim.measure(name)(xa, yb)),
+                                           rtol=1e-8, atol=1e-10, err_msg=f"{name} {i} {j}")
 
 
 SHARDED = textwrap.dedent(
@@ -535,6 +539,50 @@ def test_sharded_over_four_forced_host_devices():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "SHARDED-OK" in out.stdout
+
+
+FEATURE_SHARDED = textwrap.dedent(
+    """
+    import jax, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from funsim.similarity import compare_grid
+    assert jax.device_count() == 4
+    r = np.random.default_rng(3)
+    n = 48
+    a = {"l1": r.normal(size=(n, 8)), "l2": r.normal(size=(n, 20)), "l3": r.normal(size=(n, 4))}
+    b = [r.normal(size=(n, 12)), r.normal(size=(n, 4))]
+    ms = ["cka/linear", "stitch/affine/ridge=0.001", "pwcca", "nbs"]
+    want = compare_grid(a, b, measures=ms, reverse=True)
+    flat = Mesh(np.array(jax.devices()), ("d",))
+    square = Mesh(np.array(jax.devices()).reshape(2, 2), ("r", "d"))
+    for sharding in (NamedSharding(flat, P(None, "d")),  # a tensor-parallel layer's features
+                     NamedSharding(square, P("r", "d")),  # rows and features
+                     NamedSharding(square, P(None, ("r", "d")))):  # features over both mesh axes
+        put = lambda z: jax.device_put(z, sharding)
+        got = compare_grid({k: put(z) for k, z in a.items()}, [put(z) for z in b], measures=ms, reverse=True)
+        for k in ms:
+            np.testing.assert_allclose(got.tables[k], want.tables[k], rtol=1e-12, atol=1e-13, err_msg=k)
+            np.testing.assert_allclose(got.reverse[k], want.reverse[k], rtol=1e-12, atol=1e-13, err_msg=k)
+        got = compare_grid([put(z) for z in b], measures=["cka/linear"], chunk_size=16)  # streamed
+        np.testing.assert_allclose(got.tables["cka/linear"], compare_grid(b, measures=["cka/linear"]).tables[
+            "cka/linear"], rtol=1e-12)
+    print("FEATURE-SHARDED-OK")
+    """
+)
+
+
+def test_feature_sharded_layers_over_four_forced_host_devices():
+    """Layers sharded over their features (``PartitionSpec(None, "d")``, as a tensor-parallel layer
+    comes), over rows and features, or over features on a 2-D mesh: the grid reshards as it needs
+    and its tables equal those of the same layers on the host."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", FEATURE_SHARDED], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "FEATURE-SHARDED-OK" in out.stdout
 
 
 def test_integer_and_list_layers_are_cast(grid):

@@ -1,7 +1,8 @@
 """Every ```python block in README.md and in docs/*.md runs as written, so the docs cannot drift.
 
 Each block runs in a fresh namespace, from the repository root, as its own test named after
-its file and line (``README.md:262``, ``docs/design.md:90``). Shell blocks (```bash) are commands
+its file and line (``README.md:262``, ``docs/design.md:90``), here with x64 on;
+tests/test_float32.py runs the same blocks with x64 off, the users' default. Shell blocks (```bash) are commands
 to type, not run here. A statement that is a bare expression with a number as its comment, e.g.
 
     similarity.cka(X, Y)                        # 0.55761  linear CKA

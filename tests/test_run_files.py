@@ -57,6 +57,49 @@ def test_config_mistakes_print_the_real_error_with_the_file_name(tmp_path, capsy
     assert not (tmp_path / "results").exists()  # nothing was run, nothing written
 
 
+# every driver whose config has a learning rate, and that field's name
+LEARNING_RATES = [("forgetting", "learning_rate"), ("backdoor", "learning_rate"), ("grokking", "learning_rate"),
+                  ("language", "learning_rate"), ("similarity-study", "stitch_learning_rate")]
+
+
+@pytest.mark.parametrize("command,field", LEARNING_RATES)
+@pytest.mark.parametrize("value", [-1, 0.0])
+def test_a_learning_rate_must_be_positive(tmp_path, capsys, command, field, value):
+    """``learning_rate: -1`` was accepted, trained (diverging), then advised a lower learning rate."""
+    path = tmp_path / "bad.json"
+    base = {"base": "smoke"} if command == "similarity-study" else {}
+    path.write_text(json.dumps({**base, field: value}))
+    rc, err = _status(capsys, [command, "--config", str(path), "--root", str(tmp_path / "results")])
+    assert rc == 2, err
+    assert str(path) in err and f"field '{field}' must be a finite number > 0" in err and "Traceback" not in err, err
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_nested_learning_rate_is_checked_too():
+    from funsim.experiments import zoo
+
+    with pytest.raises(xio.ConfigError, match=r"field 'train.learning_rate' must be a finite number > 0, got -0.5"):
+        zoo.config_from_dict({"base": "smoke", "train": {"learning_rate": -0.5}})
+
+
+def test_ctrl_c_prints_one_line_saying_how_to_resume(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during a run printed a 62-line traceback; now one line with the command that resumes
+    it, and exit status 130 (128 + SIGINT)."""
+    from funsim.experiments import grokking
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(grokking, "main", interrupted)
+    argv = ["grokking", "--config", "smoke", "--root", str(tmp_path / "my results")]
+    rc, err = _status(capsys, argv)
+    assert rc == 130
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "interrupted" in lines[0] and "resume" in lines[0], err
+    assert lines[0].endswith(f"funsim grokking --config smoke --root '{tmp_path / 'my results'}'"), err
+
+
 def test_types_are_checked_against_the_config_annotations():
     from funsim.experiments import similarity_study, zoo
 

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from funsim.similarity import _validate as V
 
@@ -283,6 +284,17 @@ def global_stack(lay: Layers, side: str, g: Group, dtype) -> jax.Array:
     vs = lay.side(side)
     zs = []
     for k in g.pidx:
-        z = vs[k].astype(dtype) if vs[k].dtype != dtype else vs[k]
+        z = _rows_sharded(vs[k])
+        z = z.astype(dtype) if z.dtype != dtype else z
         zs.append(_pad_columns(z, g.width) if z.shape[1] < g.width else z)
     return _stack(tuple(zs))
+
+
+def _rows_sharded(z: jax.Array) -> jax.Array:
+    """``z`` with its feature axis whole on every device (its row sharding kept): a layer sharded over
+    its features (a tensor-parallel layer's ``PartitionSpec(None, "d")``) is resharded first, since
+    the padded width need not divide over the devices that held its features."""
+    sharding = getattr(z, "sharding", None)
+    if isinstance(sharding, NamedSharding) and len(sharding.spec) > 1 and sharding.spec[1] is not None:
+        z = jax.device_put(z, NamedSharding(sharding.mesh, PartitionSpec(sharding.spec[0])))
+    return z
