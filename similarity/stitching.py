@@ -79,6 +79,8 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import protocol
+from funsim.similarity._linalg import cho_solve as _cho_solve
+from funsim.similarity._linalg import cholesky as _cholesky
 from funsim.similarity._linalg import fmix32, pow2_scale, row_hash, shared_hashes
 from funsim.similarity._linalg import svd as _svd
 from funsim.similarity._precision import full_precision
@@ -241,7 +243,7 @@ def affine_system(gram: jax.Array, *, ridge: float, mask: jax.Array | None = Non
     d = gram.shape[0]
     mask = jnp.ones((d,), gram.dtype) if mask is None else mask.astype(gram.dtype)
     a = gram + jnp.diag(ridge * mask + (1.0 - mask))
-    return jnp.linalg.cholesky(a)
+    return _cholesky(a)
 
 
 def fit_from_moments(
@@ -277,7 +279,7 @@ def fit_from_moments(
     if family == "affine":
         if chol is None:
             chol = affine_system(gram_train, ridge=ridge, mask=mask_src)
-        w = jax.scipy.linalg.cho_solve((chol, True), cross_train)
+        w = _cho_solve(chol, cross_train)
         return w, jnp.ones((), dt)
     # The (d1, d2) block of the square Procrustes solution on the zero-padded
     # space is U V^T from the *thin* SVD U S V^T of the (d1, d2) cross-covariance
