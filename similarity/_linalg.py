@@ -216,7 +216,6 @@ _lu = _cpu_unbatched(lambda a: tuple(lax.linalg.lu(a)))  # (lu, pivots, permutat
 _potrf = _cpu_unbatched(lambda a: lax.linalg.cholesky(a, symmetrize_input=False))  # lower factor, NaN if not PD
 _geqrf = _cpu_unbatched(lambda a: tuple(lax.linalg.qr(a, full_matrices=False)))  # thin (q, r), ?geqrf + ?orgqr
 
-_HIGHEST = lax.Precision.HIGHEST
 
 
 def _check_matrix(name: str, arg: str, x: jax.Array, *, square: bool = False) -> None:
@@ -237,8 +236,8 @@ def _triangular_2d(a, b, left_side: bool, lower: bool, transpose_a: bool, unit_d
     if unit_diagonal:
         tri = tri - jnp.diag(jnp.diagonal(tri)) + jnp.eye(a.shape[-1], dtype=a.dtype)
     op = tri.T if transpose_a else tri
-    matvec = (lambda x: jnp.matmul(op, x, precision=_HIGHEST)) if left_side else \
-        (lambda x: jnp.matmul(x, op, precision=_HIGHEST))
+    matvec = (lambda x: op @ x) if left_side else \
+        (lambda x: x @ op)
     fwd, back = _trsm(left_side, lower, transpose_a, unit_diagonal), _trsm(left_side, lower, not transpose_a,
                                                                             unit_diagonal)
     return lax.custom_linear_solve(matvec, b, lambda _, r: fwd(a, r), lambda _, r: back(a, r))
@@ -297,7 +296,7 @@ def _solve_2d(a, b):
         _, inverse = lax.sort_key_val(perm, lax.iota(perm.dtype, perm.shape[0]))
         return unit_lower_t(lu, upper_t(lu, r))[inverse, :]
 
-    return lax.custom_linear_solve(lambda x: jnp.matmul(a, x, precision=_HIGHEST), b, fwd, back)
+    return lax.custom_linear_solve(lambda x: a @ x, b, fwd, back)
 
 
 def solve(a: jax.Array, b: jax.Array, /) -> jax.Array:
@@ -333,7 +332,7 @@ def _cholesky_jvp(primals, tangents):
     inner = triangular_solve(low, triangular_solve(low, da, left_side=False, lower=True, transpose_a=True),
                              left_side=True, lower=True)
     phi = jnp.tril(inner) / (1.0 + jnp.eye(a.shape[-1], dtype=a.dtype))
-    return low, jnp.matmul(low, phi, precision=_HIGHEST)
+    return low, low @ phi
 
 
 def cholesky(a: jax.Array, /) -> jax.Array:
