@@ -1,26 +1,36 @@
 """Linear-algebra kernels that are safe to batch on every backend.
 
-:func:`svd` is ``jnp.linalg.svd(x, full_matrices=False)`` with one change in
-how it is *batched on the CPU*.
+:func:`svd`, :func:`solve`, :func:`cholesky`, :func:`cho_solve`,
+:func:`triangular_solve` and :func:`qr` are their ``jnp.linalg`` /
+``jax.scipy.linalg`` namesakes with one change in how they are *batched on the
+CPU*; :func:`lstsq` is built on :func:`svd`. Every LAPACK call funsim makes goes
+through this module.
 
-Why. jaxlib's CPU SVD kernel (``lapack_?gesdd_ffi``) splits a batch of
-matrices (batch > 1, matrices of 64 entries or more) into tasks on XLA's
-intra-op thread pool and then *blocks* the pool thread it runs on until those
-tasks finish (jaxlib 0.9; from 0.10 every batched LAPACK kernel does this).
-When as many batched kernels run at once as the pool has threads (two on a
-2-core host: two independent SVDs in one program, or two programs in flight),
-every thread waits for tasks no thread is free to run, and the process hangs
-at 0 % CPU. ``vmap`` is exactly what creates batched kernels, so a vmapped
-comparison grid hung.
+Why. jaxlib's CPU LAPACK kernels (``lapack_?gesdd_ffi`` in jaxlib 0.9; from 0.10
+every one of them: ``getrf``, ``trsm``, ``potrf``, ``geqrf``, ``orgqr``, ...) split
+a batch of matrices (batch > 1, enough work per batch) into tasks on XLA's
+intra-op thread pool and then *block* the pool thread they run on until those
+tasks finish. When as many batched kernels run at once as the pool has threads
+(two on a 2-core host: independent kernels in one program, or programs in
+flight from several threads), every thread waits for tasks no thread is free
+to run, and the process hangs at 0 % CPU. No XLA flag or jaxlib setting turns
+the blocking off (the pool's size is not configurable and
+``--xla_cpu_multi_thread_eigen=false`` does not shrink it). ``vmap`` is exactly
+what creates batched kernels, so a vmapped comparison grid hung.
 
-How. Under ``vmap`` on the CPU, :func:`svd` runs the batch as a ``lax.map``
-of unbatched SVDs: an unbatched kernel runs inline and never waits on the
-pool, so no interleaving of programs can deadlock. The results are the same
-matrices, bit for bit. On GPU/TPU the batched kernel is kept (it is fast and
-has no such problem); :func:`jax.lax.platform_dependent` picks the branch
-when the program is lowered. The derivative is the standard SVD derivative
-(Townsend 2016, for distinct non-zero singular values), written in terms of
-:func:`svd` itself so that ``vmap(grad(...))`` stays safe too.
+How. Under ``vmap`` on the CPU, each kernel here runs the batch as a
+``lax.map`` of unbatched kernels (:func:`_cpu_unbatched`): an unbatched kernel
+runs inline and never waits on the pool, so no interleaving of programs can
+deadlock. The results are the same matrices, bit for bit. On GPU/TPU the batched
+kernel is kept (it is fast and has no such problem);
+:func:`jax.lax.platform_dependent` picks the branch when the program is
+lowered. The derivatives are the standard ones, written in terms of the safe
+kernels themselves so that ``vmap(grad(...))`` and higher derivatives stay safe:
+triangular solves (and the LU solve) are :func:`jax.lax.custom_linear_solve`
+calls whose solves are the safe kernels (differentiable in the matrix through
+the product, transposable through the transposed solve); Cholesky and QR have
+``custom_jvp`` rules built on those solves; the SVD's is Townsend's (2016), for
+distinct non-zero singular values.
 
 **Degenerate singular values.** Where two singular values coincide (to
 rounding, ``|s_i^2 - s_j^2| <= 64 eps s_max^2``) the singular vectors are not
@@ -44,11 +54,44 @@ at a side's largest magnitude, for exact normalisation before products.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["arccos_unit", "fmix32", "lstsq", "pow2_at", "pow2_scale", "row_hash", "shared_hashes", "shared_rows", "sqrt_floor", "svd"]
+__all__ = ["arccos_unit", "cho_solve", "cholesky", "eigh", "fmix32", "lstsq", "pow2_at", "pow2_scale", "qr", "row_hash",
+           "shared_hashes", "shared_rows", "solve", "sqrt_floor", "svd", "triangular_solve"]
+
+
+def _cpu_unbatched(plain):
+    """``plain`` (arrays -> array or tuple of arrays) as a ``custom_vmap`` function that is safe to batch.
+
+    Unbatched it is ``plain``. Under ``vmap`` it is a ``lax.map`` of unbatched
+    calls on the CPU (an unbatched LAPACK kernel never waits on the thread pool)
+    and ``vmap(plain)`` (one batched kernel) elsewhere, chosen at lowering. The
+    arguments that are not batched are shared by every call. Not differentiable
+    by itself: the public functions below give each kernel its derivative.
+    """
+    fn = jax.custom_batching.custom_vmap(plain)
+
+    @fn.def_vmap
+    def _rule(axis_size, in_batched, *args):
+        del axis_size
+        if not any(in_batched):
+            out = fn(*args)
+            return out, jax.tree.map(lambda _: False, out)
+
+        def one(sliced):
+            it = iter(sliced)
+            return fn(*[next(it) if b else x for x, b in zip(args, in_batched)])
+
+        cpu = lambda *xs: lax.map(one, [x for x, b in zip(xs, in_batched) if b])
+        default = jax.vmap(plain, in_axes=[0 if b else None for b in in_batched])
+        out = lax.platform_dependent(*args, cpu=cpu, default=default)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return fn
 
 
 def _plain(x: jax.Array, compute_uv: bool):
@@ -56,33 +99,8 @@ def _plain(x: jax.Array, compute_uv: bool):
     return tuple(out) if compute_uv else out
 
 
-@jax.custom_batching.custom_vmap
-def _svd_uv(x: jax.Array):
-    return _plain(x, True)
-
-
-@jax.custom_batching.custom_vmap
-def _svd_s(x: jax.Array):
-    return _plain(x, False)
-
-
-def _batched(fn, compute_uv):
-    """``custom_vmap`` rule: ``lax.map`` of unbatched kernels on the CPU."""
-
-    def rule(axis_size, in_batched, x):
-        del axis_size
-        (batched,) = in_batched
-        spec = (batched,) * 3 if compute_uv else batched
-        if not batched:
-            return fn(x), spec
-        out = lax.platform_dependent(x, cpu=lambda x: lax.map(fn, x), default=lambda x: _plain(x, compute_uv))
-        return out, spec
-
-    return rule
-
-
-_svd_uv.def_vmap(_batched(_svd_uv, True))
-_svd_s.def_vmap(_batched(_svd_s, False))
+_svd_uv = _cpu_unbatched(lambda x: _plain(x, True))
+_svd_s = _cpu_unbatched(lambda x: _plain(x, False))
 
 
 def _h(a: jax.Array) -> jax.Array:
@@ -182,6 +200,240 @@ def lstsq(a: jax.Array, b: jax.Array, /) -> jax.Array:
     s_inv = jnp.where(keep, 1.0 / jnp.where(keep, s, 1.0), 0.0)
     return jnp.einsum("rk,r,mr,me->ke", vt, s_inv, u, b)
 
+
+
+# ----------------------------------------------------------------------------- solves and factorisations
+
+
+@functools.cache
+def _trsm(left_side: bool, lower: bool, transpose_a: bool, unit_diagonal: bool):
+    """The batch-safe LAPACK triangular solve (``?trsm``) for one set of flags: ``(a, b) -> x``."""
+    return _cpu_unbatched(lambda a, b: lax.linalg.triangular_solve(
+        a, b, left_side=left_side, lower=lower, transpose_a=transpose_a, unit_diagonal=unit_diagonal))
+
+
+_lu = _cpu_unbatched(lambda a: tuple(lax.linalg.lu(a)))  # (lu, pivots, permutation), LAPACK ?getrf
+_potrf = _cpu_unbatched(lambda a: lax.linalg.cholesky(a, symmetrize_input=False))  # lower factor, NaN if not PD
+_geqrf = _cpu_unbatched(lambda a: tuple(lax.linalg.qr(a, full_matrices=False)))  # thin (q, r), ?geqrf + ?orgqr
+
+
+
+def _check_matrix(name: str, arg: str, x: jax.Array, *, square: bool = False) -> None:
+    if x.ndim < 2 or (square and x.shape[-1] != x.shape[-2]):
+        want = "(..., m, m), square" if square else "(..., m, k)"
+        raise ValueError(f"{name}: {arg} must be {want}, got shape {tuple(x.shape)}; pass one matrix per "
+                         "trailing pair of axes (vmap or leading axes for a batch).")
+
+
+def _check_rhs(name: str, a: jax.Array, b: jax.Array, rows: int) -> None:
+    if b.ndim < 2 or b.shape[-2] != rows:
+        raise ValueError(f"{name}: b must be (..., {rows}, k) for a of shape {tuple(a.shape)}, got shape "
+                         f"{tuple(b.shape)}; a single right-hand side b of shape ({rows},) is b[:, None].")
+
+
+def _triangular_2d(a, b, left_side: bool, lower: bool, transpose_a: bool, unit_diagonal: bool):
+    tri = jnp.tril(a) if lower else jnp.triu(a)
+    if unit_diagonal:
+        tri = tri - jnp.diag(jnp.diagonal(tri)) + jnp.eye(a.shape[-1], dtype=a.dtype)
+    op = tri.T if transpose_a else tri
+    matvec = (lambda x: op @ x) if left_side else \
+        (lambda x: x @ op)
+    fwd, back = _trsm(left_side, lower, transpose_a, unit_diagonal), _trsm(left_side, lower, not transpose_a,
+                                                                            unit_diagonal)
+    return lax.custom_linear_solve(matvec, b, lambda _, r: fwd(a, r), lambda _, r: back(a, r))
+
+
+def triangular_solve(a: jax.Array, b: jax.Array, /, *, left_side: bool = True, lower: bool = True,
+                     transpose_a: bool = False, unit_diagonal: bool = False) -> jax.Array:
+    """``op(a) x = b`` (``left_side``) or ``x op(a) = b``, ``a`` triangular, safe to ``vmap``.
+
+    The same values as ``lax.linalg.triangular_solve`` (only ``a``'s ``lower``
+    or upper triangle is read; ``op(a)`` is ``a.T`` when ``transpose_a``), with
+    the exact derivative in ``a`` (that triangle) and ``b``.
+
+    Args:
+      a: ``(..., m, m)`` (``left_side``) or ``(..., k, k)``, real.
+      b: ``(..., m, k)``.
+
+    Returns:
+      ``x: (..., m, k)``.
+    """
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    _check_matrix("triangular_solve", "a", a, square=True)
+    if left_side:
+        _check_rhs("triangular_solve", a, b, a.shape[-1])
+    elif b.ndim < 2 or b.shape[-1] != a.shape[-1]:
+        raise ValueError(f"triangular_solve: b must be (..., m, {a.shape[-1]}) for a right-side solve with a of "
+                         f"shape {tuple(a.shape)}, got shape {tuple(b.shape)}.")
+    fn = functools.partial(_triangular_2d, left_side=left_side, lower=lower, transpose_a=transpose_a,
+                           unit_diagonal=unit_diagonal)
+    return jnp.vectorize(fn, signature="(m,m),(p,q)->(p,q)")(a, b)
+
+
+def cho_solve(chol: jax.Array, b: jax.Array, /) -> jax.Array:
+    """``(L L^T) x = b`` from the lower Cholesky factor ``chol = L`` (``jax.scipy.linalg.cho_solve((L, True), b)``).
+
+    Args:
+      chol: ``(..., m, m)`` lower triangular.
+      b: ``(..., m, k)``.
+
+    Returns:
+      ``x: (..., m, k)``.
+    """
+    y = triangular_solve(chol, b, left_side=True, lower=True)
+    return triangular_solve(chol, y, left_side=True, lower=True, transpose_a=True)
+
+
+def _solve_2d(a, b):
+    lu, _, perm = _lu(lax.stop_gradient(a))  # the derivative in a enters through the product a @ x
+    unit_lower, upper = _trsm(True, True, False, True), _trsm(True, False, False, False)
+    upper_t, unit_lower_t = _trsm(True, False, True, False), _trsm(True, True, True, True)
+
+    def fwd(_, r):
+        return upper(lu, unit_lower(lu, r[perm, :]))
+
+    def back(_, r):
+        _, inverse = lax.sort_key_val(perm, lax.iota(perm.dtype, perm.shape[0]))
+        return unit_lower_t(lu, upper_t(lu, r))[inverse, :]
+
+    return lax.custom_linear_solve(lambda x: a @ x, b, fwd, back)
+
+
+def solve(a: jax.Array, b: jax.Array, /) -> jax.Array:
+    """``a x = b`` by LU with partial pivoting, as ``jnp.linalg.solve``, safe to ``vmap``.
+
+    A singular ``a`` gives Inf/NaN, as ``jnp.linalg.solve`` does. The derivative
+    is exact in both arguments (one factorisation serves the solve and its
+    derivative).
+
+    Args:
+      a: ``(..., m, m)``, real.
+      b: ``(..., m, k)``.
+
+    Returns:
+      ``x: (..., m, k)``.
+    """
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    _check_matrix("solve", "a", a, square=True)
+    _check_rhs("solve", a, b, a.shape[-1])
+    return jnp.vectorize(_solve_2d, signature="(m,m),(m,k)->(m,k)")(a, b)
+
+
+@jax.custom_jvp
+def _cholesky_sym(a):
+    return _potrf(a)
+
+
+@_cholesky_sym.defjvp
+def _cholesky_jvp(primals, tangents):
+    """``dL = L phi(L^-1 dA L^-T)``, ``phi`` the lower triangle with the diagonal halved (Murray 2016)."""
+    (a,), (da,) = primals, tangents
+    low = _cholesky_sym(a)
+    inner = triangular_solve(low, triangular_solve(low, da, left_side=False, lower=True, transpose_a=True),
+                             left_side=True, lower=True)
+    phi = jnp.tril(inner) / (1.0 + jnp.eye(a.shape[-1], dtype=a.dtype))
+    return low, low @ phi
+
+
+def cholesky(a: jax.Array, /) -> jax.Array:
+    """Lower Cholesky factor of ``(a + a^T) / 2``, as ``jnp.linalg.cholesky``, safe to ``vmap``.
+
+    Not positive definite: NaN, as ``jnp.linalg.cholesky``.
+
+    Args:
+      a: ``(..., m, m)``, real, symmetric positive definite.
+
+    Returns:
+      ``L: (..., m, m)`` lower triangular with ``L L^T = a``.
+    """
+    a = jnp.asarray(a)
+    _check_matrix("cholesky", "a", a, square=True)
+    sym = (a + jnp.swapaxes(a, -1, -2)) / 2
+    return jnp.vectorize(_cholesky_sym, signature="(m,m)->(m,m)")(sym)
+
+
+@jax.custom_jvp
+def _qr_diff(x):
+    return _geqrf(x)
+
+
+def _thin_qr_tangents(q, r, dx):
+    """``(dq, dr)`` of ``x = q r`` with ``x: (m, n)``, ``m >= n`` (Walter and Lehmann 2018)."""
+    dx_rinv = triangular_solve(r, dx, left_side=False, lower=False)  # dx r^-1
+    qt_dx_rinv = q.T @ dx_rinv
+    lower = jnp.tril(qt_dx_rinv, -1)
+    skew = lower - lower.T
+    return q @ (skew - qt_dx_rinv) + dx_rinv, (qt_dx_rinv - skew) @ r
+
+
+@_qr_diff.defjvp
+def _qr_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    q, r = _qr_diff(x)
+    m, n = x.shape
+    if m >= n:
+        return (q, r), _thin_qr_tangents(q, r, dx)
+    # wide: x = q [r1 r2] with r1 (m, m); r2 = q^T x2, so dr2 = dq^T x2 + q^T dx2
+    dq, dr1 = _thin_qr_tangents(q, r[:, :m], dx[:, :m])
+    return (q, r), (dq, jnp.concatenate([dr1, dq.T @ x[:, m:] + q.T @ dx[:, m:]], axis=1))
+
+
+def qr(x: jax.Array, /) -> tuple[jax.Array, jax.Array]:
+    """Thin QR ``x = q r``, as ``jnp.linalg.qr(x, mode="reduced")``, safe to ``vmap``.
+
+    The derivative is exact where ``r``'s leading square block is invertible
+    (full column rank for a tall ``x``, full row rank for a wide one).
+
+    Args:
+      x: ``(..., m, n)``, real.
+
+    Returns:
+      ``q: (..., m, r)`` with orthonormal columns and ``r: (..., r, n)`` upper
+      triangular, ``r = min(m, n)``.
+    """
+    x = jnp.asarray(x)
+    _check_matrix("qr", "x", x)
+    return jnp.vectorize(_qr_diff, signature="(m,n)->(m,p),(p,n)")(x)
+
+
+_syevd = _cpu_unbatched(lambda a: tuple(jnp.linalg.eigh(a, symmetrize_input=False)))  # (w, v), ?syevd
+
+
+@jax.custom_jvp
+def _eigh_diff(a):
+    return _syevd(a)
+
+
+@_eigh_diff.defjvp
+def _eigh_jvp(primals, tangents):
+    """``dw = diag(V^T dA V)``, ``dV = V (F * V^T dA V)`` with ``F_ij = 1 / (w_j - w_i)`` off the diagonal;
+    a pair of eigenvalues equal to rounding (``|w_i - w_j| <= 64 eps max|w|``) is not coupled (its
+    eigenvectors are not unique there, as for :func:`svd`)."""
+    (a,), (da,) = primals, tangents
+    w, v = _eigh_diff(a)
+    vdv = v.T @ ((da + da.T) / 2) @ v
+    gap = w[None, :] - w[:, None]
+    tiny = 64 * jnp.finfo(a.dtype).eps * jnp.max(jnp.abs(w))
+    f = jnp.where(jnp.abs(gap) > tiny, 1.0 / jnp.where(jnp.abs(gap) > tiny, gap, 1.0), 0.0)
+    return (w, v), (jnp.diagonal(vdv), v @ (f * vdv))
+
+
+def eigh(a: jax.Array, /) -> tuple[jax.Array, jax.Array]:
+    """Eigenvalues (ascending) and eigenvectors of ``(a + a^T) / 2``, as ``jnp.linalg.eigh``, safe to ``vmap``.
+
+    The derivative is exact where the eigenvalues are distinct; within a group of
+    equal eigenvalues the eigenvectors are held fixed (see :func:`_eigh_jvp`).
+
+    Args:
+      a: ``(..., m, m)``, real, symmetric.
+
+    Returns:
+      ``w: (..., m)`` and ``v: (..., m, m)`` with ``a v = v diag(w)``.
+    """
+    a = jnp.asarray(a)
+    _check_matrix("eigh", "a", a, square=True)
+    sym = (a + jnp.swapaxes(a, -1, -2)) / 2
+    return jnp.vectorize(_eigh_diff, signature="(m,m)->(m),(m,m)")(sym)
 
 
 @jax.custom_jvp

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from funsim.similarity._linalg import solve
 from funsim.similarity.stitching import fit_stitchers
 
 INITS = ("closed_form", "identity", "random")
@@ -68,7 +69,7 @@ def cayley(a: jax.Array) -> jax.Array:
       True
     """
     eye = jnp.eye(a.shape[-1], dtype=a.dtype)
-    return jnp.linalg.solve(eye - a, eye + a)
+    return solve(eye - a, eye + a)
 
 
 def orthogonal_matrix(gen: jax.Array, base: jax.Array, mask: jax.Array) -> jax.Array:

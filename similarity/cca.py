@@ -50,6 +50,7 @@ from jax.typing import ArrayLike
 from funsim.similarity import _validate as V
 from funsim.similarity import protocol
 from funsim.similarity._linalg import pow2_at
+from funsim.similarity._linalg import qr as _qr
 from funsim.similarity._linalg import svd as _svd
 from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import LayerStats
@@ -143,7 +144,7 @@ def _cca_layer(z: jax.Array, width, opts) -> _CCALayer:
     """
     del opts
     f = V.rep_flags(z)
-    q, r = jnp.linalg.qr(_unit_centred(z, f["max_abs"]), mode="reduced")
+    q, r = _qr(_unit_centred(z, f["max_abs"]))
     q = q * protocol.feature_mask(width, q.shape[1], q.dtype)[None, :]
     rank = _rank_flag(_svd(r, compute_uv=False), z.shape[0], width, z.dtype)
     return _CCALayer(q, jnp.asarray(width, jnp.int32), rank, f)
@@ -322,7 +323,7 @@ def _pwcca_weights(s: jax.Array, vt: jax.Array, c: jax.Array) -> jax.Array:
     the directions are ``U (S c)``, so the QR of the small ``S c`` suffices (its
     first ``j`` columns depend only on the first ``j`` directions).
     """
-    q, _ = jnp.linalg.qr(s[:, None] * c)
+    q, _ = _qr(s[:, None] * c)
     return jnp.sum(jnp.abs(jnp.einsum("dk,d,de->ke", q, s, vt)), axis=1)
 
 

@@ -79,6 +79,9 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity import protocol
+from funsim.similarity._linalg import cho_solve as _cho_solve
+from funsim.similarity._linalg import cholesky as _cholesky
+from funsim.similarity._linalg import eigh as _eigh
 from funsim.similarity._linalg import fmix32, pow2_scale, row_hash, shared_hashes
 from funsim.similarity._linalg import svd as _svd
 from funsim.similarity._precision import full_precision
@@ -261,7 +264,7 @@ def affine_system(gram: jax.Array, *, ridge: float, mask: jax.Array | None = Non
     d = gram.shape[0]
     mask = jnp.ones((d,), gram.dtype) if mask is None else mask.astype(gram.dtype)
     a = gram + jnp.diag(jnp.maximum(ridge, _affine_shift(gram)) * mask + (1.0 - mask))
-    return jnp.linalg.cholesky(a)
+    return _cholesky(a)
 
 
 def affine_ambiguity(gram_train: jax.Array, gram_test: jax.Array, ridge, /) -> jax.Array:
@@ -287,7 +290,7 @@ def affine_ambiguity(gram_train: jax.Array, gram_test: jax.Array, ridge, /) -> j
       ``()`` in ``[0, 1]``.
     """
     g, g_te = jax.lax.stop_gradient(gram_train), jax.lax.stop_gradient(gram_test)
-    lam, vec = jnp.linalg.eigh(g)
+    lam, vec = _eigh(g)
     null = (lam <= _affine_shift(g)).astype(g.dtype)
     part = jnp.einsum("ik,ij,jk,k->", vec, g_te, vec, null)
     total = jnp.trace(g_te)
@@ -328,12 +331,12 @@ def fit_from_moments(
     if family == "affine":
         if chol is None:
             chol = affine_system(gram_train, ridge=ridge, mask=mask_src)
-        w = jax.scipy.linalg.cho_solve((chol, True), cross_train)
+        w = _cho_solve(chol, cross_train)
         # one refinement step against G + ridge I (the factor may carry a larger shift: affine_system)
         d = gram_train.shape[0]
         mask = jnp.ones((d,), dt) if mask_src is None else mask_src.astype(dt)
         resid = cross_train - jnp.einsum("ij,jk->ik", gram_train, w) - (ridge * mask)[:, None] * w
-        w = w + jax.scipy.linalg.cho_solve((chol, True), resid)
+        w = w + _cho_solve(chol, resid)
         return w, jnp.ones((), dt)
     # The (d1, d2) block of the square Procrustes solution on the zero-padded
     # space is U V^T from the *thin* SVD U S V^T of the (d1, d2) cross-covariance

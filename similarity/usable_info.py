@@ -42,7 +42,9 @@ import optax.tree_utils as otu
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity._linalg import cholesky as _cholesky
 from funsim.similarity._linalg import lstsq as _lstsq
+from funsim.similarity._linalg import triangular_solve as _triangular_solve
 from funsim.similarity._precision import full_precision
 from funsim.similarity.moments import split_weights
 
@@ -85,8 +87,8 @@ def _whiten(z, w):
     mu = _wmean(z, w)
     zc = z - mu[None, :]
     cov = jnp.einsum("n,ni,nj->ij", w, zc, zc) / jnp.sum(w)
-    chol = jnp.linalg.cholesky(cov)
-    return jax.scipy.linalg.solve_triangular(chol, zc.T, lower=True).T
+    chol = _cholesky(cov)
+    return _triangular_solve(chol, zc.T, left_side=True, lower=True).T
 
 
 def _lbfgs(fun, params, *, max_iter, tol):

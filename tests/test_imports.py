@@ -21,6 +21,7 @@ to be removed on other branches, each with who removes it: the list must only sh
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,41 @@ def test_the_allow_list_only_names_offences_that_still_exist():
     live = {(m, _key(f)) for m, p in {**MODULES, **BENCHMARKS}.items() for f in offences(m, p.read_text())}
     stale = sorted(ALLOWED - live)
     assert not stale, f"remove these from ALLOWED, they are fixed: {stale}"
+
+
+# ----------------------------------------------------------------------------- declared dependencies
+
+#: Distribution name -> the top-level module it provides, where the two differ.
+IMPORT_NAME = {"scikit-learn": "sklearn", "orbax-checkpoint": "orbax", "tensorflow-datasets": "tensorflow_datasets"}
+
+
+def imported_top_levels() -> set[str]:
+    """Every top-level module the three packages import anywhere (function-local imports included)."""
+    found = set()
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def declared(extra: str | None = None) -> list[str]:
+    """The distribution names of ``[project] dependencies`` (or of one optional extra)."""
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11's tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = project["dependencies"] if extra is None else project["optional-dependencies"][extra]
+    return [re.match(r"[A-Za-z0-9_.-]+", s).group(0).lower() for s in specs]
+
+
+def test_every_runtime_dependency_is_imported_by_the_package():
+    imported = imported_top_levels()
+    unused = [d for d in declared() if IMPORT_NAME.get(d, d.replace("-", "_")) not in imported]
+    assert not unused, f"declared in pyproject.toml but never imported by the package: {unused}"
+
+
+def test_scipy_is_a_test_and_benchmark_dependency_only():
+    """SciPy is the tests' float64 reference; the package never imports it (not even lazily)."""
+    assert "scipy" not in imported_top_levels()
+    assert "scipy" not in declared() and "scipy" in declared("test") and "scipy" in declared("bench")

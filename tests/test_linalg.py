@@ -1,4 +1,4 @@
-"""The batch-safe SVD and least squares (similarity._linalg) against NumPy float64.
+"""The batch-safe LAPACK kernels (similarity._linalg) against NumPy/SciPy float64.
 
 Besides the numbers, the tests check the structural property the module exists
 for: under ``vmap`` on the CPU, every compiled ``gesdd`` kernel is unbatched
@@ -16,10 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.linalg
 from hypothesis import given
 from jax.test_util import check_grads
 
-from funsim.similarity._linalg import lstsq, svd
+from funsim.similarity._linalg import cho_solve, cholesky, lstsq, qr, solve, svd, triangular_solve
 
 SHAPES = [(7, 3), (3, 7), (5, 5), (1, 4), (4, 1)]
 
@@ -170,3 +171,178 @@ def test_shared_rows_without_x64():
     with jax.enable_x64(False):
         n = shared_rows(jnp.asarray(x), jnp.asarray([1, 1, 1, 0, 0, 0], bool), jnp.asarray([0, 0, 0, 1, 1, 1], bool))
     assert int(n) == 1
+
+
+# ----------------------------------------------------------------------------- solve, Cholesky, triangular, QR
+
+
+def _spd(rng, m):
+    a = rng.normal(size=(m, m))
+    return a @ a.T + m * np.eye(m)
+
+
+def _same(x, y):
+    """Bit for bit (the safe kernels run the same LAPACK routine on each matrix)."""
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_solve_cholesky_triangular_qr_match_scipy(rng):
+    a, b, s = rng.normal(size=(6, 6)) + 3 * np.eye(6), rng.normal(size=(6, 3)), _spd(rng, 6)
+    np.testing.assert_allclose(solve(a, b), scipy.linalg.solve(a, b), rtol=1e-12, atol=1e-12)
+    low = np.asarray(cholesky(s))
+    np.testing.assert_allclose(low, scipy.linalg.cholesky(s, lower=True), rtol=1e-12, atol=1e-12)
+    assert np.all(np.triu(low, 1) == 0)
+    np.testing.assert_allclose(cho_solve(low, b), scipy.linalg.cho_solve((low, True), b), rtol=1e-12, atol=1e-12)
+    for left, lower, trans, unit in [(True, True, False, False), (True, False, True, True), (False, False, False, False),
+                                     (False, True, True, False)]:
+        rhs = b if left else b.T
+        got = triangular_solve(a, rhs, left_side=left, lower=lower, transpose_a=trans, unit_diagonal=unit)
+        tri = np.tril(a) if lower else np.triu(a)
+        if unit:
+            tri = tri - np.diag(np.diag(tri)) + np.eye(6)
+        op = tri.T if trans else tri
+        want = np.linalg.solve(op, rhs) if left else np.linalg.solve(op.T, rhs.T).T
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
+    for shape in [(7, 4), (4, 7), (5, 5)]:
+        x = rng.normal(size=shape)
+        q, r = map(np.asarray, qr(x))
+        q_ref, r_ref = scipy.linalg.qr(x, mode="economic")
+        signs = np.sign(np.diag(r)) * np.sign(np.diag(r_ref))  # LAPACK's signs; the same routine here
+        np.testing.assert_allclose(q * signs[None, :], q_ref, atol=1e-12)
+        np.testing.assert_allclose(r * signs[:, None], r_ref, atol=1e-12)
+
+
+def test_batched_equals_plain_kernels_bit_for_bit(rng):
+    """vmapped (and leading-axis) calls give exactly the plain jnp/jax.scipy results."""
+    a = jnp.asarray(rng.normal(size=(4, 6, 6)) + 3 * np.eye(6))
+    b = jnp.asarray(rng.normal(size=(4, 6, 3)))
+    s = jnp.asarray(np.stack([_spd(rng, 6) for _ in range(4)]))
+    low = jnp.linalg.cholesky(s)
+    _same(jax.jit(jax.vmap(solve))(a, b), jax.vmap(jnp.linalg.solve)(a, b))
+    _same(solve(a, b), jnp.linalg.solve(a, b))
+    _same(jax.vmap(cholesky)(s), low)
+    _same(jax.vmap(cho_solve)(low, b), jax.vmap(lambda c, r: jax.scipy.linalg.cho_solve((c, True), r))(low, b))
+    _same(jax.vmap(triangular_solve)(low, b), jax.scipy.linalg.solve_triangular(low, b, lower=True))
+    for x in (a, jnp.asarray(rng.normal(size=(4, 8, 5))), jnp.asarray(rng.normal(size=(4, 3, 5)))):
+        for got, want in zip(jax.vmap(qr)(x), jnp.linalg.qr(x)):
+            _same(got, want)
+    # nested vmap with an unbatched operand shared by the inner map
+    _same(jax.vmap(jax.vmap(solve, (None, 0)), (0, None))(a, b), jax.vmap(jax.vmap(jnp.linalg.solve, (None, 0)),
+                                                                            (0, None))(a, b))
+
+
+@CPU_LOWERING
+def test_vmapped_kernels_and_their_gradients_are_unbatched_on_cpu(rng):
+    from tests.test_lapack_batching import lapack_calls
+
+    a = jnp.asarray(rng.normal(size=(3, 6, 6)) + 3 * np.eye(6))
+    b = jnp.asarray(rng.normal(size=(3, 6, 2)))
+
+    def f(a, b):
+        s = a @ a.T
+        return jnp.sum(jnp.sin(cho_solve(cholesky(s), b))) + jnp.sum(qr(a)[1] ** 2) + jnp.sum(solve(a, b) ** 3)
+
+    def batched(fn, *args):
+        calls = lapack_calls(jax.jit(fn).lower(*args).as_text())
+        return [c for c in calls if any(len(s) > 2 for s in c[1])], calls
+
+    bad, calls = batched(jax.vmap(jax.grad(f, argnums=(0, 1))), a, b)
+    assert calls and not bad, bad
+    bad, calls = batched(jax.vmap(jax.hessian(lambda x: f(x, b[0]))), a)
+    assert calls and not bad, bad
+    # the hazard exists: the plain kernels are batched
+    assert batched(jax.vmap(jnp.linalg.solve), a, b)[0]
+
+
+_TRI_FLAGS = [(True, True, False), (True, False, True), (False, False, False), (False, True, True)]
+
+
+def _fd_case(name, rng):
+    """``(function, args)`` of one kernel for the finite-difference checks (small, well-conditioned)."""
+    a = jnp.asarray(rng.normal(size=(4, 4)) + 3 * np.eye(4))
+    b = jnp.asarray(rng.normal(size=(4, 2)))
+    if name == "solve":
+        return solve, (a, b)
+    if name == "cholesky":
+        return lambda x: cholesky(x @ x.T + 4 * jnp.eye(4)), (a,)
+    if name == "cho_solve":
+        return lambda c, r: cho_solve(jnp.tril(c), r), (a, b)
+    if name.startswith("triangular"):
+        left, lower, trans = _TRI_FLAGS[int(name[-1])]
+        return (lambda m, r: triangular_solve(m, r, left_side=left, lower=lower, transpose_a=trans)), (a, b if left else b.T)
+    shape = {"qr_tall": (6, 3), "qr_wide": (3, 5), "qr_square": (4, 4)}[name]
+    return qr, (jnp.asarray(rng.normal(size=shape)),)
+
+
+@pytest.mark.parametrize("name", ["solve", "cholesky", "cho_solve", "triangular0", "triangular1", "triangular2",
+                                  "triangular3", "qr_tall", "qr_wide", "qr_square"])
+def test_gradients_match_finite_differences(name, rng):
+    """JVP and VJP, first and second order, of every kernel against central finite differences."""
+    fn, args = _fd_case(name, rng)
+    check_grads(fn, args, order=2, modes=["fwd", "rev"])
+
+
+def test_gradients_equal_jax_own_rules(rng):
+    """The same derivative as the plain jnp kernels (whose rules these restate), vmapped over a batch."""
+    a = jnp.asarray(rng.normal(size=(3, 6, 6)) + 3 * np.eye(6))
+    b = jnp.asarray(rng.normal(size=(3, 6, 2)))
+    pairs = [
+        (lambda m, r: jnp.sum(jnp.sin(solve(m, r))), lambda m, r: jnp.sum(jnp.sin(jnp.linalg.solve(m, r)))),
+        (lambda m, r: jnp.sum(jnp.sin(cholesky(m @ m.T) @ r)), lambda m, r: jnp.sum(jnp.sin(jnp.linalg.cholesky(m @ m.T) @ r))),
+        (lambda m, r: jnp.sum(jnp.sin(qr(m)[0] @ r)), lambda m, r: jnp.sum(jnp.sin(jnp.linalg.qr(m)[0] @ r))),
+    ]
+    for mine, plain in pairs:
+        for got, want in zip(jax.vmap(jax.grad(mine, (0, 1)))(a, b), jax.vmap(jax.grad(plain, (0, 1)))(a, b)):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_bad_shapes_name_the_argument():
+    with pytest.raises(ValueError, match=r"solve: a must be \(\.\.\., m, m\), square, got shape \(3, 4\)"):
+        solve(jnp.ones((3, 4)), jnp.ones((3, 1)))
+    with pytest.raises(ValueError, match=r"solve: b must be \(\.\.\., 3, k\).*got shape \(3,\).*b\[:, None\]"):
+        solve(jnp.eye(3), jnp.ones(3))
+    with pytest.raises(ValueError, match=r"cholesky: a must be .*got shape \(2, 3\)"):
+        cholesky(jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"triangular_solve: b must be \(\.\.\., m, 3\) for a right-side solve"):
+        triangular_solve(jnp.eye(3), jnp.ones((3, 2)), left_side=False)
+    with pytest.raises(ValueError, match=r"qr: x must be \(\.\.\., m, k\), got shape \(4,\)"):
+        qr(jnp.ones(4))
+
+
+def test_not_positive_definite_gives_nan_as_jnp():
+    bad = jnp.asarray([[1.0, 2.0], [2.0, 1.0]])
+    assert np.all(np.isnan(np.asarray(cholesky(bad)))) == np.all(np.isnan(np.asarray(jnp.linalg.cholesky(bad))))
+    assert np.any(np.isnan(np.asarray(cholesky(bad))))
+
+
+def test_eigh_matches_numpy_batches_exactly_and_is_unbatched_on_cpu(rng):
+    """eigh: values and vectors against NumPy float64 (vectors up to sign), vmap bit for bit equal to
+    jnp.linalg.eigh, and no batched LAPACK eigensolver in a vmapped program on the CPU."""
+    from funsim.similarity._linalg import eigh
+
+    s = np.stack([_spd(rng, 6) for _ in range(3)])
+    w, v = map(np.asarray, eigh(s[0]))
+    w_ref, v_ref = np.linalg.eigh(s[0])
+    np.testing.assert_allclose(w, w_ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.abs(np.sum(v * v_ref, axis=0)), np.ones(6), atol=1e-10)
+    for got, want in zip(jax.jit(jax.vmap(eigh))(jnp.asarray(s)), jnp.linalg.eigh(jnp.asarray(s))):
+        _same(got, want)
+    if jax.default_backend() == "cpu":
+        from tests.test_lapack_batching import lapack_calls
+
+        calls = lapack_calls(jax.jit(jax.vmap(eigh)).lower(jnp.asarray(s)).as_text())
+        assert calls and not [c for c in calls if any(len(sh) > 2 for sh in c[1])], calls
+
+
+def test_eigh_gradients_match_finite_differences(rng):
+    """Distinct eigenvalues: the eigenvalues and a sign-invariant function of the vectors (their projectors),
+    first and second order, forward and reverse."""
+    from funsim.similarity._linalg import eigh
+
+    a = jnp.asarray(np.diag([1.0, 2.0, 4.0, 7.0]) + 0.1 * rng.normal(size=(4, 4)))
+
+    def f(m):
+        w, v = eigh(m)
+        return w, v[:, :2] @ v[:, :2].T
+
+    check_grads(f, (a,), order=2, modes=["fwd", "rev"])
