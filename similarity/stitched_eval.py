@@ -26,12 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from funsim.similarity._precision import full_precision
 from funsim.similarity.stitching import Stitcher
 from funsim.similarity.task_stitching import resize_spatial, stitch_representation
 
 __all__ = ["stitched_logits"]
 
 
+@full_precision
 def stitched_logits(
     tail_apply: Callable[[Any, jax.Array], jax.Array],
     tail_params: Any,

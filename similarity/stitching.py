@@ -228,6 +228,12 @@ def pair_moments(
 # ----------------------------------------------------------------------------- fits
 
 
+# Refinement steps of the affine solve: each multiplies the error along an eigenvalue lambda of
+# G by shift / (lambda + shift). One step left float32 held-out scores 0.1 off the float64 ones
+# on a moment of condition 1e5 (shift / lambda = 0.23); three reach float32's own floor there.
+_REFINE_STEPS = 3
+
+
 def _affine_shift(gram: jax.Array) -> jax.Array:
     """``()``: the smallest diagonal shift of the affine normal equations, ``10 eps tr(G)``.
 
@@ -241,9 +247,10 @@ def _affine_shift(gram: jax.Array) -> jax.Array:
 def affine_system(gram: jax.Array, *, ridge: float, mask: jax.Array | None = None) -> jax.Array:
     """Cholesky factor of the normal equations ``G + max(ridge, shift) I`` (``shift`` = 10 eps tr G).
 
-    :func:`fit_from_moments` solves with it and refines once against ``G + ridge I``: for a ridge
-    above the shift that is ordinary iterative refinement, and at ridge 0 it gives the least-squares
-    fit to a relative ``(shift / lambda)^2`` on every direction of eigenvalue ``lambda``. Along
+    :func:`fit_from_moments` solves with it and refines three times against ``G + ridge I``: for
+    a ridge above the shift that is ordinary iterative refinement, and at ridge 0 it gives the
+    least-squares fit to a relative ``(shift / (lambda + shift))^4`` on every direction of
+    eigenvalue ``lambda``. Along
     directions of ``G`` with eigenvalue 0 (a dead unit, a duplicated column) the least-squares
     weights are not unique: there the weights are set by rounding (zero for an exactly dead unit,
     a few percent of the weights' size for a duplicated column), and the predictions on rows in
@@ -332,11 +339,12 @@ def fit_from_moments(
         if chol is None:
             chol = affine_system(gram_train, ridge=ridge, mask=mask_src)
         w = _cho_solve(chol, cross_train)
-        # one refinement step against G + ridge I (the factor may carry a larger shift: affine_system)
+        # refinement against G + ridge I (the factor may carry a larger shift: affine_system)
         d = gram_train.shape[0]
         mask = jnp.ones((d,), dt) if mask_src is None else mask_src.astype(dt)
-        resid = cross_train - jnp.einsum("ij,jk->ik", gram_train, w) - (ridge * mask)[:, None] * w
-        w = w + _cho_solve(chol, resid)
+        for _ in range(_REFINE_STEPS):
+            resid = cross_train - jnp.einsum("ij,jk->ik", gram_train, w) - (ridge * mask)[:, None] * w
+            w = w + _cho_solve(chol, resid)
         return w, jnp.ones((), dt)
     # The (d1, d2) block of the square Procrustes solution on the zero-padded
     # space is U V^T from the *thin* SVD U S V^T of the (d1, d2) cross-covariance
