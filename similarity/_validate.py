@@ -172,11 +172,11 @@ def as_float_array(x: ArrayLike, name: str) -> jax.Array:
     if dt == jnp.dtype(jnp.float64) and not jax.config.jax_enable_x64:
         warn_float64_without_x64(name)
         dt = jnp.dtype(jnp.float32)
-        if isinstance(x, np.ndarray) or jnp.dtype(x.dtype) != dt:
-            return jnp.asarray(np.asarray(x, dtype=np.float32))
-    if jnp.dtype(x.dtype) != dt:
-        x = jnp.asarray(x).astype(dt)
-    return jnp.asarray(x)
+    if isinstance(x, np.ndarray) or not isinstance(x, jax.Array):
+        # host data is converted on the host and transferred: jnp.asarray would compile a small
+        # program per shape from jax 0.10 on ("stage"), before any check could refuse the input
+        return jax.device_put(np.asarray(x, dtype=dt))
+    return x if jnp.dtype(x.dtype) == dt else x.astype(dt)
 
 
 def check_bool(value: Any, name: str) -> bool:
