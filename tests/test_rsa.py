@@ -242,3 +242,23 @@ def test_one_compiled_program_serves_every_rdm_metric():
         for m in RDM_METRICS[1:]:
             np.testing.assert_allclose(rdm(x, metric=m), ref_rdm(x, m), rtol=1e-10, atol=1e-12)
     assert c.count == 0
+
+
+@pytest.mark.parametrize("compare", ["spearman", "kendall"])
+def test_cosine_rdm_of_one_feature_keeps_pdists_ties(compare):
+    """On one feature every cosine distance is exactly 0 or 2 (pdist's two values). The RDM once scaled
+    the products by reciprocal norms, and XLA rewrote ``x / sqrt(x^2)`` as ``x * rsqrt(x^2)``: both break
+    the ties by rounding (9 distinct distances; Spearman 0.713 for scipy's 0.792)."""
+    r = np.random.default_rng(0)
+    x = r.normal(size=(40, 1)) + 0.3
+    y = np.tanh(x @ r.normal(size=(1, 3))) + 0.3 * r.normal(size=(40, 3))
+    d = np.asarray(jax.jit(lambda z: rdm(z, metric="cosine"))(x))
+    iu = np.triu_indices(40, 1)
+    assert set(np.unique(d[iu])) == set(np.unique(pdist(x, "cosine"))) == {0.0, 2.0}
+    dx, dy = pdist(x, "cosine"), pdist(y, "cosine")
+    if compare == "spearman":
+        want = spearmanr(dx, dy)[0]
+    else:  # tau-a: concordant minus discordant pairs over all pairs (ties count as neither)
+        s = np.sign(dx[:, None] - dx[None, :]) * np.sign(dy[:, None] - dy[None, :])
+        want = s[np.triu_indices(len(dx), 1)].mean()
+    assert float(rsa(x, y, rdm_metric="cosine", compare=compare)) == pytest.approx(want, abs=1e-10)
