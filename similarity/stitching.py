@@ -250,12 +250,11 @@ def affine_system(gram: jax.Array, *, ridge: float, mask: jax.Array | None = Non
     :func:`fit_from_moments` solves with it and refines three times against ``G + ridge I``: for
     a ridge above the shift that is ordinary iterative refinement, and at ridge 0 it gives the
     least-squares fit to a relative ``(shift / (lambda + shift))^4`` on every direction of
-    eigenvalue ``lambda``. Along
-    directions of ``G`` with eigenvalue 0 (a dead unit, a duplicated column) the least-squares
-    weights are not unique: there the weights are set by rounding (zero for an exactly dead unit,
-    a few percent of the weights' size for a duplicated column), and the predictions on rows in
-    the span of the train rows, hence every defined score, do not depend on them
-    (:func:`affine_ambiguity` says when a held-out score would). The factor exists for every
+    eigenvalue ``lambda``. Along directions of ``G`` with eigenvalue 0 (a dead unit, a duplicated
+    column) the least-squares weights are not unique: there the weights are set by rounding (zero
+    for an exactly dead unit, a few percent of the weights' size for a duplicated column), and the
+    predictions on rows in the span of the train rows, hence every defined score, do not depend on
+    them (:func:`affine_ambiguity` says when a held-out score would). The factor exists for every
     ``G``, so derivatives are finite too.
 
     Args:
