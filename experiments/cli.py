@@ -1,10 +1,15 @@
 """The ``funsim`` console script.
 
-``SUBCOMMANDS`` is the one place to add a subcommand: ``"name": ("module", "one-line
-help")``. The module defines ``add_arguments(parser)`` and ``main(args) -> int``. It is
-imported only when its subcommand runs (or shows its own ``--help``), so ``funsim
---help`` answers without importing jax or flax; the driver modules import jax and
-flax inside their functions, so ``funsim COMMAND --help`` does not either.
+``SUBCOMMANDS`` is the one place to add a subcommand: ``"name": Subcommand(arguments,
+run, help)``. Each driver has two modules, as the flax examples do:
+
+* its *arguments* module, ``funsim.experiments.configs.NAME``: the config (no JAX), its
+  named configs and ``add_arguments(parser)``. ``funsim COMMAND --help`` imports only this
+  one, so it answers without importing jax, flax or matplotlib;
+* its *run* module, ``funsim.experiments.NAME``: ``main(args) -> int`` and the work, with
+  its imports at the top. It is imported only when the subcommand runs.
+
+A subcommand that needs no JAX (``launch``, ``report``) is one module, named twice.
 
 Mistakes a user can fix are printed as one line, ``funsim COMMAND: error: ...``,
 without a traceback: a bad ``--config`` or ``--set`` (exit status 2, as argparse's own errors),
@@ -12,9 +17,9 @@ a run folder in use by another run, or a damaged result file or checkpoint (exit
 status 1); each message names the file and the fix. Ctrl-C prints one line with the command
 that resumes the run, and exits with status 130.
 
-A subcommand whose module sets ``SUPPORTS_MULTIPROCESS = True`` first joins the
+A subcommand whose arguments module sets ``SUPPORTS_MULTIPROCESS = True`` first joins the
 multi-process run it belongs to (``distributed.initialize()``: ``funsim launch``,
-or ``FUNSIM_DISTRIBUTED=1`` on a cluster), unless the module also sets
+or ``FUNSIM_DISTRIBUTED=1`` on a cluster), unless that module also sets
 ``JOINS_JAX_RUNTIME = False`` (its processes share no computation and split the
 work by ``FUNSIM_PROCESS_ID`` alone: the zoo). In such a run a process that ends
 with an error status ends at once, so that the others stop too.
@@ -24,23 +29,47 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
+from typing import NamedTuple
 
-from funsim.experiments import compile_cache
+from funsim.experiments import compile_cache, distributed
+from funsim.experiments.config import ConfigError
+from funsim.experiments.io import RunLockedError
 
-# name -> (module, one-line help). Each module defines its own arguments.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "compare": ("funsim.experiments.compare", "compare two saved representation matrices (.npy/.npz)"),
-    "quickstart": ("funsim.experiments.quickstart", "train small models offline and compare them end to end"),
-    "grokking": ("funsim.experiments.grokking", "modular addition with one bilinear layer: phases from checkpoint similarity"),
-    "forgetting": ("funsim.experiments.forgetting", "catastrophic forgetting through a curriculum, localised by tensor similarity"),
-    "backdoor": ("funsim.experiments.backdoor", "detect a backdoor from the weights and clean data only"),
-    "zoo": ("funsim.experiments.zoo", "train a model zoo (data sets x architectures x seeds) for the similarity study"),
-    "language": ("funsim.experiments.language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
-    "similarity-study": ("funsim.experiments.similarity_study", "every measure on every layer pair of every model pair of a zoo"),
-    "report": ("funsim.experiments.report", "reports over finished runs, e.g. `funsim report usable-information --run DIR`"),
-    "launch": ("funsim.experiments.launch", "run a subcommand or script as N local processes of one multi-process run"),
+
+class Subcommand(NamedTuple):
+    """Where a subcommand lives: ``arguments`` (no JAX) defines ``add_arguments``, ``run`` defines ``main``."""
+
+    arguments: str
+    run: str
+    help: str
+
+
+def _driver(name: str, help_: str) -> Subcommand:
+    """A driver's two modules: ``configs.NAME`` (arguments) and ``NAME`` (run), NAME with ``_`` for ``-``."""
+    module = name.replace("-", "_")
+    return Subcommand(f"funsim.experiments.configs.{module}", f"funsim.experiments.{module}", help_)
+
+
+def _light(name: str, help_: str) -> Subcommand:
+    """A subcommand that imports no JAX: one module for its arguments and its run."""
+    module = f"funsim.experiments.{name.replace('-', '_')}"
+    return Subcommand(module, module, help_)
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "compare": _light("compare", "compare two saved representation matrices (.npy/.npz)"),
+    "quickstart": _light("quickstart", "train small models offline and compare them end to end"),
+    "grokking": _light("grokking", "modular addition with one bilinear layer: phases from checkpoint similarity"),
+    "forgetting": _light("forgetting", "catastrophic forgetting through a curriculum, localised by tensor similarity"),
+    "backdoor": _light("backdoor", "detect a backdoor from the weights and clean data only"),
+    "zoo": _light("zoo", "train a model zoo (data sets x architectures x seeds) for the similarity study"),
+    "language": _light("language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
+    "similarity-study": _light("similarity-study", "every measure on every layer pair of every model pair of a zoo"),
+    "report": _light("report", "reports over finished runs, e.g. `funsim report usable-information --run DIR`"),
+    "launch": _light("launch", "run a subcommand or script as N local processes of one multi-process run"),
 }
 
 
@@ -52,13 +81,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     compile_cache.add_option(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_) in SUBCOMMANDS.items():
+    for name, (arguments, _, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         compile_cache.add_option(p, subcommand=True)
         if name == command:
-            mod = importlib.import_module(module)
-            mod.add_arguments(p)
-            p.set_defaults(_main=mod.main)
+            importlib.import_module(arguments).add_arguments(p)
     return parser
 
 
@@ -69,9 +96,6 @@ def _command(argv: list[str]) -> str | None:
 
 def _user_error_status(e: BaseException) -> int | None:
     """The exit status of an error the user can fix (printed without a traceback), or None."""
-    from funsim.experiments.config import ConfigError
-    from funsim.experiments.io import RunLockedError
-
     if isinstance(e, ConfigError):
         return 2
     if isinstance(e, RunLockedError):
@@ -91,14 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     name = _command(argv)  # args.command is launch's own command line for `funsim launch`
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    multiprocess = getattr(module, "SUPPORTS_MULTIPROCESS", False)
-    if multiprocess and getattr(module, "JOINS_JAX_RUNTIME", True):  # join the run of N processes (or nothing)
-        from funsim.experiments import distributed
-
+    arguments = importlib.import_module(SUBCOMMANDS[name].arguments)
+    multiprocess = getattr(arguments, "SUPPORTS_MULTIPROCESS", False)
+    if multiprocess and getattr(arguments, "JOINS_JAX_RUNTIME", True):  # join the run of N processes (or nothing)
         distributed.initialize()
     try:
-        status = int(args._main(args) or 0)
+        status = int(importlib.import_module(SUBCOMMANDS[name].run).main(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C: one line that says how to go on, not a traceback
         print(f"funsim {name}: interrupted. Rerun the same command to resume (a run continues from its "
               f"last checkpoint): {shlex.join(['funsim', *argv])}", file=sys.stderr)
@@ -120,13 +142,9 @@ def _exit_now_if_one_of_many(status: int) -> None:
     seconds) for processes that may be waiting for this one's units; ending at
     once lets ``funsim launch`` (or the others' heartbeats) stop them too.
     """
-    import os
-
     jax = sys.modules.get("jax")
     if jax is None or not jax.distributed.is_initialized() or jax.process_count() == 1:
         return
-    from funsim.experiments import distributed
-
     print(f"{distributed.log_prefix()}funsim: ending this process with status {status} so that the other "
           "processes of the run stop too.", file=sys.stderr)
     sys.stdout.flush()

@@ -345,8 +345,8 @@ def subcommand_argv(command: Sequence[str], num_processes: int) -> list[str]:
     if head not in SUBCOMMANDS:
         raise ValueError(f"unknown subcommand {head!r}; valid: {', '.join(n for n in SUBCOMMANDS if n != 'launch')}, "
                          "or a script.py, or -m module.")
-    if num_processes > 1 and not getattr(importlib.import_module(SUBCOMMANDS[head][0]), "SUPPORTS_MULTIPROCESS",
-                                         False):
+    if num_processes > 1 and not getattr(importlib.import_module(SUBCOMMANDS[head].arguments),
+                                         "SUPPORTS_MULTIPROCESS", False):
         raise ValueError(f"`funsim {head}` does not split its work over processes yet: {num_processes} processes "
                          f"would each run all of it. Run `funsim {head}` alone (or with -n 1).")
     return [sys.executable, "-m", "funsim.experiments.cli", *command]

@@ -199,8 +199,8 @@ def test_every_experiment_subcommand_takes_set(capsys):
     import importlib
 
     with_config = set()
-    for name, (module, _) in cli.SUBCOMMANDS.items():
-        mod = importlib.import_module(module)
+    for name, sub in cli.SUBCOMMANDS.items():
+        mod = importlib.import_module(sub.arguments)
         rc, out, _ = _run(capsys, [name, "--help"])
         assert rc == 0
         if any(dataclasses.is_dataclass(v) and v.__name__.endswith("Config") for v in vars(mod).values()
