@@ -34,9 +34,8 @@ import shlex
 import sys
 from typing import NamedTuple
 
-from funsim.experiments import compile_cache, distributed
+from funsim.experiments import compile_cache
 from funsim.experiments.config import ConfigError
-from funsim.experiments.io import RunLockedError
 
 
 class Subcommand(NamedTuple):
@@ -60,8 +59,8 @@ def _light(name: str, help_: str) -> Subcommand:
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
-    "compare": _light("compare", "compare two saved representation matrices (.npy/.npz)"),
-    "quickstart": _light("quickstart", "train small models offline and compare them end to end"),
+    "compare": _driver("compare", "compare two saved representation matrices (.npy/.npz)"),
+    "quickstart": _driver("quickstart", "train small models offline and compare them end to end"),
     "grokking": _light("grokking", "modular addition with one bilinear layer: phases from checkpoint similarity"),
     "forgetting": _light("forgetting", "catastrophic forgetting through a curriculum, localised by tensor similarity"),
     "backdoor": _light("backdoor", "detect a backdoor from the weights and clean data only"),
@@ -98,9 +97,10 @@ def _user_error_status(e: BaseException) -> int | None:
     """The exit status of an error the user can fix (printed without a traceback), or None."""
     if isinstance(e, ConfigError):
         return 2
-    if isinstance(e, RunLockedError):
+    # each module is imported if and only if it can have raised its error
+    xio, models_io = sys.modules.get("funsim.experiments.io"), sys.modules.get("funsim.models.io")
+    if xio is not None and isinstance(e, xio.RunLockedError):
         return 1
-    models_io = sys.modules.get("funsim.models.io")  # imported if and only if it can have raised
     if models_io is not None and isinstance(e, models_io.DamagedFileError):
         return 1
     return None
@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     arguments = importlib.import_module(SUBCOMMANDS[name].arguments)
     multiprocess = getattr(arguments, "SUPPORTS_MULTIPROCESS", False)
     if multiprocess and getattr(arguments, "JOINS_JAX_RUNTIME", True):  # join the run of N processes (or nothing)
+        from funsim.experiments import distributed  # imports jax: only for a subcommand that runs
+
         distributed.initialize()
     try:
         status = int(importlib.import_module(SUBCOMMANDS[name].run).main(args) or 0)
@@ -142,8 +144,8 @@ def _exit_now_if_one_of_many(status: int) -> None:
     seconds) for processes that may be waiting for this one's units; ending at
     once lets ``funsim launch`` (or the others' heartbeats) stop them too.
     """
-    jax = sys.modules.get("jax")
-    if jax is None or not jax.distributed.is_initialized() or jax.process_count() == 1:
+    distributed = sys.modules.get("funsim.experiments.distributed")  # imported if and only if the run joined
+    if distributed is None or not distributed.is_initialized() or distributed.process_count() == 1:
         return
     print(f"{distributed.log_prefix()}funsim: ending this process with status {status} so that the other "
           "processes of the run stop too.", file=sys.stderr)

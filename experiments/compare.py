@@ -29,28 +29,13 @@ import zipfile
 import zlib
 from pathlib import Path
 
+import jax
 import numpy as np
 
-EXAMPLE_DIR = Path("results") / "compare" / "example"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", nargs="?", help="first representation: A.npy, A.npz (one array) or A.npz:name")
-    parser.add_argument("b", nargs="?", help="second representation, same rows as the first")
-    parser.add_argument("--key", help="array name inside .npz files (for both, unless given as file.npz:name)")
-    parser.add_argument(
-        "--measures", nargs="+", metavar="NAME",
-        help="measure names (see `--list`); commas also separate names. Default: all.",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--list", action="store_true", help="list the registered measures and exit")
-    parser.add_argument(
-        "--example", action="store_true",
-        help="build two views of scikit-learn's digits (pixels vs random features of a PCA), "
-        "save them as .npy and compare them",
-    )
-    parser.add_argument("--out", type=Path, default=EXAMPLE_DIR, help=f"where --example writes (default {EXAMPLE_DIR})")
-    parser.add_argument("--float32", action="store_true", help="compute in float32 (default float64)")
+from funsim.experiments.data import sklearn_digits_arrays
+from funsim.experiments.io import write_atomic, write_json_atomic
+from funsim.similarity import list_measures, measure
+from funsim.similarity.rsa import KENDALL_MAX_ENTRIES
 
 
 class CompareError(Exception):
@@ -115,8 +100,6 @@ def load_representation(spec: str, key: str | None = None) -> np.ndarray:
 
 def kendall_max_n() -> int:
     """The largest n whose RDM (``n (n - 1) / 2`` entries) Kendall's tau-a accepts."""
-    from funsim.similarity.rsa import KENDALL_MAX_ENTRIES
-
     n = 2
     while (n + 1) * n // 2 <= KENDALL_MAX_ENTRIES:
         n += 1
@@ -124,8 +107,6 @@ def kendall_max_n() -> int:
 
 
 def _select(names_arg: list[str] | None, n: int) -> tuple[list[str], list[str]]:
-    from funsim.similarity import list_measures, measure
-
     if names_arg is not None:
         names = [s.strip() for item in names_arg for s in item.split(",") if s.strip()]
         if not names:
@@ -143,8 +124,6 @@ def _select(names_arg: list[str] | None, n: int) -> tuple[list[str], list[str]]:
 
 def compare(x: np.ndarray, y: np.ndarray, names: list[str]) -> list[dict]:
     """Evaluate each named measure; failures are recorded with their reason."""
-    from funsim.similarity import measure
-
     rows = []
     for name in names:
         m = measure(name)
@@ -192,8 +171,6 @@ def make_example(out: Path, *, seed: int = 0) -> tuple[Path, Path]:
     Pixels that are 0 for every digit are dropped (they carry nothing and make
     CCA undefined). Writes ``pixels.npy`` and ``random_features.npy`` under ``out``.
     """
-    from funsim.experiments.data import sklearn_digits_arrays
-
     images, _ = sklearn_digits_arrays()
     pixels = images.reshape(len(images), -1).astype(np.float64)
     pixels = pixels[:, pixels.std(axis=0) > 0]
@@ -201,8 +178,6 @@ def make_example(out: Path, *, seed: int = 0) -> tuple[Path, Path]:
     pcs = principal_components(pixels, 16)
     pcs /= pcs.std(axis=0)
     feats = np.tanh(pcs @ rng.normal(size=(16, 48)) / 4.0)
-    from funsim.experiments.io import write_atomic
-
     paths = out / "pixels.npy", out / "random_features.npy"
     for p, arr in zip(paths, (pixels, feats)):
         write_atomic(p, lambda f, arr=arr: np.save(f, arr))  # a file object: no ".npy" appended
@@ -210,12 +185,8 @@ def make_example(out: Path, *, seed: int = 0) -> tuple[Path, Path]:
 
 
 def main(args: argparse.Namespace) -> int:
-    import jax
-
     if not args.float32:
         jax.config.update("jax_enable_x64", True)
-    from funsim.similarity import list_measures, measure
-
     try:
         if args.list:
             for name in list_measures():
@@ -258,8 +229,6 @@ def main(args: argparse.Namespace) -> int:
         "measures": rows,
     }
     if args.example:
-        from funsim.experiments.io import write_json_atomic
-
         write_json_atomic(args.out / "metrics.json", result)
     if args.json:
         print(json.dumps(result, indent=2))

@@ -24,64 +24,42 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import fcntl
 import functools
+import hashlib
 import json
 import os
 import pathlib
 import socket
 import sys
-import typing
+import time
 import warnings
+import zipfile
+import zlib
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from funsim.experiments import distributed
 from funsim.experiments.config import ConfigError
+from funsim.models.io import (
+    DamagedFileError,
+    SetupMismatchError,
+    check_setup,
+    fingerprint,
+    read_json,
+    setup_diff,
+    to_jsonable,
+    write_atomic,
+    write_json_atomic,
+)
 
 __all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "write_text_atomic", "read_json", "results_dir",
            "ConfigError", "check_run_config",
            "RunLockedError", "LOCK_FILE", "acquire_run_lock", "release_run_lock", "releases_run_locks", "open_run",
            "DamagedFileError", "SetupMismatchError", "fingerprint", "setup_diff", "read_npz", "table_manifest_path",
            "write_table_atomic", "verify_table"]
-
-# names of funsim.models.io served from here, imported when first used (PEP 562)
-if typing.TYPE_CHECKING:
-    from funsim.models.io import DamagedFileError, SetupMismatchError, fingerprint, setup_diff
-_FROM_MODELS_IO = ("DamagedFileError", "SetupMismatchError", "fingerprint", "setup_diff", "check_setup")
-
-
-def __getattr__(name: str):
-    if name in _FROM_MODELS_IO:
-        from funsim.models import io as models_io
-
-        return getattr(models_io, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _models_io():
-    from funsim.models import io as models_io
-
-    return models_io
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Numpy/jax scalars and arrays, tuples, paths and dataclasses as JSON types (:func:`funsim.models.io.to_jsonable`)."""
-    return _models_io().to_jsonable(obj)
-
-
-def write_atomic(path: str | os.PathLike, write: Callable) -> pathlib.Path:
-    """Write ``path`` atomically: ``write(f)`` fills a binary temp file that replaces ``path``
-    (:func:`funsim.models.io.write_atomic`)."""
-    return _models_io().write_atomic(path, write)
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
-    """Write ``obj`` as JSON to ``path`` atomically (:func:`funsim.models.io.write_json_atomic`)."""
-    return _models_io().write_json_atomic(path, obj)
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    """Read a JSON file; a damaged one is a ``DamagedFileError`` naming it (:func:`funsim.models.io.read_json`)."""
-    return _models_io().read_json(path)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> pathlib.Path:
@@ -136,7 +114,7 @@ def check_run_config(out: str | os.PathLike, cfg: Any) -> bool:
       SetupMismatchError: (a ``ValueError``) the saved config differs; every difference is listed.
     """
     out = pathlib.Path(out)
-    return _models_io().check_setup(
+    return check_setup(
         out / "config.json", to_jsonable(cfg), defaults=_config_defaults(cfg),
         refusal=f"Refusing to resume {out} with a different config; the run there has another config",
         fix="Use another --run name, or restore the original config to resume it.",
@@ -203,8 +181,6 @@ def acquire_run_lock(out: str | os.PathLike) -> pathlib.Path:
     Raises:
       RunLockedError: another live process holds the lock; nothing has been written.
     """
-    import fcntl
-
     out = pathlib.Path(out)
     key = _lock_key(out)
     if key in _HELD:
@@ -257,8 +233,6 @@ def acquire_run_lock(out: str | os.PathLike) -> pathlib.Path:
 
 def release_run_lock(out: str | os.PathLike) -> None:
     """Release this process's lock on the run folder ``out`` (the outermost release deletes ``run.lock``)."""
-    import fcntl
-
     out = pathlib.Path(out)
     key = _lock_key(out)
     held = _HELD.get(key)
@@ -330,8 +304,6 @@ def open_run(experiment: str, run: str | None = None, *, root: str | os.PathLike
             _lock_and_check(out, config)
         except Exception as e:  # noqa: BLE001 - re-raised below, after the others have been told
             error = e
-    from funsim.experiments import distributed
-
     ok = distributed.all_agree(error is None)
     if error is not None:
         raise error
@@ -343,18 +315,15 @@ def open_run(experiment: str, run: str | None = None, *, root: str | os.PathLike
 
 
 def _processes() -> tuple[int, int]:
-    """``(process count, process index)`` of a multi-process JAX run, ``(1, 0)`` otherwise (never imports JAX)."""
-    jax = sys.modules.get("jax")
-    if jax is None or not jax.distributed.is_initialized():
+    """``(process count, process index)`` of a multi-process JAX run, ``(1, 0)`` otherwise."""
+    if not distributed.is_initialized():
         return 1, 0
-    return jax.process_count(), jax.process_index()
+    return distributed.process_count(), distributed.process_index()
 
 
 def _launched_processes() -> tuple[int, int]:
     """``(count, index)`` from ``funsim launch``'s variables, for a driver that splits its units over the
     processes without joining JAX's runtime (the zoo); ``(1, 0)`` otherwise."""
-    from funsim.experiments import distributed
-
     return distributed.process_count(), distributed.process_index()
 
 
@@ -368,10 +337,6 @@ def _run_identity() -> dict:
 
 def _wait_for_the_first_process(out: pathlib.Path, count: int) -> None:
     """Process ``i > 0`` of a launched run: wait until process 0 of the same run holds the folder's lock."""
-    import time
-
-    from funsim.experiments import distributed
-
     path, me = out / LOCK_FILE, _run_identity()
     limit = distributed.INIT_TIMEOUT_S
     t0 = time.monotonic()
@@ -419,18 +384,13 @@ def read_npz(path: str | os.PathLike, *, fix: str = "Delete it and rerun the com
       ...     print(type(e).__name__, str(e).startswith(f"{p} is damaged"))
       DamagedFileError True
     """
-    import zipfile
-    import zlib
-
-    import numpy as np
-
     try:
         with np.load(path, allow_pickle=False) as f:
             return {k: f[k] for k in f.files}
     except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, KeyError) as e:
         if isinstance(e, FileNotFoundError):
             raise
-        raise _models_io().DamagedFileError(
+        raise DamagedFileError(
             f"{path} is damaged: it is not a complete .npz file ({type(e).__name__}: {e}). {fix}"
         ) from None
 
@@ -447,8 +407,6 @@ def write_table_atomic(path: str | os.PathLike, data: bytes, rows: int) -> pathl
     A reader checks the table against the manifest (:func:`verify_table`), so a
     table cut short, even at a line boundary, is refused instead of read.
     """
-    import hashlib
-
     path = pathlib.Path(path)
     write_atomic(path, lambda f: f.write(data))
     write_json_atomic(table_manifest_path(path), {"file": path.name, "rows": int(rows), "bytes": len(data),
@@ -467,11 +425,8 @@ def verify_table(path: str | os.PathLike, *, fix: str) -> dict:
       DamagedFileError: (a ``ValueError``) the manifest is missing or unreadable, or the
         table's size or SHA-256 differs from it (a truncated or changed table).
     """
-    import hashlib
-
     path = pathlib.Path(path)
     mpath = table_manifest_path(path)
-    DamagedFileError = _models_io().DamagedFileError
     if not mpath.is_file():
         raise DamagedFileError(f"{path} has no manifest {mpath}, so its rows cannot be checked. {fix}")
     manifest = read_json(mpath)

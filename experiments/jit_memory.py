@@ -20,6 +20,8 @@ import functools
 import logging
 import time
 
+import jax
+
 __all__ = ["release_if_near_limit"]
 
 _log = logging.getLogger("funsim")
@@ -67,8 +69,6 @@ def release_if_near_limit(fraction: float = _FRACTION) -> bool:
     threshold = max(fraction * limit, _state["floor"] + 0.25 * limit)
     if n is None or n < threshold:
         return False
-    import jax  # here, not at import: the command line's --help stays fast
-
     jax.clear_caches()
     after = _mappings() or 0
     _state["floor"] = after

@@ -46,7 +46,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
-from funsim.experiments import distributed
+from funsim.experiments import processes
+from funsim.experiments.cli import SUBCOMMANDS
 
 __all__ = [
     "LaunchResult",
@@ -91,18 +92,18 @@ def process_environ(
       ('1', '2', '127.0.0.1:4000')
     """
     env = dict(os.environ if base is None else base)
-    env.pop(distributed.ENV_CLUSTER, None)  # the coordinator variables decide, not cluster detection
+    env.pop(processes.ENV_CLUSTER, None)  # the coordinator variables decide, not cluster detection
     env.update({
-        distributed.ENV_COORDINATOR: coordinator,
-        distributed.ENV_BIND_ADDRESS: coordinator,
-        distributed.ENV_NUM_PROCESSES: str(num_processes),
-        distributed.ENV_PROCESS_ID: str(process_id),
+        processes.ENV_COORDINATOR: coordinator,
+        processes.ENV_BIND_ADDRESS: coordinator,
+        processes.ENV_NUM_PROCESSES: str(num_processes),
+        processes.ENV_PROCESS_ID: str(process_id),
         "PYTHONUNBUFFERED": "1",
     })
     if cpu_devices is not None:
         env["JAX_NUM_CPU_DEVICES"] = str(cpu_devices)
     if heartbeat_timeout_s is not None:
-        env[distributed.ENV_HEARTBEAT_TIMEOUT] = str(heartbeat_timeout_s)
+        env[processes.ENV_HEARTBEAT_TIMEOUT] = str(heartbeat_timeout_s)
     return env
 
 
@@ -322,8 +323,6 @@ def subcommand_argv(command: Sequence[str], num_processes: int) -> list[str]:
       ValueError: no command, an unknown subcommand, ``launch`` itself, or a
         subcommand that does not split its work.
     """
-    from funsim.experiments.cli import SUBCOMMANDS
-
     command = list(command)
     if command and command[0] == "--":
         command = command[1:]
@@ -363,7 +362,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between SIGTERM and SIGKILL when stopping processes (default 10)")
     parser.add_argument("--heartbeat-timeout", type=int, default=None, metavar="SECONDS",
                         help=f"seconds without a heartbeat before a process counts as dead "
-                             f"(default {distributed.HEARTBEAT_TIMEOUT_S})")
+                             f"(default {processes.HEARTBEAT_TIMEOUT_S})")
     parser.add_argument("-m", dest="module", default=None, metavar="MODULE",
                         help="run this Python module (like python -m) instead of a subcommand or script")
     parser.add_argument("command", nargs=argparse.REMAINDER,

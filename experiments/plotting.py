@@ -23,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.image  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
 __all__ = ["heatmap", "heatmap_grid", "label_shared_axes", "training_curves", "curve_panels", "bar_chart", "lines", "save", "subplots", "title_figure",
            "text_overlaps", "drop_crowded_ticklabels", "TextOverlapWarning"]
@@ -111,8 +112,6 @@ def text_overlaps(fig, *, tolerance: float = 1.0, renderer=None) -> list[tuple[s
       >>> plt.close(fig)
     """
     if renderer is None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
         canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
         canvas.draw()
         renderer = canvas.get_renderer()
@@ -137,8 +136,6 @@ def save(fig, path: str | os.PathLike) -> pathlib.Path:
     The figure is drawn once, and that one drawing is both checked and written, so the check
     sees exactly the layout in the file (a second draw may lay it out slightly differently).
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
@@ -321,8 +318,6 @@ def drop_crowded_ticklabels(fig) -> int:
     For categorical ticks placed by data (e.g. the first checkpoint of each training stage),
     which can crowd where stages are short: the first label of a crowded run is kept.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     renderer = canvas.get_renderer()

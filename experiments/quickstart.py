@@ -28,72 +28,25 @@ import argparse
 import dataclasses
 import pathlib
 import time
-import typing
 import warnings
 
+import jax
 import numpy as np
+from flax import nnx
 
+from funsim import models, similarity
 from funsim.experiments import config as config_lib
 from funsim.experiments import data as data_lib
+from funsim.experiments import plotting
+from funsim.experiments.configs.quickstart import DEFAULT_MEASURES, TENSOR_METRICS, TINY, QuickstartConfig
 from funsim.experiments.io import open_run, releases_run_locks, write_json_atomic
+from funsim.experiments.xla_flags import compile_fast
+from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
 
-if typing.TYPE_CHECKING:  # annotations only: --help does not import JAX
-    from funsim import similarity
-
-# jax, flax, funsim.models, funsim.similarity and matplotlib are imported inside the
-# functions that use them, so that `funsim quickstart --help` answers at once.
-
-# One or more of each family, chosen to keep `make demo` near a minute on 2 cores.
-# (svcca and regression/r2 are slower per call; affine stitching below *is* the
-# held-out regression R^2.) `--measures all` runs every registered measure.
-DEFAULT_MEASURES = (
-    "cka/linear",
-    "cka/linear/debiased",
-    "cka/rbf",
-    "rsa/correlation/spearman",
-    "cca/mean",
-    "pwcca",
-    "nbs",
-    "procrustes",
-    "shape/angular/alpha=0.5",
-)
-TENSOR_METRICS = ("frobenius", "symmetric", "gaussian")
-
-
-@dataclasses.dataclass(frozen=True)
-class QuickstartConfig:
-    """Everything the quickstart does; saved as config.json."""
-
-    dataset: str = "digits"
-    steps: int = 400
-    batch_size: int = 128
-    learning_rate: float = 3e-3
-    seeds: tuple[int, ...] = (0, 1)
-    mlp_widths: tuple[int, ...] = (64, 64)
-    bilinear_d_model: int = 64  # same width as the MLP: fewer shapes to compile
-    bilinear_d_hidden: int = 64
-    n_checkpoints: int = 5
-    n_evals: int = 8  # evaluations per training run (plus step 0)
-    n_compare: int = 300
-    measures: tuple[str, ...] = DEFAULT_MEASURES
-    stitch_split: float = 0.5
-    stitch_ridge: float = 1e-3
-    n_train: int | None = None
-
-
-TINY = QuickstartConfig(
-    # every layer 10 wide (= the 10 digit classes): one compiled shape per measure and family
-    steps=12, batch_size=32, seeds=(0, 1), mlp_widths=(10,), bilinear_d_model=10, bilinear_d_hidden=8,
-    n_checkpoints=2, n_evals=2, n_compare=60, measures=("cka/linear",), n_train=200,
-)
+__all__ = ["DEFAULT_MEASURES", "TENSOR_METRICS", "QuickstartConfig", "TINY", "run", "summary", "main"]
 
 
 def _train_models(cfg: QuickstartConfig, ds, out: pathlib.Path, progress: bool):
-    from flax import nnx
-
-    from funsim import models
-    from funsim.models.train import TrainConfig, power_schedule, train
-
     trained, histories = {}, {}
     for kind in ("mlp", "bilinear"):
         for seed in cfg.seeds:
@@ -116,8 +69,6 @@ def _train_models(cfg: QuickstartConfig, ds, out: pathlib.Path, progress: bool):
 def _stitch_names(cfg) -> dict:
     """{family: registry name} of the held-out stitching scores. The affine stitcher has a small
     ridge: dead ReLU units make its fit singular."""
-    from funsim import similarity
-
     ridge = f"/ridge={cfg.stitch_ridge:g}" if cfg.stitch_ridge else ""
     return {fam: f"stitch/{fam}" + (ridge if fam == "affine" else "") for fam in similarity.FAMILIES}
 
@@ -129,10 +80,6 @@ def _grid(cfg, feats_a, feats_b) -> similarity.GridResult:
     A cell where a measure is undefined (e.g. CCA on a ReLU layer with a dead unit) is NaN, with
     the pairwise call's reason in ``GridResult.undefined``; the run logs them instead of warning.
     """
-    import jax
-
-    from funsim import similarity
-
     names = list(dict.fromkeys([*cfg.measures, *_stitch_names(cfg).values()]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", similarity.UndefinedCellWarning)
@@ -162,11 +109,6 @@ def _stitch_grid(cfg, g: similarity.GridResult):
 
 
 def _tensor_step(cfg, trained, out):
-    from flax import nnx
-
-    from funsim import models, similarity
-    from funsim.models.train import list_checkpoints, load_checkpoint
-
     ts = similarity.tensor_similarity
     a, b = (trained[f"bilinear_s{s}"] for s in cfg.seeds[:2])
     net_a, net_b = a.to_network(), b.to_network()
@@ -188,9 +130,6 @@ def _tensor_step(cfg, trained, out):
 def run(cfg: QuickstartConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log=print) -> dict:
     """Run the quickstart; returns the metrics dict (also written to metrics.json)."""
-    from funsim import models, similarity
-    from funsim.experiments import plotting
-
     t0 = time.time()
     _log = log
     log = lambda msg: _log(f"{msg}  [{time.time() - t0:.0f} s]" if msg.startswith("[") else msg)
@@ -272,8 +211,6 @@ def _overview_figure(cfg, metrics: dict, names: dict, pairs: dict, path: pathlib
     """The three families in one row: linear CKA between the MLP seeds, layer x layer; the affine
     stitching score from the MLP into the bilinear network, held out; each bilinear checkpoint's
     tensor similarity to the final network."""
-    from funsim.experiments import plotting
-
     fig, axes = plotting.subplots(1, 3, figsize=(12.5, 3.7))
     a, b = pairs["mlp_seeds"]
     cka = np.asarray(metrics["representational"]["mlp_seeds"]["cka/linear"], float) if "cka/linear" in cfg.measures else None
@@ -321,29 +258,9 @@ def summary(metrics: dict, out: pathlib.Path, figures) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", default="digits", choices=["digits", "mnist5k", "fashion_mnist"],
-                        help="an offline data set (default: digits)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per model")
-    parser.add_argument("--n-compare", type=int, default=None, help="held-out inputs used for the comparisons")
-    parser.add_argument("--measures", default=None,
-                        help="comma-separated registry names, or 'all' (default: a representative set)")
-    parser.add_argument("--root", default="results", help="results root directory (default: results)")
-    parser.add_argument("--run", default=None, help="run name (default: a UTC timestamp)")
-    parser.add_argument("--tiny", action="store_true",
-                        help="a smoke run: tiny models and data, about 13 s on 2 CPU cores, mostly XLA compilation "
-                             "(compiled with XLA's backend optimisation off)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
-    config_lib.add_arguments(parser, QuickstartConfig, {}, config=False)
-
-
 def main(args: argparse.Namespace) -> int:
     if args.tiny:
-        from funsim.experiments.xla_flags import compile_fast
-
         compile_fast()
-    from funsim import similarity
-
     cfg = TINY if args.tiny else QuickstartConfig()
     cfg = dataclasses.replace(
         cfg, dataset=args.dataset,

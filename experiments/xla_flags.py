@@ -15,6 +15,7 @@ the user already chose in ``XLA_FLAGS`` always wins.
 from __future__ import annotations
 
 import os
+import sys
 
 __all__ = ["SMOKE_XLA_FLAG", "compile_fast"]
 
@@ -24,8 +25,6 @@ SMOKE_XLA_FLAG = "--xla_backend_optimization_level=0"
 
 def _backend_started() -> bool:
     """Whether JAX's backend has started; False when this JAX cannot say (then setting the flag is harmless)."""
-    import sys
-
     if "jax" not in sys.modules:
         return False
     try:  # a private helper of JAX, the only way to ask; its absence is handled
