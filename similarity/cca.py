@@ -315,15 +315,20 @@ def _pwcca_layer(z: jax.Array, width, opts) -> _PwccaLayer:
     return _PwccaLayer(u, s, vt, damp, kept, rank, f)
 
 
-def _pwcca_weights(s: jax.Array, vt: jax.Array, c: jax.Array) -> jax.Array:
+def _pwcca_weights(s: jax.Array, vt: jax.Array, c: jax.Array, kept: jax.Array) -> jax.Array:
     """Weights of the directions ``Xc (V c)`` (``c: (r, k)``, one canonical direction per column).
 
     The directions are orthonormalised in order (QR) and each weight is the L1
     norm of the projections of the centred neurons on it. With ``Xc = U S V^T``
     the directions are ``U (S c)``, so the QR of the small ``S c`` suffices (its
-    first ``j`` columns depend only on the first ``j`` directions).
+    first ``j`` columns depend only on the first ``j`` directions). Only the first
+    ``kept`` weights are used: the columns from ``kept`` on are replaced by unit
+    vectors, which leaves those weights unchanged and keeps the QR (and its
+    derivative) away from the rank deficiency of the dropped directions.
     """
-    q, _ = _qr(s[:, None] * c)
+    sc = s[:, None] * c
+    past = jnp.arange(sc.shape[1]) >= kept
+    q, _ = _qr(jnp.where(past[None, :], jnp.eye(*sc.shape, dtype=sc.dtype), sc))
     return jnp.sum(jnp.abs(jnp.einsum("dk,d,de->ke", q, s, vt)), axis=1)
 
 
@@ -333,7 +338,7 @@ def _pwcca_pair(lx: _PwccaLayer, ly: _PwccaLayer, opts):
     m = jnp.einsum("i,ni,nj,j->ij", lx.damp, lx.u, ly.u, ly.damp)
     a, rho, bt = _svd(m)  # rho: the (regularised) canonical correlations, decreasing, then zeros
     use_x = lx.kept <= ly.kept  # the side with fewer (real, kept) neurons; ties go to x
-    w = jnp.where(use_x, _pwcca_weights(lx.s, lx.vt, a), _pwcca_weights(ly.s, ly.vt, bt.T))
+    w = jnp.where(use_x, _pwcca_weights(lx.s, lx.vt, a, lx.kept), _pwcca_weights(ly.s, ly.vt, bt.T, ly.kept))
     w = w * (jnp.arange(rho.shape[0]) < jnp.where(use_x, lx.kept, ly.kept))
     value = jnp.sum(w * jnp.clip(rho, 0.0, 1.0)) / jnp.sum(w)
     flags = dict(x=lx.flags, y=ly.flags, rank_x=lx.rank, rank_y=ly.rank)

@@ -49,23 +49,28 @@ DEGENERATE = {"dead unit": (_dead, "rank_deficient"), "duplicated column": (_dup
               "constant side": (_constant, None)}
 
 
-#: Known exceptions to the rule, each with its own strict xfail test below.
-KNOWN = {("pwcca/epsilon=1e-10", "dead unit")}
-
-
 @pytest.mark.slow  # about 5 s a measure (three layers, eager and under value_and_grad, compiled)
 @pytest.mark.parametrize("name", NAMES)
 def test_degenerate_layers_follow_one_rule(name):
     for label in DEGENERATE:
-        if (name, label) not in KNOWN:
-            _check_rule(name, label)
+        _check_rule(name, label)
 
 
-@pytest.mark.xfail(strict=True, reason="PWCCA with epsilon > 0 drops a dead unit and has a finite value, but its "
-                                       "gradient is NaN (the SVD of the kept neurons, a zeroed column, has a zero "
-                                       "singular value whose derivative is NaN): not fixed yet")
 def test_pwcca_epsilon_dead_unit_has_a_finite_gradient():
+    """PWCCA with epsilon > 0 drops a dead unit: a finite value, and a gradient that matches central
+    differences along directions that keep the unit dead (its variance stays below epsilon)."""
     _check_rule("pwcca/epsilon=1e-10", "dead unit")
+    m = S.measure("pwcca/epsilon=1e-10")
+    x, y = _generic()
+    xd = DEGENERATE["dead unit"][0](x)
+    dead = np.std(xd, axis=0) < 1e-12
+    assert dead.sum() == 1
+    gx, gy = (np.asarray(g) for g in jax.grad(m, argnums=(0, 1))(jnp.asarray(xd), jnp.asarray(y)))
+    rng, h = np.random.default_rng(8), 1e-6
+    for _ in range(3):
+        dx, dy = rng.normal(size=xd.shape) * ~dead, rng.normal(size=y.shape)
+        fd = (float(m(xd + h * dx, y + h * dy)) - float(m(xd - h * dx, y - h * dy))) / (2 * h)
+        assert np.sum(gx * dx) + np.sum(gy * dy) == pytest.approx(fd, rel=1e-6, abs=1e-9)
 
 
 def _check_rule(name, label):
