@@ -12,6 +12,7 @@ import pytest
 
 from funsim.experiments import config as config_lib
 from funsim.experiments import language, verdict
+from funsim.similarity import ngrams, phases
 from tests.conftest import NEEDS_SHAKESPEARE
 
 
@@ -118,7 +119,7 @@ def test_verdict_statistics_on_planted_matrices():
     s = language.verdict_statistics(cfg, metrics(smooth, blocky))
     assert s["primary_transition_ratio"] == pytest.approx(1.0) and s["explained_margin"] < 0
     assert language.claim_label(verdict.judge_all(cfg.verdict_rules, s)) == "not reproduced at this scale"
-    assert language.transition_ratio(np.eye(2)) is None
+    assert phases.transition_ratio(np.eye(2)) is None
 
 
 @NEEDS_SHAKESPEARE
@@ -163,7 +164,7 @@ def test_ngram_targets_match_brute_force_counts():
     train = rng.integers(0, vocab, size=400)
     x_eval = rng.integers(0, vocab, size=(3, 6))
     for n in (2, 3):
-        mask, p = language.ngram_targets(train, x_eval, n, vocab, min_count=3)
+        mask, p = ngrams.ngram_targets(train, x_eval, n, vocab, min_count=3)
         rows = iter(p)
         for w, t in itertools.product(range(3), range(6)):
             if t < n - 2:
