@@ -15,7 +15,8 @@ from funsim.experiments import config as config_lib
 from funsim.experiments.data import modular_addition
 from funsim.experiments.io import to_jsonable
 from funsim.models import modular
-from funsim.similarity import phases
+from tests.test_modular import bilinear_checkpoints, write_authors_dir
+from tests.test_phases import planted_run
 
 # --------------------------------------------------------------------------- data
 
@@ -49,18 +50,8 @@ def test_modular_addition_exact_counts_and_disjoint_split(p, fraction):
 # --------------------------------------------------------------------------- matrices, events
 
 
-def _checkpoints(n=4, d=6, h=3, o=5, seed=0):
-    rng = np.random.default_rng(seed)
-    base = [rng.normal(size=s) for s in ((h, d), (h, d), (o, h))]
-    nets = []
-    for i in range(n):  # a drifting trajectory, like training
-        l, r, dn = (b + 0.7 * i * rng.normal(size=b.shape) for b in base)
-        nets.append((similarity.BilinearLayer(jnp.asarray(l), jnp.asarray(r), jnp.asarray(dn)),))
-    return nets
-
-
 def test_checkpoint_matrices_equal_the_pairwise_library_functions():
-    nets = _checkpoints()
+    nets = bilinear_checkpoints()
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *nets)
     x = np.random.default_rng(1).normal(size=(40, 6))
     mats = grokking.checkpoint_matrices(stacked, x)
@@ -77,21 +68,6 @@ def test_checkpoint_matrices_equal_the_pairwise_library_functions():
         np.testing.assert_allclose(mats[name], expected, rtol=1e-9, atol=1e-10, err_msg=name)
         np.testing.assert_allclose(mats[name], mats[name].T, atol=1e-12)
         np.testing.assert_allclose(np.diag(mats[name]), 1.0, atol=1e-12)
-
-
-def test_evaluate_checkpoints_against_numpy():
-    nets = _checkpoints(n=3, o=4)
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *nets)
-    rng = np.random.default_rng(2)
-    x, y = rng.normal(size=(30, 6)), rng.integers(0, 4, size=30)
-    ev = modular.evaluate_checkpoints(stacked, x, y)
-    for i, (layer,) in enumerate(nets):
-        l, r, d = (np.asarray(a) for a in (layer.left, layer.right, layer.down))
-        logits = ((x @ l.T) * (x @ r.T)) @ d.T
-        logp = logits - logits.max(1, keepdims=True)
-        logp -= np.log(np.exp(logp).sum(1, keepdims=True))
-        np.testing.assert_allclose(ev["loss"][i], -logp[np.arange(30), y].mean(), rtol=1e-9)
-        assert ev["accuracy"][i] == np.mean(logits.argmax(1) == y)
 
 
 # --------------------------------------------------------------------------- the driver
@@ -128,26 +104,10 @@ def _run_smoke(tmp_path, capsys, *extra):
     return capsys.readouterr().out
 
 
-def _write_authors_dir(path, run, *, train_accuracy=None, config=None):
-    """A directory in the format of the authors' released files, from a planted run (:func:`_planted_run`)."""
-    path.mkdir(parents=True, exist_ok=True)
-    steps = np.asarray(run["steps"], np.int64)
-    np.save(path / "checkpoint_steps.npy", steps)
-    np.save(path / "tn_similarity.npy", run["matrices"]["tensor (symmetric)"])
-    np.save(path / "act_similarity.npy", run["matrices"]["behavioural"])
-    train = np.linspace(0.01, 1.0, len(steps)) if train_accuracy is None else train_accuracy
-    val = np.asarray(run["val_accuracy"], np.float64)
-    hist = {str(int(s)): {"train_loss": float(4.7 * (1 - t)), "train_acc": float(t), "val_loss": float(4.7 * (1 - v)),
-                          "val_acc": float(v)} for s, t, v in zip(steps, train, val)}
-    (path / "training_history.json").write_text(json.dumps(hist))
-    (path / "config.json").write_text(json.dumps(config or {"P": 113, "seed": 1337, "output_dir": "/home/x"}))
-    return path
-
-
 def test_grokking_smoke_end_to_end_and_resume(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(modular.AUTHORS_ENV, raising=False)
     # a planted run in the authors' format, on their 90 steps over 100k (the real files are not shipped)
-    authors = _write_authors_dir(tmp_path / "authors", _planted_run([0, *modular.checkpoint_schedule(100_000, 100)]))
+    authors = write_authors_dir(tmp_path / "authors", planted_run([0, *modular.checkpoint_schedule(100_000, 100)]))
     printed = _run_smoke(tmp_path, capsys, "--authors-run", str(authors))
     out = tmp_path / "grokking" / "smoke"  # the run is named after the config
     cfg = grokking.CONFIGS["smoke"]
@@ -256,190 +216,6 @@ def test_grokking_set_overrides_the_named_config(monkeypatch, capsys):
     assert _config_from("--set", "steps=5", "--set", "steps=7")[1].steps == 7
     with pytest.raises(ValueError, match=r"--set checkpoint_rule=square: GrokkingConfig.checkpoint_rule must be"):
         _config_from("--set", "checkpoint_rule=square")
-
-
-# --------------------------------------------------------------------------- the authors' run, matched protocols
-
-def test_checkpoint_schedule_is_the_authors_rule():
-    # floor(T (i / (n - 1))^5) in exact integer arithmetic (T = 100k, n = 100: the authors' run),
-    # duplicates merged: 89 steps after 0 (their released steps are compared in the test below)
-    exact = sorted({100_000 * i ** 5 // 99 ** 5 for i in range(100)} - {0})
-    assert list(modular.checkpoint_schedule(100_000, 100, power=5.0)) == exact
-    assert len(exact) == 89 and exact[:6] == [1, 2, 3, 5, 7, 11] and exact[-2:] == [95_050, 100_000]
-    from funsim.models.train import power_schedule
-    assert modular.checkpoint_schedule(1000, 7, power=3.0, rule="power") == power_schedule(1000, 7, power=3.0)
-    t = modular.checkpoint_schedule(50_000, 100)
-    assert t[-1] == 50_000 and list(t) == sorted(set(t)) and t[0] >= 1
-    # the default and paper configs use the authors' rule at the 5th power
-    for name in ("default", "paper"):
-        cfg = grokking.CONFIGS[name]
-        assert (cfg.checkpoint_rule, cfg.checkpoint_power) == ("authors", 5.0)
-    with pytest.raises(ValueError, match="checkpoint rule must be one of"):
-        modular.checkpoint_schedule(100, 5, rule="square")
-
-
-_AUTHORS = __import__("os").environ.get(modular.AUTHORS_ENV)
-needs_authors = pytest.mark.skipif(
-    not _AUTHORS, reason=f"the authors' released grokking files are not shipped: set {modular.AUTHORS_ENV} to a clone's "
-                         f"{modular.AUTHORS_BUNDLE}/ to recompute every PAPER number from them")
-
-
-@needs_authors
-def test_authors_files_reproduce_the_paper_constants():
-    """Every number of PAPER recomputed from the authors' released files (independent of the constants)."""
-    ref = modular.authors_run()
-    assert ref["source"]["repository"] == "https://github.com/tdooms/tensor-similarity"
-    assert ref["source"]["config"]["seed"] == 1337 and "output_dir" not in ref["source"]["config"]
-    steps = ref["steps"].tolist()
-    assert len(steps) == 90 and steps[-1] == grokking.PAPER["steps"]
-    # their released steps are the authors' rule: T = 100k, n = 100, 5th power
-    assert [0, *modular.checkpoint_schedule(100_000, 100, power=5.0)] == steps
-    ev = phases.accuracy_events(steps, ref["train_accuracy"], ref["val_accuracy"], ref["val_loss"])
-    assert ev == grokking.PAPER["events"]
-    st = phases.phase_starts(ref["matrices"]["tensor (symmetric)"], n_segments=5)
-    assert [steps[i] for i in st] == grokking.PAPER["phase_starts"]
-    # their published segmentation (metadata.json phases: 0, 124, 1545, 7517, 24953) is this DP
-    # optimum with the 4th start moved one checkpoint earlier by hand
-    assert steps[st[3] - 1] == 7517
-    k = steps.index(grokking.PAPER["events"]["val accuracy = 1"])
-    for name, key in (("tensor (symmetric)", "tensor (symmetric)"), ("behavioural", "behavioural")):
-        assert round(ref["matrices"][key][k, -1], 3) == grokking.PAPER["to_final"][name]
-    m = ref["matrices"]["tensor (symmetric)"]
-    assert np.all(np.abs(np.diag(m) - 1) < 1e-6) and np.all(m <= 1 + 1e-6)
-
-
-def test_authors_run_reads_the_authors_format(tmp_path, monkeypatch):
-    monkeypatch.delenv(modular.AUTHORS_ENV, raising=False)
-    assert modular.authors_run() is None  # nothing given: not available
-    run = _planted_run([0, *modular.checkpoint_schedule(20_000, 40)])
-    train = np.linspace(0.0, 1.0, len(run["steps"]))
-    d = _write_authors_dir(tmp_path / "a", run, train_accuracy=train)
-    for ref in (modular.authors_run(d), modular.authors_run(str(d))):
-        assert ref["steps"].dtype == np.int64 and ref["steps"].tolist() == run["steps"].tolist()
-        for k in ("tensor (symmetric)", "behavioural"):
-            np.testing.assert_array_equal(ref["matrices"][k], run["matrices"][k])
-        np.testing.assert_allclose(ref["train_accuracy"], train)
-        np.testing.assert_allclose(ref["val_accuracy"], run["val_accuracy"])
-        np.testing.assert_allclose(ref["val_loss"], 4.7 * (1 - run["val_accuracy"]))
-        assert ref["source"]["config"] == {"P": 113, "seed": 1337}  # their output_dir dropped
-    monkeypatch.setenv(modular.AUTHORS_ENV, str(d))  # the environment variable, when no directory is given
-    assert modular.authors_run()["steps"].tolist() == run["steps"].tolist()
-    monkeypatch.setenv(modular.AUTHORS_ENV, str(tmp_path / "nowhere"))  # set but wrong: an error, not None
-    with pytest.raises(ValueError, match="nowhere is not a directory; to compare, clone"):
-        modular.authors_run()
-
-
-def test_authors_run_refuses_damaged_files(tmp_path):
-    run = _planted_run([0, *modular.checkpoint_schedule(20_000, 40)])
-    n = len(run["steps"])
-
-    def fresh(name):
-        return _write_authors_dir(tmp_path / name, run)
-
-    d = fresh("missing")
-    (d / "act_similarity.npy").unlink()
-    with pytest.raises(ValueError, match=r"missing/act_similarity.npy is missing .*--authors-run"):
-        modular.authors_run(d)
-    d = fresh("cut")
-    b = (d / "tn_similarity.npy").read_bytes()
-    (d / "tn_similarity.npy").write_bytes(b[: len(b) // 2])
-    with pytest.raises(ValueError, match="cut/tn_similarity.npy: not a readable .npy file"):
-        modular.authors_run(d)
-    d = fresh("shape")
-    np.save(d / "tn_similarity.npy", run["matrices"]["tensor (symmetric)"][:-1])
-    with pytest.raises(ValueError, match=f"shape/tn_similarity.npy: expected a {n} x {n} matrix"):
-        modular.authors_run(d)
-    d = fresh("nan")
-    m = run["matrices"]["behavioural"].copy()
-    m[3, 4] = m[4, 3] = np.nan
-    np.save(d / "act_similarity.npy", m)
-    with pytest.raises(ValueError, match="nan/act_similarity.npy: 2 non-finite entries"):
-        modular.authors_run(d)
-    d = fresh("asym")
-    m = run["matrices"]["behavioural"].copy()
-    m[3, 4] += 0.1
-    np.save(d / "act_similarity.npy", m)
-    with pytest.raises(ValueError, match="asym/act_similarity.npy: not symmetric"):
-        modular.authors_run(d)
-    d = fresh("steps")
-    np.save(d / "checkpoint_steps.npy", run["steps"][::-1])
-    with pytest.raises(ValueError, match="steps/checkpoint_steps.npy: steps must increase strictly from 0"):
-        modular.authors_run(d)
-    d = fresh("history")
-    h = json.loads((d / "training_history.json").read_text())
-    del h[str(int(run["steps"][7]))]["val_acc"]
-    (d / "training_history.json").write_text(json.dumps(h))
-    with pytest.raises(ValueError, match=f"history/training_history.json: no 'val_acc' at checkpoint step {run['steps'][7]}"):
-        modular.authors_run(d)
-    d = fresh("json")
-    (d / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="json/config.json: not a readable JSON file"):
-        modular.authors_run(d)
-
-
-# A known answer: four phases planted in step space, [0, 100), [100, 1000), [1000, 5000), [5000, 12000)
-# and a fifth from 12000. Similarity 1 within a phase, 0.3 + 0.1 * (closeness of the phases) across.
-PLANTED = (0, 100, 1000, 5000, 12000)
-
-
-def _planted_run(steps, generalise_at=3000):
-    steps = np.asarray(steps)
-    phase = np.searchsorted(PLANTED, steps, side="right") - 1
-    m = np.where(phase[:, None] == phase[None, :], 1.0, 0.3 + 0.1 / (1 + np.abs(phase[:, None] - phase[None, :])))
-    val = (steps >= generalise_at).astype(float)
-    return {"steps": steps, "matrices": {"tensor (symmetric)": m, "behavioural": m ** 2}, "val_accuracy": val}
-
-
-def test_compare_runs_recovers_planted_phases_at_a_matched_horizon():
-    a = _planted_run([0, *modular.checkpoint_schedule(10_000, 60)])  # the authors' rule, 10k steps
-    from funsim.models.train import power_schedule
-    b = _planted_run([0, *power_schedule(20_000, 80, power=2.0)])  # square spacing, twice as long
-    c = phases.compare_runs(a, b, n_segments=4)
-    assert c["horizon"] == 10_000
-    sa, sb = np.array(c["steps"]["ours"]), np.array(c["steps"]["theirs"])
-    assert sa[-1] <= 10_000 and sb[-1] <= 10_000 and len(sa) == len(sb) == c["n_grid"]
-    first_at = lambda s, t: int(s[np.searchsorted(s, t)])
-    for name in ("tensor (symmetric)", "behavioural"):
-        ph = c["phases"][name]
-        assert ph["ours"] == [0, *(first_at(sa, t) for t in PLANTED[1:4])]
-        assert ph["theirs"] == [0, *(first_at(sb, t) for t in PLANTED[1:4])]
-        # a grid pair may straddle a planted boundary (e.g. 990 paired with 1010): then one run's phase
-        # opens a grid checkpoint later; the offset is exactly that difference in grid positions
-        expected = [int(np.searchsorted(sa, t) - np.searchsorted(sb, t)) for t in PLANTED[1:4]]
-        assert ph["offsets"] == expected and all(abs(o) <= 1 for o in expected)
-        assert ph["within_tolerance"] == 3
-    for who, s in (("ours", sa), ("theirs", sb)):
-        tf = c["to_final"][who]
-        assert tf["from_step"] == first_at(s, 3000) and tf["to_step"] == s[-1]
-        assert tf["tensor (symmetric)"] == pytest.approx(0.3 + 0.1 / 2)  # phase 2 vs phase 3
-        assert tf["behavioural"] == pytest.approx((0.3 + 0.1 / 2) ** 2)
-    # unmatched, the longer run's fourth boundary is the phase beyond the other's horizon
-    full = phases.phase_starts(b["matrices"]["tensor (symmetric)"], n_segments=5)
-    assert b["steps"][full[-1]] == first_at(b["steps"], 12_000)
-    # a run that never generalises has no post-generalisation similarity
-    never = dict(b, val_accuracy=np.zeros(len(b["steps"])))
-    assert phases.compare_runs(a, never, n_segments=4)["to_final"]["theirs"] is None
-
-
-def test_reference_protocols_on_planted_phases():
-    from funsim.models.train import power_schedule
-    ref = _planted_run([0, *modular.checkpoint_schedule(20_000, 90)])
-    ours = [0, *power_schedule(8_000, 50, power=2.0)]
-    st = ref["steps"]
-    first_at = lambda s, t: int(s[np.searchsorted(s, t)])
-    released = phases.reference_protocols(ref, ours, n_segments=5)["as released"]
-    assert released["n"] == len(st) and released["horizon"] == 20_000
-    assert released["tensor (symmetric)"] == [0, *(first_at(st, t) for t in PLANTED[1:])]
-    p = phases.reference_protocols(ref, ours, n_segments=4)  # up to our horizon: four phases
-    for name in ("at our horizon", "on our grid", "common grid"):
-        row = p[name]
-        assert row["horizon"] <= 8_000 + 500  # nearest checkpoints may step a little past our last
-        kept = st[st <= row["horizon"]] if name == "at our horizon" else None
-        got = row["tensor (symmetric)"]
-        assert len(got) == 4 and got[0] == 0 and all(g >= t for g, t in zip(got[1:], PLANTED[1:4]))
-        if kept is not None:
-            assert got == [0, *(first_at(kept, t) for t in PLANTED[1:4])]
-    assert p["on our grid"]["n"] <= len(ours) and p["at our horizon"]["n"] == int(np.sum(st <= 8_000))
 
 
 def test_verdict_statistics_from_known_boundaries():

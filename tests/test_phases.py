@@ -6,6 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from funsim.experiments.configs.grokking import PAPER
+from funsim.models import modular
+from funsim.models.train import power_schedule
 from funsim.similarity import phases
 
 
@@ -53,6 +55,70 @@ def test_matched_grid_errors():
         phases.matched_grid([0, 5, 5], [0, 3])
     with pytest.raises(ValueError, match="horizon 2 lies before"):
         phases.matched_grid([3, 5], [0, 3], horizon=2)
+
+
+# A known answer: four phases planted in step space, [0, 100), [100, 1000), [1000, 5000), [5000, 12000)
+# and a fifth from 12000. Similarity 1 within a phase, 0.3 + 0.1 * (closeness of the phases) across.
+PLANTED = (0, 100, 1000, 5000, 12000)
+
+
+def planted_run(steps, generalise_at=3000):
+    """A run in the shape of ``compare_runs``' input: :data:`PLANTED` phases, held-out accuracy 1 from ``generalise_at``."""
+    steps = np.asarray(steps)
+    phase = np.searchsorted(PLANTED, steps, side="right") - 1
+    m = np.where(phase[:, None] == phase[None, :], 1.0, 0.3 + 0.1 / (1 + np.abs(phase[:, None] - phase[None, :])))
+    val = (steps >= generalise_at).astype(float)
+    return {"steps": steps, "matrices": {"tensor (symmetric)": m, "behavioural": m ** 2}, "val_accuracy": val}
+
+
+def test_compare_runs_recovers_planted_phases_at_a_matched_horizon():
+    a = planted_run([0, *modular.checkpoint_schedule(10_000, 60)])  # the authors' rule, 10k steps
+    b = planted_run([0, *power_schedule(20_000, 80, power=2.0)])  # square spacing, twice as long
+    c = phases.compare_runs(a, b, n_segments=4)
+    assert c["horizon"] == 10_000
+    sa, sb = np.array(c["steps"]["ours"]), np.array(c["steps"]["theirs"])
+    assert sa[-1] <= 10_000 and sb[-1] <= 10_000 and len(sa) == len(sb) == c["n_grid"]
+    first_at = lambda s, t: int(s[np.searchsorted(s, t)])
+    for name in ("tensor (symmetric)", "behavioural"):
+        ph = c["phases"][name]
+        assert ph["ours"] == [0, *(first_at(sa, t) for t in PLANTED[1:4])]
+        assert ph["theirs"] == [0, *(first_at(sb, t) for t in PLANTED[1:4])]
+        # a grid pair may straddle a planted boundary (e.g. 990 paired with 1010): then one run's phase
+        # opens a grid checkpoint later; the offset is exactly that difference in grid positions
+        expected = [int(np.searchsorted(sa, t) - np.searchsorted(sb, t)) for t in PLANTED[1:4]]
+        assert ph["offsets"] == expected and all(abs(o) <= 1 for o in expected)
+        assert ph["within_tolerance"] == 3
+    for who, s in (("ours", sa), ("theirs", sb)):
+        tf = c["to_final"][who]
+        assert tf["from_step"] == first_at(s, 3000) and tf["to_step"] == s[-1]
+        assert tf["tensor (symmetric)"] == pytest.approx(0.3 + 0.1 / 2)  # phase 2 vs phase 3
+        assert tf["behavioural"] == pytest.approx((0.3 + 0.1 / 2) ** 2)
+    # unmatched, the longer run's fourth boundary is the phase beyond the other's horizon
+    full = phases.phase_starts(b["matrices"]["tensor (symmetric)"], n_segments=5)
+    assert b["steps"][full[-1]] == first_at(b["steps"], 12_000)
+    # a run that never generalises has no post-generalisation similarity
+    never = dict(b, val_accuracy=np.zeros(len(b["steps"])))
+    assert phases.compare_runs(a, never, n_segments=4)["to_final"]["theirs"] is None
+
+
+def test_reference_protocols_on_planted_phases():
+    ref = planted_run([0, *modular.checkpoint_schedule(20_000, 90)])
+    ours = [0, *power_schedule(8_000, 50, power=2.0)]
+    st = ref["steps"]
+    first_at = lambda s, t: int(s[np.searchsorted(s, t)])
+    released = phases.reference_protocols(ref, ours, n_segments=5)["as released"]
+    assert released["n"] == len(st) and released["horizon"] == 20_000
+    assert released["tensor (symmetric)"] == [0, *(first_at(st, t) for t in PLANTED[1:])]
+    p = phases.reference_protocols(ref, ours, n_segments=4)  # up to our horizon: four phases
+    for name in ("at our horizon", "on our grid", "common grid"):
+        row = p[name]
+        assert row["horizon"] <= 8_000 + 500  # nearest checkpoints may step a little past our last
+        kept = st[st <= row["horizon"]] if name == "at our horizon" else None
+        got = row["tensor (symmetric)"]
+        assert len(got) == 4 and got[0] == 0 and all(g >= t for g, t in zip(got[1:], PLANTED[1:4]))
+        if kept is not None:
+            assert got == [0, *(first_at(kept, t) for t in PLANTED[1:4])]
+    assert p["on our grid"]["n"] <= len(ours) and p["at our horizon"]["n"] == int(np.sum(st <= 8_000))
 
 
 def test_transition_ratio_is_max_over_median_adjacent_change():
