@@ -170,7 +170,7 @@ def _train(cfg: GrokkingConfig, tokens, workdir: pathlib.Path, progress: bool, l
         optimizer="adamw", weight_decay=cfg.weight_decay, seed=cfg.seed, eval_every=cfg.eval_every,
         eval_train_size=len(tokens.x_train), sampling=cfg.sampling,
         checkpoint_steps=modular.checkpoint_schedule(cfg.steps, cfg.n_checkpoints, power=cfg.checkpoint_power,
-                                             rule=cfg.checkpoint_rule),
+                                                     rule=cfg.checkpoint_rule),
     )
     t0 = time.time()
     result = train(make_model(cfg, cfg.seed), tokens.x_train, tokens.y_train, tokens.x_test, tokens.y_test,
@@ -287,7 +287,7 @@ def _authors_comparison(cfg: GrokkingConfig, ref: dict | None, steps, matrices, 
         return None, None, None
     ours = {"steps": steps, "matrices": matrices, "val_accuracy": val_accuracy}
     comparison = phases.compare_runs(ours, ref, n_segments=cfg.n_segments, cost=cfg.segment_cost,
-                              horizon=cfg.compare_horizon, tolerance=cfg.landmark_tolerance)
+                                     horizon=cfg.compare_horizon, tolerance=cfg.landmark_tolerance)
     protocols = phases.reference_protocols(ref, steps, n_segments=cfg.n_segments, cost=cfg.segment_cost)
     return comparison, protocols, _authors_statistics(cfg, ref)
 
