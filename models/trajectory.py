@@ -40,6 +40,7 @@ def checkpoint_networks(make: Callable[[], nnx.Module], workdir: str | pathlib.P
 
     Raises:
       ValueError: a step that has no checkpoint (the message lists the saved ones).
+      FileNotFoundError: no checkpoint at all in ``workdir``.
     """
     convert = to_network or (lambda m: m.to_network())
     nets = []

@@ -33,6 +33,13 @@ def ngram_targets(train_ids, x_eval, n: int, vocab: int, min_count: int):
     ``x_eval (W, L)`` is kept when its context (the ``n - 1`` characters ending
     there, inside its window) occurs at least ``min_count`` times in training.
 
+    Args:
+      train_ids: ``(N,)`` integer token ids of the training text, in order.
+      x_eval: ``(W, L)`` held-out windows of token ids.
+      n: the order, ``>= 2`` (the context is ``n - 1`` tokens).
+      vocab: the vocabulary size ``V`` (ids in ``0..V-1``).
+      min_count: the fewest occurrences of a context in training for its position to count.
+
     Returns:
       ``(mask (W, L) bool, p (n_kept, V))`` with rows in the order of ``np.nonzero(mask)``.
     """
