@@ -12,7 +12,7 @@ import numpy as np
 from funsim.experiments.plotting import save, subplots
 
 __all__ = ["accuracy_figure", "matrices_figure", "to_final_figure", "fourier_figure", "log_steps", "phase_lines",
-           "step_ticks"]
+           "step_ticks", "generalisation_lines"]
 
 
 def log_steps(ax):
@@ -25,6 +25,15 @@ def phase_lines(ax, starts, steps, *, color="k"):
     """Dashed vertical lines at the steps where phases 2..K start."""
     for s in list(starts)[1:]:
         ax.axvline(steps[s], color=color, ls="--", lw=0.8, alpha=0.7)
+
+
+def generalisation_lines(ax, events, *, named=False):
+    """Dotted vertical lines where held-out accuracy reaches 0.99 and 1 (``events``: ``{name: step or None}``)."""
+    for name in ("val accuracy >= 0.99", "val accuracy = 1"):
+        if events.get(name) is not None:
+            ax.axvline(events[name], color="gray", ls=":", lw=1)
+            if named:
+                ax.text(events[name], 0.02, name, rotation=90, fontsize=6, va="bottom", transform=ax.get_xaxis_transform())
 
 
 def accuracy_figure(steps, ev, history, starts, events, path, title):
@@ -90,10 +99,7 @@ def to_final_figure(matrices, steps, events, path, title):
     fig, ax = subplots(figsize=(6.5, 3.6))
     for name, m in matrices.items():
         ax.plot(steps, m[-1], marker=".", ms=3, label=name)
-    for name in ("val accuracy >= 0.99", "val accuracy = 1"):
-        if events.get(name) is not None:
-            ax.axvline(events[name], color="gray", ls=":", lw=1)
-            ax.text(events[name], 0.02, name, rotation=90, fontsize=6, va="bottom", transform=ax.get_xaxis_transform())
+    generalisation_lines(ax, events, named=True)
     log_steps(ax)
     ax.set(xlabel="training step (symlog)", ylabel="similarity to the final checkpoint", title=title)
     ax.title.set_fontsize(9)
@@ -121,14 +127,9 @@ def fourier_figure(spectra, summaries, steps, events, path, title):
             ax.plot(steps, summaries[name][key], marker=".", ms=3, label=labels[name])
         ax.set(xlabel="training step (symlog)", ylabel=ylabel, title=ptitle)
         ax.title.set_fontsize(9)
-        for name in ("val accuracy >= 0.99", "val accuracy = 1"):
-            if events.get(name) is not None:
-                ax.axvline(events[name], color="gray", ls=":", lw=1)
+        generalisation_lines(ax, events)
         log_steps(ax)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     return save(fig, path)
-
-
-# --------------------------------------------------------------------------- driver
