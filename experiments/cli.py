@@ -61,11 +61,11 @@ def _light(name: str, help_: str) -> Subcommand:
 SUBCOMMANDS: dict[str, Subcommand] = {
     "compare": _driver("compare", "compare two saved representation matrices (.npy/.npz)"),
     "quickstart": _driver("quickstart", "train small models offline and compare them end to end"),
-    "grokking": _light("grokking", "modular addition with one bilinear layer: phases from checkpoint similarity"),
+    "grokking": _driver("grokking", "modular addition with one bilinear layer: phases from checkpoint similarity"),
     "forgetting": _light("forgetting", "catastrophic forgetting through a curriculum, localised by tensor similarity"),
     "backdoor": _light("backdoor", "detect a backdoor from the weights and clean data only"),
     "zoo": _light("zoo", "train a model zoo (data sets x architectures x seeds) for the similarity study"),
-    "language": _light("language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
+    "language": _driver("language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
     "similarity-study": _light("similarity-study", "every measure on every layer pair of every model pair of a zoo"),
     "report": _light("report", "reports over finished runs, e.g. `funsim report usable-information --run DIR`"),
     "launch": _light("launch", "run a subcommand or script as N local processes of one multi-process run"),

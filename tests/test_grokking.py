@@ -8,14 +8,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from funsim import similarity
 from funsim.experiments import cli, grokking, verdict
 from funsim.experiments import config as config_lib
 from funsim.experiments.data import modular_addition
 from funsim.experiments.io import to_jsonable
+from funsim.models import modular
+from tests.test_modular import bilinear_checkpoints, write_authors_dir
+from tests.test_phases import planted_run
 
 # --------------------------------------------------------------------------- data
 
@@ -46,111 +47,11 @@ def test_modular_addition_exact_counts_and_disjoint_split(p, fraction):
     assert {tuple(r) for r in other.x_train.tolist()} != train
 
 
-# --------------------------------------------------------------------------- Fourier
-
-
-def _dft_power_reference(w):
-    """Float64 power per pooled frequency bin from an explicit DFT matrix (no FFT)."""
-    w = np.asarray(w, np.float64)
-    p = w.shape[-1]
-    t = np.arange(p)
-    full = np.abs(w @ np.exp(-2j * np.pi * np.outer(t, t) / p)) ** 2  # (..., p): |F_k|^2, k = 0..p-1
-    return np.stack([full[..., 0] if k == 0 else (full[..., k] if 2 * k == p else full[..., k] + full[..., p - k])
-                     for k in range(p // 2 + 1)], axis=-1)
-
-
-@pytest.mark.parametrize("p", [7, 12, 113])
-def test_fourier_power_against_explicit_dft_and_parseval(p):
-    w = np.random.default_rng(p).normal(size=(5, p))
-    power = grokking.fourier_power(w)
-    assert power.shape == (5, p // 2 + 1)
-    np.testing.assert_allclose(power, _dft_power_reference(w), rtol=1e-10, atol=1e-9)
-    np.testing.assert_allclose(power.sum(-1), p * (w * w).sum(-1), rtol=1e-12)
-
-
-@pytest.mark.parametrize("p", [113, 12])
-def test_fourier_power_recovers_a_planted_signal(p):
-    rng = np.random.default_rng(0)
-    t = np.arange(p)
-    planted = {3: 2.0, 5: 0.5}  # frequency -> amplitude
-    rows = []
-    for _ in range(6):  # random phases, the same amplitudes, and a constant offset
-        rows.append(sum(a * np.cos(2 * np.pi * k * t / p + rng.uniform(0, 2 * np.pi)) for k, a in planted.items()) + 0.3)
-    per_row = grokking.fourier_power(np.stack(rows))
-    power = per_row.sum(0)
-    expected = np.zeros(p // 2 + 1)
-    expected[0] = 6 * (0.3 * p) ** 2  # |F_0|^2 = (p c)^2 per row
-    for k, a in planted.items():
-        expected[k] = 6 * a * a * p * p / 2  # a cos wave carries a^2 p / 2 energy; times p (Parseval)
-    np.testing.assert_allclose(power, expected, rtol=1e-9, atol=1e-7)
-    s = grokking.spectrum_summary(per_row, n_top=1)
-    np.testing.assert_allclose(s["top_fraction"], 4.0 / 4.25, rtol=1e-12)  # 2^2 / (2^2 + 0.5^2)
-    q = np.array([4.0, 0.25]) / 4.25
-    np.testing.assert_allclose(s["effective_frequencies"], 1.0 / np.sum(q * q), rtol=1e-12)
-    np.testing.assert_allclose(s["unit_purity"], 4.0 / 4.25, rtol=1e-9)  # every row: the same two waves
-    np.testing.assert_allclose(s["constant_fraction"], expected[0] / expected.sum(), rtol=1e-9)
-
-
-def test_unit_purity_sees_single_wave_units_that_the_layer_spectrum_does_not():
-    p = 31
-    t = np.arange(p)
-    units = np.stack([np.cos(2 * np.pi * k * t / p + 0.3 * k) for k in range(1, 16)])  # 15 units, one wave each
-    s = grokking.spectrum_summary(grokking.fourier_power(units), n_top=5)
-    np.testing.assert_allclose(s["unit_purity"], 1.0, rtol=1e-9)
-    np.testing.assert_allclose(s["effective_frequencies"], 15.0, rtol=1e-9)  # the layer uses 15 frequencies
-    mixed = units + units[::-1]  # every unit now two waves of equal power
-    np.testing.assert_allclose(grokking.spectrum_summary(grokking.fourier_power(mixed[:7]), n_top=5)["unit_purity"], 0.5, rtol=1e-9)
-
-
-def test_spectrum_summary_extremes():
-    flat = np.ones((1, 57))  # one unit: constant bin + 56 equal frequencies
-    s = grokking.spectrum_summary(flat, n_top=5)
-    np.testing.assert_allclose(s["effective_frequencies"], 56.0)
-    np.testing.assert_allclose(s["top_fraction"], 5 / 56)
-    np.testing.assert_allclose(s["unit_purity"], 1 / 56)
-    spike = np.zeros((2, 3, 57))  # 2 checkpoints x 3 units
-    spike[..., 9] = 3.0
-    s = grokking.spectrum_summary(spike, n_top=5)
-    np.testing.assert_allclose(s["effective_frequencies"], [1.0, 1.0])
-    np.testing.assert_allclose(s["top_fraction"], [1.0, 1.0])
-    assert s["distribution"].shape == (2, 56)
-
-
-def test_operand_spectra_separates_the_operands():
-    p, h = 13, 4
-    t = np.arange(p)
-    wave = lambda k: np.cos(2 * np.pi * k * t / p + 0.4)
-    left = np.concatenate([np.tile(wave(2), (h, 1)), np.tile(wave(5), (h, 1))], axis=1)  # a: k=2, b: k=5
-    right = np.concatenate([np.tile(wave(2), (h, 1)), np.tile(wave(5), (h, 1))], axis=1)
-    down = np.tile(wave(4)[:, None], (1, h))  # classes: k=4
-    net = (similarity.BilinearLayer(jnp.asarray(left), jnp.asarray(right), jnp.asarray(down)),)
-    spec = grokking.operand_spectra(net, p)
-    assert spec["a"].shape == spec["b"].shape == (2 * h, p // 2 + 1) and spec["out"].shape == (h, p // 2 + 1)
-    assert [int(np.argmax(spec[k].sum(0))) for k in ("a", "b", "out")] == [2, 5, 4]
-    for k, v in spec.items():
-        assert np.sum(v.sum(0) > 1e-9 * v.max()) == 1, k  # all power in one bin
-    stacked = jax.tree.map(lambda x: jnp.stack([x, 2 * x]), net)
-    spec2 = grokking.operand_spectra(stacked, p)
-    np.testing.assert_allclose(spec2["a"][1], 4 * spec["a"], rtol=1e-12)
-    with pytest.raises(ValueError, match="operand_spectra expects left/right"):
-        grokking.operand_spectra(net, 12)
-
-
 # --------------------------------------------------------------------------- matrices, events
 
 
-def _checkpoints(n=4, d=6, h=3, o=5, seed=0):
-    rng = np.random.default_rng(seed)
-    base = [rng.normal(size=s) for s in ((h, d), (h, d), (o, h))]
-    nets = []
-    for i in range(n):  # a drifting trajectory, like training
-        l, r, dn = (b + 0.7 * i * rng.normal(size=b.shape) for b in base)
-        nets.append((similarity.BilinearLayer(jnp.asarray(l), jnp.asarray(r), jnp.asarray(dn)),))
-    return nets
-
-
 def test_checkpoint_matrices_equal_the_pairwise_library_functions():
-    nets = _checkpoints()
+    nets = bilinear_checkpoints()
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *nets)
     x = np.random.default_rng(1).normal(size=(40, 6))
     mats = grokking.checkpoint_matrices(stacked, x)
@@ -167,40 +68,6 @@ def test_checkpoint_matrices_equal_the_pairwise_library_functions():
         np.testing.assert_allclose(mats[name], expected, rtol=1e-9, atol=1e-10, err_msg=name)
         np.testing.assert_allclose(mats[name], mats[name].T, atol=1e-12)
         np.testing.assert_allclose(np.diag(mats[name]), 1.0, atol=1e-12)
-
-
-def test_evaluate_checkpoints_against_numpy():
-    nets = _checkpoints(n=3, o=4)
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *nets)
-    rng = np.random.default_rng(2)
-    x, y = rng.normal(size=(30, 6)), rng.integers(0, 4, size=30)
-    ev = grokking.evaluate_checkpoints(stacked, x, y)
-    for i, (layer,) in enumerate(nets):
-        l, r, d = (np.asarray(a) for a in (layer.left, layer.right, layer.down))
-        logits = ((x @ l.T) * (x @ r.T)) @ d.T
-        logp = logits - logits.max(1, keepdims=True)
-        logp -= np.log(np.exp(logp).sum(1, keepdims=True))
-        np.testing.assert_allclose(ev["loss"][i], -logp[np.arange(30), y].mean(), rtol=1e-9)
-        assert ev["accuracy"][i] == np.mean(logits.argmax(1) == y)
-
-
-def test_accuracy_events_and_boundaries():
-    steps = [0, 10, 20, 40, 80, 160, 320]
-    train = [0.0, 0.3, 0.6, 1.0, 1.0, 1.0, 1.0]
-    val = [0.0, 0.0, 0.01, 0.1, 0.6, 0.995, 1.0]
-    loss = [4.0, 4.5, 6.0, 5.0, 2.0, 0.1, 0.01]
-    ev = grokking.accuracy_events(steps, train, val, loss)
-    assert ev == {"train accuracy >= 0.5": 20, "train accuracy >= 0.99": 40, "val loss peak": 20,
-                  "val accuracy >= 0.5": 80, "val accuracy >= 0.99": 160, "val accuracy = 1": 320}
-    assert set(ev) == set(grokking.PAPER["events"])
-    rows = grokking.compare_boundaries([0, 3, 5], steps, ev)
-    assert rows == [
-        {"start_step": 40, "after_step": 20, "nearest_event": "train accuracy >= 0.99", "event_step": 40, "checkpoints_apart": 0},
-        {"start_step": 160, "after_step": 80, "nearest_event": "val accuracy >= 0.99", "event_step": 160, "checkpoints_apart": 0},
-    ]
-    none = grokking.accuracy_events(steps, train, [0.0] * 7, loss)
-    assert none["val accuracy >= 0.5"] is None and none["val accuracy = 1"] is None
-    assert grokking.compare_boundaries([0, 2], steps, {"x": None})[0]["nearest_event"] is None
 
 
 # --------------------------------------------------------------------------- the driver
@@ -237,26 +104,10 @@ def _run_smoke(tmp_path, capsys, *extra):
     return capsys.readouterr().out
 
 
-def _write_authors_dir(path, run, *, train_accuracy=None, config=None):
-    """A directory in the format of the authors' released files, from a planted run (:func:`_planted_run`)."""
-    path.mkdir(parents=True, exist_ok=True)
-    steps = np.asarray(run["steps"], np.int64)
-    np.save(path / "checkpoint_steps.npy", steps)
-    np.save(path / "tn_similarity.npy", run["matrices"]["tensor (symmetric)"])
-    np.save(path / "act_similarity.npy", run["matrices"]["behavioural"])
-    train = np.linspace(0.01, 1.0, len(steps)) if train_accuracy is None else train_accuracy
-    val = np.asarray(run["val_accuracy"], np.float64)
-    hist = {str(int(s)): {"train_loss": float(4.7 * (1 - t)), "train_acc": float(t), "val_loss": float(4.7 * (1 - v)),
-                          "val_acc": float(v)} for s, t, v in zip(steps, train, val)}
-    (path / "training_history.json").write_text(json.dumps(hist))
-    (path / "config.json").write_text(json.dumps(config or {"P": 113, "seed": 1337, "output_dir": "/home/x"}))
-    return path
-
-
 def test_grokking_smoke_end_to_end_and_resume(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv(grokking.AUTHORS_ENV, raising=False)
+    monkeypatch.delenv(modular.AUTHORS_ENV, raising=False)
     # a planted run in the authors' format, on their 90 steps over 100k (the real files are not shipped)
-    authors = _write_authors_dir(tmp_path / "authors", _planted_run([0, *grokking.checkpoint_schedule(100_000, 100)]))
+    authors = write_authors_dir(tmp_path / "authors", planted_run([0, *modular.checkpoint_schedule(100_000, 100)]))
     printed = _run_smoke(tmp_path, capsys, "--authors-run", str(authors))
     out = tmp_path / "grokking" / "smoke"  # the run is named after the config
     cfg = grokking.CONFIGS["smoke"]
@@ -367,217 +218,6 @@ def test_grokking_set_overrides_the_named_config(monkeypatch, capsys):
         _config_from("--set", "checkpoint_rule=square")
 
 
-# --------------------------------------------------------------------------- the authors' run, matched protocols
-
-def test_checkpoint_schedule_is_the_authors_rule():
-    # floor(T (i / (n - 1))^5) in exact integer arithmetic (T = 100k, n = 100: the authors' run),
-    # duplicates merged: 89 steps after 0 (their released steps are compared in the test below)
-    exact = sorted({100_000 * i ** 5 // 99 ** 5 for i in range(100)} - {0})
-    assert list(grokking.checkpoint_schedule(100_000, 100, power=5.0)) == exact
-    assert len(exact) == 89 and exact[:6] == [1, 2, 3, 5, 7, 11] and exact[-2:] == [95_050, 100_000]
-    from funsim.models.train import power_schedule
-    assert grokking.checkpoint_schedule(1000, 7, power=3.0, rule="power") == power_schedule(1000, 7, power=3.0)
-    t = grokking.checkpoint_schedule(50_000, 100)
-    assert t[-1] == 50_000 and list(t) == sorted(set(t)) and t[0] >= 1
-    # the default and paper configs use the authors' rule at the 5th power
-    for name in ("default", "paper"):
-        cfg = grokking.CONFIGS[name]
-        assert (cfg.checkpoint_rule, cfg.checkpoint_power) == ("authors", 5.0)
-    with pytest.raises(ValueError, match="checkpoint rule must be one of"):
-        grokking.checkpoint_schedule(100, 5, rule="square")
-
-
-_AUTHORS = __import__("os").environ.get(grokking.AUTHORS_ENV)
-needs_authors = pytest.mark.skipif(
-    not _AUTHORS, reason=f"the authors' released grokking files are not shipped: set {grokking.AUTHORS_ENV} to a clone's "
-                         f"{grokking.AUTHORS_BUNDLE}/ to recompute every PAPER number from them")
-
-
-@needs_authors
-def test_authors_files_reproduce_the_paper_constants():
-    """Every number of PAPER recomputed from the authors' released files (independent of the constants)."""
-    ref = grokking.authors_run()
-    assert ref["source"]["repository"] == "https://github.com/tdooms/tensor-similarity"
-    assert ref["source"]["config"]["seed"] == 1337 and "output_dir" not in ref["source"]["config"]
-    steps = ref["steps"].tolist()
-    assert len(steps) == 90 and steps[-1] == grokking.PAPER["steps"]
-    # their released steps are the authors' rule: T = 100k, n = 100, 5th power
-    assert [0, *grokking.checkpoint_schedule(100_000, 100, power=5.0)] == steps
-    ev = grokking.accuracy_events(steps, ref["train_accuracy"], ref["val_accuracy"], ref["val_loss"])
-    assert ev == grokking.PAPER["events"]
-    st = grokking.phase_starts(ref["matrices"]["tensor (symmetric)"], n_segments=5)
-    assert [steps[i] for i in st] == grokking.PAPER["phase_starts"]
-    # their published segmentation (metadata.json phases: 0, 124, 1545, 7517, 24953) is this DP
-    # optimum with the 4th start moved one checkpoint earlier by hand
-    assert steps[st[3] - 1] == 7517
-    k = steps.index(grokking.PAPER["events"]["val accuracy = 1"])
-    for name, key in (("tensor (symmetric)", "tensor (symmetric)"), ("behavioural", "behavioural")):
-        assert round(ref["matrices"][key][k, -1], 3) == grokking.PAPER["to_final"][name]
-    m = ref["matrices"]["tensor (symmetric)"]
-    assert np.all(np.abs(np.diag(m) - 1) < 1e-6) and np.all(m <= 1 + 1e-6)
-
-
-def test_authors_run_reads_the_authors_format(tmp_path, monkeypatch):
-    monkeypatch.delenv(grokking.AUTHORS_ENV, raising=False)
-    assert grokking.authors_run() is None  # nothing given: not available
-    run = _planted_run([0, *grokking.checkpoint_schedule(20_000, 40)])
-    train = np.linspace(0.0, 1.0, len(run["steps"]))
-    d = _write_authors_dir(tmp_path / "a", run, train_accuracy=train)
-    for ref in (grokking.authors_run(d), grokking.authors_run(str(d))):
-        assert ref["steps"].dtype == np.int64 and ref["steps"].tolist() == run["steps"].tolist()
-        for k in ("tensor (symmetric)", "behavioural"):
-            np.testing.assert_array_equal(ref["matrices"][k], run["matrices"][k])
-        np.testing.assert_allclose(ref["train_accuracy"], train)
-        np.testing.assert_allclose(ref["val_accuracy"], run["val_accuracy"])
-        np.testing.assert_allclose(ref["val_loss"], 4.7 * (1 - run["val_accuracy"]))
-        assert ref["source"]["config"] == {"P": 113, "seed": 1337}  # their output_dir dropped
-    monkeypatch.setenv(grokking.AUTHORS_ENV, str(d))  # the environment variable, when no directory is given
-    assert grokking.authors_run()["steps"].tolist() == run["steps"].tolist()
-    monkeypatch.setenv(grokking.AUTHORS_ENV, str(tmp_path / "nowhere"))  # set but wrong: an error, not None
-    with pytest.raises(ValueError, match="nowhere is not a directory; to compare, clone"):
-        grokking.authors_run()
-
-
-def test_authors_run_refuses_damaged_files(tmp_path):
-    run = _planted_run([0, *grokking.checkpoint_schedule(20_000, 40)])
-    n = len(run["steps"])
-
-    def fresh(name):
-        return _write_authors_dir(tmp_path / name, run)
-
-    d = fresh("missing")
-    (d / "act_similarity.npy").unlink()
-    with pytest.raises(ValueError, match=r"missing/act_similarity.npy is missing .*--authors-run"):
-        grokking.authors_run(d)
-    d = fresh("cut")
-    b = (d / "tn_similarity.npy").read_bytes()
-    (d / "tn_similarity.npy").write_bytes(b[: len(b) // 2])
-    with pytest.raises(ValueError, match="cut/tn_similarity.npy: not a readable .npy file"):
-        grokking.authors_run(d)
-    d = fresh("shape")
-    np.save(d / "tn_similarity.npy", run["matrices"]["tensor (symmetric)"][:-1])
-    with pytest.raises(ValueError, match=f"shape/tn_similarity.npy: expected a {n} x {n} matrix"):
-        grokking.authors_run(d)
-    d = fresh("nan")
-    m = run["matrices"]["behavioural"].copy()
-    m[3, 4] = m[4, 3] = np.nan
-    np.save(d / "act_similarity.npy", m)
-    with pytest.raises(ValueError, match="nan/act_similarity.npy: 2 non-finite entries"):
-        grokking.authors_run(d)
-    d = fresh("asym")
-    m = run["matrices"]["behavioural"].copy()
-    m[3, 4] += 0.1
-    np.save(d / "act_similarity.npy", m)
-    with pytest.raises(ValueError, match="asym/act_similarity.npy: not symmetric"):
-        grokking.authors_run(d)
-    d = fresh("steps")
-    np.save(d / "checkpoint_steps.npy", run["steps"][::-1])
-    with pytest.raises(ValueError, match="steps/checkpoint_steps.npy: steps must increase strictly from 0"):
-        grokking.authors_run(d)
-    d = fresh("history")
-    h = json.loads((d / "training_history.json").read_text())
-    del h[str(int(run["steps"][7]))]["val_acc"]
-    (d / "training_history.json").write_text(json.dumps(h))
-    with pytest.raises(ValueError, match=f"history/training_history.json: no 'val_acc' at checkpoint step {run['steps'][7]}"):
-        grokking.authors_run(d)
-    d = fresh("json")
-    (d / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="json/config.json: not a readable JSON file"):
-        grokking.authors_run(d)
-
-
-def _mnn_reference(a, b):
-    """Brute force: pairs (i, j) where each is the other's nearest (ties to the earlier index)."""
-    def nearest(x, ys):
-        d = [abs(x - y) for y in ys]
-        return d.index(min(d))
-    return [(i, j) for i in range(len(a)) for j in range(len(b)) if nearest(a[i], b) == j and nearest(b[j], a) == i]
-
-
-steps_strategy = st.lists(st.integers(0, 5000), min_size=1, max_size=40, unique=True).map(sorted)
-
-
-@given(a=steps_strategy, b=steps_strategy)
-def test_mutual_nearest_against_brute_force(a, b):
-    ia, ib = grokking.mutual_nearest(a, b)
-    assert list(zip(ia.tolist(), ib.tolist())) == _mnn_reference(a, b)
-    assert np.all(np.diff(ia) > 0) and np.all(np.diff(ib) > 0)  # one-to-one and order-preserving
-    ia2, ib2 = grokking.mutual_nearest(a, a)
-    assert ia2.tolist() == ib2.tolist() == list(range(len(a)))
-
-
-def test_matched_grid_errors():
-    with pytest.raises(ValueError, match="strictly increasing"):
-        grokking.matched_grid([0, 5, 5], [0, 3])
-    with pytest.raises(ValueError, match="horizon 2 lies before"):
-        grokking.matched_grid([3, 5], [0, 3], horizon=2)
-
-
-# A known answer: four phases planted in step space, [0, 100), [100, 1000), [1000, 5000), [5000, 12000)
-# and a fifth from 12000. Similarity 1 within a phase, 0.3 + 0.1 * (closeness of the phases) across.
-PLANTED = (0, 100, 1000, 5000, 12000)
-
-
-def _planted_run(steps, generalise_at=3000):
-    steps = np.asarray(steps)
-    phase = np.searchsorted(PLANTED, steps, side="right") - 1
-    m = np.where(phase[:, None] == phase[None, :], 1.0, 0.3 + 0.1 / (1 + np.abs(phase[:, None] - phase[None, :])))
-    val = (steps >= generalise_at).astype(float)
-    return {"steps": steps, "matrices": {"tensor (symmetric)": m, "behavioural": m ** 2}, "val_accuracy": val}
-
-
-def test_compare_runs_recovers_planted_phases_at_a_matched_horizon():
-    a = _planted_run([0, *grokking.checkpoint_schedule(10_000, 60)])  # the authors' rule, 10k steps
-    from funsim.models.train import power_schedule
-    b = _planted_run([0, *power_schedule(20_000, 80, power=2.0)])  # square spacing, twice as long
-    c = grokking.compare_runs(a, b, n_segments=4)
-    assert c["horizon"] == 10_000
-    sa, sb = np.array(c["steps"]["ours"]), np.array(c["steps"]["theirs"])
-    assert sa[-1] <= 10_000 and sb[-1] <= 10_000 and len(sa) == len(sb) == c["n_grid"]
-    first_at = lambda s, t: int(s[np.searchsorted(s, t)])
-    for name in ("tensor (symmetric)", "behavioural"):
-        ph = c["phases"][name]
-        assert ph["ours"] == [0, *(first_at(sa, t) for t in PLANTED[1:4])]
-        assert ph["theirs"] == [0, *(first_at(sb, t) for t in PLANTED[1:4])]
-        # a grid pair may straddle a planted boundary (e.g. 990 paired with 1010): then one run's phase
-        # opens a grid checkpoint later; the offset is exactly that difference in grid positions
-        expected = [int(np.searchsorted(sa, t) - np.searchsorted(sb, t)) for t in PLANTED[1:4]]
-        assert ph["offsets"] == expected and all(abs(o) <= 1 for o in expected)
-        assert ph["within_tolerance"] == 3
-    for who, s in (("ours", sa), ("theirs", sb)):
-        tf = c["to_final"][who]
-        assert tf["from_step"] == first_at(s, 3000) and tf["to_step"] == s[-1]
-        assert tf["tensor (symmetric)"] == pytest.approx(0.3 + 0.1 / 2)  # phase 2 vs phase 3
-        assert tf["behavioural"] == pytest.approx((0.3 + 0.1 / 2) ** 2)
-    # unmatched, the longer run's fourth boundary is the phase beyond the other's horizon
-    full = grokking.phase_starts(b["matrices"]["tensor (symmetric)"], n_segments=5)
-    assert b["steps"][full[-1]] == first_at(b["steps"], 12_000)
-    # a run that never generalises has no post-generalisation similarity
-    never = dict(b, val_accuracy=np.zeros(len(b["steps"])))
-    assert grokking.compare_runs(a, never, n_segments=4)["to_final"]["theirs"] is None
-
-
-def test_reference_protocols_on_planted_phases():
-    from funsim.models.train import power_schedule
-    ref = _planted_run([0, *grokking.checkpoint_schedule(20_000, 90)])
-    ours = [0, *power_schedule(8_000, 50, power=2.0)]
-    st = ref["steps"]
-    first_at = lambda s, t: int(s[np.searchsorted(s, t)])
-    released = grokking.reference_protocols(ref, ours, n_segments=5)["as released"]
-    assert released["n"] == len(st) and released["horizon"] == 20_000
-    assert released["tensor (symmetric)"] == [0, *(first_at(st, t) for t in PLANTED[1:])]
-    p = grokking.reference_protocols(ref, ours, n_segments=4)  # up to our horizon: four phases
-    for name in ("at our horizon", "on our grid", "common grid"):
-        row = p[name]
-        assert row["horizon"] <= 8_000 + 500  # nearest checkpoints may step a little past our last
-        kept = st[st <= row["horizon"]] if name == "at our horizon" else None
-        got = row["tensor (symmetric)"]
-        assert len(got) == 4 and got[0] == 0 and all(g >= t for g, t in zip(got[1:], PLANTED[1:4]))
-        if kept is not None:
-            assert got == [0, *(first_at(kept, t) for t in PLANTED[1:4])]
-    assert p["on our grid"]["n"] <= len(ours) and p["at our horizon"]["n"] == int(np.sum(st <= 8_000))
-
-
 def test_verdict_statistics_from_known_boundaries():
     cfg = grokking.CONFIGS["default"]
     bounds = {"tensor (symmetric)": [{"checkpoints_apart": a} for a in (0, -2, 3, None)]}
@@ -617,3 +257,12 @@ def test_verdict_rules_in_the_config(tmp_path):
     assert grokking.CONFIGS["paper"].sampling == "epochs" and grokking.CONFIGS["paper"].batch_size == 512
     with pytest.raises(ValueError, match="sampling must be 'independent' or 'epochs'"):
         dataclasses.replace(cfg, sampling="shuffled")
+
+
+def test_the_arguments_module_names_the_library_constants():
+    """configs.grokking imports no JAX, so it names two constants of models.modular itself: the same ones."""
+    from funsim.experiments.configs import grokking as arguments
+
+    assert arguments.CHECKPOINT_RULES == modular.CHECKPOINT_RULES
+    assert arguments.AUTHORS_ENV == modular.AUTHORS_ENV
+    assert grokking.make_model(grokking.CONFIGS["smoke"], 0).p == grokking.CONFIGS["smoke"].p

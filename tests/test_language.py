@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 
 import jax
@@ -12,6 +11,7 @@ import pytest
 
 from funsim.experiments import config as config_lib
 from funsim.experiments import language, verdict
+from funsim.similarity import phases
 from tests.conftest import NEEDS_SHAKESPEARE
 
 
@@ -118,7 +118,7 @@ def test_verdict_statistics_on_planted_matrices():
     s = language.verdict_statistics(cfg, metrics(smooth, blocky))
     assert s["primary_transition_ratio"] == pytest.approx(1.0) and s["explained_margin"] < 0
     assert language.claim_label(verdict.judge_all(cfg.verdict_rules, s)) == "not reproduced at this scale"
-    assert language.transition_ratio(np.eye(2)) is None
+    assert phases.transition_ratio(np.eye(2)) is None
 
 
 @NEEDS_SHAKESPEARE
@@ -155,25 +155,3 @@ def test_cli_config_parsing(tmp_path):
         load(str(path))
     with pytest.raises(ValueError, match="neither"):
         load("nope")
-
-
-def test_ngram_targets_match_brute_force_counts():
-    rng = np.random.default_rng(0)
-    vocab = 4
-    train = rng.integers(0, vocab, size=400)
-    x_eval = rng.integers(0, vocab, size=(3, 6))
-    for n in (2, 3):
-        mask, p = language.ngram_targets(train, x_eval, n, vocab, min_count=3)
-        rows = iter(p)
-        for w, t in itertools.product(range(3), range(6)):
-            if t < n - 2:
-                assert not mask[w, t]
-                continue
-            ctx = tuple(x_eval[w, t - n + 2: t + 1])
-            nxt = [train[i + n - 1] for i in range(len(train) - n + 1) if tuple(train[i: i + n - 1]) == ctx]
-            if len(nxt) < 3:
-                assert not mask[w, t]
-                continue
-            assert mask[w, t]
-            np.testing.assert_allclose(next(rows), np.bincount(nxt, minlength=vocab) / len(nxt), rtol=1e-12)
-        assert next(rows, None) is None
