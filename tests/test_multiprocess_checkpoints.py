@@ -1,9 +1,9 @@
 """Checkpoint x checkpoint matrices on 2 real processes equal one process.
 
-With several JAX processes, ``experiments.checkpoint_similarity`` shards the
-upper-triangle pair list of its tensor matrices over the global mesh (every
-device of every process) and every process gets the whole matrix. The reference
-is the same worker in the test's own process, which takes the one-process path
+With several JAX processes, ``similarity.checkpoints`` shards the upper-triangle
+pair list of its tensor matrices over the global mesh (every device of every
+process: ``similarity.compare_grid``'s device plan) and every process gets the
+whole matrix. The reference is the same worker in the test's own process, which takes the one-process path
 (``similarity.similarity_matrix`` / ``attention_similarity_matrix``): two code
 paths, compared element-wise in float64 at 1e-10. Slow (real processes).
 """
@@ -21,8 +21,8 @@ N_CHECKPOINTS = 5  # 15 pairs i <= j: not a multiple of the 2 devices (padding i
 def matrices_worker(seed: int) -> dict:
     import jax
 
-    from funsim.experiments import checkpoint_similarity as cs
     from funsim.similarity import BilinearLayer
+    from funsim.similarity import checkpoints as cs
     from tests.test_checkpoint_similarity import _attention_checkpoints, _checkpoints
 
     rng = np.random.default_rng(seed)
