@@ -9,7 +9,7 @@ first call (compile + run) is reported separately. References:
 * tensor similarity with its per-class slices: ``similarity_matrix`` for the
   whole network plus one ``similarity_matrix(outputs=[c])`` per class (each slice
   recomputes the hidden-unit kernel), against
-  ``experiments.checkpoint_similarity.tensor_matrices``, which vmaps the slices so
+  ``similarity.checkpoints.tensor_matrices``, which vmaps the slices so
   the kernel is computed once per pair;
 * the baselines (behavioural similarity, linear CKA of the logits, matrix
   cosine): a loop over the ``n(n-1)/2`` pairs of the pairwise ``similarity``
@@ -26,7 +26,7 @@ import numpy as np
 
 from benchmarks._timing import first_and_warm, fmt_seconds
 from funsim import similarity
-from funsim.experiments import checkpoint_similarity as cs
+from funsim.similarity import checkpoints as cs
 
 
 def _checkpoints(n, d, m, h, o, seed=0):

@@ -38,10 +38,8 @@ the weights then jumped once, spontaneously (tensor similarity 0.73 between two
 consecutive clean checkpoints, at step 6250-6500). The ``default`` config keeps
 the paper's 4:1 ratio at 2000 + 500 steps.
 
-The patch colour. On SVHN the patch is black (0), as in the paper. MNIST and
-Fashion-MNIST have a black background, where a black patch in the corner
-changes nothing; there the patch is drawn in the ink colour (1, white) instead
-(``patch_value``).
+The patch colour (``patch_value``): black on SVHN, as in the paper; on the black background of
+MNIST and Fashion-MNIST, where a black patch changes nothing, the ink colour (1, white).
 """
 
 from __future__ import annotations
@@ -50,246 +48,34 @@ import argparse
 import dataclasses
 import pathlib
 import time
-import typing
 
 import numpy as np
+from flax import nnx
 
-from funsim.experiments import config as config_lib
+from funsim import models
 from funsim.experiments import curriculum as cur
+from funsim.experiments import plotting
 from funsim.experiments import verdict as verdict_lib
-from funsim.experiments.io import releases_run_locks
-from funsim.experiments.verdict import Rule
-
-if typing.TYPE_CHECKING:  # annotations only: --help does not import JAX
-    import jax
-
-#: the paper's block gaps (tdooms/tensor-similarity, SVHN backdoor bundle)
-PAPER = {
-    "tensor (symmetric)": 0.24,
-    "class-9 slice (symmetric)": 0.43,
-    "behavioural (clean)": 0.09,
-    "matrix cosine": 0.15,
-}
-
-#: The statistics :func:`verdict_statistics` computes (block gaps ``mean(B x B) - mean(A x B)``).
-STATISTICS = {
-    "tensor_gap_ratio": "block gap of tensor similarity (symmetric) / block gap of behavioural similarity on clean images",
-    "target_slice_excess": "block gap of the target class's slice minus the largest other slice's (symmetric)",
-    "behavioural_gap_clean": "block gap of behavioural similarity on clean test images",
-    "tensor_minus_weight_cosine_gap": "block gap of tensor similarity (symmetric) minus that of matrix cosine",
-    "behavioural_gap_poisoned": "block gap of behavioural similarity on stamped test images",
-    "attack_success": "share of stamped test images of the other classes classified as the target, at the end",
-}
-
-#: The verdict rules, committed before the runs they judge. Thresholds set knowing the paper's numbers
-#: (SVHN: gap ratio 0.24 / 0.09 = 2.7, behavioural 0.09, tensor - matrix cosine 0.09, poisoned 0.62) and
-#: the first pass's (mnist5k: 3.6, target-slice excess 0.114, 0.089, 0.208, 0.602).
-RULES: tuple[Rule, ...] = (
-    Rule("tensor similarity flags the backdoor from the weights alone", "tensor_gap_ratio", ">=", 2.0,
-         requires=(Rule("the backdoor is learned", "attack_success", ">", 0.5, labels=("learned", "not learned")),)),
-    Rule("the flag is localised to the target class", "target_slice_excess", ">", 0.05),
-    Rule("behavioural similarity on clean data barely sees it", "behavioural_gap_clean", "<", 0.15),
-    Rule("matrix cosine of the weights sees less than tensor similarity", "tensor_minus_weight_cosine_gap", ">", 0.0),
-    Rule("behavioural similarity on stamped inputs sees it", "behavioural_gap_poisoned", ">", 0.3),
-)
-
-
-# --------------------------------------------------------------------------- the poison
-
-
-def diamond_mask(height: int, width: int, /, *, patch_width: int = 5, patch_height: int = 7, margin: int = 2) -> np.ndarray:
-    """The trigger: a filled diamond in a ``patch_width`` x ``patch_height`` box at the top-right corner.
-
-    The box starts ``margin`` pixels below the top edge and ends ``margin``
-    pixels left of the right edge. Inside it, pixel ``(r, c)`` is on when
-    ``|r - r0| / (patch_height / 2) + |c - c0| / (patch_width / 2) <= 1``, with
-    ``(r0, c0)`` the box's centre: a rhombus touching the middle of every side.
-    For 5 x 7 the rows are 1, 3, 3, 5, 3, 3, 1 pixels wide (19 pixels).
-
-    Args:
-      height, width: the image size.
-      patch_width, patch_height: the box.
-      margin: distance of the box from the top and right edges.
-
-    Returns:
-      ``(height, width)`` bool mask.
-
-    Examples:
-      >>> diamond_mask(12, 12).astype(int)[2:9, 5:10]
-      array([[0, 0, 1, 0, 0],
-             [0, 1, 1, 1, 0],
-             [0, 1, 1, 1, 0],
-             [1, 1, 1, 1, 1],
-             [0, 1, 1, 1, 0],
-             [0, 1, 1, 1, 0],
-             [0, 0, 1, 0, 0]])
-    """
-    if patch_height + margin > height or patch_width + margin > width or min(patch_width, patch_height, margin + 1) < 1:
-        raise ValueError(
-            f"A {patch_width} x {patch_height} patch with margin {margin} does not fit a {height} x {width} image."
-        )
-    r = np.arange(patch_height)[:, None] - (patch_height - 1) / 2
-    c = np.arange(patch_width)[None, :] - (patch_width - 1) / 2
-    inside = np.abs(r) / (patch_height / 2) + np.abs(c) / (patch_width / 2) <= 1
-    mask = np.zeros((height, width), bool)
-    mask[margin:margin + patch_height, width - margin - patch_width:width - margin] = inside
-    return mask
-
-
-def stamp(x, mask, /, *, value: float):
-    """Images ``x (n, H, W, C)`` with the pixels of ``mask (H, W)`` set to ``value`` in every channel.
-
-    Examples:
-      >>> stamp(np.zeros((1, 2, 2, 1)), np.array([[True, False], [False, False]]), value=1.0)[0, :, :, 0].tolist()
-      [[1.0, 0.0], [0.0, 0.0]]
-    """
-    import jax.numpy as jnp
-
-    return jnp.where(jnp.asarray(mask)[None, :, :, None], jnp.asarray(value, jnp.asarray(x).dtype), x)
-
-
-def poison_batch(key: jax.Array, x, y, /, *, rate: float, mask, value: float, target: int):
-    """Stamp exactly ``round(rate * n)`` random examples of a minibatch and relabel them ``target``.
-
-    Args:
-      key: picks the examples.
-      x: ``(n, H, W, C)`` images.
-      y: ``(n,)`` int labels.
-      rate: fraction of the minibatch to poison.
-      mask: ``(H, W)`` bool trigger (:func:`diamond_mask`).
-      value: the trigger's pixel value.
-      target: the label poisoned examples get.
-
-    Returns:
-      ``(x, y, poisoned)`` with ``poisoned (n,)`` bool.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    n = x.shape[0]
-    k = int(round(rate * n))
-    poisoned = jnp.zeros((n,), bool).at[jax.random.permutation(key, n)[:k]].set(True)
-    x = jnp.where(poisoned[:, None, None, None], stamp(x, mask, value=value), x)
-    return x, jnp.where(poisoned, jnp.asarray(target, y.dtype), y), poisoned
-
-
-@dataclasses.dataclass(frozen=True)
-class PoisonTransform:
-    """The minibatch transform of the training step: poison (phase B) and input noise.
-
-    Hashable, so it is a static argument of the jitted step (one compilation
-    per distinct value). ``rate=0`` only adds the noise (phase A).
-    """
-
-    image_shape: tuple[int, int]
-    rate: float = 0.0
-    value: float = 0.0
-    target: int = 9
-    noise_std: float = 0.0
-    patch_width: int = 5
-    patch_height: int = 7
-    margin: int = 2
-
-    def mask(self) -> np.ndarray:
-        return diamond_mask(*self.image_shape, patch_width=self.patch_width, patch_height=self.patch_height,
-                            margin=self.margin)
-
-    def __call__(self, key, x, y):
-        import jax
-
-        k_poison, k_noise = jax.random.split(key)
-        if self.rate > 0:
-            x, y, _ = poison_batch(k_poison, x, y, rate=self.rate, mask=self.mask(), value=self.value, target=self.target)
-        if self.noise_std > 0:
-            x = x + self.noise_std * jax.random.normal(k_noise, x.shape, x.dtype)
-        return x, y
-
-
-# --------------------------------------------------------------------------- the experiment
-
-
-@dataclasses.dataclass(frozen=True)
-class BackdoorConfig(config_lib.RuledConfig, statistics=STATISTICS):
-    """Everything the experiment does; saved as config.json.
-
-    Attributes:
-      dataset: ``"mnist5k"`` (offline), ``"fashion_mnist"`` or ``"svhn_cropped"`` (tfds).
-      grayscale: convert RGB to luminance (the paper's SVHN input is 32x32 grayscale).
-      n_train: use the first ``n_train`` training images (None: all).
-      n_eval: test images for accuracy, attack success and the behavioural baselines.
-      d_hidden: bilinear hidden units (= the width the head reads).
-      learning_rate, weight_decay, batch_size: AdamW (constant rate, one optimiser for both phases).
-      phase_a_steps, phase_b_steps: clean and poisoned training steps.
-      checkpoint_every: checkpoint interval (the phase boundary is always a checkpoint).
-      poison_rate: fraction of every phase-B minibatch poisoned.
-      target: the label poisoned images get.
-      patch_value: the trigger's pixel value: 0 (black) on SVHN as in the paper,
-        1 (the ink colour) on MNIST-like data with a black background.
-      noise_std: Gaussian input noise during training (both phases).
-      seed: model and minibatch seed.
-      verdict_rules: the rules that label the claims (:data:`RULES`; each names one of :data:`STATISTICS`).
-    """
-
-    dataset: str = "mnist5k"
-    grayscale: bool = False
-    n_train: int | None = None
-    n_eval: int = 1000
-    d_hidden: int = 64
-    learning_rate: float = 1e-3
-    weight_decay: float = 1e-3
-    batch_size: int = 512
-    phase_a_steps: int = 2000
-    phase_b_steps: int = 500
-    checkpoint_every: int = 50
-    poison_rate: float = 0.1
-    target: int = 9
-    patch_value: float = 1.0
-    noise_std: float = 0.05
-    seed: int = 0
-    verdict_rules: tuple[Rule, ...] = RULES
-
-
-CONFIGS = {
-    "smoke": BackdoorConfig(n_train=1000, n_eval=300, d_hidden=16, batch_size=100, phase_a_steps=120,
-                            phase_b_steps=80, checkpoint_every=40, learning_rate=1e-2),
-    "default": BackdoorConfig(),
-    "paper": BackdoorConfig(dataset="svhn_cropped", grayscale=True, n_eval=26032, phase_a_steps=8000,
-                            phase_b_steps=2000, checkpoint_every=250, patch_value=0.0, seed=1337),
-}
+from funsim.experiments.configs.backdoor import CONFIGS, PAPER, RULES, STATISTICS, BackdoorConfig  # noqa: F401
+from funsim.experiments.io import open_run, releases_run_locks
+from funsim.models.curriculum import Stage, load_stage_networks, train_stages
+from funsim.models.poison import PoisonTransform, attack_success, stamp
+from funsim.models.train import TrainConfig
+from funsim.similarity import checkpoints as cs
 
 
 def _make_model(cfg, input_shape, n_classes):
-    from flax import nnx
-
-    from funsim import models
     return models.BilinearMLP(input_shape, n_classes, d_model=cfg.d_hidden, d_hidden=cfg.d_hidden, n_layers=1,
                               residual=False, bias=False, embed=False, rngs=nnx.Rngs(cfg.seed))
-
-
-def attack_success(logits, y, /, *, target: int) -> np.ndarray:
-    """Fraction of stamped images whose true class is not ``target`` that are classified as ``target``.
-
-    Args:
-      logits: ``(n_checkpoints, m, classes)`` on stamped images.
-      y: ``(m,)`` their true labels.
-
-    Returns:
-      ``(n_checkpoints,)``.
-    """
-    keep = np.asarray(y) != target
-    return (np.asarray(logits)[:, keep].argmax(-1) == target).mean(1)
 
 
 @releases_run_locks
 def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log=print) -> dict:
     """Run the experiment; returns the metrics (also written to metrics.json)."""
-    from funsim.experiments import checkpoint_similarity as cs
-    from funsim.models.train import TrainConfig
-
     t0 = time.time()
     stamp_log = lambda msg: log(f"{msg}  [{time.time() - t0:.0f} s]")
-    out = cur.prepare_run("backdoor", cfg, root=root, run_name=run_name)
+    out = open_run("backdoor", run_name, root=root, config=cfg)
     ds = cur.load_images(cfg.dataset, grayscale=cfg.grayscale, n_train=cfg.n_train)
     if not 0 <= cfg.target < ds.n_classes:
         raise ValueError(f"target={cfg.target} is not a class of {ds.name} (0..{ds.n_classes - 1}).")
@@ -302,12 +88,12 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
     tcfg = TrainConfig(steps=1, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, optimizer="adamw",
                        weight_decay=cfg.weight_decay, seed=cfg.seed, eval_every=cfg.checkpoint_every,
                        checkpoint_every=cfg.checkpoint_every)
-    stages = [cur.Stage("A: clean", cfg.phase_a_steps, ds.x_train, ds.y_train, clean),
-              cur.Stage("B: poisoned", cfg.phase_b_steps, ds.x_train, ds.y_train, poison)]
+    stages = [Stage("A: clean", cfg.phase_a_steps, ds.x_train, ds.y_train, clean),
+              Stage("B: poisoned", cfg.phase_b_steps, ds.x_train, ds.y_train, poison)]
     model = _make_model(cfg, ds.input_shape, ds.n_classes)
-    res = cur.train_stages(model, stages, ds.x_test, ds.y_test, config=tcfg, workdir=out / "model",
-                           carry_optimizer=True, progress=progress, log=log)
-    nets = cur.load_stage_networks(lambda: _make_model(cfg, ds.input_shape, ds.n_classes), res)
+    res = train_stages(model, stages, ds.x_test, ds.y_test, config=tcfg, workdir=out / "model",
+                       carry_optimizer=True, progress=progress, log=log)
+    nets = load_stage_networks(lambda: _make_model(cfg, ds.input_shape, ds.n_classes), res)
     steps = res.steps
     in_b = steps > cfg.phase_a_steps
 
@@ -401,14 +187,11 @@ def verdict_statistics(cfg: BackdoorConfig, gaps: dict, slice_gaps, attack_succe
 
 
 def _figures(cfg, out, res, steps, mats, slice_gaps, gaps):
-    from funsim.experiments import checkpoint_similarity as cs
-    from funsim.experiments import plotting
-
-    figs = [cs.curves_over_steps(
+    figs = [plotting.curves_over_steps(
         steps, {"clean test accuracy": mats["clean_accuracy"], "attack success (stamped, not 9)": mats["attack_success"]},
         out / "training.png", spans=res.spans, ylim=(-0.02, 1.02), ylabel="fraction",
         title="Clean accuracy and attack success at every checkpoint")]
-    figs.append(cs.heatmap_panels(
+    figs.append(plotting.heatmap_panels(
         {"tensor similarity (symmetric)": mats["tensor/symmetric"],
          "tensor similarity (gaussian)": mats["tensor/gaussian"],
          f"class-{cfg.target} slice (symmetric)": mats["tensor/symmetric/outputs"][cfg.target],
@@ -419,7 +202,7 @@ def _figures(cfg, out, res, steps, mats, slice_gaps, gaps):
         steps, out / "heatmaps.png", spans=res.spans, ncols=4,
         suptitle="Checkpoint x checkpoint similarity: clean phase A, then poisoned phase B"))
     n = mats["tensor/symmetric/outputs"].shape[0]
-    figs.append(cs.heatmap_panels(
+    figs.append(plotting.heatmap_panels(
         {f"class {c} slice": mats["tensor/symmetric/outputs"][c] for c in range(n)},
         steps, out / "slice_heatmaps.png", spans=res.spans, ncols=5,
         suptitle="Tensor similarity (symmetric) of each output class's slice"))
@@ -458,10 +241,6 @@ def summary(cfg: BackdoorConfig, m: dict, dataset: str) -> str:
         "Per-class slice gaps (gaussian): " + ", ".join(f"{c}: {v:.3f}" for c, v in enumerate(m["slice_block_gap"]["gaussian"])),
     ]
     return "\n".join(lines) + "\n"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    cur.add_driver_arguments(parser, BackdoorConfig, CONFIGS)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -48,137 +48,22 @@ import pathlib
 import time
 
 import numpy as np
+from flax import nnx
 
-from funsim.experiments import config as config_lib
+from funsim import models, similarity
 from funsim.experiments import curriculum as cur
+from funsim.experiments import plotting
 from funsim.experiments import verdict as verdict_lib
-from funsim.experiments.io import releases_run_locks
-from funsim.experiments.verdict import Rule
-
-#: the paper's curriculum: (stage name, digits trained on)
-CURRICULUM = (
-    ("base", (0, 1, 2, 3, 4)),
-    ("add 5", (0, 1, 2, 3, 4, 5)),
-    ("add 6", (0, 1, 2, 3, 4, 5, 6)),
-    ("add 7", (0, 1, 2, 3, 4, 5, 6, 7)),
-    ("add 8", (0, 1, 2, 3, 4, 5, 6, 7, 8)),
-    ("add 9", (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)),
-    ("repeat", (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)),
-    ("remove 9", (0, 1, 2, 3, 4, 5, 6, 7, 8)),
-    ("re-add 9", (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)),
-)
-
-#: the paper's numbers (SVHN, values at the end of a stage): the paper's text, and for "repeat" and the
-#: difference experiment those in tdooms/tensor-similarity scripts/vision/data/{forgetting,diffing}_svhn.npz
-PAPER = {
-    "repeat": {"tensor": 0.995},
-    "remove 9": {"tensor": 0.814, "cka": 0.930, "slice_target": -0.07, "difference_slice_target": -0.863},
-    "re-add 9": {"tensor": 0.995, "difference_slice_target": 0.387},
-    "add 9": {"difference_slice_target": 0.382},
-    "add 8": {"difference_slice_target": -0.890},
-}
-
-#: The statistics :func:`verdict_statistics` computes (end-of-stage values; reference = the end of
-#: ``reference_stage``; "target" = the digit removed and re-added; tensor = the Gaussian metric).
-STATISTICS = {
-    "cka_minus_tensor_at_remove": "CKA of the logits minus tensor similarity to the reference at the end of "
-                                  "'remove <target>' (how much more tensor similarity drops)",
-    "target_slice_margin": "the smallest other class slice minus the target's slice at 'remove <target>'",
-    "target_slice_at_remove": "the target class's slice of tensor similarity to the reference at 'remove <target>'",
-    "target_accuracy_at_remove": "test accuracy on the target class at the end of 'remove <target>'",
-    "tensor_at_readd": "tensor similarity to the reference at the end of 're-add <target>'",
-    "tensor_at_repeat": "tensor similarity to the reference at the end of 'repeat' (the drift baseline; no rule)",
-    "difference_slice_at_add9": "the second model's fine-tuning difference vs the checkpoint at the end of "
-                                "'add <target>', target slice",
-    "difference_slice_at_remove": "the same at the end of 'remove <target>'",
-}
-
-#: The verdict rules, committed before the runs they judge. Thresholds set knowing the paper's numbers
-#: (SVHN: CKA - tensor 0.116 at 'remove 9'; class-9 slice -0.07 with class-9 accuracy 0.00; 0.995 at
-#: 're-add 9'; difference slice 0.38 at 'add 9', -0.86 at 'remove 9') and the first pass's (mnist5k,
-#: 20 epochs per stage: 0.028; margin 0.129; slice 0.761 with class-9 accuracy 0.20; 0.890; 0.38; 0.07).
-RULES: tuple[Rule, ...] = (
-    Rule("tensor similarity drops more than CKA when the target is removed", "cka_minus_tensor_at_remove", ">", 0.05),
-    Rule("the drop is localised to the target class", "target_slice_margin", ">=", 0.05),
-    Rule("the target class's slice collapses once the class is forgotten", "target_slice_at_remove", "<", 0.2,
-         requires=(Rule("the target class is forgotten", "target_accuracy_at_remove", "<=", 0.05,
-                        labels=("forgotten", "not forgotten")),)),
-    Rule("re-adding the target restores the network", "tensor_at_readd", ">=", 0.95),
-    Rule("the second model's fine-tuning difference tracks the target when it is added",
-         "difference_slice_at_add9", ">", 0.2),
-    Rule("... and turns negative when it is removed", "difference_slice_at_remove", "<", 0.0),
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class ForgettingConfig(config_lib.RuledConfig, statistics=STATISTICS):
-    """Everything the experiment does; saved as config.json.
-
-    Attributes:
-      dataset: ``"mnist5k"`` (offline), ``"fashion_mnist"`` (classes 0-9) or ``"svhn_cropped"`` (tfds).
-      grayscale: convert RGB to luminance (the paper's SVHN input is 32x32 grayscale).
-      n_train: use the first ``n_train`` training images (None: all).
-      n_eval: test images for CKA, behavioural similarity and per-class accuracy.
-      d_model, d_hidden: embedding width and bilinear hidden units.
-      learning_rate, weight_decay, batch_size: AdamW.
-      stage_steps: optimiser steps per stage (when ``stage_epochs`` is None; default 1,500:
-        the paper's 20 SVHN epochs were 3,600-5,900 steps per stage).
-      stage_epochs: if set, each stage runs this many epochs of its own data
-        (``floor(n_stage / batch_size)`` steps per epoch; the paper: 20).
-      same_seed: every stage from ``seed`` (the paper's ``fit`` reseeds each stage alike);
-        False: stage ``k`` from ``seed + k``.
-      checkpoint_every: checkpoint interval within each stage.
-      lr_schedule: ``"cosine"`` (decay to 0 within every stage, fresh AdamW per
-        stage, as the paper) or ``"constant"``.
-      carry_optimizer: carry AdamW's state across stages (needs ``"constant"``).
-      curriculum: ``((stage name, digits), ...)``.
-      reference_stage: the stage whose last checkpoint is the reference.
-      target: the digit removed and re-added.
-      difference: also train the second model and compare its fine-tuning difference.
-      split_data: give the two models disjoint halves of the training images (as the
-        paper did); False trains both on all of them (different seeds only).
-      seed: the first model's seed; ``seed + 1`` is the second model's.
-      verdict_rules: the rules that label the claims (:data:`RULES`; each names one of :data:`STATISTICS`).
-    """
-
-    dataset: str = "mnist5k"
-    grayscale: bool = False
-    n_train: int | None = None
-    n_eval: int = 1000
-    d_model: int = 128
-    d_hidden: int = 256
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.5
-    batch_size: int = 248
-    stage_steps: int = 1500
-    stage_epochs: float | None = None
-    same_seed: bool = True
-    checkpoint_every: int = 250
-    lr_schedule: str = "cosine"
-    carry_optimizer: bool = False
-    curriculum: tuple = CURRICULUM
-    reference_stage: str = "add 9"
-    target: int = 9
-    difference: bool = True
-    split_data: bool = False
-    seed: int = 0
-    verdict_rules: tuple[Rule, ...] = RULES
-
-
-CONFIGS = {
-    "smoke": ForgettingConfig(n_train=800, n_eval=200, d_model=16, d_hidden=16, batch_size=64, stage_epochs=None,
-                              stage_steps=30, checkpoint_every=15, learning_rate=1e-2),
-    "default": ForgettingConfig(),
-    "paper": ForgettingConfig(dataset="svhn_cropped", grayscale=True, n_eval=2000, split_data=True,
-                              stage_epochs=20, checkpoint_every=250),
-}
+from funsim.experiments.configs.forgetting import CONFIGS, CURRICULUM, PAPER, RULES, STATISTICS, ForgettingConfig  # noqa: F401
+from funsim.experiments.io import open_run, releases_run_locks
+from funsim.models.curriculum import Stage, load_stage_networks, train_stages
+from funsim.models.train import TrainConfig
+from funsim.similarity import checkpoints as cs
 
 
 def _train_config(cfg: ForgettingConfig, n_smallest: int = 2048):
     """The AdamW config of every stage; the fixed train subset evaluated has the size of the
     smallest stage's training set (at most 2048), so one compiled evaluation serves every stage."""
-    from funsim.models.train import TrainConfig
-
     if cfg.lr_schedule not in ("cosine", "constant"):
         raise ValueError(f"lr_schedule must be 'cosine' or 'constant', got {cfg.lr_schedule!r}.")
     return TrainConfig(
@@ -206,14 +91,11 @@ def _stages(cfg, x, y, curriculum):
                 f"Stage {name!r} has {len(ys)} training images, fewer than batch_size={cfg.batch_size}; "
                 "use more training data (n_train) or a smaller batch."
             )
-        stages.append(cur.Stage(name, _stage_steps(cfg, len(ys)), xs, ys))
+        stages.append(Stage(name, _stage_steps(cfg, len(ys)), xs, ys))
     return stages
 
 
 def _make_model(cfg, input_shape, n_classes, seed):
-    from flax import nnx
-
-    from funsim import models
     return models.BilinearMLP(input_shape, n_classes, d_model=cfg.d_model, d_hidden=cfg.d_hidden, n_layers=1,
                               residual=False, bias=False, rngs=nnx.Rngs(seed))
 
@@ -224,7 +106,6 @@ def _as_one_layer(net):
     Exact: the folded node's lifted factors give the biases, and its constant
     hidden unit the output bias (see ``similarity.fold_network``).
     """
-    from funsim import similarity
     (node,) = similarity.fold_network(similarity.validate_network(net))
     left, right, down = node
     return similarity.BilinearLayer(left[:, 1:], right[:, 1:], down[1:], left[:, 0], right[:, 0])
@@ -232,15 +113,14 @@ def _as_one_layer(net):
 
 def _difference_network(cfg, ds_b, out, progress, log):
     """Second model: every digit but the target, then fine-tuned on all; returns the difference network."""
-    from funsim import similarity
     digits = tuple(range(10))
     base = tuple(d for d in digits if d != cfg.target)
     model = _make_model(cfg, ds_b.input_shape, 10, cfg.seed + 1)
     stages = _stages(cfg, ds_b.x_train, ds_b.y_train, (("base without target", base), ("fine-tune all", digits)))
     tcfg = _train_config(cfg, min(len(s.y_train) for s in stages))
-    res = cur.train_stages(model, stages, ds_b.x_test, ds_b.y_test, config=tcfg, workdir=out / "model_b",
-                           carry_optimizer=cfg.carry_optimizer, same_seed=cfg.same_seed, progress=progress, log=log)
-    nets = cur.load_stage_networks(lambda: _make_model(cfg, ds_b.input_shape, 10, cfg.seed + 1), res)
+    res = train_stages(model, stages, ds_b.x_test, ds_b.y_test, config=tcfg, workdir=out / "model_b",
+                       carry_optimizer=cfg.carry_optimizer, same_seed=cfg.same_seed, progress=progress, log=log)
+    nets = load_stage_networks(lambda: _make_model(cfg, ds_b.input_shape, 10, cfg.seed + 1), res)
     ends = [int(np.flatnonzero(res.stage_index == k)[-1]) for k in range(2)]
     base_net, ft_net = nets[ends[0]], nets[ends[1]]
     return (similarity.difference(_as_one_layer(ft_net), _as_one_layer(base_net)),)
@@ -256,14 +136,12 @@ def _per_class_accuracy(logits, y, n_classes):
 def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
         progress: bool = True, log=print) -> dict:
     """Run the experiment; returns the metrics (also written to metrics.json)."""
-    from funsim.experiments import checkpoint_similarity as cs
-
     t0 = time.time()
     stamp = lambda msg: log(f"{msg}  [{time.time() - t0:.0f} s]")
     names = [n for n, _ in cfg.curriculum]
     if cfg.reference_stage not in names:
         raise ValueError(f"reference_stage {cfg.reference_stage!r} is not a stage of the curriculum {names}.")
-    out = cur.prepare_run("forgetting", cfg, root=root, run_name=run_name)
+    out = open_run("forgetting", run_name, root=root, config=cfg)
     ds = cur.load_images(cfg.dataset, grayscale=cfg.grayscale, n_train=cfg.n_train)
     n_classes = ds.n_classes
     if n_classes != 10:
@@ -278,11 +156,11 @@ def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name
     stages = _stages(cfg, ds_a.x_train, ds_a.y_train, cfg.curriculum)
     tcfg = _train_config(cfg, min(len(s.y_train) for s in stages))
     model = _make_model(cfg, ds.input_shape, n_classes, cfg.seed)
-    res = cur.train_stages(model, stages, ds.x_test, ds.y_test,
-                           config=tcfg, workdir=out / "model_a", carry_optimizer=cfg.carry_optimizer,
-                           same_seed=cfg.same_seed, progress=progress, log=log)
+    res = train_stages(model, stages, ds.x_test, ds.y_test,
+                       config=tcfg, workdir=out / "model_a", carry_optimizer=cfg.carry_optimizer,
+                       same_seed=cfg.same_seed, progress=progress, log=log)
     steps = res.steps
-    nets = cur.load_stage_networks(lambda: _make_model(cfg, ds.input_shape, n_classes, cfg.seed), res)
+    nets = load_stage_networks(lambda: _make_model(cfg, ds.input_shape, n_classes, cfg.seed), res)
 
     stamp(f"[2/5] checkpoint x checkpoint matrices over {len(nets)} checkpoints (tensor similarity, 10 slices, baselines)")
 
@@ -389,10 +267,8 @@ def verdict_statistics(cfg: ForgettingConfig, at_stage: dict) -> dict:
 
 
 def _figures(cfg, out, res, steps, mats, curves, slices, difference, names):
-    from funsim.experiments import checkpoint_similarity as cs
-
     figs = []
-    figs.append(cs.heatmap_panels(
+    figs.append(plotting.heatmap_panels(
         {"tensor similarity (gaussian)": mats["tensor/gaussian"],
          "tensor similarity (symmetric)": mats["tensor/symmetric"],
          "CKA of the logits (test images)": mats["cka"],
@@ -400,27 +276,27 @@ def _figures(cfg, out, res, steps, mats, curves, slices, difference, names):
          "matrix cosine of the weights": mats["weight_cosine"]},
         steps, out / "heatmaps.png", spans=res.spans,
         suptitle="Checkpoint x checkpoint similarity through the curriculum"))
-    figs.append(cs.heatmap_panels(
+    figs.append(plotting.heatmap_panels(
         {f"class {c} slice": mats["tensor/gaussian/outputs"][c] for c in range(slices.shape[0])},
         steps, out / "slice_heatmaps.png", spans=res.spans, ncols=5,
         suptitle="Tensor similarity (gaussian) of each output class's slice, checkpoint x checkpoint"))
-    figs.append(cs.curves_over_steps(
+    figs.append(plotting.curves_over_steps(
         steps, curves, out / "to_reference.png", spans=res.spans, ylabel="similarity to the reference",
         title=f"Similarity of every checkpoint to the end of {cfg.reference_stage!r}"))
     series = {f"class {c}": slices[c] for c in range(slices.shape[0])}
     styles = {f"class {c}": ({"color": "red", "lw": 2.5} if c == cfg.target else {"lw": 1, "alpha": 0.7})
               for c in range(slices.shape[0])}
-    figs.append(cs.curves_over_steps(
+    figs.append(plotting.curves_over_steps(
         steps, series, out / "slices_to_reference.png", spans=res.spans, styles=styles,
         ylabel="slice similarity to the reference",
         title=f"Per-class tensor-similarity slices (gaussian) vs the end of {cfg.reference_stage!r}"))
     acc = mats["class_accuracy"]
-    figs.append(cs.curves_over_steps(
+    figs.append(plotting.curves_over_steps(
         steps, {f"class {c}": acc[:, c] for c in range(acc.shape[1])}, out / "class_accuracy.png",
         spans=res.spans, styles=styles, ylabel="test accuracy of the class", ylim=(-0.02, 1.02),
         title="Per-class test accuracy through the curriculum"))
     if difference is not None:
-        figs.append(cs.curves_over_steps(
+        figs.append(plotting.curves_over_steps(
             steps, difference, out / "difference.png", spans=res.spans, ylabel="similarity to the difference",
             title=f"Every checkpoint vs (second model fine-tuned on {cfg.target}) - (its base)"))
     return figs
@@ -477,10 +353,6 @@ def summary(cfg: ForgettingConfig, m: dict, dataset: str) -> str:
     lines.append("Per-class test accuracy at the end of every stage (class 0 ... 9): " + "; ".join(
         f"{name}: " + " ".join(f"{a:.2f}" for a in v["class_accuracy"]) for name, v in st.items()))
     return "\n".join(lines) + "\n"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    cur.add_driver_arguments(parser, ForgettingConfig, CONFIGS)
 
 
 def main(args: argparse.Namespace) -> int:

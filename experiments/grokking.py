@@ -52,7 +52,6 @@ import time
 
 import numpy as np
 
-from funsim.experiments import checkpoint_similarity as cs
 from funsim.experiments import config as config_lib
 from funsim.experiments import data as data_lib
 from funsim.experiments import grokking_figures as figures
@@ -61,7 +60,8 @@ from funsim.experiments.configs.grokking import CONFIGS, PAPER, RULES, STATISTIC
 from funsim.experiments.io import open_run, releases_run_locks, write_atomic, write_json_atomic, write_text_atomic
 from funsim.models import modular
 from funsim.models.train import TrainConfig, list_checkpoints, train
-from funsim.models.trajectory import checkpoint_networks, stack_networks
+from funsim.models.trajectory import checkpoint_networks
+from funsim.similarity import checkpoints as cs
 from funsim.similarity import phases
 from funsim.similarity.fourier import operand_spectra, spectrum_summary
 from funsim.similarity.segmentation import SEGMENT_COSTS
@@ -78,7 +78,7 @@ MEASURES = ("tensor (symmetric)", "tensor (gaussian)", "weight cosine", "behavio
 def checkpoint_matrices(nets, x_eval, /) -> dict[str, np.ndarray]:
     """Checkpoint x checkpoint similarity: tensor similarity beside three baselines.
 
-    A thin naming layer over :func:`experiments.checkpoint_similarity.checkpoint_matrices`.
+    A thin naming layer over :func:`funsim.similarity.checkpoints.checkpoint_matrices`.
 
     Args:
       nets: a stacked network: a tuple of layers whose every leaf has a leading
@@ -181,7 +181,7 @@ def _train(cfg: GrokkingConfig, tokens, workdir: pathlib.Path, progress: bool, l
     steps = [0, *list_checkpoints(workdir)]  # step 0: the initialisation, make_model as built
     nets = checkpoint_networks(lambda: make_model(cfg, cfg.seed), workdir, steps, config=tcfg,
                                to_network=lambda m: m.model.to_network(), progress=progress)
-    return result, steps, stack_networks(nets), seconds
+    return result, steps, cs.stack_networks(nets), seconds
 
 
 # --------------------------------------------------------------------------- driver

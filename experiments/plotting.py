@@ -24,9 +24,10 @@ import matplotlib.image  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from numpy.typing import ArrayLike  # noqa: E402
 
 __all__ = ["heatmap", "heatmap_grid", "label_shared_axes", "training_curves", "curve_panels", "bar_chart", "lines", "save", "subplots", "title_figure",
-           "text_overlaps", "drop_crowded_ticklabels", "TextOverlapWarning"]
+           "text_overlaps", "drop_crowded_ticklabels", "TextOverlapWarning", "heatmap_panels", "curves_over_steps"]
 
 
 #: Resolution of the saved figures.
@@ -348,4 +349,115 @@ def lines(xs: Sequence[float], series: Mapping[str, Sequence[float]], path: str 
     ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    return save(fig, path)
+
+
+# --------------------------------------------------------------------------- checkpoints through training stages
+
+
+def _stage_ticks(steps, spans):
+    """Checkpoint indices where each stage starts (for tick labels) and ends (for lines)."""
+    steps = np.asarray(steps)
+    starts, ends = [], []
+    for first, last, name in spans or ():
+        inside = np.flatnonzero((steps > first) & (steps <= last))
+        if inside.size:
+            starts.append((inside[0], name))
+            ends.append(inside[-1])
+    return starts, ends[:-1]
+
+
+def heatmap_panels(
+    matrices: Mapping[str, ArrayLike],
+    steps: Sequence[int],
+    path: str | os.PathLike,
+    *,
+    spans: Sequence[tuple[int, int, str]] | None = None,
+    suptitle: str,
+    ncols: int = 3,
+    cmap: str = "viridis",
+) -> pathlib.Path:
+    """One heatmap per checkpoint x checkpoint matrix, with the stages marked.
+
+    Args:
+      matrices: ``{title: (n, n)}``.
+      steps: ``(n,)`` global step of each checkpoint (tick labels).
+      path: where the PNG goes.
+      spans: ``[(first_step, last_step, name)]`` stages; their boundaries are
+        drawn as white lines and their names label the ticks.
+      suptitle: the figure title.
+      ncols: panels per row.
+      cmap: colour map; each panel has its own colour scale and colour bar.
+
+    Returns:
+      The path written.
+    """
+    n = len(matrices)
+    ncols = max(1, min(ncols, n))
+    nrows = math.ceil(n / ncols)
+    # square heatmaps: the compressed layout is the constrained one for fixed-aspect axes
+    fig, axes = subplots(nrows, ncols, figsize=(4.2 * ncols, 3.9 * nrows), squeeze=False, layout="compressed")
+    starts, ends = _stage_ticks(steps, spans)
+    for k, (ax, (title, m)) in enumerate(zip(axes.ravel(), matrices.items())):
+        m = np.asarray(m, float)
+        im = ax.imshow(m, cmap=cmap, interpolation="nearest", vmax=1.0 if np.nanmax(m) <= 1 + 1e-9 else None)
+        for e in ends:
+            ax.axhline(e + 0.5, color="white", lw=0.7)
+            ax.axvline(e + 0.5, color="white", lw=0.7)
+        if starts:
+            idx, names = zip(*starts)
+            ax.set_xticks(idx, names, rotation=60, ha="right", fontsize=7)
+            ax.set_yticks(idx, [f"{nm} ({steps[i]})" for i, nm in starts], fontsize=7)
+        label_shared_axes(ax, k, ncols, n, xlabel="checkpoint (stage start)",
+                                   ylabel="checkpoint (stage, global step)")
+        ax.set_title(title, fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    for ax in axes.ravel()[n:]:
+        ax.axis("off")
+    title_figure(fig, suptitle, fontsize=11)
+    drop_crowded_ticklabels(fig)  # short stages crowd their names
+    return save(fig, path)
+
+
+def curves_over_steps(
+    steps: Sequence[int],
+    series: Mapping[str, ArrayLike],
+    path: str | os.PathLike,
+    *,
+    spans: Sequence[tuple[int, int, str]] | None = None,
+    title: str,
+    ylabel: str,
+    ylim: tuple[float, float] | None = None,
+    styles: Mapping[str, dict] | None = None,
+) -> pathlib.Path:
+    """Curves against the global training step, with the stages shaded and named.
+
+    Args:
+      steps: ``(n,)`` x values.
+      series: ``{label: (n,)}``.
+      path: where the PNG goes.
+      spans: ``[(first_step, last_step, name)]`` stages, shaded alternately.
+      title: axes title.
+      ylabel: y-axis label.
+      ylim: y range.
+      styles: per-label matplotlib keyword arguments (colour, width, ...).
+
+    Returns:
+      The path written.
+    """
+    fig, ax = subplots(figsize=(8.5, 3.8))
+    for k, (first, last, name) in enumerate(spans or ()):
+        if k % 2:
+            ax.axvspan(first, last, color="0.92", lw=0)
+        ax.text((first + last) / 2, 1.01, name, transform=ax.get_xaxis_transform(), ha="center",
+                va="bottom", fontsize=7, rotation=0)
+    for label, ys in series.items():
+        ax.plot(steps, np.asarray(ys, float), label=label, marker=".", ms=3, **(styles or {}).get(label, {}))
+    ax.set_xlabel("global training step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10, pad=16)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncols=2 if len(series) > 5 else 1, loc="best")
     return save(fig, path)

@@ -3,8 +3,8 @@
 :func:`models.train.train` saves checkpoints in a run's ``workdir``; the similarity measures take
 pure networks (``model.to_network()``: a tuple of layers, or a ``similarity.AttentionNetwork``).
 :func:`checkpoint_networks` reads the checkpoints back into a fresh model each and returns those
-networks, step 0 being the model as built (its initialisation); :func:`stack_networks` stacks them
-along a leading checkpoint axis for the vmapped measures.
+networks, step 0 being the model as built (its initialisation);
+``similarity.checkpoints.stack_networks`` stacks them along a leading checkpoint axis.
 """
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Callable, Sequence
 
-import jax
-import jax.numpy as jnp
 from flax import nnx
 from tqdm.auto import tqdm
 
 from funsim.models.train import TrainConfig, load_checkpoint
 
-__all__ = ["checkpoint_networks", "stack_networks"]
+__all__ = ["checkpoint_networks"]
 
 
 def checkpoint_networks(make: Callable[[], nnx.Module], workdir: str | pathlib.Path, steps: Sequence[int], /, *,
@@ -51,7 +49,3 @@ def checkpoint_networks(make: Callable[[], nnx.Module], workdir: str | pathlib.P
         nets.append(convert(model))
     return nets
 
-
-def stack_networks(nets: Sequence, /):
-    """Networks of one structure stacked leaf by leaf: every leaf gains a leading axis of length ``len(nets)``."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *nets)

@@ -146,3 +146,18 @@ from funsim.similarity.grid import GridResult as GridResult
 from funsim.similarity.grid import UndefinedCellWarning as UndefinedCellWarning
 from funsim.similarity._validate import PrecisionWarning as PrecisionWarning
 from funsim.similarity.grid import compare_grid as compare_grid
+
+# --- checkpoint x checkpoint matrices of a training run ---
+from funsim.similarity.checkpoints import CHECKPOINT_METRICS as CHECKPOINT_METRICS
+from funsim.similarity.checkpoints import tensor_matrices as tensor_matrices
+from funsim.similarity.checkpoints import tensor_similarity_to as tensor_similarity_to
+from funsim.similarity.checkpoints import monte_carlo_matrices as monte_carlo_matrices
+from funsim.similarity.checkpoints import normalise_gram as normalise_gram
+from funsim.similarity.checkpoints import weight_cosine_matrix as weight_cosine_matrix
+from funsim.similarity.checkpoints import network_outputs as network_outputs
+from funsim.similarity.checkpoints import behavioural_matrix as behavioural_matrix
+from funsim.similarity.checkpoints import behavioral_matrix as behavioral_matrix  # deprecated spelling
+from funsim.similarity.checkpoints import cka_matrix as cka_matrix
+from funsim.similarity.checkpoints import checkpoint_matrices as checkpoint_matrices
+from funsim.similarity.checkpoints import block_summary as block_summary
+from funsim.similarity.checkpoints import block_gap as block_gap

@@ -11,6 +11,7 @@ from funsim import similarity
 from funsim.experiments import backdoor as bd
 from funsim.experiments import cli, verdict
 from funsim.experiments import curriculum as cur
+from funsim.models import poison
 from tests.conftest import NEEDS_MNIST5K, NEEDS_TFDS
 
 DIAMOND = np.array([
@@ -26,7 +27,7 @@ DIAMOND = np.array([
 
 @pytest.mark.parametrize("size", [28, 32])
 def test_diamond_is_5_wide_7_tall_top_right_with_a_2_pixel_margin(size):
-    m = bd.diamond_mask(size, size)
+    m = poison.diamond_mask(size, size)
     expected = np.zeros((size, size), bool)
     expected[2:9, size - 7:size - 2] = DIAMOND  # rows 2..8, the last column 2 pixels from the right edge
     np.testing.assert_array_equal(m, expected)
@@ -39,18 +40,18 @@ def test_diamond_is_5_wide_7_tall_top_right_with_a_2_pixel_margin(size):
 
 
 def test_diamond_options_and_errors():
-    m = bd.diamond_mask(10, 12, patch_width=3, patch_height=3, margin=0)
+    m = poison.diamond_mask(10, 12, patch_width=3, patch_height=3, margin=0)
     expected = np.zeros((10, 12), bool)
     expected[0:3, 9:12] = [[0, 1, 0], [1, 1, 1], [0, 1, 0]]
     np.testing.assert_array_equal(m, expected)
     with pytest.raises(ValueError, match="does not fit a 8 x 8 image"):
-        bd.diamond_mask(8, 8)
+        poison.diamond_mask(8, 8)
 
 
 def test_stamp_sets_the_patch_in_every_channel_and_nothing_else(rng):
     x = rng.random((3, 32, 32, 3)).astype(np.float32)
-    mask = bd.diamond_mask(32, 32)
-    s = np.asarray(bd.stamp(x, mask, value=0.0))
+    mask = poison.diamond_mask(32, 32)
+    s = np.asarray(poison.stamp(x, mask, value=0.0))
     assert s.dtype == np.float32
     assert np.all(s[:, mask] == 0.0)
     np.testing.assert_array_equal(s[:, ~mask], x[:, ~mask])
@@ -59,21 +60,21 @@ def test_stamp_sets_the_patch_in_every_channel_and_nothing_else(rng):
 def test_poison_batch_poisons_exactly_the_rate(rng):
     x = rng.random((50, 28, 28, 1)).astype(np.float32)
     y = rng.integers(0, 9, 50).astype(np.int32)  # no 9 yet
-    mask = bd.diamond_mask(28, 28)
-    xp, yp, poisoned = (np.asarray(a) for a in bd.poison_batch(jax.random.key(0), x, y, rate=0.1, mask=mask, value=1.0, target=9))
+    mask = poison.diamond_mask(28, 28)
+    xp, yp, poisoned = (np.asarray(a) for a in poison.poison_batch(jax.random.key(0), x, y, rate=0.1, mask=mask, value=1.0, target=9))
     assert poisoned.sum() == 5
     assert np.all(yp[poisoned] == 9) and np.array_equal(yp[~poisoned], y[~poisoned])
     assert np.all(xp[poisoned][:, mask] == 1.0)
     np.testing.assert_array_equal(xp[~poisoned], x[~poisoned])
     np.testing.assert_array_equal(xp[poisoned][:, ~mask], x[poisoned][:, ~mask])
-    other = np.asarray(bd.poison_batch(jax.random.key(1), x, y, rate=0.1, mask=mask, value=1.0, target=9)[2])
+    other = np.asarray(poison.poison_batch(jax.random.key(1), x, y, rate=0.1, mask=mask, value=1.0, target=9)[2])
     assert other.sum() == 5 and not np.array_equal(other, poisoned)
-    assert np.asarray(bd.poison_batch(jax.random.key(0), x, y, rate=0.0, mask=mask, value=1.0, target=9)[2]).sum() == 0
+    assert np.asarray(poison.poison_batch(jax.random.key(0), x, y, rate=0.0, mask=mask, value=1.0, target=9)[2]).sum() == 0
 
 
 def test_poison_transform_is_hashable_and_adds_the_noise(rng):
-    t = bd.PoisonTransform((28, 28), noise_std=0.05)
-    assert hash(t) == hash(bd.PoisonTransform((28, 28), noise_std=0.05)) and t != dataclasses.replace(t, rate=0.1)
+    t = poison.PoisonTransform((28, 28), noise_std=0.05)
+    assert hash(t) == hash(poison.PoisonTransform((28, 28), noise_std=0.05)) and t != dataclasses.replace(t, rate=0.1)
     x = np.zeros((200, 28, 28, 1), np.float32)
     y = np.zeros(200, np.int32)
     xn, yn = t(jax.random.key(3), x, y)
@@ -90,7 +91,7 @@ def test_attack_success():
     logits[1, 0, 9] = 1  # only the first (a true 9) -> 9
     logits[1, 1:, 3] = 1
     y = np.array([9, 1, 2, 3])
-    np.testing.assert_allclose(bd.attack_success(logits, y, target=9), [1.0, 0.0])
+    np.testing.assert_allclose(poison.attack_success(logits, y, target=9), [1.0, 0.0])
 
 
 @NEEDS_MNIST5K

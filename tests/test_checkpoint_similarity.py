@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from funsim import similarity
-from funsim.experiments import checkpoint_similarity as cs
 from funsim.similarity import BilinearLayer, LinearLayer
+from funsim.similarity import checkpoints as cs
 
 
 def _net(rng, *, d=5, m=4, h=6, o=3, bias=True, scale=1.0):
@@ -198,17 +198,6 @@ def test_block_gap():
         cs.block_gap(m, np.ones(4, bool))
     with pytest.raises(ValueError, match=r"\(n, n\)"):
         cs.block_gap(m[:3], b)
-
-
-def test_figures_are_written(tmp_path, rng):
-    steps = np.array([0, 10, 20, 30, 40])
-    spans = [(0, 20, "base"), (20, 40, "add 5")]
-    mats = {"a": np.eye(5), "b": np.full((5, 5), 0.5)}
-    p = cs.heatmap_panels(mats, steps, tmp_path / "h.png", spans=spans, suptitle="test")
-    q = cs.curves_over_steps(steps, {"x": steps / 40.0}, tmp_path / "c.png", spans=spans, title="t", ylabel="y")
-    for f in (p, q):
-        assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert cs._stage_ticks(steps, spans) == ([(1, "base"), (3, "add 5")], [2])
 
 
 def test_the_old_spelling_of_behavioural_matrix_still_works_and_warns():

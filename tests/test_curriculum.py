@@ -12,6 +12,8 @@ from funsim import models
 from funsim.experiments import curriculum as cur
 from funsim.experiments import data
 from funsim.experiments.config import load_config
+from funsim.experiments.io import open_run
+from funsim.models.curriculum import Stage, load_stage_networks, train_stages
 from funsim.models.train import TrainConfig, train
 
 
@@ -112,54 +114,54 @@ def test_train_stages_counts_steps_globally_and_resumes(tmp_path):
     from funsim import similarity
     ds = _gauss()
     x01, y01 = cur.select_classes(ds.x_train, ds.y_train, [0, 1])
-    stages = [cur.Stage("first two", 6, x01, y01), cur.Stage("all", 4, ds.x_train, ds.y_train)]
+    stages = [Stage("first two", 6, x01, y01), Stage("all", 4, ds.x_train, ds.y_train)]
     cfg = TrainConfig(steps=1, batch_size=16, eval_every=2, checkpoint_every=3)
     logs = []
     m = _bil()
-    r = cur.train_stages(m, stages, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path, progress=False, log=logs.append)
+    r = train_stages(m, stages, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path, progress=False, log=logs.append)
     assert r.steps.tolist() == [0, 3, 6, 9, 10]
     assert r.stage_index.tolist() == [0, 0, 0, 1, 1]
     assert r.local == [(0, 0), (0, 3), (0, 6), (1, 3), (1, 4)]
     assert r.spans == [(0, 6, "first two"), (6, 10, "all")]
     assert [h["step"] for h in r.history] == [0, 2, 4, 6, 8, 10] and [h["stage"] for h in r.history] == [0, 0, 0, 0, 1, 1]
     assert [p.name for p in r.workdirs] == ["0-first-two", "1-all"] and len(logs) == 2
-    nets = cur.load_stage_networks(_bil, r)
+    nets = load_stage_networks(_bil, r)
     x = ds.x_test
     np.testing.assert_allclose(similarity.apply_network(nets[-1], x), m(x), atol=1e-6)
     np.testing.assert_allclose(similarity.apply_network(nets[0], x), _bil()(x), atol=1e-6)
     assert not np.allclose(similarity.apply_network(nets[2], x), m(x))
     # a rerun resumes every stage at its end and gives the same model
     m2 = _bil()
-    r2 = cur.train_stages(m2, stages, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path, progress=False, log=logs.append)
+    r2 = train_stages(m2, stages, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path, progress=False, log=logs.append)
     assert r2.steps.tolist() == r.steps.tolist() and "resumed at step 6" in logs[2]
     np.testing.assert_array_equal(m2(x), m(x))
     with pytest.raises(ValueError, match="stages is empty"):
-        cur.train_stages(m, [], x, ds.y_test, config=cfg, workdir=tmp_path)
+        train_stages(m, [], x, ds.y_test, config=cfg, workdir=tmp_path)
     with pytest.raises(ValueError, match="steps < 1"):
-        cur.train_stages(m, [cur.Stage("none", 0, x01, y01)], x, ds.y_test, config=cfg, workdir=tmp_path)
+        train_stages(m, [Stage("none", 0, x01, y01)], x, ds.y_test, config=cfg, workdir=tmp_path)
     with pytest.raises(ValueError, match="carry_optimizer=True with a learning-rate schedule"):
-        cur.train_stages(m, stages, x, ds.y_test, config=dataclasses.replace(cfg, warmup_steps=1), workdir=tmp_path,
+        train_stages(m, stages, x, ds.y_test, config=dataclasses.replace(cfg, warmup_steps=1), workdir=tmp_path,
                          carry_optimizer=True)
 
 
 def test_train_stages_same_seed(tmp_path, monkeypatch):
     """``same_seed``: every stage trains from ``config.seed`` (the authors' fit); else stage k from seed + k."""
-    import funsim.models.train as mt
+    from funsim.models import curriculum as mc
     ds = _gauss()
     x01, y01 = cur.select_classes(ds.x_train, ds.y_train, [0, 1])
-    stages = [cur.Stage("a", 2, x01, y01), cur.Stage("b", 2, ds.x_train, ds.y_train), cur.Stage("c", 2, x01, y01)]
+    stages = [Stage("a", 2, x01, y01), Stage("b", 2, ds.x_train, ds.y_train), Stage("c", 2, x01, y01)]
     cfg = TrainConfig(steps=1, batch_size=16, eval_every=2, checkpoint_every=2, seed=7)
-    seen, real = [], mt.train
+    seen, real = [], mc.train
 
     def spy(*args, config, **kw):
         seen.append(config.seed)
         return real(*args, config=config, **kw)
 
-    monkeypatch.setattr(mt, "train", spy)
+    monkeypatch.setattr(mc, "train", spy)  # the name train_stages calls
     for same, expected in ((True, [7, 7, 7]), (False, [7, 8, 9])):
         seen.clear()
-        cur.train_stages(_bil(), stages, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path / str(same),
-                         same_seed=same, progress=False, log=lambda s: None)
+        train_stages(_bil(), stages, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path / str(same),
+                     same_seed=same, progress=False, log=lambda s: None)
         assert seen == expected
 
 
@@ -192,11 +194,11 @@ def test_configs_runs_and_cached_arrays(tmp_path):
     with pytest.raises(ValueError, match=r"unknown Cfg fields \['c'\]"):
         load_config(Cfg, {}, str(p))
 
-    out = cur.prepare_run("exp", Cfg(), root=tmp_path, run_name="r")
+    out = open_run("exp", "r", root=tmp_path, config=Cfg())
     assert json.loads((out / "config.json").read_text()) == {"a": 1, "b": [[1, [2, 3]]]}
-    assert cur.prepare_run("exp", Cfg(), root=tmp_path, run_name="r") == out
+    assert open_run("exp", "r", root=tmp_path, config=Cfg()) == out
     with pytest.raises(ValueError, match="a: saved 1, now 2"):
-        cur.prepare_run("exp", Cfg(a=2), root=tmp_path, run_name="r")
+        open_run("exp", "r", root=tmp_path, config=Cfg(a=2))
 
     calls = []
     compute = lambda: calls.append(1) or {"m": np.eye(2)}

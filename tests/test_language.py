@@ -103,7 +103,7 @@ def test_verdict_statistics_on_planted_matrices():
     blocky = blocky - 0.004 * np.abs(t[:, None] - t[None, :]) * (phase[:, None] == phase[None, :])
     np.fill_diagonal(blocky, 1.0)
     steps = list(range(0, 120, 10))
-    from funsim.experiments import checkpoint_similarity as cs
+    from funsim.similarity import checkpoints as cs
 
     def metrics(primary, baseline):
         mats = {k: baseline for k in language.MATRICES}

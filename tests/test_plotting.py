@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from funsim.experiments import checkpoint_similarity as cs
 from funsim.experiments import plotting
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +65,7 @@ def test_crowded_stage_names_are_thinned_not_overlapped(tmp_path):
     mats = {f"matrix {k}": np.random.default_rng(k).random((12, 12)) for k in range(3)}
     with warnings.catch_warnings():
         warnings.simplefilter("error", plotting.TextOverlapWarning)
-        cs.heatmap_panels(mats, steps, tmp_path / "h.png", spans=spans, suptitle="stages", ncols=3)
+        plotting.heatmap_panels(mats, steps, tmp_path / "h.png", spans=spans, suptitle="stages", ncols=3)
 
 
 def test_every_figure_is_made_by_the_constrained_subplots():
@@ -88,3 +87,14 @@ def test_text_cut_by_the_figure_edge_is_reported():
     fig.text(-0.05, 0.5, "half outside", ha="left")
     assert ("half outside", "<the figure's edge>") in plotting.text_overlaps(fig)
     plotting.plt.close(fig)
+
+
+def test_stage_figures_are_written(tmp_path):
+    steps = np.array([0, 10, 20, 30, 40])
+    spans = [(0, 20, "base"), (20, 40, "add 5")]
+    mats = {"a": np.eye(5), "b": np.full((5, 5), 0.5)}
+    p = plotting.heatmap_panels(mats, steps, tmp_path / "h.png", spans=spans, suptitle="test")
+    q = plotting.curves_over_steps(steps, {"x": steps / 40.0}, tmp_path / "c.png", spans=spans, title="t", ylabel="y")
+    for f in (p, q):
+        assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plotting._stage_ticks(steps, spans) == ([(1, "base"), (3, "add 5")], [2])

@@ -12,7 +12,7 @@ import dataclasses
 from funsim.experiments import config as config_lib
 from funsim.experiments.verdict import Rule
 
-#: The checkpoint x checkpoint matrices, keyed as :mod:`funsim.experiments.checkpoint_similarity`
+#: The checkpoint x checkpoint matrices, keyed as :mod:`funsim.similarity.checkpoints`
 #: keys them, with the label each has in the summary and the figures. The tensor ones use the
 #: Gaussian metric on ``context`` positions, at the token-space scale 1/sqrt(V) unless stated.
 MATRICES = {

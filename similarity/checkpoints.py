@@ -34,13 +34,18 @@ slices, ``"/<qualifier>"`` for a variant such as a truncated network or another
 scale), ``"weight_cosine"``, ``"behavioral/<data set>"`` and ``"cka/<data set>"``.
 
 Also here: the block structure of a matrix (:func:`block_summary`, the exact
-change-point segmentation of ``similarity.change_points``), the block gap between two
-phases of training, and the figures the drivers draw (heatmap panels with stage
-boundaries, and curves over training steps with the stages shaded).
+change-point segmentation of ``similarity.change_points``) and the block gap between two
+phases of training. (The drivers' figures of these matrices, heatmap panels with stage
+boundaries and curves over training steps, are ``experiments.plotting.heatmap_panels``
+and ``experiments.plotting.curves_over_steps``.)
 
-In a run of several JAX processes (``funsim launch -n N``, a cluster) the tensor
-matrices' upper-triangle pair list is sharded over the global mesh (every device
-of every process); every process gets the whole matrix, equal to one process's.
+Devices: the tensor matrices take ``devices=`` as :func:`similarity.compare_grid`
+does, and share its device plan (:mod:`similarity.grid.devices`): on one device,
+one compiled call of ``similarity.similarity_matrix`` over every pair; on several
+(by default every device of every process: ``funsim launch -n N``, a cluster, or a
+host with several accelerators) the upper-triangle pair list is sharded over their
+1-D mesh (:func:`similarity.grid.pairs.map_pairs`), and every process gets the
+whole matrix, equal to one device's.
 
 Cost: tensor similarity is ``O(h^2 d)`` per pair of one-bilinear-layer
 checkpoints (``h`` hidden units, ``d`` inputs), so ``n^2`` of them dominate;
@@ -52,8 +57,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
-import pathlib
+import warnings
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -61,8 +65,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from funsim import similarity
-from funsim.similarity import AttentionNetwork, BilinearLayer, LinearLayer
+from funsim.similarity.attention import (
+    AttentionNetwork,
+    apply_attention_network,
+    attention_inner,
+    attention_similarity_matrix,
+    stack_attention_networks,
+    validate_attention_network,
+)
+from funsim.similarity.cka import cka as linear_cka
+from funsim.similarity.grid.devices import make_plan
+from funsim.similarity.grid.pairs import map_pairs
+from funsim.similarity.multilinear import BilinearLayer, LinearLayer, apply_network, validate_network
+from funsim.similarity.segmentation import change_points
+from funsim.similarity.tensor_similarity import similarity_matrix, tensor_inner
+from funsim.similarity.tensor_similarity import stack_networks as stack_multilinear_networks
 
 __all__ = [
     "CHECKPOINT_METRICS",
@@ -79,8 +96,6 @@ __all__ = [
     "checkpoint_matrices",
     "block_summary",
     "block_gap",
-    "heatmap_panels",
-    "curves_over_steps",
 ]
 
 #: The tensor-similarity metrics of a checkpoint study by default (every metric:
@@ -105,15 +120,15 @@ def stack_networks(nets, /):
       ValueError: for an empty list, an invalid network or a different architecture.
     """
     if isinstance(nets, AttentionNetwork):
-        return similarity.validate_attention_network(nets, "nets", batch_ndim=1)  # already stacked
+        return validate_attention_network(nets, "nets", batch_ndim=1)  # already stacked
     if isinstance(nets, tuple) and nets and isinstance(nets[0], (BilinearLayer, LinearLayer)):
-        return similarity.validate_network(nets, "nets", batch_ndim=1)  # already stacked
+        return validate_network(nets, "nets", batch_ndim=1)  # already stacked
     nets = list(nets)
     if nets and isinstance(nets[0], AttentionNetwork):
         for i, net in enumerate(nets):
-            similarity.validate_attention_network(net, f"nets[{i}]")
-        return similarity.stack_attention_networks(nets)
-    return similarity.stack_networks(nets)
+            validate_attention_network(net, f"nets[{i}]")
+        return stack_attention_networks(nets)
+    return stack_multilinear_networks(nets)
 
 
 def _is_attention(stacked) -> bool:
@@ -151,7 +166,7 @@ def _slice_output(net, c):
 def _inner_matrices_per_output(stacked, metric, method):
     """``(o, n, n)`` inner products ``<A_i|M|A_j>`` restricted to each output, one call."""
     def one(c):
-        return similarity.similarity_matrix(_slice_output(stacked, c), metric=metric, method=method, return_inner=True)
+        return similarity_matrix(_slice_output(stacked, c), metric=metric, method=method, return_inner=True)
 
     return jax.vmap(one)(jnp.arange(_n_outputs(stacked)))
 
@@ -159,7 +174,7 @@ def _inner_matrices_per_output(stacked, metric, method):
 @functools.partial(jax.jit, static_argnames=("metric", "method"))
 def _inner_rows_per_output(stacked, ref, metric, method):
     """``(o, n)`` cross, ``(o, n)`` self and ``(o,)`` reference inner products per output."""
-    inner = functools.partial(similarity.tensor_inner, metric=metric, method=method)
+    inner = functools.partial(tensor_inner, metric=metric, method=method)
 
     def one(c):
         nets, r = _slice_output(stacked, c), _slice_output(ref, c)
@@ -170,72 +185,28 @@ def _inner_rows_per_output(stacked, ref, metric, method):
     return jax.vmap(one)(jnp.arange(_n_outputs(ref)))
 
 
-# --------------------------------------------------------------------------- several processes
-
-#: Pairs of checkpoints each device evaluates at once (``lax.map`` batch) when the pair list is sharded.
-PAIR_BATCH = 8
+# --------------------------------------------------------------------------- several devices
 
 
-def _sharded_over_processes() -> bool:
-    """Whether the pair lists are sharded over a global mesh: a run of several JAX processes."""
-    return jax.process_count() > 1
-
-
+@functools.lru_cache(maxsize=32)
 def _pair_inner(kind: str, metric: str, method: str, n_out: int, sliceable: bool, context, scale):
-    """``(net_a, net_b) -> (o,)`` inner products of one checkpoint pair (``o = 1`` for whole networks)."""
+    """``(net_a, net_b) -> (o,)`` inner products of one checkpoint pair (``o = 1`` for whole networks).
+
+    Cached: one function object per computation, so that its compiled program is reused."""
     if kind == "attention":
-        return lambda a, b: similarity.attention_inner(a, b, context=context, method=method, scale=scale)[None]
-    inner = functools.partial(similarity.tensor_inner, metric=metric, method=method)
+        return lambda a, b: attention_inner(a, b, context=context, method=method, scale=scale)[None]
+    inner = functools.partial(tensor_inner, metric=metric, method=method)
     if sliceable:
         return lambda a, b: jax.vmap(lambda c: inner(_slice_output(a, c), _slice_output(b, c)))(jnp.arange(n_out))
     return lambda a, b: jnp.stack([inner(a, b, outputs=(c,)) for c in range(n_out)])
 
 
-@functools.lru_cache(maxsize=32)
-def _pairs_program(mesh, kind, metric, method, n_out, sliceable, context, scale):
-    """One compiled program per (mesh, metric, ...): every device maps its share of the pairs, then all-gathers."""
-    from jax.sharding import PartitionSpec as P
-
-    pair = _pair_inner(kind, metric, method, n_out, sliceable, context, scale)
-
-    def local(tree, ii, jj):
-        def one(ij):
-            i, j = ij
-            take = lambda k: jax.tree.map(lambda x: x[k], tree)  # noqa: E731
-            return pair(take(i), take(j))
-
-        vals = jax.lax.map(one, (ii, jj), batch_size=PAIR_BATCH)
-        return jax.lax.all_gather(vals, "pairs", tiled=True)
-
-    # all_gather makes the values replicated; the static check cannot see it through lax.map
-    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("pairs"), P("pairs")), out_specs=P(),
-                                 check_vma=False))
-
-
-def _global_pair_inner(stacked, *, kind: str, metric: str = "gaussian", method: str = "auto", n_out: int = 1,
-                       sliceable: bool = True, context=None, scale: float = 1.0) -> np.ndarray:
-    """``(o, n, n)`` inner products of every checkpoint pair, the upper triangle sharded over every device.
-
-    For a run of several JAX processes (``funsim launch``, a cluster): the
-    ``n (n + 1) / 2`` pairs ``i <= j`` are split over the global mesh (every
-    device of every process), each device evaluates its share, and every process
-    gets the whole matrix. Each process must pass the same checkpoints.
-    """
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
+def _inner_on_mesh(stacked, plan, pair) -> np.ndarray:
+    """``(o, n, n)`` inner products of every checkpoint pair: the ``n (n + 1) / 2`` pairs ``i <= j``
+    sharded over the plan's devices (:func:`similarity.grid.pairs.map_pairs`), mirrored below the diagonal."""
     n = _n_checkpoints(stacked)
     iu, ju = np.triu_indices(n)
-    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-    mesh = Mesh(np.array(devices), ("pairs",))
-    pad = (-len(iu)) % len(devices)  # padded with pair (0, 0), dropped below
-    ii = np.concatenate([iu, np.zeros(pad, iu.dtype)]).astype(np.int32)
-    jj = np.concatenate([ju, np.zeros(pad, ju.dtype)]).astype(np.int32)
-    shard, rep = NamedSharding(mesh, P("pairs")), NamedSharding(mesh, P())
-    glob = lambda a, sh: jax.make_array_from_callback(a.shape, sh, lambda idx: a[idx])  # noqa: E731
-    tree = jax.tree.map(lambda x: glob(np.asarray(x), rep), stacked)
-    program = _pairs_program(mesh, kind, metric, method, n_out, sliceable, context, scale)
-    vals = np.asarray(jax.device_get(program(tree, glob(ii, shard), glob(jj, shard))), np.float64)[:len(iu)]
+    vals = np.asarray(map_pairs(plan, pair, stacked, iu, ju), np.float64)
     out = np.zeros((vals.shape[1], n, n))
     out[:, iu, ju] = vals.T
     out[:, ju, iu] = vals.T
@@ -269,6 +240,7 @@ def tensor_matrices(
     context: int | None = None,
     scale: float = 1.0,
     return_inner: bool = False,
+    devices: Sequence[jax.Device] | None = None,
 ) -> dict[str, np.ndarray]:
     """Tensor-similarity matrices over checkpoints, whole and per output, from the weights.
 
@@ -284,6 +256,9 @@ def tensor_matrices(
       context: attention networks only (required there): the number of token positions.
       scale: attention networks only: the token-space standard deviation.
       return_inner: return the inner products ``<A_i|A_j>`` instead of similarities.
+      devices: devices to shard the pair list over, as :func:`similarity.compare_grid`
+        (default: all of ``jax.devices()``, every process's); one device: one compiled
+        call of ``similarity.similarity_matrix``. Every process passes the same checkpoints.
 
     Returns:
       ``{"tensor/<metric>": (n, n)}`` and, with ``per_output``,
@@ -305,22 +280,24 @@ def tensor_matrices(
       [1.0, 1.0]
     """
     stacked = stack_networks(nets)
+    plan = make_plan(devices)
     if _is_attention(stacked):
-        return _attention_matrices(stacked, metrics, method, per_output, context, scale, return_inner)
+        return _attention_matrices(stacked, metrics, method, per_output, context, scale, return_inner, plan)
     if context is not None:
         raise ValueError("context is for attention networks (the number of token positions); multilinear "
                          "networks are compared on a Gaussian input of their own width. Leave it out.")
     n_out = _n_outputs(stacked)
     out = {}
     for metric in metrics:
-        if _sharded_over_processes():  # several processes: the pair list over the global mesh
-            inner = _global_pair_inner(stacked, kind="multilinear", metric=metric, method=method, n_out=n_out,
-                                       sliceable=_slice_output(stacked, 0) is not None)
+        if plan.mesh is not None:  # several devices: the pair list over their mesh
+            sliceable = _slice_output(stacked, 0) is not None
+            pair = _pair_inner("multilinear", metric, method, n_out, sliceable, None, 1.0)
+            inner = _inner_on_mesh(stacked, plan, pair)
         elif _slice_output(stacked, 0) is not None:
             inner = np.asarray(_inner_matrices_per_output(stacked, metric, method), np.float64)
         else:  # a residual last layer cannot be sliced: one call per output
             inner = np.stack([
-                np.asarray(similarity.similarity_matrix(stacked, metric=metric, method=method, outputs=(c,), return_inner=True))
+                np.asarray(similarity_matrix(stacked, metric=metric, method=method, outputs=(c,), return_inner=True))
                 for c in range(n_out)])
         inner = (inner + np.swapaxes(inner, -1, -2)) / 2
         full = inner.sum(0)
@@ -332,7 +309,7 @@ def tensor_matrices(
     return out
 
 
-def _attention_matrices(stacked, metrics, method, per_output, context, scale, return_inner):
+def _attention_matrices(stacked, metrics, method, per_output, context, scale, return_inner, plan):
     """:func:`tensor_matrices` of a stacked :class:`similarity.AttentionNetwork`."""
     if context is None:
         raise ValueError("Attention networks are compared on a stated number of token positions: pass "
@@ -347,10 +324,11 @@ def _attention_matrices(stacked, metrics, method, per_output, context, scale, re
                          "similarity.attention_similarity_matrix with outputs=... for the slices you need.")
     out = {}
     for metric in metrics:
-        if _sharded_over_processes():  # several processes: the pair list over the global mesh
-            inner = _global_pair_inner(stacked, kind="attention", method=method, context=context, scale=scale)[0]
+        if plan.mesh is not None:  # several devices: the pair list over their mesh
+            pair = _pair_inner("attention", metric, method, 1, False, context, scale)
+            inner = _inner_on_mesh(stacked, plan, pair)[0]
         else:
-            inner = np.asarray(similarity.attention_similarity_matrix(
+            inner = np.asarray(attention_similarity_matrix(
                 stacked, context=context, method=method, scale=scale, return_inner=True), np.float64)
         inner = (inner + inner.T) / 2
         d = _require_positive(np.diagonal(inner), f"tensor/{metric}", ("checkpoint",))
@@ -404,7 +382,7 @@ def tensor_similarity_to(
     if _is_attention(stacked):
         raise ValueError("tensor_similarity_to is for multilinear networks; for attention networks use "
                          "similarity.attention_similarity per checkpoint, or tensor_matrices.")
-    ref = similarity.validate_network(reference, "reference")
+    ref = validate_network(reference, "reference")
     n_out = _n_outputs(ref)
     if n_out != _n_outputs(stacked):
         raise ValueError(
@@ -437,10 +415,10 @@ def _rows_by_loop(stacked, ref, metric, method, n_out):
     r = np.zeros(n_out)
     for c in range(n_out):
         kw = dict(metric=metric, method=method, outputs=(c,))
-        r[c] = float(similarity.tensor_inner(ref, ref, **kw))
+        r[c] = float(tensor_inner(ref, ref, **kw))
         for i, a in enumerate(nets):
-            cross[c, i] = float(similarity.tensor_inner(a, ref, **kw))
-            own[c, i] = float(similarity.tensor_inner(a, a, **kw))
+            cross[c, i] = float(tensor_inner(a, ref, **kw))
+            own[c, i] = float(tensor_inner(a, a, **kw))
     return cross, own, r
 
 
@@ -448,7 +426,7 @@ def _rows_by_loop(stacked, ref, metric, method, n_out):
 
 
 def _apply(stacked):
-    return similarity.apply_attention_network if _is_attention(stacked) else similarity.apply_network
+    return apply_attention_network if _is_attention(stacked) else apply_network
 
 
 @functools.partial(jax.jit, static_argnames=("shape",))
@@ -510,7 +488,7 @@ def monte_carlo_matrices(
             raise ValueError("Attention networks are compared on a stated number of token positions: pass "
                              "context=... (e.g. the model's n_ctx, or fewer).")
         one = jax.tree.map(lambda x: x[0], stacked)
-        similarity.validate_attention_network(one, "nets", context=context)
+        validate_attention_network(one, "nets", context=context)
         shape = (per, int(context), one.vocab_size)
     else:
         if context is not None:
@@ -588,9 +566,9 @@ def network_outputs(nets, x: ArrayLike, /) -> jax.Array:
         x = jnp.asarray(x)
         one = jax.tree.map(lambda a: a[0], stacked)
         if jnp.issubdtype(x.dtype, jnp.integer):
-            similarity.apply_attention_network(one, x[:1])  # checks the shape with a clear message
+            apply_attention_network(one, x[:1])  # checks the shape with a clear message
             return _outputs(stacked, x)
-        similarity.apply_attention_network(one, x[:1].astype(one.embed.dtype))
+        apply_attention_network(one, x[:1].astype(one.embed.dtype))
         return _outputs(stacked, x.astype(one.embed.dtype))
     x = jnp.asarray(x)
     d = stacked[0].d_in
@@ -654,8 +632,6 @@ def behavioural_matrix(outputs: ArrayLike, /) -> np.ndarray:
 
 def behavioral_matrix(outputs: ArrayLike, /) -> np.ndarray:
     """Deprecated spelling of :func:`behavioural_matrix` (the same function); it will be removed."""
-    import warnings
-
     warnings.warn("behavioral_matrix is deprecated: use behavioural_matrix (the same function).",
                   DeprecationWarning, stacklevel=2)
     return behavioural_matrix(outputs)
@@ -663,7 +639,7 @@ def behavioral_matrix(outputs: ArrayLike, /) -> np.ndarray:
 
 @jax.jit
 def _cka_all_pairs(y):
-    return jax.vmap(lambda a: jax.vmap(lambda b: similarity.cka(a, b))(y))(y)
+    return jax.vmap(lambda a: jax.vmap(lambda b: linear_cka(a, b))(y))(y)
 
 
 def cka_matrix(outputs: ArrayLike, /) -> np.ndarray:
@@ -702,6 +678,7 @@ def checkpoint_matrices(
     cka: bool = True,
     context: int | None = None,
     scale: float = 1.0,
+    devices: Sequence[jax.Device] | None = None,
 ) -> dict[str, np.ndarray]:
     """Every checkpoint x checkpoint matrix: tensor similarity and the baselines.
 
@@ -714,13 +691,14 @@ def checkpoint_matrices(
       per_output: also the per-output slice matrices of each metric (multilinear networks).
       cka: also linear CKA of the outputs on each data set.
       context, scale: attention networks: see :func:`tensor_matrices`.
+      devices: the devices of the tensor matrices' pair list: see :func:`tensor_matrices`.
 
     Returns:
       ``{"tensor/<metric>": (n, n), "tensor/<metric>/outputs": (o, n, n),
       "weight_cosine": (n, n), "behavioral/<name>": (n, n), "cka/<name>": (n, n)}``.
     """
     stacked = stack_networks(nets)
-    out = tensor_matrices(stacked, metrics=metrics, per_output=per_output,
+    out = tensor_matrices(stacked, metrics=metrics, per_output=per_output, devices=devices,
                           **({"context": context, "scale": scale} if _is_attention(stacked) else {}))
     out["weight_cosine"] = weight_cosine_matrix(stacked)
     for name, x in (data or {}).items():
@@ -767,7 +745,7 @@ def block_summary(matrix: ArrayLike, steps: Sequence[int], ks: Sequence[int], /,
     if not todo:
         return out
     with jax.enable_x64(True):  # costs of long segments nearly tie in float32
-        segs = {k: similarity.change_points(sim, n_segments=k, cost=cost) for k in todo}
+        segs = {k: change_points(sim, n_segments=k, cost=cost) for k in todo}
         segs = {k: (np.asarray(sg.starts), np.asarray(sg.costs, np.float64)) for k, sg in segs.items()}
     costs = segs[max(todo)][1]  # costs[k - 1]: the least total cost with k blocks
     total = max(float(costs[0]), 0.0)
@@ -814,119 +792,3 @@ def block_gap(matrix: ArrayLike, in_block: ArrayLike, /) -> float:
     if b.all() or not b.any():
         raise ValueError("in_block must mark some checkpoints but not all; both phases need a checkpoint.")
     return float(m[np.ix_(b, b)].mean() - m[np.ix_(~b, b)].mean())
-
-
-# --------------------------------------------------------------------------- figures
-
-
-def _stage_ticks(steps, spans):
-    """Checkpoint indices where each stage starts (for tick labels) and ends (for lines)."""
-    steps = np.asarray(steps)
-    starts, ends = [], []
-    for first, last, name in spans or ():
-        inside = np.flatnonzero((steps > first) & (steps <= last))
-        if inside.size:
-            starts.append((inside[0], name))
-            ends.append(inside[-1])
-    return starts, ends[:-1]
-
-
-def heatmap_panels(
-    matrices: Mapping[str, ArrayLike],
-    steps: Sequence[int],
-    path: str | os.PathLike,
-    *,
-    spans: Sequence[tuple[int, int, str]] | None = None,
-    suptitle: str,
-    ncols: int = 3,
-    cmap: str = "viridis",
-) -> pathlib.Path:
-    """One heatmap per checkpoint x checkpoint matrix, with the stages marked.
-
-    Args:
-      matrices: ``{title: (n, n)}``.
-      steps: ``(n,)`` global step of each checkpoint (tick labels).
-      path: where the PNG goes.
-      spans: ``[(first_step, last_step, name)]`` stages; their boundaries are
-        drawn as white lines and their names label the ticks.
-      suptitle: the figure title.
-      ncols: panels per row.
-      cmap: colour map; each panel has its own colour scale and colour bar.
-
-    Returns:
-      The path written.
-    """
-    from funsim.experiments import plotting
-    from funsim.experiments.plotting import drop_crowded_ticklabels, save, subplots
-
-    n = len(matrices)
-    ncols = max(1, min(ncols, n))
-    nrows = math.ceil(n / ncols)
-    # square heatmaps: the compressed layout is the constrained one for fixed-aspect axes
-    fig, axes = subplots(nrows, ncols, figsize=(4.2 * ncols, 3.9 * nrows), squeeze=False, layout="compressed")
-    starts, ends = _stage_ticks(steps, spans)
-    for k, (ax, (title, m)) in enumerate(zip(axes.ravel(), matrices.items())):
-        m = np.asarray(m, float)
-        im = ax.imshow(m, cmap=cmap, interpolation="nearest", vmax=1.0 if np.nanmax(m) <= 1 + 1e-9 else None)
-        for e in ends:
-            ax.axhline(e + 0.5, color="white", lw=0.7)
-            ax.axvline(e + 0.5, color="white", lw=0.7)
-        if starts:
-            idx, names = zip(*starts)
-            ax.set_xticks(idx, names, rotation=60, ha="right", fontsize=7)
-            ax.set_yticks(idx, [f"{nm} ({steps[i]})" for i, nm in starts], fontsize=7)
-        plotting.label_shared_axes(ax, k, ncols, n, xlabel="checkpoint (stage start)",
-                                   ylabel="checkpoint (stage, global step)")
-        ax.set_title(title, fontsize=9)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    for ax in axes.ravel()[n:]:
-        ax.axis("off")
-    plotting.title_figure(fig, suptitle, fontsize=11)
-    drop_crowded_ticklabels(fig)  # short stages crowd their names
-    return save(fig, path)
-
-
-def curves_over_steps(
-    steps: Sequence[int],
-    series: Mapping[str, ArrayLike],
-    path: str | os.PathLike,
-    *,
-    spans: Sequence[tuple[int, int, str]] | None = None,
-    title: str,
-    ylabel: str,
-    ylim: tuple[float, float] | None = None,
-    styles: Mapping[str, dict] | None = None,
-) -> pathlib.Path:
-    """Curves against the global training step, with the stages shaded and named.
-
-    Args:
-      steps: ``(n,)`` x values.
-      series: ``{label: (n,)}``.
-      path: where the PNG goes.
-      spans: ``[(first_step, last_step, name)]`` stages, shaded alternately.
-      title: axes title.
-      ylabel: y-axis label.
-      ylim: y range.
-      styles: per-label matplotlib keyword arguments (colour, width, ...).
-
-    Returns:
-      The path written.
-    """
-    from funsim.experiments.plotting import save, subplots
-
-    fig, ax = subplots(figsize=(8.5, 3.8))
-    for k, (first, last, name) in enumerate(spans or ()):
-        if k % 2:
-            ax.axvspan(first, last, color="0.92", lw=0)
-        ax.text((first + last) / 2, 1.01, name, transform=ax.get_xaxis_transform(), ha="center",
-                va="bottom", fontsize=7, rotation=0)
-    for label, ys in series.items():
-        ax.plot(steps, np.asarray(ys, float), label=label, marker=".", ms=3, **(styles or {}).get(label, {}))
-    ax.set_xlabel("global training step")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10, pad=16)
-    if ylim is not None:
-        ax.set_ylim(*ylim)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncols=2 if len(series) > 5 else 1, loc="best")
-    return save(fig, path)
