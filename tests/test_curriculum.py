@@ -12,7 +12,7 @@ from funsim import models
 from funsim.experiments import curriculum as cur
 from funsim.experiments import data
 from funsim.experiments.config import load_config
-from funsim.experiments.io import open_run
+from funsim.experiments.io import open_run, release_run_lock
 from funsim.models.curriculum import Stage, load_stage_networks, train_stages
 from funsim.models.train import TrainConfig, train
 
@@ -199,6 +199,8 @@ def test_configs_runs_and_cached_arrays(tmp_path):
     assert open_run("exp", "r", root=tmp_path, config=Cfg()) == out
     with pytest.raises(ValueError, match="a: saved 1, now 2"):
         open_run("exp", "r", root=tmp_path, config=Cfg(a=2))
+    release_run_lock(out)  # the two opens above nest
+    release_run_lock(out)
 
     calls = []
     compute = lambda: calls.append(1) or {"m": np.eye(2)}
