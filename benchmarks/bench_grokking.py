@@ -47,8 +47,8 @@ def _step_fn(model):
 
 
 def bench_training(p: int, repeats: int) -> list[str]:
+    from funsim.data import modular_addition
     from funsim.experiments import grokking
-    from funsim.experiments.data import modular_addition
 
     cfg = grokking.GrokkingConfig(p=p)
     tok = modular_addition(p=p, train_fraction=0.3)

@@ -35,8 +35,7 @@ def _eager_features(model, x, batch=1000):
 
 
 def bench_features(quick: bool, rounds: int) -> list[str]:
-    from funsim import models
-    from funsim.experiments import data
+    from funsim import data, models
 
     ds = data.load("digits" if quick else "mnist5k")
     x = ds.x_train[: 300 if quick else 2000]

@@ -79,8 +79,7 @@ def legacy_train(model, x_train, y_train, x_test, y_test, *, steps, batch_size, 
 
 
 def _workloads(quick: bool):
-    from funsim import models
-    from funsim.experiments import data, grokking
+    from funsim import data, grokking, models
 
     p = 31 if quick else 113
     gcfg = grokking.GrokkingConfig(p=p)

@@ -32,7 +32,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from funsim.experiments.data import sklearn_digits_arrays
+from funsim.data import sklearn_digits_arrays
 from funsim.experiments.io import write_atomic, write_json_atomic
 from funsim.similarity import list_measures, measure
 from funsim.similarity.rsa import KENDALL_MAX_ENTRIES

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from funsim import data
+from funsim.data import DataNotFoundError
 from funsim.experiments import config as config_lib
-from funsim.experiments import data
 from funsim.experiments import io as run_io
-from funsim.experiments.data import DataNotFoundError
 
 __all__ = ["to_grayscale", "select_classes", "load_images", "cached_arrays", "markdown_table", "finish_run",
            "add_driver_arguments", "driver_main"]
@@ -58,17 +58,17 @@ def select_classes(x: np.ndarray, y: np.ndarray, classes: Sequence[int], /) -> t
 
 
 def load_images(name: str, *, grayscale: bool = False, n_train: int | None = None, **kwargs):
-    """An image data set from :mod:`experiments.data`, optionally in grayscale and cut to ``n_train``.
+    """An image data set from :mod:`funsim.data`, optionally in grayscale and cut to ``n_train``.
 
     Args:
       name: ``"mnist5k"``, ``"fashion_mnist"``, ``"svhn_cropped"``, ... (any image set of
-        :func:`experiments.data.load`).
+        :func:`funsim.data.load`).
       grayscale: convert RGB to luminance with :func:`to_grayscale`.
       n_train: keep the first ``n_train`` training examples (None: all).
       **kwargs: passed to the loader (e.g. ``download=False``).
 
     Returns:
-      :class:`experiments.data.Dataset`.
+      :class:`funsim.data.Dataset`.
     """
     ds = data.load(name, **kwargs)
     if n_train is not None:

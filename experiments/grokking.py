@@ -52,8 +52,8 @@ import time
 
 import numpy as np
 
+from funsim import data as data_lib
 from funsim.experiments import config as config_lib
-from funsim.experiments import data as data_lib
 from funsim.experiments import grokking_figures as figures
 from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.configs.grokking import CONFIGS, PAPER, RULES, STATISTICS, GrokkingConfig, add_arguments

@@ -47,9 +47,9 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from funsim import data as data_lib
 from funsim import models
 from funsim.experiments import config as config_lib
-from funsim.experiments import data as data_lib
 from funsim.experiments import io
 from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.configs import language as arguments

@@ -34,9 +34,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from funsim import data as data_lib
 from funsim import models, similarity
 from funsim.experiments import config as config_lib
-from funsim.experiments import data as data_lib
 from funsim.experiments import plotting
 from funsim.experiments.configs.quickstart import DEFAULT_MEASURES, TENSOR_METRICS, TINY, QuickstartConfig
 from funsim.experiments.io import open_run, releases_run_locks, write_json_atomic

@@ -337,7 +337,7 @@ class BilinearTransformer(FeatureModel):
             raise ValueError(
                 f"BilinearTransformer expects integer tokens of shape (n, {self.input_shape[0]}), "
                 f"got {tuple(x.shape)} with dtype {x.dtype}. Cut the text into windows of seq_len "
-                "tokens (experiments.data.load('shakespeare', seq_len=...))."
+                "tokens (funsim.data.load('shakespeare', seq_len=...))."
             )
         return x
 

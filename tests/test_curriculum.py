@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from funsim import models
+from funsim import data, models
 from funsim.experiments import curriculum as cur
-from funsim.experiments import data
 from funsim.experiments.config import load_config
 from funsim.experiments.io import open_run, release_run_lock
 from funsim.models.curriculum import Stage, load_stage_networks, train_stages

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from funsim.experiments import data
+from funsim import data
 from tests.conftest import NEEDS_TFDS
 
 os.environ["TFDS_DISABLE_DOWNLOAD"] = "1"

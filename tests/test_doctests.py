@@ -11,17 +11,26 @@ import pkgutil
 
 import pytest
 
+import funsim.data
 import funsim.experiments
 import funsim.models
 import funsim.similarity
 
+#: a former name of another module (``funsim.experiments.data`` is ``funsim.data``): tested under its own name
+ALIASES = {"funsim.experiments.data"}
+
 
 def _modules() -> list[str]:
-    names = []
+    names = [funsim.data.__name__]
     for pkg in (funsim.similarity, funsim.models, funsim.experiments):
         names.append(pkg.__name__)
         names += [m.name for m in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + ".")]
-    return sorted(names)
+    return sorted(set(names) - ALIASES)
+
+
+def test_the_aliases_are_other_modules():
+    for name in ALIASES:
+        assert importlib.import_module(name).__name__ != name
 
 
 @pytest.mark.parametrize("name", _modules())

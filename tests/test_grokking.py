@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from funsim import similarity
+from funsim.data import modular_addition
 from funsim.experiments import cli, grokking, verdict
 from funsim.experiments import config as config_lib
-from funsim.experiments.data import modular_addition
 from funsim.experiments.io import to_jsonable
 from funsim.models import modular
 from tests.test_modular import bilinear_checkpoints, write_authors_dir

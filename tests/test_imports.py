@@ -7,7 +7,8 @@
    not ``m._f`` on an imported funsim module. What is shared is public, or lives in a
    private module of the *same* package (``funsim.similarity._validate`` inside
    ``funsim.similarity``), imported by its public names.
-3. Layering: similarity <- models <- experiments <- benchmarks; no package imports a later one,
+3. Layering: similarity <- models <- experiments <- benchmarks, and data <- experiments; no
+   package imports a later one or one of its own layer (similarity and data import no funsim package),
    and none imports ``tests``. ``benchmarks/`` follows rules 1, 2 and 4 too: it may use the public
    names of the three packages (and its own modules' public names, ``benchmarks._timing``'s
    included), never a private name of theirs nor a test helper.
@@ -27,8 +28,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"similarity": "funsim.similarity", "models": "funsim.models", "experiments": "funsim.experiments"}
-LAYER = {"funsim.similarity": 0, "funsim.models": 1, "funsim.experiments": 2}
+PACKAGES = {"similarity": "funsim.similarity", "data": "funsim.data", "models": "funsim.models",
+            "experiments": "funsim.experiments"}
+#: a package imports only packages of a lower layer: similarity and data (which share layer 0) import no
+#: other package of funsim, models imports similarity (and may import data), experiments all three
+LAYER = {"funsim.similarity": 0, "funsim.data": 0, "funsim.models": 1, "funsim.experiments": 2}
 
 #: (module, offence) pairs known on other branches; the integrator empties this at merge.
 ALLOWED: set = set()
@@ -82,6 +86,8 @@ def offences(module: str, source: str) -> list[str]:
         target_pkg = ".".join(parts[:2])
         if target_pkg in LAYER and LAYER[target_pkg] > LAYER.get(pkg, len(LAYER)):
             found.append(f"{text}  (upward import: {pkg} may not import {target_pkg})")
+        elif target_pkg in LAYER and target_pkg != pkg and LAYER[target_pkg] == LAYER.get(pkg):
+            found.append(f"{text}  (same layer: {pkg} may not import {target_pkg})")
         if target_pkg != pkg and any(is_private(p) for p in parts[2:]):
             found.append(f"{text}  (a private module of another package)")
 
@@ -98,7 +104,7 @@ def offences(module: str, source: str) -> list[str]:
             src = node.module or ""
             for a in node.names:
                 text = f"from {src} import {a.name}"
-                check_module_path(src, text)
+                check_module_path(f"funsim.{a.name}" if src == "funsim" else src, text)
                 full = f"{src}.{a.name}"
                 if full in MODULES:  # a module imported by name
                     aliases[a.asname or a.name] = full
@@ -162,6 +168,11 @@ def test_the_scanner_sees_each_kind_of_offence():
     assert not any(k.endswith("import cka") or k.endswith("first_and_warm") for k in keys)
     assert [_key(f) for f in offences("funsim.experiments.zoo", "import benchmarks.run_all")] == ["import benchmarks.run_all"]
     assert [_key(f) for f in offences("funsim.similarity.cka", "from tests import _compiles")] == ["from tests import _compiles"]
+    # the packages of one layer do not import each other
+    assert any("same layer" in f for f in offences("funsim.data", "from funsim.similarity import cka"))
+    assert any("same layer" in f for f in offences("funsim.similarity.cka", "from funsim import data"))
+    assert offences("funsim.experiments.zoo", "from funsim import data") == []
+    assert any("upward import" in f for f in offences("funsim.similarity.cka", "from funsim import models"))
     # inside its own package a private module is fine, by its public names
     assert offences("funsim.similarity.cka", "from funsim.similarity import _validate as V\nV.check_finite") == []
     assert offences("funsim.similarity.cka", "from funsim.similarity import _validate as V\nV._helper") != []

@@ -84,7 +84,7 @@ def test_smoke_matrices_equal_the_pairwise_library_functions(smoke):
         wa, wb = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(nets[k])]).astype(np.float64) for k in (i, j))
         assert m["weight_cosine"][i, j] == pytest.approx(wa @ wb / np.linalg.norm(wa) / np.linalg.norm(wb), abs=1e-12)
         # behaviour: the mean per-position cosine of the two checkpoints' logits on the held-out windows
-        from funsim.experiments import data as data_lib
+        from funsim import data as data_lib
         ds = data_lib.load("shakespeare", seq_len=cfg.seq_len, max_chars=cfg.max_chars)
         x = ds.x_test[: cfg.n_eval_windows]
         la, lb = (np.asarray(similarity.apply_attention_network(nets[k], x), np.float64) for k in (i, j))

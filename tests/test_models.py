@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from funsim import models
-from funsim.experiments.data import modular_addition
+from funsim.data import modular_addition
 from funsim.models import flatten, flatten_features, get_model
 from funsim.similarity.multilinear import BilinearLayer, LinearLayer, apply_network
 

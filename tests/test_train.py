@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from funsim import models
-from funsim.experiments import data
+from funsim import data, models
 from funsim.experiments.io import read_json
 from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
 from tests.conftest import NEEDS_SHAKESPEARE
@@ -107,7 +106,7 @@ SCRIPT = textwrap.dedent(
     import sys, time, numpy as np, jax
     from flax import nnx
     from funsim import models
-    from funsim.experiments import data
+    from funsim import data
     from funsim.models.train import TrainConfig, train
     slow = sys.argv[1] == "slow"
     ds = data.gaussian_task(n_train=256, n_test=64, dim=6, n_classes=3)
