@@ -585,8 +585,12 @@ def run_name(name: str, overrides: Sequence[str]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type, configs: Mapping[str, Any], *,
-                  config: bool = True) -> None:
-    """Add ``--config`` (unless ``config=False``), ``--set`` and ``--print-config`` to a subcommand's parser."""
+                  config: bool = True, run_options: bool = False) -> None:
+    """Add ``--config`` (unless ``config=False``), ``--set`` and ``--print-config`` to a subcommand's parser.
+
+    With ``run_options``, also the options of a driver that writes a run folder: ``--run`` (default: the
+    name :func:`from_args` returns, so that rerunning the command resumes), ``--root`` and ``--no-progress``.
+    """
     if config:
         parser.add_argument("--config", default="default", metavar="NAME|FILE.json",
                             help=f"{' | '.join(configs)}, or a JSON file of {cls.__name__} fields, optionally with "
@@ -596,6 +600,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, configs: Mapping[s
                              "--set seed=1; lists as 1,2,3; a dotted key reaches into an object field")
     parser.add_argument("--print-config", action="store_true",
                         help="print the config (after --set) as JSON and exit; the JSON is a valid --config file")
+    if run_options:
+        parser.add_argument("--run", default=None,
+                            help="run name (default: the config's name and its --set overrides); rerun it to resume")
+        parser.add_argument("--root", default="results", help="results root directory (default: results)")
+        parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
 
 
 def from_args(args: argparse.Namespace, cls: type, configs: Mapping[str, Any]) -> tuple[Any, str]:

@@ -1,7 +1,7 @@
 """What the training-dynamics drivers (``forgetting``, ``backdoor``) share besides training
 (:mod:`funsim.models.curriculum`) and their run folder (:func:`experiments.io.open_run`): the image
 data of the stages, cached result arrays, markdown tables, the files of a finished run, and the
-command line (``add_driver_arguments``, ``driver_main``)."""
+command line (``driver_main``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from funsim.experiments import config as config_lib
 from funsim.experiments import io as run_io
 
 __all__ = ["to_grayscale", "select_classes", "load_images", "cached_arrays", "markdown_table", "finish_run",
-           "add_driver_arguments", "driver_main"]
+           "driver_main"]
 
 
 # --------------------------------------------------------------------------- data
@@ -139,16 +139,6 @@ def finish_run(out: pathlib.Path, metrics: dict, summary: str, figures: Sequence
 
 
 # --------------------------------------------------------------------------- command line
-
-
-def add_driver_arguments(parser, cls, configs: dict) -> None:
-    """The options every driver takes: ``--config``, ``--set``, ``--print-config`` (:mod:`experiments.config`),
-    ``--run``, ``--root``, ``--no-progress``."""
-    config_lib.add_arguments(parser, cls, configs)
-    parser.add_argument("--run", default=None,
-                        help="run name (default: the config's name and its --set overrides); rerun it to resume")
-    parser.add_argument("--root", default="results", help="results root directory (default: results)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
 
 
 def driver_main(args, name: str, cls, configs: dict, run: Callable) -> int:

@@ -371,9 +371,9 @@ def summary(metrics: dict, cfg: LanguageConfig) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg, _ = config_lib.from_args(args, LanguageConfig, CONFIGS)
+    cfg, run_name = config_lib.from_args(args, LanguageConfig, CONFIGS)
     if args.print_config:
         print(config_lib.config_json(cfg))
         return 0
-    run(cfg, root=args.root, run_name=args.run, progress=not args.no_progress)
+    run(cfg, root=args.root, run_name=args.run or run_name, progress=not args.no_progress)
     return 0

@@ -7,7 +7,6 @@ import argparse
 import dataclasses
 
 from funsim.experiments import config as config_lib
-from funsim.experiments.curriculum import add_driver_arguments
 from funsim.experiments.verdict import Rule
 
 #: the paper's block gaps (tdooms/tensor-similarity, SVHN backdoor bundle)
@@ -92,4 +91,4 @@ CONFIGS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_driver_arguments(parser, BackdoorConfig, CONFIGS)
+    config_lib.add_arguments(parser, BackdoorConfig, CONFIGS, run_options=True)

@@ -7,7 +7,6 @@ import argparse
 import dataclasses
 
 from funsim.experiments import config as config_lib
-from funsim.experiments.curriculum import add_driver_arguments
 from funsim.experiments.verdict import Rule
 
 #: the paper's curriculum: (stage name, digits trained on)
@@ -130,4 +129,4 @@ CONFIGS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_driver_arguments(parser, ForgettingConfig, CONFIGS)
+    config_lib.add_arguments(parser, ForgettingConfig, CONFIGS, run_options=True)

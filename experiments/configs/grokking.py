@@ -164,11 +164,7 @@ PAPER = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    config_lib.add_arguments(parser, GrokkingConfig, CONFIGS)
-    parser.add_argument("--run", default=None,
-                        help="run name (default: the config's name and its --set overrides, so a rerun resumes)")
-    parser.add_argument("--root", default="results", help="results root directory (default: results)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
+    config_lib.add_arguments(parser, GrokkingConfig, CONFIGS, run_options=True)
     parser.add_argument("--authors-run", default=None, metavar="DIR",
                         help="the authors' released run to compare with: a clone's workspaces/logan/"
                              f"grokking_summary_bundle/results_grokking_summary/ (default: ${AUTHORS_ENV}; "

@@ -115,7 +115,4 @@ CONFIGS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    config_lib.add_arguments(parser, LanguageConfig, CONFIGS)
-    parser.add_argument("--run", default=None, help="run name (default: a UTC timestamp); reuse it to resume")
-    parser.add_argument("--root", default="results", help="results root directory (default: results)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
+    config_lib.add_arguments(parser, LanguageConfig, CONFIGS, run_options=True)
