@@ -41,7 +41,7 @@ def _reps(zoo_dir, dataset, n_models, rows):
     zoo = zoo_lib.load_zoo(zoo_dir, datasets=(dataset,))
     every = zoo.by_dataset(dataset)
     ms = [every[int(k)] for k in np.unique(np.linspace(0, len(every) - 1, n_models).round())]  # spread over architectures
-    ds = zoo.data(dataset).dataset
+    ds = zoo_lib.load_zoo_data(zoo_dir, dataset).dataset
     x = np.concatenate([ds.x_test, ds.x_train])[:rows]  # the study's rows: the test rows first, then training rows
     reps, owner = {}, {}
     for m in ms:

@@ -9,7 +9,7 @@ run, help)``. Each driver has two modules, as the flax examples do:
 * its *run* module, ``funsim.experiments.NAME``: ``main(args) -> int`` and the work, with
   its imports at the top. It is imported only when the subcommand runs.
 
-A subcommand that needs no JAX (``launch``, ``report``) is one module, named twice.
+A subcommand that needs no JAX (``launch``) is one module, named twice.
 
 Mistakes a user can fix are printed as one line, ``funsim COMMAND: error: ...``,
 without a traceback: a bad ``--config`` or ``--set`` (exit status 2, as argparse's own errors),
@@ -64,10 +64,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "grokking": _driver("grokking", "modular addition with one bilinear layer: phases from checkpoint similarity"),
     "forgetting": _driver("forgetting", "catastrophic forgetting through a curriculum, localised by tensor similarity"),
     "backdoor": _driver("backdoor", "detect a backdoor from the weights and clean data only"),
-    "zoo": _light("zoo", "train a model zoo (data sets x architectures x seeds) for the similarity study"),
+    "zoo": _driver("zoo", "train a model zoo (data sets x architectures x seeds) for the similarity study"),
     "language": _driver("language", "2-layer bilinear-attention transformer on Shakespeare: checkpoint similarity"),
-    "similarity-study": _light("similarity-study", "every measure on every layer pair of every model pair of a zoo"),
-    "report": _light("report", "reports over finished runs, e.g. `funsim report usable-information --run DIR`"),
+    "similarity-study": _driver("similarity-study", "every measure on every layer pair of every model pair of a zoo"),
+    "report": _driver("report", "reports over finished runs, e.g. `funsim report usable-information --run DIR`"),
     "launch": _light("launch", "run a subcommand or script as N local processes of one multi-process run"),
 }
 

@@ -67,34 +67,47 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import functools
 import io
 import pathlib
 import time
 import warnings
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
+import jax
 import numpy as np
+from tqdm.auto import tqdm
 
+import funsim.models as models_lib
+from funsim import similarity
 from funsim.experiments import config as config_lib
-from funsim.experiments import jit_memory
-from funsim.experiments import verdict as verdict_lib
+from funsim.experiments import distributed, jit_memory
+from funsim.experiments import zoo as zoo_lib
+from funsim.experiments.configs.similarity_study import (
+    CONFIGS,
+    RULES,
+    STATISTICS,
+    StudyConfig,
+    add_arguments,
+    config_from_dict,
+)
 from funsim.experiments.io import (
+    DamagedFileError,
     open_run,
     read_json,
     releases_run_locks,
+    verify_table,
     write_json_atomic,
     write_table_atomic,
     write_text_atomic,
 )
-
-SUPPORTS_MULTIPROCESS = True  # `funsim launch -n N similarity-study`: units are split over the processes
+from funsim.models import CoarseTail, coarsen_logits
+from funsim.models.functional import stitch_into_targets
 
 __all__ = [
-    "StudyConfig", "CONFIGS", "COLUMNS", "STATISTICS", "RULES", "CoarseTail", "config_from_dict", "run", "read_table",
-    "add_arguments", "main",
+    "StudyConfig", "CONFIGS", "COLUMNS", "STATISTICS", "RULES", "CoarseTail", "coarsen_logits", "config_from_dict",
+    "run", "read_table", "add_arguments", "main",
 ]
+
 
 COLUMNS = ("dataset", "model_a", "layer_a", "depth_a", "model_b", "layer_b", "depth_b",
            "measure", "direction", "split", "task", "value")
@@ -120,203 +133,11 @@ COLUMNS = ("dataset", "model_a", "layer_a", "depth_a", "model_b", "layer_b", "de
 * ``value``: the number.
 """
 
-# ----------------------------------------------------------------------------- verdict rules
-
-#: The statistics ``funsim report usable-information`` computes for the verdicts
-#: (``usable_information.verdict_statistics``); a rule may name any of them. Intervals are
-#: 95% cluster-bootstrap intervals resampling model pairs. "Task-loss" numbers are held-out
-#: relative accuracies (stitched / the target's own accuracy) of stitchers trained on the labels.
-STATISTICS = {
-    "share_below_095": "share of directed fine-task task-loss stitching pairs (every family of the run) with "
-                       "relative accuracy < 0.95 (the design is below the ceiling where this is large)",
-    "pairs_below_095": "the number of those pairs",
-    "asymmetry_kurtosis_task_orthogonal": "excess kurtosis [interval] of forward - reverse task-loss relative "
-                                          "accuracy per layer pair, orthogonal family",
-    "asymmetry_kurtosis_task_scaled_orthogonal": "the same, scaled-orthogonal family",
-    "asymmetry_kurtosis_task_affine": "the same, affine family",
-    "asymmetry_kurtosis_closed_form": "excess kurtosis [interval] of forward - reverse held-out closed-form affine "
-                                      "score per layer pair",
-    "order_violations_held_out": "share of directed layer pairs whose held-out closed-form scores break "
-                                 "orthogonal <= scaled orthogonal <= affine by more than 0.01",
-    "order_violations_task": "the same on task-loss relative accuracy (needs two or more task-loss families)",
-    "r2_cka": "R^2 [interval] of linear CKA against the in-sample scaled-orthogonal score (the paper code's "
-              "protocol), every directed layer pair of the run's main convention",
-    "r2_rsa": "the same for RSA (correlation-distance RDM, Spearman)",
-    "r2_min_cka_rsa_minus_svcca": "min(R^2 CKA, R^2 RSA) - R^2 SVCCA [interval], same pairs and score",
-    "granularity_coarse_minus_fine_summed": "mean paired (coarse - fine) task-loss relative accuracy [interval] over "
-                                            "pairs with fine relative accuracy < 0.95; coarse readout: the target's "
-                                            "fine softmax summed within each group",
-    "granularity_coarse_minus_fine_head": "the same with the authors' coarse readout (a new head trained on the "
-                                          "frozen penultimate features)",
-    "sufficiency_p_high_given_cka_090": "P(task-loss relative accuracy >= 0.95 | linear CKA >= 0.9)",
-    "high_with_low_cka_share": "share of pairs with task-loss relative accuracy >= 0.95 whose linear CKA is < 0.5",
-}
-
-_BELOW_CEILING = (verdict_lib.Rule("enough pairs below the ceiling (share)", "share_below_095", ">=", 0.2,
-                                   labels=("below the ceiling", "ceiling")),
-                  verdict_lib.Rule("enough pairs below the ceiling (count)", "pairs_below_095", ">=", 30,
-                                   labels=("enough pairs", "ceiling")))
-_HEAVY = ("heavy-tailed (reproduced)", "not heavy-tailed (not reproduced)")
-
-#: The verdict rules, fixed in the config before the runs they judge (committed on their own; the
-#: report prints each rule, its number and the label ``experiments.verdict`` computes). Thresholds:
-#: the paper gives figures, not numbers, for claims 1, 2, 4 and 5, so the rules ask for the direction
-#: with an interval that excludes no effect; claim 3 asks for R^2 > 0.8 (the paper: 0.937 CKA,
-#: 0.912 RSA). Claims judged on task-loss stitching require a design below the ceiling.
-RULES: tuple[verdict_lib.Rule, ...] = (
-    verdict_lib.Rule("1a asymmetry, task loss (orthogonal)", "asymmetry_kurtosis_task_orthogonal", ">", 0.0,
-                     labels=_HEAVY, interval=True, requires=_BELOW_CEILING[:1]),
-    verdict_lib.Rule("1a asymmetry, task loss (scaled orthogonal)", "asymmetry_kurtosis_task_scaled_orthogonal", ">",
-                     0.0, labels=_HEAVY, interval=True, requires=_BELOW_CEILING[:1]),
-    verdict_lib.Rule("1a asymmetry, task loss (affine)", "asymmetry_kurtosis_task_affine", ">", 0.0, labels=_HEAVY,
-                     interval=True, requires=_BELOW_CEILING[:1]),
-    verdict_lib.Rule("1b asymmetry, closed-form held-out affine score", "asymmetry_kurtosis_closed_form", ">", 0.0,
-                     labels=_HEAVY, interval=True),
-    verdict_lib.Rule("2a family order holds held out (closed form)", "order_violations_held_out", "<=", 0.01,
-                     labels=("holds", "broken")),
-    verdict_lib.Rule("2b family order holds on task loss", "order_violations_task", "<=", 0.05,
-                     labels=("holds", "broken"), requires=_BELOW_CEILING[:1]),
-    verdict_lib.Rule("3a CKA estimates the scaled-orthogonal score", "r2_cka", ">", 0.8, interval=True),
-    verdict_lib.Rule("3b RSA estimates the scaled-orthogonal score", "r2_rsa", ">", 0.8, interval=True),
-    verdict_lib.Rule("3c SVCCA estimates it less well than CKA and RSA", "r2_min_cka_rsa_minus_svcca", ">", 0.0,
-                     interval=True),
-    verdict_lib.Rule("4 coarse >= fine (summed-softmax readout)", "granularity_coarse_minus_fine_summed", ">", 0.0,
-                     interval=True, requires=_BELOW_CEILING),
-    verdict_lib.Rule("4 coarse >= fine (new coarse head)", "granularity_coarse_minus_fine_head", ">", 0.0,
-                     interval=True, requires=_BELOW_CEILING),
-    verdict_lib.Rule("5a high CKA is sufficient", "sufficiency_p_high_given_cka_090", ">=", 0.9),
-    verdict_lib.Rule("5b high CKA is not necessary", "high_with_low_cka_share", ">", 0.05),
-)
 
 # ----------------------------------------------------------------------------- config
 
 
-@dataclasses.dataclass(frozen=True)
-class StudyConfig(config_lib.RuledConfig, statistics=STATISTICS):
-    """A similarity study of a trained zoo.
-
-    Attributes:
-      name: the config's name (the default run name).
-      zoo: the zoo run: a name under ``<root>/zoo/`` or a path to its directory.
-      datasets: the data sets to study (None: every data set of the zoo).
-      n_rows: comparison rows per data set: the test rows first, topped up with
-        training rows when the test set is smaller (every model sees the same rows).
-      activation_point: where dense layers that end in an activation are read for the
-        comparisons: ``"pre_activation"`` (the raw linear output: the paper code's convention)
-        or ``"post_activation"`` (``models`` layer outputs). Task-loss stitching maps the
-        post-activation outputs either way.
-      flatten: ``models.flatten`` policy for conv maps: ``"flatten"`` (C*H*W features: the
-        paper code's convention) or ``"spatial_mean"`` (global average pooling, C features).
-      rsa_max_features: RSA is left undefined (NaN in the table, counted in the summary and
-        the report, never 0.0) for a layer pair whose wider layer has more features than this,
-        as the paper's code skips it (None: no limit). In the extra conventions' grids the
-        limit applies to every measure (their only cost bound).
-      conventions: extra feature conventions, ``"<activation_point>/<flatten>"`` each
-        (e.g. ``"post_activation/spatial_mean"``), compared with ``convention_measures`` only;
-        their rows carry the measure name ``<measure>@<convention>`` (the sensitivity table).
-      convention_measures: the measures of the extra conventions' grids.
-      measures: registry names compared on every layer pair (the reconstruction
-        scores are added from ``families``).
-      families: stitcher families of the closed-form reconstruction scores.
-      affine_ridge: ridge of the affine reconstruction score (scale-free units; 0: none).
-      split: train fraction of the held-out reconstruction scores.
-      seed: seed of the split, stitcher inits and minibatches.
-      stitch_families: families of task-loss stitching (empty: none).
-      stitch_layers: ``"dense"`` (only 2-D layers: MLP layers, pooled features,
-        logits) or ``"all"`` (conv maps too, stitched as 1x1 convolutions).
-      depth_tolerance: a layer pair is stitched when its relative depths differ by at most this.
-      stitch_steps, stitch_learning_rate, stitch_batch_size: the stitcher's training (Adam).
-      stitch_train_rows: training rows for the stitchers (None: all).
-      stitch_train_rows_by_dataset: per-data-set overrides of ``stitch_train_rows``,
-        ``"<data set>=<rows>"`` each (few rows put stitching below the ceiling; choose them
-        per data set from a probe of the share of pairs below 0.95 relative accuracy).
-      coarse_groupings: coarse label groupings to stitch on when the data set has
-        them (``experiments.data.COARSE_GROUPINGS``).
-      coarse_head: also stitch through the paper's coarse readout: a new softmax-regression
-        head per target model on its frozen penultimate features (``models.train_head``,
-        full-batch Adam, ``coarse_head_steps`` steps, every training row), task
-        ``coarse_head:<grouping>``, beside the summed-softmax readout (``coarse:<grouping>``).
-      verdict_rules: the rules that label the claims (:data:`RULES`; JSON: a list of
-        :class:`experiments.verdict.Rule` dicts). Each names one of :data:`STATISTICS`.
-    """
-
-    name: str
-    zoo: str = "default"
-    datasets: tuple[str, ...] | None = None
-    n_rows: int = 600
-    activation_point: str = "pre_activation"
-    flatten: str = "flatten"
-    rsa_max_features: int | None = 2048
-    conventions: tuple[str, ...] = ()
-    convention_measures: tuple[str, ...] = ("cka/linear", "rsa/correlation/spearman")
-    measures: tuple[str, ...] = ("cka/linear", "cka/linear/debiased", "rsa/correlation/spearman", "svcca",
-                                 "pwcca", "procrustes")
-    families: tuple[str, ...] = ("orthogonal", "scaled_orthogonal", "affine")
-    affine_ridge: float = 1e-4
-    split: float = 0.5
-    seed: int = 0
-    stitch_families: tuple[str, ...] = ("affine",)
-    stitch_layers: str = "dense"
-    depth_tolerance: float = 0.15
-    stitch_steps: int = 200
-    stitch_learning_rate: float = 1e-2
-    stitch_batch_size: int | None = 128
-    stitch_train_rows: int | None = 1500
-    stitch_train_rows_by_dataset: tuple[str, ...] = ()
-    coarse_groupings: tuple[str, ...] = ("coarse", "parity")
-    coarse_head: bool = True
-    coarse_head_steps: int = 500
-    verdict_rules: tuple[verdict_lib.Rule, ...] = RULES
-
-
-_SMOKE = StudyConfig(name="smoke", zoo="smoke", n_rows=96, flatten="spatial_mean", depth_tolerance=0.5,
-                     stitch_steps=20, stitch_batch_size=32, stitch_train_rows=128, coarse_groupings=("parity",),
-                     conventions=("post_activation/spatial_mean", "pre_activation/flatten"))
-# The offline run on results/zoo/default, sized to about 30 minutes on this 2-core CPU
-# (README: measured time and load). PWCCA is left to the smoke and paper configs:
-# on this CPU it alone took as long as every other measure together. 600 rows: the
-# held-out scores fit on 300, more than the widest layer (256); 1,500 stitching rows
-# (all of digits' training rows) keep one shape, so one compilation, across data sets.
-# The main grid pools conv maps (`spatial_mean`): flattened maps (up to 6,272 features on
-# mnist5k) make the closed-form scores and linear CKA d x d problems, beyond this CPU's budget
-# (4 random layers of 784-3,136 features: RSA 147 s, CKA 30 s, the scores > 2 min at load 12).
-# The paper code's conventions for the representational measures come from the extra grids:
-# pre-activation dense layers with flattened conv maps (layers <= 2,048 features, as the
-# paper code's RSA), and post-activation pooled maps (the first pass's convention).
-_DEFAULT = StudyConfig(name="default", flatten="spatial_mean",
-                       measures=("cka/linear", "cka/linear/debiased", "rsa/correlation/spearman",
-                                 "rsa/correlation/pearson", "rsa/euclidean/spearman", "svcca", "procrustes"),
-                       conventions=("post_activation/spatial_mean", "pre_activation/flatten"),
-                       convention_measures=("cka/linear", "rsa/correlation/spearman"))
-_PAPER = StudyConfig(name="paper", zoo="paper", n_rows=2000, flatten="flatten", affine_ridge=1e-3,
-                     stitch_families=("orthogonal", "scaled_orthogonal", "affine"), stitch_layers="all",
-                     stitch_steps=2000, stitch_train_rows=None, coarse_groupings=("coarse",))
-# The granularity / task-loss design below the ceiling: three task-loss families at every depth
-# pair (conv pairs as 1x1 convolutions), fitted on few rows. Measured on a 4-model digits subset
-# (MLP 256x3 and CNN, two seeds: 9 targets and 36 source-target pairs per family, three families,
-# three tasks): 7.6 min wall (grid 80 s, stitching 372 s) at load ~2; 31% of pairs below 0.95. The
-# default zoo's digits models alone have 40 targets and 764 pairs per family (21x): about 2 hours per
-# data set by that scale, 6 for the zoo's three; a GPU run. The rows come from
-# the digits probe (100 rows: 21% of affine dense pairs below 0.95; 200: 0%).
-_UNSATURATED = dataclasses.replace(
-    _DEFAULT, name="unsaturated", stitch_families=("orthogonal", "scaled_orthogonal", "affine"), stitch_layers="all",
-    stitch_train_rows=200, stitch_train_rows_by_dataset=("digits=100",))
-CONFIGS: dict[str, StudyConfig] = {"smoke": _SMOKE, "default": _DEFAULT, "unsaturated": _UNSATURATED,
-                                   "paper": _PAPER}
-
-
-def config_from_dict(d: Mapping[str, Any]) -> StudyConfig:
-    """A :class:`StudyConfig` from its JSON form, or ``{"base": name, **overrides}``.
-
-    Examples:
-      >>> config_from_dict({"base": "smoke", "n_rows": 64}).n_rows
-      64
-    """
-    return config_lib.from_dict(StudyConfig, CONFIGS, d)  # typed: lists become tuples
-
-
 def _check_config(cfg: StudyConfig) -> None:
-    from funsim import similarity
     if cfg.flatten not in ("spatial_mean", "flatten"):
         raise ValueError(f"flatten must be 'spatial_mean' or 'flatten', got {cfg.flatten!r}.")
     if cfg.activation_point not in ("pre_activation", "post_activation"):
@@ -371,48 +192,6 @@ def stitch_measure_names(cfg: StudyConfig) -> dict[str, tuple[str, str]]:
     return out
 
 
-# ----------------------------------------------------------------------------- coarse tails
-
-
-@dataclasses.dataclass(frozen=True)
-class CoarseTail:
-    """A tail followed by the marginalisation of its softmax over label groups: coarse logits.
-
-    ``coarse_logits[c] = logsumexp_{k in group c} logits[k]``, so ``softmax(coarse_logits)``
-    is the fine softmax summed within each group. Hashable by value (for ``train_stitchers``).
-
-    Attributes:
-      tail: ``tail(params, h) -> (b, n_fine)`` logits.
-      groups: the coarse class of each fine class.
-    """
-
-    tail: Any
-    groups: tuple[int, ...]
-
-    def __call__(self, params: Any, h):
-        return coarsen_logits(self.tail(params, h), self.groups)
-
-
-def coarsen_logits(logits, groups):
-    """``(..., n_fine) -> (..., n_coarse)``: log of the fine softmax summed within each group (up to a constant).
-
-    Examples:
-      >>> import numpy as np
-      >>> np.round(np.asarray(coarsen_logits(np.log(np.array([[0.1, 0.2, 0.7]])), (0, 0, 1))), 3).tolist()
-      [[-1.204, -0.357]]
-    """
-    import jax
-    import jax.numpy as jnp
-
-    groups = np.asarray(groups)
-    if isinstance(logits, np.ndarray):  # on the host: no compiled program per shape
-        return np.stack([np.logaddexp.reduce(logits[..., groups == c], axis=-1)
-                         for c in range(groups.max() + 1)], axis=-1)
-    onehot = jnp.asarray(np.arange(groups.max() + 1)[:, None] == groups[None, :])  # (n_coarse, n_fine)
-    masked = jnp.where(onehot, jnp.asarray(logits)[..., None, :], -jnp.inf)
-    return jax.nn.logsumexp(masked, axis=-1)
-
-
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -437,8 +216,6 @@ def _rows(ds, n_rows: int) -> np.ndarray:
 
 def _features(model, x, batch: int = 1000, point: str | None = None) -> dict[str, np.ndarray]:
     """``model.features(x, point=point)`` on ``x``, compiled, in batches, as NumPy."""
-    import funsim.models as models_lib
-
     return models_lib.compiled(model, chunk=batch).features(np.asarray(x), as_numpy=True, point=point)
 
 
@@ -460,9 +237,6 @@ def _grid(reps: dict, measures: list[str], cfg: StudyConfig) -> dict[str, np.nda
     compiled programs when the process is near that limit (:func:`jit_memory.release_if_near_limit`),
     and keeps them for the next grid or target of the same shapes otherwise.
     """
-    import jax
-
-    from funsim import similarity
     if not measures:
         return {}
     g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed))
@@ -488,7 +262,6 @@ def _limited_grid(reps: dict, measures: list[str], cfg: StudyConfig, limit: int 
 
 def _pair_rows(ds: str, a, b, index: dict, tables: dict, cfg: StudyConfig) -> list[dict]:
     """Every layer pair of models a, b: all measures, both directions (from the full square)."""
-    from funsim import similarity
     stitch = stitch_measure_names(cfg)
     rows = []
     for la in a.layers:
@@ -513,9 +286,6 @@ def _model_pairs(models: list) -> list[tuple]:
 
 def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pathlib.Path, log) -> dict:
     """Compare every model pair of ``ds`` (skipping the pairs already written); returns timings."""
-    import funsim.models as models_lib
-    from funsim.experiments import distributed
-
     pdir = out / "pairs" / ds
     pairs = _model_pairs(models)
     todo = [(a, b) for a, b in pairs if not _unit_done(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json")]
@@ -586,26 +356,9 @@ def _stitch_targets(models: list, cfg: StudyConfig) -> list[tuple[str, str, list
     return out
 
 
-def _scores(logits: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy (nats), float64."""
-    logits = np.asarray(logits, np.float64)
-    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
-    return float(np.mean(np.argmax(logits, -1) == y)), float(-np.mean(logp[np.arange(len(y)), y]))
-
-
-def _head_eligible(model, layer: str) -> bool:
-    """Whether a new head on ``model``'s penultimate stage can follow ``layer`` (at or before that stage)."""
-    import funsim.models as models_lib
-
-    pen = models_lib.penultimate(model.model)
-    return pen is not None and model.layers.index(layer) <= model.layers.index(pen)
-
-
 def _train_heads(models: list, ds_obj, zdata, groupings: dict, cfg: StudyConfig) -> dict:
     """``{model id: {grouping: head}}``: each model's new coarse head on its frozen penultimate features,
     trained on every training row of the data set with the coarse labels."""
-    import funsim.models as models_lib
-
     heads = {}
     for m in models:
         pen = models_lib.penultimate(m.model)
@@ -617,148 +370,40 @@ def _train_heads(models: list, ds_obj, zdata, groupings: dict, cfg: StudyConfig)
     return heads
 
 
-def _family_keys(seed: int, jobs: tuple[int, ...], k_count: int, repeat: int):
-    """The stitchers' keys of one target in one compiled program (not an eager op per key and shape).
-
-    Family ``f``'s K keys are ``split(fold_in(key(seed), jobs[f]), K)``; returns them family by family,
-    ``repeat`` times over (one block per task trained through the target's tail), and once.
-    """
-    return _family_keys_jit()(seed, np.asarray(jobs, np.int32), k_count, repeat)
-
-
-@functools.cache
-def _family_keys_jit():
-    import jax
-    import jax.numpy as jnp
-
-    def run(seed, jobs, k_count, repeat):
-        base = jax.random.key(seed)
-        keys = jax.vmap(lambda j: jax.random.split(jax.random.fold_in(base, j), k_count))(jobs).reshape(-1)
-        return jnp.concatenate([keys] * repeat), keys
-
-    return jax.jit(run, static_argnums=(2, 3))
-
-
 def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, feats: dict, ys: dict, tasks: dict,
                    families: dict, cfg: StudyConfig, heads: dict | None = None) -> dict[str, dict[str, list[dict]]]:
-    """Train every source into layer ``lt`` of every target model (the seeds of one architecture).
+    """Train every source into layer ``lt`` of every target model (the seeds of one architecture):
+    :func:`models.functional.stitch_into_targets`, one compiled training and evaluation program per tail.
 
-    ``families`` maps each family to train to its job index, which seeds its key
-    (``fold_in(key(cfg.seed), index)``, split over the sources: :func:`_family_keys`). Training and
-    evaluation are one compiled program each per tail, not per task or family: the fine and coarse
-    tasks' stitchers of every family train in one ``train_stitchers`` call through the target's own
-    tail (a coarse task's with
-    its ``label_groups``: the summed softmax of each group, as :class:`CoarseTail`) and are evaluated
-    together (a coarse task's logits are the fine ones coarsened on the host); each coarse head's
-    stitchers train and evaluate through that head. Every task's stitchers get the keys a call of
-    its own would have split from each family's key. The targets' own logits come from the same
-    evaluation program, through identity stitchers on their own activations. Returns
-    ``{family: {task: rows}}``.
+    ``families`` maps each family to train to its job index, which seeds its keys
+    (``fold_in(key(cfg.seed), index)``, split over the sources). Returns ``{family: {task: rows}}``,
+    each row in zoo order (A before B; the direction names the source), a model stitched into itself
+    left out.
     """
-    import funsim.models as models_lib
-    from funsim import similarity
-    tail, params = models_lib.stack_tails([t.model for t in targets], lt)
-    z_tr = [feats[m.id]["train"][ls] for m, ls in srcs]
-    z_te = [feats[m.id]["test"][ls] for m, ls in srcs]
-    z_tgt = np.stack([feats[t.id]["train"][lt] for t in targets])
-    z_own = [feats[t.id]["test"][lt] for t in targets]
-    tshape = targets[0].feature_shapes[lt]
-    fams = list(families)
-    k_count, m_count, width = len(srcs), len(targets), tshape[-1]
-    identity = [similarity.Stitcher(np.broadcast_to(np.eye(width, dtype=z_own[0].dtype), (m_count, width, width)),
-                                    np.zeros((m_count, width), z_own[0].dtype), np.ones(m_count, z_own[0].dtype),
-                                    "affine")] * m_count
-    # the fine and coarse tasks: one train_stitchers call through the target's own tail, the coarse
-    # stitchers with their grouping (a coarse label is the grouping of the fine one); each task's
-    # stitchers get the keys its own call would have had (family by family)
-    plain = [t for t in tasks if not t.startswith("coarse_head:")]
-    y_fine = ys["fine"][0]
-    for task in plain:
-        if tasks[task] is not None and not np.array_equal(ys[task][0], np.asarray(tasks[task])[y_fine]):
-            raise ValueError(f"The {task!r} training labels are not the grouping {tasks[task]} of the fine "
-                             "labels; the zoo's manifest and its data disagree (rebuild the zoo).")
-    keys, head_keys = _family_keys(cfg.seed, tuple(families.values()), k_count, len(plain))
-    trained_plain = similarity.train_stitchers(
-        z_tr * len(fams) * len(plain), y_fine, tail, params, family=[f for _ in plain for f in fams for _ in srcs],
-        label_groups=[tasks[t] for t in plain for _ in fams for _ in srcs], init="closed_form", z_tgt=z_tgt,
-        stacked_tails=True, steps=cfg.stitch_steps, learning_rate=cfg.stitch_learning_rate,
-        batch_size=cfg.stitch_batch_size, eval_every=cfg.stitch_steps, key=keys,
-    )
-    per_task = len(fams) * k_count
-    trained = {t: trained_plain[i * per_task:(i + 1) * per_task] for i, t in enumerate(plain)}
-    evals = {"own tail": (tail, params, plain)}  # tail name -> (tail, params, [tasks])
-    for task in tasks:
-        if not task.startswith("coarse_head:") or not _head_eligible(targets[0], lt):
-            continue
-        # the paper's coarse readout: each target's new head on its frozen penultimate features
-        g = task.split(":", 1)[1]
-        tail_t, params_t = models_lib.stack_head_tails([t.model for t in targets], lt,
-                                                       [heads[t.id][g] for t in targets])
-        evals[task] = (tail_t, params_t, [task])
-        trained[task] = similarity.train_stitchers(
-            z_tr * len(fams), ys[task][0], tail_t, params_t, family=[f for f in fams for _ in srcs],
-            init="closed_form", z_tgt=z_tgt, stacked_tails=True, steps=cfg.stitch_steps,
-            learning_rate=cfg.stitch_learning_rate, batch_size=cfg.stitch_batch_size, eval_every=cfg.stitch_steps,
-            key=head_keys,
-        )
-    out = {f: {} for f in fams}
-    for tail_e, params_e, names in evals.values():
-        stitchers = [t.stitcher for task in names for t in trained[task]] + identity
-        logits_all = similarity.stitched_logits(tail_e, params_e, stitchers, z_te * len(fams) * len(names) + z_own, tshape)
-        own_all = logits_all[-m_count:][np.arange(m_count), np.arange(m_count)]  # (M, n, C): target m's own
-        for ti, task in enumerate(names):
-            groups = tasks[task]
-            coarse = task.startswith("coarse:")  # trained through the coarsened tail: coarsen here too
-            logits_task = logits_all[ti * len(fams) * k_count:(ti + 1) * len(fams) * k_count]
-            own = np.asarray(coarsen_logits(own_all, groups)) if coarse else own_all
-            if coarse:
-                logits_task = np.asarray(coarsen_logits(logits_task, groups))
-            evaluations = [(task, None)]
-            if groups is None:  # the fine stitchers' predictions, coarsened: accuracy can only go up
-                evaluations += [(t.replace("coarse:", "coarsened:"), gr) for t, gr in tasks.items()
-                                if gr is not None and t.startswith("coarse:")]
-            for fi, family in enumerate(fams):
-                logits = logits_task[fi * k_count:(fi + 1) * k_count]
-                out[family][task] = _target_rows(ds, lt, srcs, targets, order, ys, ys[task][1], own, logits,
-                                                 evaluations, family)
-    return out
-
-
-def _target_rows(ds, lt, srcs, targets, order, ys, y_te, own, logits, evaluations, family) -> list[dict]:
-    """The table rows of one family's K stitchers (``logits (K, M, n, C)``) into layer ``lt`` on one task."""
-    rows = []
-    for k, (src, ls) in enumerate(srcs):
-        for mi, tgt in enumerate(targets):
-            if src.id == tgt.id:
-                continue  # a model stitched into itself
-            for ev_task, coarsen in evaluations:
-                if coarsen is None:
-                    yv, st_logits, own_logits = y_te, logits[k, mi], own[mi]
-                else:
-                    yv = ys[ev_task.replace("coarsened", "coarse")][1]
-                    pick = np.asarray(coarsen)
-                    st_logits = np.eye(max(coarsen) + 1)[pick[np.argmax(logits[k, mi], -1)]]
-                    own_logits = np.eye(max(coarsen) + 1)[pick[np.argmax(own[mi], -1)]]
-                acc, ce = _scores(st_logits, yv)
-                own_acc, own_ce = _scores(own_logits, yv)
-                # rows keep zoo order (A before B); the direction says which is the source
+    groupings = {t.split(":", 1)[1] for t in tasks if t.startswith("coarse_head:")}
+    scores = stitch_into_targets(
+        [t.model for t in targets], lt, [(feats[m.id]["train"][ls], feats[m.id]["test"][ls]) for m, ls in srcs],
+        [(feats[t.id]["train"][lt], feats[t.id]["test"][lt]) for t in targets], ys, tasks, families,
+        heads={g: [(heads or {}).get(t.id, {}).get(g) for t in targets] for g in groupings}, seed=cfg.seed,
+        steps=cfg.stitch_steps, learning_rate=cfg.stitch_learning_rate, batch_size=cfg.stitch_batch_size)
+    out = {}
+    for family, by_task in scores.items():
+        out[family] = {}
+        for task, results in by_task.items():
+            rows = out[family][task] = []
+            for r in results:
+                (src, ls), tgt = srcs[r.source], targets[r.target]
+                if src.id == tgt.id:
+                    continue  # a model stitched into itself
                 a, la, b, lb, direction = (src, ls, tgt, lt, "a->b") if order[src.id] < order[tgt.id] else \
                     (tgt, lt, src, ls, "b->a")
-                vals = {"relative_accuracy": acc / own_acc if own_acc > 0 else float("nan"),
-                        "accuracy": acc, "own_accuracy": own_acc}
-                if coarsen is None:
-                    vals["ce_gap"] = ce - own_ce
-                for q, v in vals.items():
-                    rows.append(_row(ds, a, la, b, lb, f"task/{family}/{q}", direction, "held_out", ev_task, v))
-    return rows
+                rows += [_row(ds, a, la, b, lb, f"task/{family}/{q}", direction, "held_out", r.task, v)
+                         for q, v in r.values.items()]
+    return out
 
 
 def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyConfig, out: pathlib.Path, log,
                   progress: bool) -> dict:
-    from tqdm.auto import tqdm
-
-    from funsim.experiments import distributed
-
     targets_all = _stitch_targets(models, cfg)
     groupings = {g: tuple(int(c) for c in manifest_ds["coarse"][g]["map"])
                  for g in cfg.coarse_groupings if g in manifest_ds.get("coarse", {})
@@ -818,8 +463,6 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
 def _unit_done(path: pathlib.Path) -> bool:
     """Whether the unit file ``path`` is written and reads back; a damaged one is removed, with a warning
     naming it, so that the rerun recomputes it."""
-    from funsim.experiments.io import DamagedFileError
-
     if not path.is_file():
         return False
     try:
@@ -876,8 +519,6 @@ def read_table(path: str | pathlib.Path, *, verify: bool = True) -> dict[str, np
         how to rewrite it.
       ValueError: the file is not a similarity-study table.
     """
-    from funsim.experiments.io import DamagedFileError, verify_table
-
     path = pathlib.Path(path)
     manifest = verify_table(path, fix=_rerun_hint(path)) if verify else None
     with open(path, newline="") as f:
@@ -926,11 +567,6 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
       FileNotFoundError: no zoo at ``cfg.zoo``.
       ValueError: a bad config, or a run directory holding a study with another config.
     """
-    from tqdm.auto import tqdm
-
-    from funsim.experiments import distributed
-    from funsim.experiments import zoo as zoo_lib
-
     _check_config(cfg)
     t0 = time.time()
     n_proc = distributed.process_count()
@@ -949,7 +585,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     for ds in bar:
         bar.set_postfix_str(ds)
         zoo = zoo_lib.load_zoo(zoo_dir, datasets=(ds,))
-        zdata = zoo.data(ds)
+        zdata = zoo_lib.load_zoo_data(zoo_dir, ds)
         models = zoo.by_dataset(ds)
         log(f"[{ds}] {len(models)} models, {sum(len(m.layers) for m in models)} layers")
         grid = _grid_stage(ds, models, _rows(zdata.dataset, cfg.n_rows), cfg, out, log)
@@ -968,7 +604,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     seconds = round(time.time() - t0, 1)
     metrics = {
         "zoo": str(zoo_dir), "datasets": ds_list, "stages": stages, "comparisons": n_rows,
-        "layer_pair_comparisons": sum(_layer_pairs(zoo_lib, zoo_dir, ds) for ds in ds_list),
+        "layer_pair_comparisons": sum(_layer_pairs(zoo_dir, ds) for ds in ds_list),
         "seconds_this_invocation": seconds,
     }
     write_json_atomic(out / "metrics.json", metrics)
@@ -978,7 +614,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     return {**metrics, "out": str(out)}
 
 
-def _layer_pairs(zoo_lib, zoo_dir, ds) -> int:
+def _layer_pairs(zoo_dir, ds) -> int:
     """Layer pairs across the model pairs of ``ds`` (each unordered pair once)."""
     m = zoo_lib.read_manifest(zoo_dir)["models"]
     sizes = [len(e["layers"]) for e in m.values() if e["dataset"] == ds]
@@ -1017,16 +653,6 @@ def summary(cfg: StudyConfig, metrics: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    config_lib.add_arguments(parser, StudyConfig, CONFIGS)
-    parser.add_argument("--zoo", default=None, help="the zoo run (a name under ROOT/zoo/ or a directory; "
-                        "default: the config's)")
-    parser.add_argument("--run", default=None,
-                        help="run name (default: the config's name and its --set overrides; reruns resume it)")
-    parser.add_argument("--root", default="results", help="results root directory (default: results)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
 
 
 def main(args: argparse.Namespace) -> int:

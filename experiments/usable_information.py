@@ -34,11 +34,14 @@ import dataclasses
 import pathlib
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
-from funsim.experiments import study_stats as st
+from funsim.experiments import plotting  # its subplots lay out every figure (constrained)
 from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.io import acquire_run_lock, read_json, releases_run_locks, write_json_atomic, write_text_atomic
+from funsim.experiments.similarity_study import read_table
+from funsim.similarity import statistics as st
 
 __all__ = ["PAPER", "ReportOptions", "report", "ridge_slack", "verdict_statistics"]
 
@@ -158,9 +161,7 @@ def _widths(zoo_dir: pathlib.Path, flatten: str) -> dict:
 # ----------------------------------------------------------------------------- claims
 
 
-def _claim1(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plotting) -> dict:
-    import jax
-
+def _claim1(t: _Table, opts: ReportOptions, key, out: pathlib.Path) -> dict:
     res = {}
     panels = []
     fams = [m.split("/")[1] for m in t.measures() if m.startswith("task/") and m.endswith("/relative_accuracy")]
@@ -200,7 +201,7 @@ def _claim1(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plotting) ->
     return res
 
 
-def _claim2(t: _Table, ridge: float, widths: dict, out: pathlib.Path, plotting) -> dict:
+def _claim2(t: _Table, ridge: float, widths: dict, out: pathlib.Path) -> dict:
     res = {}
     fig, axes = plotting.subplots(1, 2, figsize=(11, 4))
     for ax, split in zip(axes, ("in_sample", "held_out")):
@@ -234,9 +235,7 @@ def _claim2(t: _Table, ridge: float, widths: dict, out: pathlib.Path, plotting) 
     return res
 
 
-def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path, plotting) -> dict:
-    import jax
-
+def _claim3(t: _Table, opts: ReportOptions, key, out: pathlib.Path) -> dict:
     measures = [m for m in t.measures() if not m.startswith(("stitch/", "task/"))]
     res: dict = {}
     k = 0
@@ -312,8 +311,6 @@ def _in_population(pop: str, ka, kb) -> bool:
 def _claim3_populations(t: _Table, kinds: dict, opts: ReportOptions, key) -> dict:
     """R^2 [interval] of every representational measure (each convention the run computed) against the
     in-sample scaled-orthogonal score (the paper code's protocol), per layer population."""
-    import jax
-
     if not kinds:
         return {}
     score = t.get("stitch/scaled_orthogonal", "in_sample")
@@ -332,7 +329,7 @@ def _claim3_populations(t: _Table, kinds: dict, opts: ReportOptions, key) -> dic
     return res
 
 
-def _claim4(t: _Table, out: pathlib.Path, plotting) -> dict:
+def _claim4(t: _Table, out: pathlib.Path) -> dict:
     res = {}
     fig, axes = plotting.subplots(1, 2, figsize=(11, 4.5))
     fams = [m.split("/")[1] for m in t.measures() if m.startswith("task/") and m.endswith("/relative_accuracy")]
@@ -372,7 +369,7 @@ def _claim4(t: _Table, out: pathlib.Path, plotting) -> dict:
     return res
 
 
-def _claim5(t: _Table, opts: ReportOptions, out: pathlib.Path, plotting) -> dict:
+def _claim5(t: _Table, opts: ReportOptions, out: pathlib.Path) -> dict:
     res = {}
     edges = np.linspace(0.0, 1.0, opts.bins + 1)
     centres = (edges[:-1] + edges[1:]) / 2
@@ -413,7 +410,7 @@ def _claim5(t: _Table, opts: ReportOptions, out: pathlib.Path, plotting) -> dict
     return res
 
 
-def _gap(t: _Table, out: pathlib.Path, plotting) -> dict:
+def _gap(t: _Table, out: pathlib.Path) -> dict:
     res = {}
     fig, ax = plotting.subplots(figsize=(6, 4))
     for fam in FAMILIES:
@@ -434,8 +431,6 @@ def _gap(t: _Table, out: pathlib.Path, plotting) -> dict:
 
 
 def _save(fig, path):
-    from funsim.experiments import plotting
-
     return plotting.save(fig, path)
 
 
@@ -471,8 +466,6 @@ def verdict_statistics(t: _Table, opts: ReportOptions, key) -> dict:
     Each is a number, ``{"value", "interval"}`` (95% cluster bootstrap over model pairs),
     or ``{"value": None, "reason": ...}`` when the run cannot define it.
     """
-    import jax
-
     out: dict = {}
     task_fams = [f for f in FAMILIES if t.get(f"task/{f}/relative_accuracy", "held_out", "fine")]
     fine_all = np.array([v for f in task_fams for v in t.get(f"task/{f}/relative_accuracy", "held_out", "fine").values()])
@@ -689,11 +682,6 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     Raises:
       FileNotFoundError: ``run_dir`` has no ``comparisons.csv``.
     """
-    import jax
-
-    from funsim.experiments import plotting  # its subplots lay out every figure (constrained)
-    from funsim.experiments.similarity_study import read_table
-
     run_dir = pathlib.Path(run_dir)
     path = run_dir / "comparisons.csv"
     if not path.is_file():
@@ -708,14 +696,14 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     out = run_dir / "usable_information"
     key = jax.random.key(options.seed)
     m = {"rows": int(len(cols["value"])), "options": dataclasses.asdict(options)}
-    m["claim1"] = _claim1(t, options, jax.random.fold_in(key, 1), out, plotting)
-    m["claim2"] = _claim2(t, float(cfg["affine_ridge"]), widths, out, plotting)
-    m["claim3"] = _claim3(t, options, jax.random.fold_in(key, 3), out, plotting)
+    m["claim1"] = _claim1(t, options, jax.random.fold_in(key, 1), out)
+    m["claim2"] = _claim2(t, float(cfg["affine_ridge"]), widths, out)
+    m["claim3"] = _claim3(t, options, jax.random.fold_in(key, 3), out)
     kinds = _layer_kinds(zoo_dir) if (zoo_dir / "zoo.json").is_file() else {}
     m["claim3_populations"] = _claim3_populations(t, kinds, options, jax.random.fold_in(key, 33))
-    m["claim4"] = _claim4(t, out, plotting)
-    m["claim5"] = _claim5(t, options, out, plotting)
-    m["gap"] = _gap(t, out, plotting)
+    m["claim4"] = _claim4(t, out)
+    m["claim5"] = _claim5(t, options, out)
+    m["gap"] = _gap(t, out)
     m["paper"] = {k: list(v) for k, v in PAPER.items()}
     m["verdict_statistics"] = verdict_statistics(t, options, jax.random.fold_in(key, 7))
     rules = verdict_lib.coerce_rules(cfg.get("verdict_rules", ()))

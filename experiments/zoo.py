@@ -18,7 +18,7 @@ Writes ``results/zoo/<run>/``:
 
 * ``units/<data set>/<model>_s<seed>.json``: each finished model's manifest entry
   (written by the process that trained it; see :func:`run` for N processes);
-* ``config.json``; ``zoo.json``, the manifest :func:`load_zoo` reads: per data
+* ``config.json``; ``zoo.json``, the manifest :func:`models.zoo.load_zoo` reads: per data
   set how to load it, its sizes, a fingerprint and its coarse groupings; per
   model its data set, architecture, seed, test accuracy, workdir, layer names,
   feature shapes and the :func:`models.get_model` call that rebuilds it;
@@ -27,8 +27,8 @@ Writes ``results/zoo/<run>/``:
 * ``training_<data set>.png`` (all curves), ``accuracy_<data set>.png``,
   ``metrics.json`` (atomic) and ``summary.md``.
 
-The study (``funsim similarity-study``) reads the zoo with :func:`load_zoo` and
-the data with :func:`load_zoo_data` (the same rows, plus coarse labels).
+The study (``funsim similarity-study``) reads the zoo with :func:`models.zoo.load_zoo`
+(also importable from here) and the data with :func:`load_zoo_data` (the same rows, plus coarse labels).
 """
 
 from __future__ import annotations
@@ -37,14 +37,24 @@ import argparse
 import dataclasses
 import pathlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
+from tqdm.auto import tqdm
 
+from funsim import data as data_lib
 from funsim.experiments import config as config_lib
-from funsim.experiments import data as data_lib
+from funsim.experiments import distributed, plotting
 from funsim.experiments.config import ConfigError, coerce_fields
+from funsim.experiments.configs.zoo import (
+    CONFIGS,
+    REFERENCE_ACCURACY,
+    DataSpec,
+    ModelSpec,
+    ZooConfig,
+    add_arguments,
+    config_from_dict,
+)
 from funsim.experiments.io import (
     open_run,
     read_json,
@@ -53,184 +63,17 @@ from funsim.experiments.io import (
     write_json_atomic,
     write_text_atomic,
 )
+from funsim.models import train as train_lib
+from funsim.models.io import DamagedFileError, checkpoint_problem, fingerprint, setup_diff
+from funsim.models.zoo import MANIFEST, Zoo, ZooModel, build_model, describe_model, load_zoo, read_manifest
 
 __all__ = [
-    "DataSpec", "ModelSpec", "ZooConfig", "CONFIGS", "config_from_dict", "run",
+    "DataSpec", "ModelSpec", "ZooConfig", "CONFIGS", "REFERENCE_ACCURACY", "config_from_dict", "run",
     "ZooModel", "ZooData", "Zoo", "read_manifest", "load_zoo", "load_zoo_data", "add_arguments", "main",
 ]
 
-MANIFEST = "zoo.json"
-SUPPORTS_MULTIPROCESS = True  # `funsim launch -n N zoo`: models are split over the processes (see run)
-# Each process trains its own models, with no collective: the processes do not join JAX's multi-process
-# runtime (whose orbax checkpointing would make every save a joint one), only split the list.
-JOINS_JAX_RUNTIME = False
 # data sets read through tfds: they take the download / data_dir options
 _TFDS = (*data_lib.TFDS_NAMES, "cifar100_coarse")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSpec:
-    """One data set of the zoo.
-
-    Attributes:
-      name: a :func:`experiments.data.load` name (``cifar100_coarse`` trains on the 20 superclasses).
-      n_train: keep the first ``n_train`` training examples (None: all).
-      n_test: keep the first ``n_test`` test examples (None: all).
-      optional: if the data is absent, skip it with the reason in the manifest instead of failing.
-      options: extra loader options, e.g. ``{"source": "idx"}`` for Fashion-MNIST.
-      train: :class:`models.train.TrainConfig` overrides for this data set (e.g. ``augment``).
-    """
-
-    name: str
-    n_train: int | None = None
-    n_test: int | None = None
-    optional: bool = False
-    options: dict = dataclasses.field(default_factory=dict)
-    train: dict = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """One architecture of the zoo.
-
-    Attributes:
-      name: the model's name in the zoo, e.g. ``"mlp_wide"``.
-      arch: a :func:`models.get_model` name.
-      kwargs: the model's keyword options (sizes).
-      train: :class:`models.train.TrainConfig` overrides for this model.
-    """
-
-    name: str
-    arch: str
-    kwargs: dict = dataclasses.field(default_factory=dict)
-    train: dict = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class ZooConfig:
-    """A zoo: every data set x model x seed.
-
-    Attributes:
-      name: the config's name (the default run name).
-      datasets: the data sets.
-      models: the architectures.
-      seeds: one model per seed (initialisation and minibatch order).
-      train: base :class:`models.train.TrainConfig` fields (then the data set's, then the model's overrides).
-      n_checkpoints: power-spaced checkpoints per model (``power_schedule(steps, n, power=2)``).
-      download: let tfds download missing data (needs internet).
-      data_dir: the tfds data directory (None: tfds's default).
-    """
-
-    name: str
-    datasets: tuple[DataSpec, ...]
-    models: tuple[ModelSpec, ...]
-    seeds: tuple[int, ...] = (0, 1)
-    train: dict = dataclasses.field(default_factory=dict)
-    n_checkpoints: int = 8
-    download: bool = False
-    data_dir: str | None = None
-
-
-# ----------------------------------------------------------------------------- configs
-
-_SMOKE = ZooConfig(
-    name="smoke",
-    datasets=(DataSpec("digits", n_train=256, n_test=96),),
-    models=(
-        ModelSpec("linear", "linear"),
-        ModelSpec("mlp", "mlp", {"widths": (16,)}),
-        ModelSpec("cnn", "cnn", {"channels": (4,)}),
-    ),
-    seeds=(0, 1),
-    train={"steps": 16, "batch_size": 32, "learning_rate": 1e-2, "eval_every": 8, "eval_train_size": 128},
-    n_checkpoints=2,
-)
-
-# The offline zoo: 8 architectures x 2 seeds on each data set. Sizes keep the
-# run near 25 minutes on 2 quiet CPU cores (README: measured time and load).
-_CPU_MODELS = (
-    ModelSpec("linear", "linear"),
-    ModelSpec("mlp_narrow", "mlp", {"widths": (64, 64)}),
-    ModelSpec("mlp_wide", "mlp", {"widths": (256, 256, 256)}),
-    ModelSpec("cnn", "cnn", {"channels": (16, 32, 64)}),
-    ModelSpec("resnet8", "resnet", {"depth": 8, "width": 8}),
-    ModelSpec("densenet_lite", "densenet", {"depth": 10, "growth": 8}),
-    # depthwise convolutions are slow on XLA's CPU backend: downsample from the first block
-    ModelSpec("mobilenet_lite", "mobilenet", {"channels": (16, 32, 64), "stem_channels": 8, "strides": (2, 2, 2)}),
-    ModelSpec("shufflenet_lite", "shufflenet",
-              {"channels": (24, 48, 96), "repeats": (1, 1, 1), "stem_channels": 8, "final_channels": 128}),
-)
-
-_DEFAULT = ZooConfig(
-    name="default",
-    datasets=(
-        DataSpec("mnist5k"),
-        DataSpec("digits"),
-        # only from the Debian package's IDX files (`make data`); never tfds here
-        DataSpec("fashion_mnist", n_train=6000, n_test=1000, optional=True, options={"source": "idx"}),
-    ),
-    models=_CPU_MODELS,
-    seeds=(0, 1),
-    train={"steps": 600, "batch_size": 64, "learning_rate": 3e-3, "eval_every": 150, "eval_train_size": 1000,
-           "eval_batch_size": 500},
-    n_checkpoints=8,
-)
-
-# The paper-scale zoo (Almudevar et al.'s CIFAR/SVHN setting); for a GPU or TPU.
-_PAPER = ZooConfig(
-    name="paper",
-    datasets=(
-        DataSpec("cifar10", train={"augment": "crop_flip"}),
-        DataSpec("cifar100", train={"augment": "crop_flip"}),
-        DataSpec("cifar100_coarse", train={"augment": "crop_flip"}),
-        DataSpec("svhn_cropped", train={"augment": "crop"}),  # digits: no mirror images
-    ),
-    models=(
-        ModelSpec("linear", "linear"),
-        ModelSpec("mlp_narrow", "mlp", {"widths": (512, 512)}),
-        ModelSpec("mlp_wide", "mlp", {"widths": (2048, 2048, 2048)}),
-        ModelSpec("cnn", "cnn", {"channels": (32, 64, 128)}),
-        ModelSpec("resnet20", "resnet", {"depth": 20, "width": 16}),
-        ModelSpec("resnet56", "resnet", {"depth": 56, "width": 16}),
-        ModelSpec("densenet40", "densenet", {"depth": 40, "growth": 12}),
-        # the 13-block CIFAR MobileNet (Howard et al. 2017 with a stride-1 stem)
-        ModelSpec("mobilenet", "mobilenet", {
-            "stem_channels": 32,
-            "channels": (64, 128, 128, 256, 256, 512, 512, 512, 512, 512, 512, 1024, 1024),
-            "strides": (1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1, 2, 1),
-        }),
-        ModelSpec("shufflenet", "shufflenet", {
-            "channels": (116, 232, 464), "repeats": (4, 8, 4), "stem_channels": 24, "final_channels": 1024,
-        }),
-    ),
-    seeds=(0, 1),
-    train={"steps": 40_000, "batch_size": 128, "learning_rate": 2e-3, "optimizer": "adamw", "weight_decay": 5e-2,
-           "warmup_steps": 1000, "eval_every": 2000, "eval_train_size": 5000, "eval_batch_size": 1000},
-    n_checkpoints=10,
-)
-
-CONFIGS: dict[str, ZooConfig] = {"smoke": _SMOKE, "default": _DEFAULT, "paper": _PAPER}
-
-# Published test accuracies of the paper-scale architectures (as published: BatchNorm,
-# standard augmentation), for the summary. Ours use GroupNorm, and the paper's DenseNet
-# compresses at transitions: close relatives, not the same networks.
-REFERENCE_ACCURACY = {
-    ("cifar10", "resnet20"): (0.9125, "He et al. 2016, Table 6"),
-    ("cifar10", "resnet56"): (0.9303, "He et al. 2016, Table 6"),
-    ("cifar10", "densenet40"): (0.9476, "Huang et al. 2017, Table 2 (C10+, no compression)"),
-    ("cifar100", "densenet40"): (0.7558, "Huang et al. 2017, Table 2 (C100+, no compression)"),
-    ("svhn_cropped", "densenet40"): (0.9821, "Huang et al. 2017, Table 2 (SVHN, no compression)"),
-}
-
-
-def config_from_dict(d: Mapping[str, Any]) -> ZooConfig:
-    """A :class:`ZooConfig` from its JSON form (``config.json``), or ``{"base": name, **overrides}``.
-
-    Examples:
-      >>> config_from_dict({"base": "smoke", "seeds": [0]}).seeds
-      (0,)
-    """
-    return config_lib.from_dict(ZooConfig, CONFIGS, d)  # typed: data sets and models become DataSpec / ModelSpec
 
 
 # ----------------------------------------------------------------------------- data
@@ -250,8 +93,6 @@ def _load(spec: DataSpec, options: dict, grouping: str | None = None) -> data_li
 
 
 def _fingerprint(ds: data_lib.Dataset) -> str:
-    from funsim.models.io import fingerprint
-
     return fingerprint(ds.x_train, ds.y_train, ds.x_test, ds.y_test)
 
 
@@ -279,29 +120,21 @@ def _dataset_entry(spec: DataSpec, options: dict, ds: data_lib.Dataset) -> dict:
 
 
 def _train_config(cfg: ZooConfig, dspec: DataSpec, mspec: ModelSpec, seed: int):
-    from funsim.models.train import TrainConfig, power_schedule
-
     fields = {**cfg.train, **dspec.train, **mspec.train, "seed": seed}
-    valid = {f.name for f in dataclasses.fields(TrainConfig)}
+    valid = {f.name for f in dataclasses.fields(train_lib.TrainConfig)}
     if set(fields) - valid:
         raise ValueError(
             f"Unknown training options {sorted(set(fields) - valid)} in the zoo config (train of the config, of "
             f"{dspec.name!r} or of {mspec.name!r}); valid: {sorted(valid - {'seed'})}."
         )
     try:
-        fields = coerce_fields(TrainConfig, fields)
+        fields = coerce_fields(train_lib.TrainConfig, fields)
     except ConfigError as e:
         raise ConfigError(f"Training options of the zoo config (train of the config, of {dspec.name!r} or of "
                           f"{mspec.name!r}): {e}") from None
-    steps = int(fields.get("steps", TrainConfig.steps))
-    fields.setdefault("checkpoint_steps", power_schedule(steps, cfg.n_checkpoints, power=2.0))
-    return TrainConfig(**fields)
-
-
-def _build(build: Mapping[str, Any]):
-    from funsim import models
-    return models.get_model(build["arch"], tuple(build["input_shape"]), int(build["n_classes"]),
-                            seed=int(build["seed"]), **build["kwargs"])
+    steps = int(fields.get("steps", train_lib.TrainConfig.steps))
+    fields.setdefault("checkpoint_steps", train_lib.power_schedule(steps, cfg.n_checkpoints, power=2.0))
+    return train_lib.TrainConfig(**fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,8 +165,6 @@ def _jobs(cfg: ZooConfig, loaded: dict, sha1: dict, out: pathlib.Path) -> list[_
 
 def _check_resumable(jobs: list[_Job], previous: dict, out: pathlib.Path) -> None:
     """Refuse, before anything is written, a rerun whose finished models had another setup."""
-    from funsim.models.io import setup_diff
-
     for job in jobs:
         old = previous.get(job.id)
         diffs = [] if old is None else setup_diff(old["spec"], job.spec)
@@ -346,18 +177,12 @@ def _check_resumable(jobs: list[_Job], previous: dict, out: pathlib.Path) -> Non
 
 def _train_one(job: _Job, ds: data_lib.Dataset, out: pathlib.Path, progress: bool) -> dict:
     """Train (or resume mid-run) one model; returns its manifest entry."""
-    import jax
-    from flax import nnx
-
-    from funsim.experiments import plotting
-    from funsim.models import train as train_lib
-
     t0 = time.time()
-    model = _build(job.build)
+    model = build_model(job.build)
     res = train_lib.train(model, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=job.config,
                           workdir=job.workdir, progress=progress)
     plotting.training_curves({job.id: res.history}, job.workdir / "training.png", title=f"{job.id}: training")
-    final, shapes = res.final, model.feature_shapes()
+    final = res.final
     dataset, rest = job.id.split("/", 1)
     return {
         "id": job.id,
@@ -370,11 +195,7 @@ def _train_one(job: _Job, ds: data_lib.Dataset, out: pathlib.Path, progress: boo
         "train_accuracy": final["train_accuracy"],
         "train_loss": final["train_loss"],
         "steps": job.config.steps,
-        "n_params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))),
-        "layers": list(model.layer_names()),
-        # (i + 1) / L for the i-th of L layers: matches layers of different depths (logits = 1)
-        "relative_depth": {k: (i + 1) / len(model.layer_names()) for i, k in enumerate(model.layer_names())},
-        "feature_shapes": {k: list(shapes[k]) for k in model.layer_names()},
+        **describe_model(model),  # n_params, layers, relative_depth, feature_shapes
         "workdir": str(job.workdir.relative_to(out)),
         "checkpoint_steps": list(job.config.checkpoint_set()),
         "build": job.build,
@@ -382,6 +203,44 @@ def _train_one(job: _Job, ds: data_lib.Dataset, out: pathlib.Path, progress: boo
         "resumed_from": res.resumed_from,
         "seconds": round(time.time() - t0, 1),
     }
+
+
+def _load_datasets(cfg: ZooConfig, manifest: dict, say: Callable[[str], None]) -> dict:
+    """``{name: (spec, data set)}`` of the config's data sets that load; each one's entry goes into
+    ``manifest["datasets"]`` (an ``optional`` one that is absent: skipped, with the reason)."""
+    loaded = {}
+    for spec in cfg.datasets:
+        options = _loader_options(spec, cfg.download, cfg.data_dir)
+        try:
+            ds = _load(spec, options)
+        except data_lib.DataNotFoundError as e:
+            if not spec.optional:
+                raise
+            manifest["datasets"][spec.name] = {"status": "skipped", "name": spec.name, "reason": str(e)}
+            say(f"[data] {spec.name}: skipped (optional, not available): {str(e).split('. ')[0]}.")
+            continue
+        manifest["datasets"][spec.name] = _dataset_entry(spec, options, ds)
+        loaded[spec.name] = (spec, ds)
+        say(f"[data] {spec.name}: {len(ds.x_train)} train, {len(ds.x_test)} test, input {ds.input_shape}, "
+            f"{ds.n_classes} classes")
+    return loaded
+
+
+def _figures(out: pathlib.Path, manifest: dict, loaded: dict) -> list[pathlib.Path]:
+    """Per data set: every model's training curves, and the test accuracies."""
+    figures = []
+    for name in loaded:
+        entries = [e for e in manifest["models"].values() if e["dataset"] == name]
+        panels: dict[str, dict] = {}
+        for e in entries:
+            history = read_json(out / e["workdir"] / "metrics.json")["history"]
+            panels.setdefault(f"{e['name']} ({e['arch']})", {})[f"seed {e['seed']}"] = history
+        figures.append(plotting.curve_panels(panels, out / f"training_{name}.png",
+                                             title=f"Zoo on {name}: accuracy while training (solid: test, dashed: train)"))
+        figures.append(plotting.bar_chart({e["id"].split("/", 1)[1]: e["test_accuracy"] for e in entries},
+                                          out / f"accuracy_{name}.png", title=f"Zoo on {name}: test accuracy",
+                                          ylabel="test accuracy", ylim=(0, 1.08)))
+    return figures
 
 
 @releases_run_locks
@@ -406,10 +265,6 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
       ValueError: the run holds models trained with a different setup, or on other data.
       TimeoutError: (N processes) no other process finished a model for ``FUNSIM_WAIT_TIMEOUT`` seconds.
     """
-    from tqdm.auto import tqdm
-
-    from funsim.experiments import distributed, plotting
-
     t0 = time.time()
     main_process = distributed.is_main_process()
     say = (lambda msg: log(distributed.log_prefix() + msg)) if distributed.process_count() > 1 else log
@@ -419,22 +274,7 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
     previous = _previous_manifest(path, say_main)
     # the manifest lists the current config's data sets and models, in config order
     manifest = {"experiment": "zoo", "config": to_jsonable(cfg), "complete": False, "datasets": {}, "models": {}}
-
-    loaded = {}
-    for spec in cfg.datasets:
-        options = _loader_options(spec, cfg.download, cfg.data_dir)
-        try:
-            ds = _load(spec, options)
-        except data_lib.DataNotFoundError as e:
-            if not spec.optional:
-                raise
-            manifest["datasets"][spec.name] = {"status": "skipped", "name": spec.name, "reason": str(e)}
-            say_main(f"[data] {spec.name}: skipped (optional, not available): {str(e).split('. ')[0]}.")
-            continue
-        manifest["datasets"][spec.name] = _dataset_entry(spec, options, ds)
-        loaded[spec.name] = (spec, ds)
-        say_main(f"[data] {spec.name}: {len(ds.x_train)} train, {len(ds.x_test)} test, input {ds.input_shape}, "
-                 f"{ds.n_classes} classes")
+    loaded = _load_datasets(cfg, manifest, say_main)
     jobs = _jobs(cfg, loaded, {k: d["sha1"] for k, d in manifest["datasets"].items() if d["status"] == "ok"}, out)
     _check_resumable(jobs, {**previous["models"], **{j.id: e for j in jobs if (e := _read_unit(out, j))}}, out)
     finished = {job.id: e for job in jobs if (e := _unit_entry(out, job)) is not None}
@@ -479,18 +319,7 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
             raise RuntimeError(f"{_unit_path(out, job)} is missing or damaged after every process finished: rerun "
                                "the same command to train that model again.")
         manifest["models"][job.id] = entry
-    figures = []
-    for name in loaded:
-        entries = [e for e in manifest["models"].values() if e["dataset"] == name]
-        panels: dict[str, dict] = {}
-        for e in entries:
-            history = read_json(out / e["workdir"] / "metrics.json")["history"]
-            panels.setdefault(f"{e['name']} ({e['arch']})", {})[f"seed {e['seed']}"] = history
-        figures.append(plotting.curve_panels(panels, out / f"training_{name}.png",
-                                             title=f"Zoo on {name}: accuracy while training (solid: test, dashed: train)"))
-        figures.append(plotting.bar_chart({e["id"].split("/", 1)[1]: e["test_accuracy"] for e in entries},
-                                          out / f"accuracy_{name}.png", title=f"Zoo on {name}: test accuracy",
-                                          ylabel="test accuracy", ylim=(0, 1.08)))
+    figures = _figures(out, manifest, loaded)
     seconds = round(time.time() - t0, 1)
     manifest["complete"] = True
     write_json_atomic(path, manifest)
@@ -520,8 +349,6 @@ def _unit_path(out: pathlib.Path, job: _Job) -> pathlib.Path:
 
 def _read_unit(out: pathlib.Path, job: _Job) -> dict | None:
     """The model's unit file as written, or None (absent, or damaged: then it is trained again)."""
-    from funsim.models.io import DamagedFileError
-
     p = _unit_path(out, job)
     if not p.is_file():
         return None
@@ -534,8 +361,6 @@ def _read_unit(out: pathlib.Path, job: _Job) -> dict | None:
 
 def _unit_entry(out: pathlib.Path, job: _Job) -> dict | None:
     """The finished model's manifest entry from its unit file, or None (absent, damaged, or for another setup)."""
-    from funsim.models.io import checkpoint_problem, setup_diff
-
     entry = _read_unit(out, job)
     if entry is None or setup_diff(entry["spec"], job.spec):
         return None
@@ -544,8 +369,6 @@ def _unit_entry(out: pathlib.Path, job: _Job) -> dict | None:
 
 def _finished_entry(out: pathlib.Path, job: _Job, entry: dict | None, log: Callable[[str], None]) -> dict | None:
     """``entry`` if the model is finished and its final checkpoint is sound; else None (removing a stale unit file)."""
-    from funsim.models.io import checkpoint_problem
-
     if entry is None:
         _unit_path(out, job).unlink(missing_ok=True)
         return None
@@ -559,8 +382,6 @@ def _finished_entry(out: pathlib.Path, job: _Job, entry: dict | None, log: Calla
 
 def _previous_manifest(path: pathlib.Path, log: Callable[[str], None]) -> dict:
     """The manifest of the run being resumed; a damaged one is rebuilt (its models' trainings resume at their end)."""
-    from funsim.models.io import DamagedFileError
-
     empty = {"datasets": {}, "models": {}}
     if not path.exists():
         return empty
@@ -609,37 +430,6 @@ def summary(cfg: ZooConfig, manifest: dict, metrics: dict) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class ZooModel:
-    """One trained model of a zoo, rebuilt from its checkpoint.
-
-    Attributes:
-      id: ``"<data set>/<name>_s<seed>"``.
-      dataset: the data set it was trained on.
-      name: its name in the zoo config (e.g. ``"mlp_wide"``).
-      arch: its :func:`models.get_model` name.
-      seed: its seed.
-      test_accuracy: the final test accuracy.
-      layers: its layer names, in order (the last is ``"logits"``).
-      relative_depth: layer -> ``(i + 1) / L`` (the i-th of L layers; ``"logits"`` is 1).
-      feature_shapes: per-sample shape of every layer's output.
-      workdir: the training workdir (checkpoints, metrics.json).
-      model: the network with the loaded parameters.
-    """
-
-    id: str
-    dataset: str
-    name: str
-    arch: str
-    seed: int
-    test_accuracy: float
-    layers: tuple[str, ...]
-    relative_depth: dict[str, float]
-    feature_shapes: dict[str, tuple[int, ...]]
-    workdir: pathlib.Path
-    model: Any
-
-
-@dataclasses.dataclass(frozen=True)
 class ZooData:
     """The rows the zoo's models were trained and tested on.
 
@@ -650,107 +440,6 @@ class ZooData:
 
     dataset: data_lib.Dataset
     coarse: dict[str, data_lib.Dataset]
-
-
-@dataclasses.dataclass(frozen=True)
-class Zoo:
-    """A loaded zoo: ``models`` by id, in training order, and the manifest."""
-
-    run_dir: pathlib.Path
-    manifest: dict
-    models: dict[str, ZooModel]
-
-    @property
-    def datasets(self) -> tuple[str, ...]:
-        """The data sets that were trained (skipped ones are left out)."""
-        return tuple(k for k, d in self.manifest["datasets"].items() if d["status"] == "ok")
-
-    def by_dataset(self, name: str) -> list[ZooModel]:
-        """The models trained on ``name``, in training order."""
-        return [m for m in self.models.values() if m.dataset == name]
-
-    def data(self, name: str) -> ZooData:
-        """The data set ``name`` as trained on, with coarse labels (:func:`load_zoo_data`)."""
-        return load_zoo_data(self.run_dir, name)
-
-
-def read_manifest(run_dir: str | pathlib.Path) -> dict:
-    """A zoo run's manifest (``zoo.json``): its config, data sets and models (see the module docstring).
-
-    Raises:
-      FileNotFoundError: no manifest (the zoo was not trained there).
-      DamagedFileError: (a ``ValueError``) the manifest is not valid JSON; the message says what to rerun.
-    """
-    from funsim.models.io import DamagedFileError
-
-    run_dir = pathlib.Path(run_dir)
-    path = run_dir / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"No zoo manifest {path}: train the zoo first (funsim zoo --config ... --run ...).")
-    try:
-        return read_json(path)
-    except DamagedFileError as e:
-        raise DamagedFileError(
-            f"{e.args[0].split(' Delete it')[0]} Rerun `funsim zoo --config {run_dir / 'config.json'} --run "
-            f"{run_dir.name} --root {run_dir.parent.parent}` (or the command you ran): it rebuilds the manifest "
-            "without retraining the finished models."
-        ) from None
-
-
-def load_zoo(run_dir: str | pathlib.Path, *, datasets: tuple[str, ...] | None = None, step: int | None = None,
-             allow_incomplete: bool = False) -> Zoo:
-    """Rebuild a trained zoo's models from their checkpoints.
-
-    Args:
-      run_dir: ``results/zoo/<run>``.
-      datasets: only the models of these data sets (None: all).
-      step: the checkpoint step to load (None: the last, the trained model).
-      allow_incomplete: load what an interrupted run has finished; otherwise
-        an incomplete zoo is an error.
-
-    Returns:
-      a :class:`Zoo`.
-    """
-    import jax
-    from flax import nnx
-
-    from funsim.models.io import DamagedFileError
-    from funsim.models.train import load_checkpoint
-
-    run_dir = pathlib.Path(run_dir)
-    manifest = read_manifest(run_dir)
-    if not manifest.get("complete") and not allow_incomplete:
-        raise ValueError(
-            f"The zoo in {run_dir} is incomplete ({len(manifest['models'])} models so far): rerun the same "
-            "`funsim zoo` command to finish it, or pass allow_incomplete=True."
-        )
-    if datasets is not None:
-        unknown = sorted(set(datasets) - set(manifest["datasets"]))
-        if unknown:
-            raise ValueError(f"Data sets {unknown} are not in the zoo {run_dir}; it has {list(manifest['datasets'])}.")
-    out = {}
-    for mid, e in manifest["models"].items():
-        if datasets is not None and e["dataset"] not in datasets:
-            continue
-        # abstract first: the checkpoint overwrites every parameter
-        try:
-            model = load_checkpoint(nnx.eval_shape(lambda e=e: _build(e["build"])), run_dir / e["workdir"], step)
-        except DamagedFileError as err:
-            rerun = (f"`funsim zoo --config {run_dir / 'config.json'} --run {run_dir.name} --root "
-                     f"{run_dir.parent.parent}` (or the command you ran)")
-            fix = (f"For this zoo, rerun {rerun}: it sets the damaged checkpoint aside and retrains {mid} from its last "
-                   "good one." if step is None else
-                   f"For this zoo, delete {run_dir / e['workdir']} and rerun {rerun} to retrain {mid}.")
-            raise DamagedFileError(f"Model {mid} of the zoo in {run_dir}: {err} {fix}") from None
-        if any(isinstance(v, jax.ShapeDtypeStruct) for v in jax.tree.leaves(nnx.state(model))):
-            raise ValueError(f"{mid}: its checkpoint does not hold every variable of the rebuilt model.")
-        out[mid] = ZooModel(
-            id=mid, dataset=e["dataset"], name=e["name"], arch=e["arch"], seed=e["seed"],
-            test_accuracy=e["test_accuracy"], layers=tuple(e["layers"]), relative_depth=e["relative_depth"],
-            feature_shapes={k: tuple(v) for k, v in e["feature_shapes"].items()},
-            workdir=run_dir / e["workdir"], model=model,
-        )
-    return Zoo(run_dir, manifest, out)
 
 
 def load_zoo_data(run_dir: str | pathlib.Path, dataset: str) -> ZooData:
@@ -780,16 +469,6 @@ def load_zoo_data(run_dir: str | pathlib.Path, dataset: str) -> ZooData:
 # ----------------------------------------------------------------------------- CLI
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    config_lib.add_arguments(parser, ZooConfig, CONFIGS)
-    parser.add_argument("--run", default=None,
-                        help="run name (default: the config's name and its --set overrides; reruns resume it)")
-    parser.add_argument("--root", default="results", help="results root directory (default: results)")
-    parser.add_argument("--download", action="store_true", help="let tfds download missing data sets (internet)")
-    parser.add_argument("--data-dir", default=None, help="the tfds data directory")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
-
-
 def main(args: argparse.Namespace) -> int:
     cfg, name = config_lib.from_args(args, ZooConfig, CONFIGS)
     if args.download or args.data_dir:
@@ -803,3 +482,4 @@ def main(args: argparse.Namespace) -> int:
         print(f"funsim zoo: {e}")
         return 1
     return 0
+

@@ -36,6 +36,8 @@ from funsim.models.tails import HeadTail as HeadTail
 from funsim.models.tails import penultimate as penultimate
 from funsim.models.tails import stack_head_tails as stack_head_tails
 from funsim.models.tails import train_head as train_head
+from funsim.models.tails import CoarseTail as CoarseTail
+from funsim.models.tails import coarsen_logits as coarsen_logits
 
 MODELS = {
     "linear": Linear,

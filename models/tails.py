@@ -213,3 +213,39 @@ def stack_head_tails(models: Sequence[Any], layer: str, heads: Sequence[dict], /
         raise ValueError("stack_head_tails: the model has a single stage, so no penultimate features for a head.")
     head = jax.tree.map(lambda *a: jnp.asarray(np.stack([np.asarray(x) for x in a])), *heads)
     return HeadTail(tail.graphdef, layer, until), {"model": state, "head": head}
+
+
+@dataclasses.dataclass(frozen=True)
+class CoarseTail:
+    """A tail followed by the marginalisation of its softmax over label groups: coarse logits.
+
+    ``coarse_logits[c] = logsumexp_{k in group c} logits[k]``, so ``softmax(coarse_logits)``
+    is the fine softmax summed within each group. Hashable by value (for ``train_stitchers``).
+
+    Attributes:
+      tail: ``tail(params, h) -> (b, n_fine)`` logits.
+      groups: the coarse class of each fine class.
+    """
+
+    tail: Any
+    groups: tuple[int, ...]
+
+    def __call__(self, params: Any, h):
+        return coarsen_logits(self.tail(params, h), self.groups)
+
+
+def coarsen_logits(logits, groups):
+    """``(..., n_fine) -> (..., n_coarse)``: log of the fine softmax summed within each group (up to a constant).
+
+    Examples:
+      >>> import numpy as np
+      >>> np.round(np.asarray(coarsen_logits(np.log(np.array([[0.1, 0.2, 0.7]])), (0, 0, 1))), 3).tolist()
+      [[-1.204, -0.357]]
+    """
+    groups = np.asarray(groups)
+    if isinstance(logits, np.ndarray):  # on the host: no compiled program per shape
+        return np.stack([np.logaddexp.reduce(logits[..., groups == c], axis=-1)
+                         for c in range(groups.max() + 1)], axis=-1)
+    onehot = jnp.asarray(np.arange(groups.max() + 1)[:, None] == groups[None, :])  # (n_coarse, n_fine)
+    masked = jnp.where(onehot, jnp.asarray(logits)[..., None, :], -jnp.inf)
+    return jax.nn.logsumexp(masked, axis=-1)

@@ -1,4 +1,4 @@
-"""Tests for experiments.functional: functional similarity of two models' layers.
+"""Tests for models.functional: functional similarity of two models' layers.
 
 The models are tiny duck-typed pure-JAX MLPs (tests/_stitch_models.py) trained
 by scikit-learn on digits, and one pair of Flax NNX ``models.MLP``.
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from funsim.experiments.functional import functional_similarity
+from funsim.models.functional import functional_similarity
 from funsim.similarity import fit_stitcher, resize_spatial, stitch_representation
 from tests._stitch_models import (  # digits, models: shared module-scoped fixtures
     MLP,

@@ -346,7 +346,7 @@ def test_feature_conventions_in_the_table(tiny):
     zoo = zoo_lib.load_zoo(root / "zoo" / "tiny", datasets=("digits",))
     mlps = [m for m in zoo.by_dataset("digits") if m.name == "mlp"]
     a, b = mlps[0], mlps[1]
-    x = S._rows(zoo.data("digits").dataset, S.config_from_dict(TINY).n_rows)
+    x = S._rows(zoo_lib.load_zoo_data(root / "zoo" / "tiny", "digits").dataset, S.config_from_dict(TINY).n_rows)
     for point, measure in (("pre_activation", "cka/linear"), ("post_activation",
                                                              "cka/linear@post_activation/spatial_mean")):
         fa = models_lib.compiled(a.model).features(x, point=point, as_numpy=True)["fc0"]

@@ -1,4 +1,4 @@
-"""The report's statistics against NumPy/SciPy references (experiments/study_stats.py)."""
+"""The report's statistics against NumPy/SciPy references (similarity/statistics.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from funsim.experiments import study_stats as st
+from funsim.similarity import statistics as st
 
 
 @pytest.fixture

@@ -74,7 +74,7 @@ def test_smoke_zoo_end_to_end_interrupted_and_resumed(tmp_path, monkeypatch):
 
     # load_zoo rebuilds every model; its accuracy, recomputed here, is the manifest's
     loaded = zoo.load_zoo(out)
-    zd = loaded.data("digits")
+    zd = zoo.load_zoo_data(out, "digits")
     assert loaded.datasets == ("digits",) and [m.id for m in loaded.by_dataset("digits")] == ids
     for mid, m in loaded.models.items():
         e = manifest["models"][mid]

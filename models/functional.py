@@ -1,6 +1,8 @@
-"""Functional similarity of two models' layers by task-loss stitching, both directions.
+"""Functional similarity of models' layers by task-loss stitching.
 
-A driver over the pure library (``similarity.train_stitcher``): it takes two
+:func:`functional_similarity`: two models' layers, both directions.
+
+Over the pure library (``similarity.train_stitcher``): it takes two
 models and data, splits the data, extracts the activations, trains a stitcher
 in each direction through the target model's frozen tail (obtained with
 ``models.split_tail``, so models of one architecture share the compiled loop),
@@ -9,21 +11,37 @@ and scores it on held-out data against the target model's own layer.
 Models are duck-typed: each needs ``.features(x) -> {layer: activations}``,
 ``.tail(layer, z) -> logits`` and ``.layer_names()`` (every ``models.*``
 network has them).
+
+:func:`stitch_into_targets`: many source layers into one layer of a stack of models of one
+architecture at once, on fine and coarse tasks (the similarity study's task-loss stitching).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm.auto import tqdm
 
-from funsim.models.tails import split_tail
-from funsim.similarity import FAMILIES, Stitcher, TrainHistory, stitch_representation, train_stitcher
+from funsim.models.tails import coarsen_logits, penultimate, split_tail, stack_head_tails, stack_tails
+from funsim.similarity import (
+    FAMILIES,
+    Stitcher,
+    TrainHistory,
+    stitch_representation,
+    stitched_logits,
+    train_stitcher,
+    train_stitchers,
+)
+
+__all__ = ["DirectionResult", "FunctionalSimilarity", "functional_similarity", "split_data", "logit_scores",
+           "TargetScore", "head_takes", "stitch_into_targets"]
 
 
 class DirectionResult(NamedTuple):
@@ -194,8 +212,15 @@ def split_data(data, *, test_fraction: float, min_eval: int, key: jax.Array):
     return x_tr, y_tr, x_te, y_te
 
 
-def _scores(logits, y):
-    """Accuracy and mean cross-entropy (nats) in float64 NumPy."""
+def logit_scores(logits, y) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy (nats) of ``logits (n, C)`` on labels ``y (n,)``, in float64 NumPy.
+
+    Examples:
+      >>> import numpy as np
+      >>> acc, ce = logit_scores(np.log(np.array([[0.5, 0.5], [0.9, 0.1]])), np.array([0, 0]))
+      >>> acc, round(ce, 4)
+      (1.0, 0.3993)
+    """
     logits = np.asarray(logits, np.float64)
     logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
     return float(np.mean(np.argmax(logits, axis=-1) == y)), float(-np.mean(logp[np.arange(len(y)), y]))
@@ -236,9 +261,9 @@ def _direction(names, z_src, z_tgt, tgt_model, tgt_layer, y_tr, y_te, own_tr, ow
         z = z if spatial is not None else z.reshape(z.shape[0], -1)
         return tgt_model.tail(tgt_layer, stitch_representation(stitcher, z, spatial=spatial))
 
-    own_acc, own_ce = _scores(own_te, y_te)
-    st_acc, st_ce = _scores(stitched(src_te), y_te)
-    tr_acc, tr_ce = _scores(stitched(src_tr), y_tr)
+    own_acc, own_ce = logit_scores(own_te, y_te)
+    st_acc, st_ce = logit_scores(stitched(src_te), y_te)
+    tr_acc, tr_ce = logit_scores(stitched(src_tr), y_tr)
     if own_acc == 0:
         raise ValueError(f"{names[1]} has held-out accuracy 0, so relative accuracy is undefined; "
                          "check that the model is trained and the labels match its outputs.")
@@ -355,19 +380,188 @@ def functional_similarity(
     jobs = [((name_a, name_b), za, zb, model_b, layer_b, own_b, k_ab)]
     if both_directions:
         jobs.append(((name_b, name_a), zb, za, model_a, layer_a, own_a, k_ba))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(jobs), desc="stitching directions", leave=False)
     out = []
-    try:
+    with tqdm(total=len(jobs), desc="stitching directions", leave=False, disable=not progress) as bar:
         for names, z_src, z_tgt, model, layer, own, k in jobs:
             out.append(_direction(names, z_src, z_tgt, model, layer, y_tr, y_te, own[:n_tr],
                                   own[n_tr:], key=k, **common))
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+            bar.update(1)
     return FunctionalSimilarity(a_to_b=out[0], b_to_a=out[1] if both_directions else None)
+
+
+# ----------------------------------------------------------------------------- many sources into a stack of targets
+
+
+class TargetScore(NamedTuple):
+    """One stitcher of :func:`stitch_into_targets`, scored on the held-out rows of one task.
+
+    Attributes:
+      source: the index of its source in ``sources``.
+      target: the index of its target model in ``targets``.
+      task: the task it is scored on: a task of ``tasks``, or ``coarsened:<grouping>`` for the fine
+        stitcher's and the target's predictions mapped to the groups of task ``coarse:<grouping>``.
+      values: ``relative_accuracy`` (stitched / the target's own accuracy), ``accuracy``,
+        ``own_accuracy`` and (not for a coarsened task) ``ce_gap`` (stitched minus own
+        cross-entropy, nats).
+    """
+
+    source: int
+    target: int
+    task: str
+    values: dict[str, float]
+
+
+def head_takes(model: Any, layer: str) -> bool:
+    """Whether a new head on ``model``'s penultimate stage (:func:`models.penultimate`) can follow ``layer``."""
+    pen = penultimate(model)
+    names = list(model.layer_names())
+    return pen is not None and names.index(layer) <= names.index(pen)
+
+
+def _family_keys(seed: int, jobs: tuple[int, ...], k_count: int, repeat: int):
+    """The stitchers' keys of one target in one compiled program (not an eager op per key and shape).
+
+    Family ``f``'s K keys are ``split(fold_in(key(seed), jobs[f]), K)``; returns them family by family,
+    ``repeat`` times over (one block per task trained through the target's tail), and once.
+    """
+    return _family_keys_jit()(seed, np.asarray(jobs, np.int32), k_count, repeat)
+
+
+@functools.cache
+def _family_keys_jit():
+    def run(seed, jobs, k_count, repeat):
+        base = jax.random.key(seed)
+        keys = jax.vmap(lambda j: jax.random.split(jax.random.fold_in(base, j), k_count))(jobs).reshape(-1)
+        return jnp.concatenate([keys] * repeat), keys
+
+    return jax.jit(run, static_argnums=(2, 3))
+
+
+def stitch_into_targets(
+    targets: Sequence[Any],
+    layer: str,
+    sources: Sequence[tuple[np.ndarray, np.ndarray]],
+    target_features: Sequence[tuple[np.ndarray, np.ndarray]],
+    labels: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    tasks: Mapping[str, tuple[int, ...] | None],
+    families: Mapping[str, int],
+    /,
+    *,
+    heads: Mapping[str, Sequence[dict | None]] | None = None,
+    seed: int = 0,
+    steps: int = 200,
+    learning_rate: float = 1e-2,
+    batch_size: int | None = 128,
+) -> dict[str, dict[str, list[TargetScore]]]:
+    """Train every source into ``layer`` of every target model (the seeds of one architecture); score held out.
+
+    Training and evaluation are one compiled program each per tail, not per task or family: the fine
+    and coarse tasks' stitchers of every family train in one ``similarity.train_stitchers`` call through
+    the targets' stacked tails (:func:`models.stack_tails`; a coarse task's with its ``label_groups``: the
+    summed softmax of each group, as :class:`models.CoarseTail`) and are evaluated together (a coarse
+    task's logits are the fine ones coarsened on the host); each ``coarse_head:<grouping>`` task's
+    stitchers train and evaluate through each target's new head (:func:`models.stack_head_tails`), where
+    the head can follow ``layer`` (:func:`head_takes`). The targets' own logits come from the same
+    evaluation program, through identity stitchers on their own activations. Every stitcher starts
+    from the closed-form fit to the target's activations.
+
+    Args:
+      targets: M networks of one architecture.
+      layer: the target layer.
+      sources: K ``(train (n, ...), test (n_test, ...))`` source activations.
+      target_features: per target, its ``(train, test)`` activations at ``layer``.
+      labels: per task, ``(y_train (n,), y_test (n_test,))``; a ``coarse:<grouping>`` task's training
+        labels must be ``grouping[y_fine]``.
+      tasks: task -> its grouping of the fine classes (None for ``"fine"``, which must be present);
+        ``coarse:<g>`` trains through the summed softmax, ``coarse_head:<g>`` through a new head.
+      families: stitcher family -> its job index, which seeds its keys (``split(fold_in(key(seed),
+        index), K)``, the same keys a call for one task alone would use).
+      heads: ``{grouping: [head or None per target]}`` (:func:`models.train_head`) for the
+        ``coarse_head:<grouping>`` tasks.
+      seed, steps, learning_rate, batch_size: the stitchers' training (Adam).
+
+    Returns:
+      ``{family: {task: [TargetScore, ...]}}``: every (source, target) pair, a source that is the
+      target itself included; a ``coarse_head`` task the targets cannot take is absent.
+
+    Raises:
+      ValueError: a coarse task's training labels are not the grouping of the fine ones.
+    """
+    tail, params = stack_tails(targets, layer)
+    z_tr = [s[0] for s in sources]
+    z_te = [s[1] for s in sources]
+    z_tgt = np.stack([t[0] for t in target_features])
+    z_own = [t[1] for t in target_features]
+    tshape = tuple(z_own[0].shape[1:])
+    fams = list(families)
+    k_count, m_count, width = len(sources), len(targets), tshape[-1]
+    identity = [Stitcher(np.broadcast_to(np.eye(width, dtype=z_own[0].dtype), (m_count, width, width)),
+                         np.zeros((m_count, width), z_own[0].dtype), np.ones(m_count, z_own[0].dtype),
+                         "affine")] * m_count
+    train_kw = dict(init="closed_form", z_tgt=z_tgt, stacked_tails=True, steps=steps, learning_rate=learning_rate,
+                    batch_size=batch_size, eval_every=steps)
+    # the fine and coarse tasks: one call through the targets' own tail, the coarse stitchers with their grouping
+    plain = [t for t in tasks if not t.startswith("coarse_head:")]
+    y_fine = labels["fine"][0]
+    for task in plain:
+        if tasks[task] is not None and not np.array_equal(labels[task][0], np.asarray(tasks[task])[y_fine]):
+            raise ValueError(f"The {task!r} training labels are not the grouping {tasks[task]} of the fine "
+                             "labels; the zoo's manifest and its data disagree (rebuild the zoo).")
+    keys, head_keys = _family_keys(seed, tuple(families.values()), k_count, len(plain))
+    trained_plain = train_stitchers(
+        z_tr * len(fams) * len(plain), y_fine, tail, params, family=[f for _ in plain for f in fams for _ in z_tr],
+        label_groups=[tasks[t] for t in plain for _ in fams for _ in z_tr], key=keys, **train_kw)
+    per_task = len(fams) * k_count
+    trained = {t: trained_plain[i * per_task:(i + 1) * per_task] for i, t in enumerate(plain)}
+    evals = {"own tail": (tail, params, plain)}  # tail name -> (tail, params, [tasks])
+    for task in tasks:
+        if not task.startswith("coarse_head:") or not head_takes(targets[0], layer):
+            continue
+        # the paper's coarse readout: each target's new head on its frozen penultimate features
+        tail_t, params_t = stack_head_tails(targets, layer, heads[task.split(":", 1)[1]])
+        evals[task] = (tail_t, params_t, [task])
+        trained[task] = train_stitchers(z_tr * len(fams), labels[task][0], tail_t, params_t,
+                                        family=[f for f in fams for _ in z_tr], key=head_keys, **train_kw)
+    out = {f: {} for f in fams}
+    for tail_e, params_e, names in evals.values():
+        stitchers = [t.stitcher for task in names for t in trained[task]] + identity
+        logits_all = stitched_logits(tail_e, params_e, stitchers, z_te * len(fams) * len(names) + z_own, tshape)
+        own_all = logits_all[-m_count:][np.arange(m_count), np.arange(m_count)]  # (M, n, C): target m's own
+        for ti, task in enumerate(names):
+            groups = tasks[task]
+            coarse = task.startswith("coarse:")  # trained through the coarsened tail: coarsen here too
+            logits_task = logits_all[ti * per_task:(ti + 1) * per_task]
+            own = np.asarray(coarsen_logits(own_all, groups)) if coarse else own_all
+            if coarse:
+                logits_task = np.asarray(coarsen_logits(logits_task, groups))
+            evaluations = [(task, None)]
+            if groups is None:  # the fine stitchers' predictions, coarsened: accuracy can only go up
+                evaluations += [(t.replace("coarse:", "coarsened:"), gr) for t, gr in tasks.items()
+                                if gr is not None and t.startswith("coarse:")]
+            for fi, family in enumerate(fams):
+                logits = logits_task[fi * k_count:(fi + 1) * k_count]
+                out[family][task] = _target_scores(labels, labels[task][1], own, logits, evaluations)
+    return out
+
+
+def _target_scores(labels, y_te, own, logits, evaluations) -> list[TargetScore]:
+    """The scores of one family's K stitchers (``logits (K, M, n, C)``) into M targets (``own (M, n, C)``)."""
+    out = []
+    for k in range(logits.shape[0]):
+        for m in range(logits.shape[1]):
+            for ev_task, coarsen in evaluations:
+                if coarsen is None:
+                    yv, st_logits, own_logits = y_te, logits[k, m], own[m]
+                else:
+                    yv = labels[ev_task.replace("coarsened", "coarse")][1]
+                    pick = np.asarray(coarsen)
+                    st_logits = np.eye(max(coarsen) + 1)[pick[np.argmax(logits[k, m], -1)]]
+                    own_logits = np.eye(max(coarsen) + 1)[pick[np.argmax(own[m], -1)]]
+                acc, ce = logit_scores(st_logits, yv)
+                own_acc, own_ce = logit_scores(own_logits, yv)
+                vals = {"relative_accuracy": acc / own_acc if own_acc > 0 else float("nan"),
+                        "accuracy": acc, "own_accuracy": own_acc}
+                if coarsen is None:
+                    vals["ce_gap"] = ce - own_ce
+                out.append(TargetScore(k, m, ev_task, vals))
+    return out

@@ -1,0 +1,184 @@
+"""A trained model zoo read back: its manifest (``zoo.json``) and its networks rebuilt from their checkpoints.
+
+``funsim zoo`` (:mod:`funsim.experiments.zoo`) trains the zoo and writes the manifest: per data
+set how to load it, its sizes, a fingerprint and its coarse groupings; per model its data set,
+architecture, seed, test accuracy, workdir, layer names, relative depths, feature shapes and the
+:func:`models.get_model` call that rebuilds it (``build``). :func:`load_zoo` rebuilds every
+model from its checkpoint; :func:`describe_model` is what the manifest records of a network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from funsim.models import get_model
+from funsim.models.base import FeatureModel
+from funsim.models.io import DamagedFileError, read_json
+from funsim.models.train import load_checkpoint
+
+__all__ = ["MANIFEST", "ZooModel", "Zoo", "read_manifest", "load_zoo", "build_model", "describe_model"]
+
+MANIFEST = "zoo.json"
+"""The manifest's file name in a zoo run's folder."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooModel:
+    """One trained model of a zoo, rebuilt from its checkpoint.
+
+    Attributes:
+      id: ``"<data set>/<name>_s<seed>"``.
+      dataset: the data set it was trained on.
+      name: its name in the zoo config (e.g. ``"mlp_wide"``).
+      arch: its :func:`models.get_model` name.
+      seed: its seed.
+      test_accuracy: the final test accuracy.
+      layers: its layer names, in order (the last is ``"logits"``).
+      relative_depth: layer -> ``(i + 1) / L`` (the i-th of L layers; ``"logits"`` is 1).
+      feature_shapes: per-sample shape of every layer's output.
+      workdir: the training workdir (checkpoints, metrics.json).
+      model: the network with the loaded parameters.
+    """
+
+    id: str
+    dataset: str
+    name: str
+    arch: str
+    seed: int
+    test_accuracy: float
+    layers: tuple[str, ...]
+    relative_depth: dict[str, float]
+    feature_shapes: dict[str, tuple[int, ...]]
+    workdir: pathlib.Path
+    model: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Zoo:
+    """A loaded zoo: ``models`` by id, in training order, and the manifest.
+
+    Its data (the rows it was trained on, with coarse labels) is ``experiments.zoo.load_zoo_data(run_dir, name)``.
+    """
+
+    run_dir: pathlib.Path
+    manifest: dict
+    models: dict[str, ZooModel]
+
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        """The data sets that were trained (skipped ones are left out)."""
+        return tuple(k for k, d in self.manifest["datasets"].items() if d["status"] == "ok")
+
+    def by_dataset(self, name: str) -> list[ZooModel]:
+        """The models trained on ``name``, in training order."""
+        return [m for m in self.models.values() if m.dataset == name]
+
+
+def read_manifest(run_dir: str | pathlib.Path) -> dict:
+    """A zoo run's manifest (``zoo.json``): its config, data sets and models (see the module docstring).
+
+    Raises:
+      FileNotFoundError: no manifest (the zoo was not trained there).
+      DamagedFileError: (a ``ValueError``) the manifest is not valid JSON; the message says what to rerun.
+    """
+    run_dir = pathlib.Path(run_dir)
+    path = run_dir / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"No zoo manifest {path}: train the zoo first (funsim zoo --config ... --run ...).")
+    try:
+        return read_json(path)
+    except DamagedFileError as e:
+        raise DamagedFileError(
+            f"{e.args[0].split(' Delete it')[0]} Rerun `funsim zoo --config {run_dir / 'config.json'} --run "
+            f"{run_dir.name} --root {run_dir.parent.parent}` (or the command you ran): it rebuilds the manifest "
+            "without retraining the finished models."
+        ) from None
+
+
+def load_zoo(run_dir: str | pathlib.Path, *, datasets: tuple[str, ...] | None = None, step: int | None = None,
+             allow_incomplete: bool = False) -> Zoo:
+    """Rebuild a trained zoo's models from their checkpoints.
+
+    Args:
+      run_dir: ``results/zoo/<run>``.
+      datasets: only the models of these data sets (None: all).
+      step: the checkpoint step to load (None: the last, the trained model).
+      allow_incomplete: load what an interrupted run has finished; otherwise
+        an incomplete zoo is an error.
+
+    Returns:
+      a :class:`Zoo`.
+    """
+    run_dir = pathlib.Path(run_dir)
+    manifest = read_manifest(run_dir)
+    if not manifest.get("complete") and not allow_incomplete:
+        raise ValueError(
+            f"The zoo in {run_dir} is incomplete ({len(manifest['models'])} models so far): rerun the same "
+            "`funsim zoo` command to finish it, or pass allow_incomplete=True."
+        )
+    if datasets is not None:
+        unknown = sorted(set(datasets) - set(manifest["datasets"]))
+        if unknown:
+            raise ValueError(f"Data sets {unknown} are not in the zoo {run_dir}; it has {list(manifest['datasets'])}.")
+    out = {}
+    for mid, e in manifest["models"].items():
+        if datasets is not None and e["dataset"] not in datasets:
+            continue
+        # abstract first: the checkpoint overwrites every parameter
+        try:
+            model = load_checkpoint(nnx.eval_shape(lambda e=e: build_model(e["build"])), run_dir / e["workdir"], step)
+        except DamagedFileError as err:
+            rerun = (f"`funsim zoo --config {run_dir / 'config.json'} --run {run_dir.name} --root "
+                     f"{run_dir.parent.parent}` (or the command you ran)")
+            fix = (f"For this zoo, rerun {rerun}: it sets the damaged checkpoint aside and retrains {mid} from its last "
+                   "good one." if step is None else
+                   f"For this zoo, delete {run_dir / e['workdir']} and rerun {rerun} to retrain {mid}.")
+            raise DamagedFileError(f"Model {mid} of the zoo in {run_dir}: {err} {fix}") from None
+        if any(isinstance(v, jax.ShapeDtypeStruct) for v in jax.tree.leaves(nnx.state(model))):
+            raise ValueError(f"{mid}: its checkpoint does not hold every variable of the rebuilt model.")
+        out[mid] = ZooModel(
+            id=mid, dataset=e["dataset"], name=e["name"], arch=e["arch"], seed=e["seed"],
+            test_accuracy=e["test_accuracy"], layers=tuple(e["layers"]), relative_depth=e["relative_depth"],
+            feature_shapes={k: tuple(v) for k, v in e["feature_shapes"].items()},
+            workdir=run_dir / e["workdir"], model=model,
+        )
+    return Zoo(run_dir, manifest, out)
+
+
+def build_model(build: Mapping[str, Any]) -> FeatureModel:
+    """The untrained network of a manifest entry's ``build``: ``{"arch", "input_shape", "n_classes", "seed",
+    "kwargs"}``, the :func:`models.get_model` call (load its parameters with ``models.train.load_checkpoint``).
+
+    Examples:
+      >>> build_model({"arch": "mlp", "input_shape": [4], "n_classes": 3, "seed": 0,
+      ...              "kwargs": {"widths": [8]}}).layer_names()
+      ('fc0', 'logits')
+    """
+    return get_model(build["arch"], tuple(build["input_shape"]), int(build["n_classes"]),
+                            seed=int(build["seed"]), **build["kwargs"])
+
+
+def describe_model(model: FeatureModel) -> dict:
+    """What a zoo's manifest records of a network: ``n_params``, ``layers`` (in order), ``relative_depth``
+    (``(i + 1) / L`` for the i-th of L layers: matches layers of networks of different depths; the logits
+    are 1) and ``feature_shapes`` (per-sample shape of each layer's output, as lists).
+
+    Examples:
+      >>> d = describe_model(get_model("mlp", 4, 3, widths=(8,)))
+      >>> d["n_params"], d["relative_depth"], d["feature_shapes"]
+      (67, {'fc0': 0.5, 'logits': 1.0}, {'fc0': [8], 'logits': [3]})
+    """
+    names, shapes = list(model.layer_names()), model.feature_shapes()
+    return {
+        "n_params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))),
+        "layers": names,
+        "relative_depth": {k: (i + 1) / len(names) for i, k in enumerate(names)},
+        "feature_shapes": {k: list(shapes[k]) for k in names},
+    }
