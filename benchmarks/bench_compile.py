@@ -13,7 +13,7 @@ Every workload runs in a fresh Python process with JAX's persistent compilation 
 everything it needs. The process builds its inputs with NumPy, places them on the default device
 (not timed), then calls the public function twice: the first call's wall time (compile and run),
 the second call's (run only, warm), their ratio, and the programs handed to the backend during each
-call (``funsim.experiments.compile_count.CompileCounter``: jax.monitoring's backend-compile events) with the
+call (``funsim.runtime.compile_count.CompileCounter``: jax.monitoring's backend-compile events) with the
 seconds those compilations took. A warm call that compiles anything is a bug (a shape or a Python
 value reaching a trace). Only public APIs are called: ``similarity.fit_stitchers`` and
 ``similarity.compare_grid``.
@@ -112,7 +112,7 @@ def _child(name: str, size: str, quick: bool) -> dict:
     import jax
 
     from funsim import similarity
-    from funsim.experiments.compile_count import CompileCounter
+    from funsim.runtime.compile_count import CompileCounter
 
     count, n, widths = _sizes(name, size, quick)
     _, spec, *_ = WORKLOADS[name]

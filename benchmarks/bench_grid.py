@@ -46,7 +46,7 @@ import numpy as np
 
 import funsim.similarity as sim
 from benchmarks._timing import alternating, first_and_warm, timed
-from funsim.experiments.compile_count import CompileCounter
+from funsim.runtime.compile_count import CompileCounter
 from funsim.similarity.grid import compare_grid
 
 GRID_MEASURES = [

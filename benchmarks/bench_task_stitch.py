@@ -118,7 +118,7 @@ def _sweep(variant: str, size: dict) -> dict:
 
     from funsim.models import MLP
 
-    # counted by hand, not with funsim.experiments.compile_count: the "old" variant runs against a
+    # counted by hand, not with funsim.runtime.compile_count: the "old" variant runs against a
     # revision of the tree that predates that module (and benchmarks._timing)
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(

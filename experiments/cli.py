@@ -34,8 +34,8 @@ import shlex
 import sys
 from typing import NamedTuple
 
-from funsim.experiments import compile_cache
 from funsim.experiments.config import ConfigError
+from funsim.runtime import compile_cache
 
 
 class Subcommand(NamedTuple):
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments = importlib.import_module(SUBCOMMANDS[name].arguments)
     multiprocess = getattr(arguments, "SUPPORTS_MULTIPROCESS", False)
     if multiprocess and getattr(arguments, "JOINS_JAX_RUNTIME", True):  # join the run of N processes (or nothing)
-        from funsim.experiments import distributed  # imports jax: only for a subcommand that runs
+        from funsim.runtime import distributed  # imports jax: only for a subcommand that runs
 
         distributed.initialize()
     try:
@@ -144,7 +144,7 @@ def _exit_now_if_one_of_many(status: int) -> None:
     seconds) for processes that may be waiting for this one's units; ending at
     once lets ``funsim launch`` (or the others' heartbeats) stop them too.
     """
-    distributed = sys.modules.get("funsim.experiments.distributed")  # imported if and only if the run joined
+    distributed = sys.modules.get("funsim.runtime.distributed")  # imported if and only if the run joined
     if distributed is None or not distributed.is_initialized() or distributed.process_count() == 1:
         return
     print(f"{distributed.log_prefix()}funsim: ending this process with status {status} so that the other "

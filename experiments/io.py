@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 
-from funsim.experiments import distributed
 from funsim.experiments.config import ConfigError
 from funsim.models.io import (
     DamagedFileError,
@@ -54,6 +53,7 @@ from funsim.models.io import (
     write_atomic,
     write_json_atomic,
 )
+from funsim.runtime import distributed
 
 __all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "write_text_atomic", "read_json", "results_dir",
            "ConfigError", "check_run_config",

@@ -40,8 +40,8 @@ from funsim.experiments import config as config_lib
 from funsim.experiments import plotting
 from funsim.experiments.configs.quickstart import DEFAULT_MEASURES, TENSOR_METRICS, TINY, QuickstartConfig
 from funsim.experiments.io import open_run, releases_run_locks, write_json_atomic
-from funsim.experiments.xla_flags import compile_fast
 from funsim.models.train import TrainConfig, list_checkpoints, load_checkpoint, power_schedule, train
+from funsim.runtime.xla_flags import compile_fast
 
 __all__ = ["DEFAULT_MEASURES", "TENSOR_METRICS", "QuickstartConfig", "TINY", "run", "summary", "main"]
 

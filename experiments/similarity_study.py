@@ -80,7 +80,7 @@ from tqdm.auto import tqdm
 import funsim.models as models_lib
 from funsim import similarity
 from funsim.experiments import config as config_lib
-from funsim.experiments import distributed, jit_memory
+from funsim.experiments import jit_memory
 from funsim.experiments import zoo as zoo_lib
 from funsim.experiments.configs.similarity_study import (
     CONFIGS,
@@ -102,6 +102,7 @@ from funsim.experiments.io import (
 )
 from funsim.models import CoarseTail, coarsen_logits
 from funsim.models.functional import stitch_into_targets
+from funsim.runtime import distributed
 
 __all__ = [
     "StudyConfig", "CONFIGS", "COLUMNS", "STATISTICS", "RULES", "CoarseTail", "coarsen_logits", "config_from_dict",

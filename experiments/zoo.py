@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from funsim import data as data_lib
 from funsim.experiments import config as config_lib
-from funsim.experiments import distributed, plotting
+from funsim.experiments import plotting
 from funsim.experiments.config import ConfigError, coerce_fields
 from funsim.experiments.configs.zoo import (
     CONFIGS,
@@ -66,6 +66,7 @@ from funsim.experiments.io import (
 from funsim.models import train as train_lib
 from funsim.models.io import DamagedFileError, checkpoint_problem, fingerprint, setup_diff
 from funsim.models.zoo import MANIFEST, Zoo, ZooModel, build_model, describe_model, load_zoo, read_manifest
+from funsim.runtime import distributed
 
 __all__ = [
     "DataSpec", "ModelSpec", "ZooConfig", "CONFIGS", "REFERENCE_ACCURACY", "config_from_dict", "run",
@@ -251,7 +252,7 @@ def run(cfg: ZooConfig, *, root: str | pathlib.Path = "results", run_name: str |
     In a run of N processes (``funsim launch -n N zoo ...``; elsewhere, set
     ``FUNSIM_PROCESS_ID`` and ``FUNSIM_NUM_PROCESSES`` yourself) model ``k`` of
     the zoo's list (config order) is trained by process ``k mod N``
-    (:func:`experiments.distributed.my_units`), each on its own devices; the
+    (:func:`runtime.distributed.my_units`), each on its own devices; the
     processes share no computation, so they do not join JAX's multi-process
     runtime. Process 0 holds the run's lock. Each finished model is written
     atomically as ``units/<data set>/<model>_s<seed>.json``; every process waits

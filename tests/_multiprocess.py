@@ -1,10 +1,10 @@
 """Run a test function in N real local processes of one JAX multi-process run.
 
 :func:`run_in_processes` starts N Python processes on this machine with
-``funsim.experiments.launch.run_processes`` (a fresh loopback port, the
+``funsim.runtime.launcher.run_processes`` (a fresh loopback port, the
 ``FUNSIM_*`` variables). Each process runs this module as ``__main__``:
 
-1. ``funsim.experiments.distributed.initialize()`` (gloo collectives on the CPU,
+1. ``funsim.runtime.distributed.initialize()`` (gloo collectives on the CPU,
    the coordination service bound to 127.0.0.1), then the test suite's strict
    JAX settings (x64 as in the parent, rank promotion raises);
 2. the given module-level function, ``fn(*args, **kwargs)``, which returns a
@@ -73,7 +73,7 @@ def launch_processes(fn: Callable, num_processes: int, *args, workdir: str | os.
 
     For tests that expect a failure (a killed process); :func:`run_in_processes` is the usual entry point.
     """
-    from funsim.experiments.launch import run_processes
+    from funsim.runtime.launcher import run_processes
 
     module, qualname = _module_name(fn)
     out = Path(tempfile.mkdtemp(prefix="mp-", dir=workdir))
@@ -152,7 +152,7 @@ def _child(module: str, qualname: str, out: str, config: str) -> None:
     cfg = json.loads(config)
     # The launcher's process is the parent: the child lives in its own session, so check its pid.
     threading.Thread(target=_watchdog, args=(cfg["parent"], cfg["deadline"]), daemon=True).start()
-    from funsim.experiments import distributed
+    from funsim.runtime import distributed
 
     distributed.initialize()
     import importlib

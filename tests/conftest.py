@@ -13,11 +13,11 @@ import os
 
 os.environ.setdefault("TFDS_DISABLE_DOWNLOAD", "1")
 # Test-suite speed only: most of the suite's time is XLA compiling many small programs on
-# the CPU; funsim.experiments.xla_flags turns LLVM's backend optimisation off (as the smoke
+# the CPU; funsim.runtime.xla_flags turns LLVM's backend optimisation off (as the smoke
 # run does), which leaves the arithmetic unchanged within every tolerance used here. Set
 # FUNSIM_TEST_XLA_OPT=1 to test with the default pipeline.
 if os.environ.get("FUNSIM_TEST_XLA_OPT") != "1":
-    from funsim.experiments.xla_flags import compile_fast
+    from funsim.runtime.xla_flags import compile_fast
 
     compile_fast()
 

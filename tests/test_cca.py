@@ -236,7 +236,7 @@ def test_bad_input(call, match):
 
 def test_new_epsilon_and_keep_variance_compile_nothing():
     """pwcca's epsilon and svcca's keep_variance are traced data (counted through jax.monitoring)."""
-    from funsim.experiments.compile_count import compiles
+    from funsim.runtime.compile_count import compiles
 
     rng = np.random.default_rng(13)
     x = rng.normal(size=(31, 5)) * np.array([5.0, 2.0, 1.0, 0.5, 0.01])

@@ -345,7 +345,7 @@ def test_rbf_median_by_integer_sort_equals_numpy(dtype):
 def test_a_new_rbf_scale_compiles_nothing():
     """rbf_scale is traced data: a second value reuses the compiled program (counted through
     jax.monitoring's backend-compile events) and really changes the value."""
-    from funsim.experiments.compile_count import compiles
+    from funsim.runtime.compile_count import compiles
 
     rng = np.random.default_rng(11)
     x, y = rng.normal(size=(19, 3)), rng.normal(size=(19, 2))

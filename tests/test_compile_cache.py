@@ -10,15 +10,15 @@ import subprocess
 import sys
 import textwrap
 
-from funsim.experiments import compile_cache
 from funsim.experiments.cli import build_parser
+from funsim.runtime import compile_cache
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(
     """
     import os, sys
-    from funsim.experiments import compile_cache
+    from funsim.runtime import compile_cache
     where = compile_cache.enable(sys.argv[1:])
     import jax, jax.numpy as jnp
     events = []

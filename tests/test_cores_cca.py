@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import funsim.similarity.cca  # noqa: F401  (the module; `similarity.cca` is the function)
 from funsim import similarity
-from funsim.experiments.compile_count import CompileCounter
+from funsim.runtime.compile_count import CompileCounter
 from funsim.similarity import protocol
 
 C = sys.modules["funsim.similarity.cca"]

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from funsim.experiments.compile_count import CompileCounter
+from funsim.runtime.compile_count import CompileCounter
 from funsim.similarity import list_measures, measure, protocol
 from funsim.similarity.regression import regression_core
 from funsim.similarity.rsa import COMPARISONS, KENDALL_MAX_ENTRIES, RDM_METRICS, rsa_core

@@ -14,6 +14,7 @@ import pytest
 import funsim.data
 import funsim.experiments
 import funsim.models
+import funsim.runtime
 import funsim.similarity
 
 #: a former name of another module (``funsim.experiments.data`` is ``funsim.data``): tested under its own name
@@ -22,7 +23,7 @@ ALIASES = {"funsim.experiments.data"}
 
 def _modules() -> list[str]:
     names = [funsim.data.__name__]
-    for pkg in (funsim.similarity, funsim.models, funsim.experiments):
+    for pkg in (funsim.similarity, funsim.runtime, funsim.models, funsim.experiments):
         names.append(pkg.__name__)
         names += [m.name for m in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + ".")]
     return sorted(set(names) - ALIASES)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import funsim.similarity as sim
-from funsim.experiments.compile_count import CompileCounter
+from funsim.runtime.compile_count import CompileCounter
 from funsim.similarity.grid import compare_grid
 
 N = 36

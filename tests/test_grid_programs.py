@@ -1,6 +1,6 @@
 """The grid's compile budget: a handful of programs per call, not one per width (issue: compile budget).
 
-Counted with ``jax.monitoring``'s backend-compile event (funsim.experiments.compile_count), after
+Counted with ``jax.monitoring``'s backend-compile event (funsim.runtime.compile_count), after
 ``jax.clear_caches()`` so that every program of the call is counted. The persistent
 compilation cache of the test run does not hide a program from the count (a cache hit
 is still handed to the backend).
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from funsim import similarity as sim
-from funsim.experiments.compile_count import CompileCounter
+from funsim.runtime.compile_count import CompileCounter
 
 SIX = ["cka/linear", "rsa/correlation/pearson", "svcca", "stitch/orthogonal", "stitch/scaled_orthogonal",
        "stitch/affine"]

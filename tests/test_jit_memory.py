@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from funsim.experiments import jit_memory as M
-from funsim.experiments.compile_count import compiles
+from funsim.runtime.compile_count import compiles
 
 
 @pytest.fixture(autouse=True)

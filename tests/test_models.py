@@ -405,7 +405,7 @@ def test_compiled_model_equals_the_eager_one(name):
 
 
 def test_compiled_model_float64_matches_and_compiles_once_per_architecture():
-    from funsim.experiments.compile_count import CompileCounter
+    from funsim.runtime.compile_count import CompileCounter
 
     mk = lambda s: models.CNN(IMG, 10, channels=(4, 6), rngs=nnx.Rngs(s))
     x = np.random.default_rng(1).normal(size=(7, *IMG))  # float64 (x64 is on in the tests)

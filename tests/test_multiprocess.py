@@ -1,4 +1,4 @@
-"""``funsim launch``, ``experiments.distributed`` and the multi-process test harness.
+"""``funsim launch``, ``runtime.distributed`` and the multi-process test harness.
 
 The launcher tests run small scripts that do not import JAX (fast); the tests
 that join a real JAX multi-process run are marked slow, except in
@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from funsim.experiments import cli, distributed, launch
+from funsim.experiments import cli
+from funsim.runtime import distributed, launcher
 from tests._multiprocess import MultiprocessError, launch_processes, run_in_processes
 from tests.conftest import TOL
 
@@ -133,7 +134,7 @@ def test_launch_fails_fast_and_propagates_the_status(capsys, script):
 
 def test_launch_timeout(capsys, script):
     rc, out, err = _launch(capsys, "-n", "2", "--timeout", "3", "--grace", "2", script, "sleep")
-    assert rc == launch.TIMEOUT_STATUS
+    assert rc == launcher.TIMEOUT_STATUS
     assert "timed out" in err and "stopped processes [0, 1]" in err
 
 
@@ -168,7 +169,7 @@ def test_run_processes_leaves_nothing_running_when_the_launcher_fails(script):
         raise RuntimeError("launcher interrupted")
 
     with pytest.raises(RuntimeError, match="launcher interrupted"):
-        launch.run_processes([sys.executable, script, "sleep"], 2, on_start=boom, grace_s=2)
+        launcher.run_processes([sys.executable, script, "sleep"], 2, on_start=boom, grace_s=2)
     assert len(started) == 2 and all(p.poll() is not None for p in started)
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from funsim.experiments import cli, launch
+from funsim.experiments import cli
+from funsim.runtime import launcher
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +113,7 @@ def test_a_killed_process_is_rerun_and_finishes_only_its_missing_models(tmp_path
 
     argv = [sys.executable, "-m", "funsim.experiments.cli", "zoo", "--config", zoo_cfg, "--root", str(root),
             "--no-progress"]
-    res = launch.run_processes(argv, 2, on_start=killer, timeout_s=900, grace_s=5)
+    res = launcher.run_processes(argv, 2, on_start=killer, timeout_s=900, grace_s=5)
     killed["thread"].join(timeout=60)
     assert "t" in killed, res.describe()
     assert res.returncodes[1] == -signal.SIGKILL and res.failed == 1, res.describe()
@@ -153,7 +154,7 @@ def test_a_run_folder_in_use_is_refused_by_every_process_at_once(tmp_path):
     try:
         argv = [sys.executable, "-m", "funsim.experiments.cli", "similarity-study", "--config", str(cfg), "--root",
                 str(tmp_path), "--no-progress"]
-        res = launch.run_processes(argv, 2, stop_on_failure=False, timeout_s=300, grace_s=5)
+        res = launcher.run_processes(argv, 2, stop_on_failure=False, timeout_s=300, grace_s=5)
     finally:
         xio.release_run_lock(folder)
     assert res.returncodes == [1, 1] and not res.timed_out, res.describe()

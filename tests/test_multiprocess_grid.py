@@ -99,7 +99,7 @@ def grid_worker(path: str, measures, *, reverse: bool = True, local_rows: bool =
     import jax
 
     from funsim import similarity
-    from funsim.experiments import distributed
+    from funsim.runtime import distributed
 
     out = {"process_index": np.array(jax.process_index()), "process_count": np.array(jax.process_count()),
            "global_devices": np.array(len(jax.devices())), "main": np.array(distributed.is_main_process())}
@@ -276,7 +276,7 @@ def test_local_rows_refused_for_a_measure_that_needs_every_row(model_pair, tmp_p
 def unequal_rows_worker() -> dict:
     import jax
 
-    from funsim.experiments import distributed
+    from funsim.runtime import distributed
 
     local = np.ones((4 + jax.process_index(), 3))
     try:

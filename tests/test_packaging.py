@@ -29,7 +29,7 @@ import pytest
 from tests.test_readme import README, python_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("similarity", "data", "models", "experiments")
+PACKAGES = ("similarity", "data", "runtime", "models", "experiments")
 
 
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:

@@ -91,7 +91,7 @@ def test_bad_input(call, match):
 
 def test_a_new_ridge_compiles_nothing():
     """The ridge is traced data: 0 and every positive value share one program (jax.monitoring)."""
-    from funsim.experiments.compile_count import compiles
+    from funsim.runtime.compile_count import compiles
 
     rng = np.random.default_rng(14)
     x, y = rng.normal(size=(17, 3)), rng.normal(size=(17, 2))

@@ -226,7 +226,7 @@ def test_float32_accuracy_at_digits_size():
 def test_one_compiled_program_serves_every_rdm_metric():
     """The RDM metric is data, not a static argument: after the first metric, the others of the same
     shape and compare compile only their (tiny) comparison, never another RDM program."""
-    from funsim.experiments.compile_count import CompileCounter
+    from funsim.runtime.compile_count import CompileCounter
 
     rng = np.random.default_rng(7)
     x, y = rng.normal(size=(23, 5)), rng.normal(size=(23, 3))  # shapes no other test uses

@@ -176,7 +176,7 @@ def test_wide_procrustes_is_fine():
 
 def test_a_new_alpha_compiles_nothing():
     """alpha is traced data: every alpha < 1 shares one program (counted through jax.monitoring)."""
-    from funsim.experiments.compile_count import compiles
+    from funsim.runtime.compile_count import compiles
 
     rng = np.random.default_rng(12)
     x, y = rng.normal(size=(21, 3)), rng.normal(size=(21, 2))

@@ -11,8 +11,8 @@ from funsim.experiments import cli, verdict
 from funsim.experiments import similarity_study as S
 from funsim.experiments import usable_information as ui
 from funsim.experiments import zoo as zoo_lib
-from funsim.experiments.compile_count import CompileCounter
 from funsim.experiments.io import read_json
+from funsim.runtime.compile_count import CompileCounter
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("claim1_asymmetry.png", "claim2_monotonicity.png", "claim3_r2.png", "claim4_granularity.png",

@@ -26,7 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import funsim.similarity as sim
-from funsim.experiments.compile_count import CompileCounter, compiles
+from funsim.runtime.compile_count import CompileCounter, compiles
 from funsim.similarity import protocol
 from funsim.similarity import stitching as S
 from funsim.similarity.moments import MomentPair, split_weights

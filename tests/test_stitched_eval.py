@@ -5,7 +5,7 @@ import pytest
 from flax import nnx
 
 from funsim import models, similarity
-from funsim.experiments.compile_count import CompileCounter
+from funsim.runtime.compile_count import CompileCounter
 from tests._stitch_models import reference_stitched_logits as reference
 from tests._stitch_models import stacked_stitchers as stitchers
 

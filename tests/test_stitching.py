@@ -363,7 +363,7 @@ def test_bad_input(rng):
 def test_a_new_ridge_compiles_nothing():
     """The stitching ridge is traced data in every program (fit, batched fit, score): a second
     value compiles nothing (counted through jax.monitoring) and gives the ridge solution."""
-    from funsim.experiments.compile_count import compiles
+    from funsim.runtime.compile_count import compiles
 
     rng = np.random.default_rng(15)
     x, y = rng.normal(size=(27, 4)), rng.normal(size=(27, 3))

@@ -18,7 +18,7 @@ import pytest
 import scipy.linalg
 from jax.test_util import check_grads
 
-from funsim.experiments.compile_count import CompileCounter
+from funsim.runtime.compile_count import CompileCounter
 from funsim.similarity import (
     OPTIMIZERS,
     Stitcher,
@@ -562,7 +562,7 @@ def test_every_family_shares_one_compiled_loop():
     (the orthogonal ones with their scale held at exactly 1, each stitcher with the other family's
     parameters held at their start) and equal three one-family calls with the same keys, to rounding;
     sources of different widths pad to one width."""
-    from funsim.experiments.compile_count import CompileCounter
+    from funsim.runtime.compile_count import CompileCounter
 
     rng = np.random.default_rng(0)
     x, x2 = rng.normal(size=(200, 6)), rng.normal(size=(200, 4))
@@ -610,7 +610,7 @@ def test_label_groups_train_coarser_tasks_in_the_same_loop():
     stitcher trained on the coarse labels through a tail that sums the softmax within each group
     (float64, to rounding); a ``None`` entry equals the plain call to the bit; fine and coarse
     stitchers share one compiled loop."""
-    from funsim.experiments.compile_count import CompileCounter
+    from funsim.runtime.compile_count import CompileCounter
 
     rng = np.random.default_rng(4)
     x, x2 = rng.normal(size=(160, 5)), rng.normal(size=(160, 3))

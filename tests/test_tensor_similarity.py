@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 
-from funsim.experiments.compile_count import CompileCounter
+from funsim.runtime.compile_count import CompileCounter
 from funsim.similarity import (
     BilinearLayer,
     apply_network,

@@ -229,7 +229,7 @@ def _params(m):
 def test_chunk_boundaries_do_not_change_the_numbers_and_compile_once():
     # the compiled loop's trip count is traced: evaluating after every step (chunks of 1) and once at
     # the end (one chunk of 30) run the same program, so the parameters agree bit for bit
-    from funsim.experiments.compile_count import CompileCounter
+    from funsim.runtime.compile_count import CompileCounter
 
     ds = _gauss()
     mk = lambda: models.MLP(6, 3, widths=(8,), rngs=nnx.Rngs(0))

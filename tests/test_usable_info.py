@@ -191,7 +191,7 @@ def test_bad_input():
 def test_new_l2_and_tol_compile_nothing():
     """l2 and tol are traced data (counted through jax.monitoring): a new penalty reuses the
     program and still matches scikit-learn's logistic regression with that penalty."""
-    from funsim.experiments.compile_count import compiles
+    from funsim.runtime.compile_count import compiles
 
     z, y = _cls(seed=3)
     tr, te = SPLIT

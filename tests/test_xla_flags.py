@@ -1,4 +1,4 @@
-"""funsim's one XLA flag (experiments.xla_flags): set only before the backend starts, never over the user's."""
+"""funsim's one XLA flag (runtime.xla_flags): set only before the backend starts, never over the user's."""
 
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import jax
 
-from funsim.experiments import xla_flags
+from funsim.runtime import xla_flags
 
 
 def test_not_set_once_the_backend_runs_and_never_over_the_users_level(monkeypatch):
@@ -23,7 +23,7 @@ def test_not_set_once_the_backend_runs_and_never_over_the_users_level(monkeypatc
 
 def test_a_fresh_process_gets_it_appended_to_the_users_other_flags():
     """As `funsim quickstart --tiny` is: set before the backend starts (jax not even imported yet)."""
-    code = ("import os; from funsim.experiments import xla_flags; ok = xla_flags.compile_fast(); "
+    code = ("import os; from funsim.runtime import xla_flags; ok = xla_flags.compile_fast(); "
             "import jax; jax.numpy.zeros(1).block_until_ready(); print(ok, os.environ['XLA_FLAGS'])")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout

@@ -1,9 +1,9 @@
 """The environment of a multi-process run: its variables, timeouts and :func:`setup_from_env`.
 
 ``funsim launch`` sets these variables for each process it starts, and
-:func:`funsim.experiments.distributed.initialize` reads them to join the run. This
+:func:`funsim.runtime.distributed.initialize` reads them to join the run. This
 module imports no JAX, so that the launcher (and ``funsim launch --help``) stays light;
-``funsim.experiments.distributed`` re-exports every name.
+``funsim.runtime.distributed`` re-exports every name.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from funsim.experiments.processes import (
+from funsim.runtime.processes import (
     ENV_BIND_ADDRESS,
     ENV_CLUSTER,
     ENV_COORDINATOR,

@@ -133,7 +133,7 @@ def enable_compile_cache(path: str | os.PathLike | None = None) -> pathlib.Path 
       The directory, or None when the cache is off.
 
     Examples:
-      >>> from funsim.experiments import enable_compile_cache
+      >>> from funsim.runtime import enable_compile_cache
       >>> enable_compile_cache("/tmp/funsim-doc-cache").name  # before or after importing jax
       'funsim-doc-cache'
     """
