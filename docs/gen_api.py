@@ -120,6 +120,20 @@ def one_line(obj) -> str:
     return first or "(no docstring)"
 
 
+def reexporters(package: str) -> dict[int, str]:
+    """``{id(obj): public module}`` for the objects defined in a private module and documented in a
+    public module's section (its ``__all__`` re-exports them), the first such module."""
+    out: dict[int, str] = {}
+    for modname in public_modules(package):
+        module = importlib.import_module(modname)
+        for n in public_names(module):
+            obj = getattr(module, n)
+            home = getattr(obj, "__module__", None) or ""
+            if (callable(obj) or inspect.isclass(obj)) and home.rsplit(".", 1)[-1].startswith("_"):
+                out.setdefault(id(obj), modname)
+    return out
+
+
 def render() -> str:
     lines = [INTRO]
     for package in PACKAGES:
@@ -129,8 +143,11 @@ def render() -> str:
         if top:
             lines += [f"The package namespace exports {len(top)} names, each documented under its module below:", ""]
             by_module: dict[str, list[str]] = {}
+            sections = reexporters(package)
             for n in top:
                 home = getattr(getattr(pkg, n), "__module__", None) or package
+                if home.rsplit(".", 1)[-1].startswith("_"):  # a private module's name: where a public one documents it
+                    home = sections.get(id(getattr(pkg, n)), home)
                 by_module.setdefault(home if home.startswith(package) else package, []).append(n)
             for home in sorted(by_module):
                 lines.append(f"- `{home}`: " + ", ".join(f"`{n}`" for n in by_module[home]))

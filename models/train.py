@@ -10,7 +10,7 @@ Design:
   program serves every chunk (at most :data:`MAX_CHUNK` steps each), and the
   numbers do not depend on where chunks end. Exception: a convolutional model
   on XLA's CPU backend runs its steps one program call each (see
-  :func:`_compiled_loop_is_faster`; the choice depends only on the model and
+  :func:`models._train_loop.compiled_loop_is_faster`; the choice depends only on the model and
   the backend, so a run and its resumption take the same path).
 * Randomness is reproducible from ``(seed, step)``: the minibatch of step ``s``
   is drawn without replacement with ``jax.random.fold_in(key, s)`` (a full
@@ -47,6 +47,8 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from funsim.models import _train_loop as loop
+from funsim.models._train_loop import MAX_CHUNK, random_crop_flip
 from funsim.models.io import DamagedFileError, read_json, to_jsonable, write_json_atomic
 from funsim.models.io import checkpoint_manager as _checkpoint_manager
 from funsim.models.io import fingerprint as _fingerprint
@@ -176,246 +178,6 @@ def _make_optimizer(name, learning_rate, weight_decay, warmup_steps, steps) -> o
     raise ValueError(f"Unknown optimizer {name!r}. Valid options: 'adam', 'adamw', 'sgd'.")
 
 
-def random_crop_flip(key: jax.Array, x: jax.Array, /, *, pad: int = 4, flip: bool = True) -> jax.Array:
-    """Random crops (of the zero-padded images) and random horizontal flips, per image.
-
-    Each image is padded with ``pad`` zeros on every side and cropped back to
-    its size at a uniform offset in ``[0, 2 pad]`` per axis; with ``flip``,
-    it is mirrored left-right with probability 1/2 (He et al. 2016, §4.2).
-
-    Args:
-      key: a PRNG key.
-      x: ``(n, H, W, C)`` images.
-      pad: the padding in pixels.
-      flip: also flip at random.
-
-    Returns:
-      ``(n, H, W, C)``.
-
-    Examples:
-      >>> x = jnp.arange(2 * 4 * 4 * 1.0).reshape(2, 4, 4, 1)
-      >>> random_crop_flip(jax.random.key(0), x, pad=0, flip=False).tolist() == x.tolist()
-      True
-    """
-    if x.ndim != 4:
-        raise ValueError(f"random_crop_flip expects NHWC images (n, H, W, C), got shape {tuple(x.shape)}.")
-    n, h, w, c = x.shape
-    k_off, k_flip = jax.random.split(key)
-    off = jax.random.randint(k_off, (n, 2), 0, 2 * pad + 1)
-    padded = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
-    out = jax.vmap(lambda img, o: jax.lax.dynamic_slice(img, (o[0], o[1], 0), (h, w, c)))(padded, off)
-    if flip:
-        mirror = jax.random.bernoulli(k_flip, 0.5, (n, 1, 1, 1))
-        out = jnp.where(mirror, out[:, :, ::-1], out)
-    return out
-
-
-# ---------------------------------------------------------------------------- the compiled loop
-
-#: The most optimiser steps run in one call of the compiled loop between two
-#: looks from Python (progress bar, callback). The loop's trip count is traced,
-#: so chunks of any length share one compiled program and the numbers do not
-#: depend on where the chunks end.
-MAX_CHUNK = 500
-
-
-#: ``fold_in`` tag of the key that draws the epochs' shuffles (steps fold in their own index).
-_EPOCH_TAG = 2**32 - 1
-
-
-def _epoch_permutation(key, epoch, n: int):
-    """The shuffle of epoch ``epoch`` (``sampling="epochs"``)."""
-    return jax.random.permutation(jax.random.fold_in(jax.random.fold_in(key, _EPOCH_TAG), epoch), n)
-
-
-_epoch_permutation_jit = jax.jit(_epoch_permutation, static_argnums=2)
-
-
-def _uses_epochs(sampling: str, batch_size: int, n: int) -> bool:
-    return sampling == "epochs" and batch_size < n
-
-
-def _one_step(graphdef, tx, batch_size, augment, sampling, transform, params, rest, opt_state, key, xs, ys, step,
-              perm):
-    """One optimiser step on the minibatch drawn with ``fold_in(key, step)`` (or ``perm``'s slice for epochs).
-
-    Returns the new parameters and optimiser state, the minibatch loss (before
-    the update) and whether that loss and every updated parameter are finite.
-
-    With a ``transform``, that key is split in two: one half draws the
-    minibatch, the other is handed to ``transform(key, xb, yb) -> (xb, yb)``
-    (applied after the augmentation).
-    """
-    k_step = jax.random.fold_in(key, step)
-    k_idx = k_step
-    if transform is not None:
-        k_idx, tkey = jax.random.split(k_step)
-    if batch_size == xs.shape[0]:  # full batch: every row, in order (the mean loss does not depend on it)
-        xb, yb = xs, ys
-    elif _uses_epochs(sampling, batch_size, xs.shape[0]):  # slot step % (n // b) of this epoch's shuffle
-        slot = step % (xs.shape[0] // batch_size)
-        idx = jax.lax.dynamic_slice(perm, (slot * batch_size,), (batch_size,))
-        xb, yb = xs[idx], ys[idx]
-    else:
-        idx = jax.random.choice(k_idx, xs.shape[0], (batch_size,), replace=False)
-        xb, yb = xs[idx], ys[idx]
-    if augment != "none":
-        xb = random_crop_flip(jax.random.fold_in(k_step, 1), xb, flip=augment == "crop_flip")
-    if transform is not None:
-        xb, yb = transform(tkey, xb, yb)
-
-    def loss_fn(p):
-        return _loss_and_accuracy(nnx.merge(graphdef, p, rest)(xb), yb)[0]
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    finite = jnp.isfinite(loss)
-    for p in jax.tree.leaves(params):  # a non-finite gradient or update shows here
-        finite &= jnp.all(jnp.isfinite(p))
-    return params, opt_state, loss, finite
-
-
-@functools.partial(
-    jax.jit, static_argnames=("graphdef", "tx", "batch_size", "augment", "sampling", "transform"),
-    donate_argnames=("params", "opt_state"),
-)
-def _train_steps(graphdef, tx, batch_size, augment, sampling, params, rest, opt_state, key, xs, ys, start, stop,
-                 transform=None):
-    """Optimiser steps ``start .. stop - 1`` in one compiled loop (the trip count is traced).
-
-    Stops after the first step whose loss or updated parameters are not finite. Returns
-    ``(params, opt_state, steps_done, loss)``: ``steps_done`` is ``stop`` when
-    every step was finite, else the index of the bad step, and ``loss`` is that
-    step's loss (else the last step's).
-    """
-
-    loss0 = jnp.zeros((), jnp.result_type(float))  # losses are carried at the widest float
-
-    n = xs.shape[0]
-    epochs = _uses_epochs(sampling, batch_size, n)
-    per_epoch = max(1, n // batch_size)
-
-    def cond(carry):
-        step, _, _, _, ok, _ = carry
-        return (step < stop) & ok
-
-    def body(carry):
-        step, params, opt_state, _, _, perm = carry
-        if epochs:  # a new shuffle at the first step of each epoch
-            perm = jax.lax.cond((step % per_epoch == 0) & (step != start),
-                                lambda: _epoch_permutation(key, step // per_epoch, n), lambda: perm)
-        params, opt_state, loss, finite = _one_step(
-            graphdef, tx, batch_size, augment, sampling, transform, params, rest, opt_state, key, xs, ys, step, perm)
-        return jnp.where(finite, step + 1, step), params, opt_state, loss.astype(loss0.dtype), finite, perm
-
-    perm = _epoch_permutation(key, start // per_epoch, n) if epochs else jnp.zeros((0,), jnp.int32)
-    init = (start, params, opt_state, loss0, jnp.asarray(True), perm)
-    step, params, opt_state, loss, _, _ = jax.lax.while_loop(cond, body, init)
-    return params, opt_state, step, loss
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _evaluate(graphdef, params, rest, x_test, y_test, x_train, y_train):
-    m = nnx.merge(graphdef, params, rest)
-    te = _loss_and_accuracy(m(x_test), y_test)
-    tr = _loss_and_accuracy(m(x_train), y_train)
-    return {"test_loss": te[0], "test_accuracy": te[1], "train_loss": tr[0], "train_accuracy": tr[1]}
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _eval_sums(graphdef, params, rest, x, y):
-    logits = nnx.merge(graphdef, params, rest)(x)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-    return loss.sum(), (jnp.argmax(logits, axis=-1) == y).sum()
-
-
-def _evaluate_chunked(graphdef, params, rest, chunk, x_test, y_test, x_train, y_train):
-    """:func:`_evaluate` in chunks of ``chunk`` examples (same numbers up to float rounding)."""
-    out = {}
-    for split, x, y in (("test", x_test, y_test), ("train", x_train, y_train)):
-        loss = correct = 0.0
-        for i in range(0, len(x), chunk):
-            l, c = _eval_sums(graphdef, params, rest, x[i : i + chunk], y[i : i + chunk])
-            loss, correct = loss + float(l), correct + float(c)
-        out[f"{split}_loss"], out[f"{split}_accuracy"] = loss / y.size, correct / y.size
-    return out
-
-
-@functools.partial(
-    jax.jit, static_argnames=("graphdef", "tx", "batch_size", "augment", "sampling", "transform"),
-    donate_argnames=("params", "opt_state"),
-)
-def _train_step(graphdef, tx, batch_size, augment, sampling, params, rest, opt_state, key, xs, ys, step, perm,
-                transform=None):
-    """One step (:func:`_one_step`) as its own program, for :func:`_run_per_step`."""
-    return _one_step(graphdef, tx, batch_size, augment, sampling, transform, params, rest, opt_state, key, xs, ys,
-                     step, perm)
-
-
-def _run_per_step(graphdef, tx, batch_size, augment, sampling, params, rest, opt_state, key, xs, ys, start, stop,
-                  transform):
-    """Steps ``start .. stop - 1`` dispatched one by one from Python; returns what :func:`_train_steps` does.
-
-    The finiteness flags are read once, after the last step (no sync per step),
-    so a few steps may run past a bad one; they are discarded with it.
-    """
-    losses, flags = [], []
-    n = xs.shape[0]
-    epochs = _uses_epochs(sampling, batch_size, n)
-    per_epoch = max(1, n // batch_size)
-    perm = jnp.zeros((0,), jnp.int32)
-    for step in range(start, stop):
-        if epochs and (step == start or step % per_epoch == 0):
-            perm = _epoch_permutation_jit(key, jnp.asarray(step // per_epoch, jnp.uint32), n)
-        params, opt_state, loss, finite = _train_step(
-            graphdef, tx, batch_size, augment, sampling, params, rest, opt_state, key, xs, ys,
-            jnp.asarray(step, jnp.uint32), perm, transform=transform)
-        losses.append(loss)
-        flags.append(finite)
-    flags = np.asarray(jnp.stack(flags))
-    bad = int(np.argmin(flags)) if not flags.all() else len(flags) - 1
-    return params, opt_state, start + bad + (0 if not flags.all() else 1), losses[bad]
-
-
-def _has_convolution(graphdef, rest, params, x_shape, x_dtype) -> bool:
-    """Whether the model's forward pass convolves (looked up in its jaxpr)."""
-    x = jax.ShapeDtypeStruct((1, *x_shape), x_dtype)
-    jaxpr = jax.make_jaxpr(lambda p, r, x: nnx.merge(graphdef, p, r)(x))(params, rest, x)
-
-    def subjaxprs(value):
-        if hasattr(value, "eqns"):  # a Jaxpr
-            yield value
-        elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):  # a ClosedJaxpr
-            yield value.jaxpr
-        elif isinstance(value, (tuple, list)):
-            for v in value:
-                yield from subjaxprs(v)
-
-    def walk(jx) -> bool:
-        for eqn in jx.eqns:
-            if eqn.primitive.name == "conv_general_dilated":
-                return True
-            if any(walk(sub) for v in eqn.params.values() for sub in subjaxprs(v)):
-                return True
-        return False
-
-    return walk(jaxpr.jaxpr)
-
-
-def _compiled_loop_is_faster(graphdef, rest, params, xs) -> bool:
-    """The compiled loop, except for convolutional models on XLA's CPU backend.
-
-    There, a convolution's weight gradient inside a ``while`` body is left in a
-    layout that XLA:CPU runs with its slow generic emitter (measured 3-40x
-    slower per step than the same step compiled on its own, jax 0.9), which
-    costs far more than the Python dispatch the loop saves.
-    """
-    if xs.devices().pop().platform != "cpu":
-        return True
-    return not _has_convolution(graphdef, rest, params, xs.shape[1:], xs.dtype)
-
-
 @jax.jit
 def _copy_tree(tree):
     """Fresh buffers for every leaf: one program per tree structure, not one eager copy per leaf shape."""
@@ -449,12 +211,6 @@ def _non_finite_message(step: int, loss: float, cfg: TrainConfig, history: list[
         f"learning_rate (now {cfg.learning_rate:g}), a warmup (warmup_steps, now {cfg.warmup_steps}), "
         "or standardised inputs."
     )
-
-
-def _loss_and_accuracy(logits, y):
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-    acc = (jnp.argmax(logits, axis=-1) == y).mean()
-    return loss, acc
 
 
 def _check_data(model, x, y, name):
@@ -561,6 +317,70 @@ def train(
     """
     cfg = config
     x_train, y_train, x_test, y_test = (np.asarray(a) for a in (x_train, y_train, x_test, y_test))
+    _check_inputs(model, cfg, x_train, y_train, x_test, y_test)
+    tx = _optimizer(cfg)
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    opt_state = tx.init(params)
+    if init_opt_state is not None:
+        opt_state = _check_opt_state(init_opt_state, opt_state)
+    identity = _identity(cfg, model, params, opt_state, (x_train, y_train, x_test, y_test), batch_transform,
+                         init_opt_state is not None)
+    workdir = None if workdir is None else pathlib.Path(workdir)
+    # rebuild: the evaluations missing from metrics.json on a resume, step -> params (None: the current)
+    manager, params, opt_state, start, history, rebuild = _open_workdir(workdir, identity, cfg, params, opt_state)
+
+    xs_tr, ys_tr = jnp.asarray(x_train), jnp.asarray(y_train)
+    evaluate = _evaluator(graphdef, rest, cfg, xs_tr, ys_tr, jnp.asarray(x_test), jnp.asarray(y_test))
+    key = jax.random.PRNGKey(cfg.seed)
+
+    def log_eval(step):
+        m = {"step": step, **{k: float(v) for k, v in evaluate(params).items()}}
+        history.append(m)
+        if workdir is not None:
+            write_json_atomic(workdir / "metrics.json", {"history": history})
+        return m
+
+    if rebuild:  # metrics.json was damaged, deleted or short: evaluate again what the checkpoints allow
+        _rebuild_history(history, rebuild, evaluate, params, workdir)
+    ckpt_steps = set(cfg.checkpoint_set())
+    if start == 0 and not history:
+        log_eval(0)
+    # the parameters and optimiser state are donated to the compiled loop: work on copies, so that
+    # the model's arrays and a caller's init_opt_state stay valid (also if the run stops early)
+    params, opt_state = _copy_tree((params, opt_state))
+    compiled_loop = loop.compiled_loop_is_faster(graphdef, rest, params, xs_tr)
+    bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc=type(model).__name__, leave=False)
+    done = start
+    while done < cfg.steps:
+        stop = _next_stop(done, cfg, ckpt_steps)
+        # the compiled loop takes its bounds as (traced) data, the per-step path as Python ints
+        bounds = (jnp.asarray(done, jnp.uint32), jnp.asarray(stop, jnp.uint32)) if compiled_loop else (done, stop)
+        params, opt_state, reached, loss = (loop.train_steps if compiled_loop else loop.run_per_step)(
+            graphdef, tx, cfg.batch_size, cfg.augment, cfg.sampling, params, rest, opt_state, key, xs_tr, ys_tr,
+            *bounds, transform=batch_transform,
+        )
+        if int(reached) != stop:
+            _close(bar, manager)
+            raise NonFiniteLossError(_non_finite_message(int(reached) + 1, float(loss), cfg, history, workdir))
+        m = None
+        if stop % cfg.eval_every == 0 or stop == cfg.steps:
+            m = log_eval(stop)
+            bar.set_postfix(loss=f"{m['train_loss']:.3f}", test_acc=f"{m['test_accuracy']:.3f}")
+        if manager is not None and stop in ckpt_steps:
+            _save_checkpoint(manager, stop, params, opt_state)
+        bar.update(stop - done)
+        if callback is not None:
+            for s in range(done + 1, stop + 1):
+                callback(s, m if s == stop else None)
+        done = stop
+    _close(bar, manager)
+    nnx.update(model, params)
+    return TrainResult(model, history, start, opt_state)
+
+
+def _check_inputs(model, cfg: TrainConfig, x_train, y_train, x_test, y_test) -> None:
+    """:func:`train`'s checks of the data (it fits the model) and of the config against it."""
     _check_data(model, x_train, y_train, "train")
     _check_data(model, x_test, y_test, "test")
     n = len(x_train)
@@ -576,12 +396,12 @@ def train(
         raise ValueError(f"Unknown sampling {cfg.sampling!r}. Valid options: {', '.join(repr(a) for a in SAMPLINGS)}.")
     if cfg.eval_batch_size is not None and cfg.eval_batch_size < 1:
         raise ValueError(f"eval_batch_size must be >= 1 or None, got {cfg.eval_batch_size}.")
-    tx = _optimizer(cfg)
 
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    opt_state = tx.init(params)
-    if init_opt_state is not None:
-        opt_state = _check_opt_state(init_opt_state, opt_state)
+
+def _identity(cfg: TrainConfig, model, params, opt_state, data, batch_transform, given_opt_state: bool) -> dict:
+    """What a run is (``train_config.json``): its config, model, data and the options that change it; a
+    resume with another identity is refused."""
+    x_train, y_train, x_test, y_test = data
     identity = {
         "config": to_jsonable(cfg),
         "model": {"class": type(model).__name__, "init_params_sha1": _fingerprint(*jax.tree.leaves(params))},
@@ -594,108 +414,80 @@ def train(
     # recorded only when used, so that runs saved before these options existed still resume
     if batch_transform is not None:
         identity["batch_transform"] = repr(batch_transform)
-    if init_opt_state is not None:
+    if given_opt_state:
         identity["init_opt_state_sha1"] = _fingerprint(*jax.tree.leaves(opt_state))
+    return identity
 
-    history: list[dict] = []
-    start = 0
-    manager = None
-    rebuild: dict[int, Any] = {}  # evaluations missing from metrics.json on resume: step -> params (None: the current)
-    if workdir is not None:
-        workdir = pathlib.Path(workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        id_path = workdir / "train_config.json"
-        manager = _checkpoint_manager(workdir)
-        if id_path.exists():
-            diffs = _diff(_with_new_defaults(read_json(id_path)), identity)
-            if diffs:
-                raise ValueError(
-                    f"Refusing to resume the run in {workdir}: it was started with a different setup:\n  "
-                    + "\n  ".join(diffs)
-                    + "\nUse a new workdir, or restore the original settings."
-                )
-        else:
-            write_json_atomic(id_path, identity)
-        last = manager.latest_step()
-        if last is not None:
-            import orbax.checkpoint as ocp
 
-            init_params = params
-            template = _to_tree(params, opt_state)
-            restored = manager.restore(last, args=ocp.args.StandardRestore(template))
-            params = jax.tree.unflatten(jax.tree.structure(params), restored["params"])
-            opt_state = jax.tree.unflatten(jax.tree.structure(opt_state), restored["opt_state"])
-            start = int(last)
-            history = _resumed_history(workdir / "metrics.json", start)
-            rebuild = _missing_evaluations(history, start, cfg, manager, init_params, template)
+def _open_workdir(workdir: pathlib.Path | None, identity: dict, cfg: TrainConfig, params, opt_state):
+    """``(manager, params, opt_state, start, history, rebuild)``: the run's checkpoints in ``workdir`` (made,
+    or checked against ``identity``), and on a resume the last checkpoint's state, the recorded history and
+    the evaluations to compute again (:func:`_missing_evaluations`); no manager without a ``workdir``."""
+    if workdir is None:
+        return None, params, opt_state, 0, [], {}
+    workdir.mkdir(parents=True, exist_ok=True)
+    id_path = workdir / "train_config.json"
+    manager = _checkpoint_manager(workdir)
+    if id_path.exists():
+        diffs = _diff(_with_new_defaults(read_json(id_path)), identity)
+        if diffs:
+            raise ValueError(
+                f"Refusing to resume the run in {workdir}: it was started with a different setup:\n  "
+                + "\n  ".join(diffs)
+                + "\nUse a new workdir, or restore the original settings."
+            )
+    else:
+        write_json_atomic(id_path, identity)
+    last = manager.latest_step()
+    if last is None:
+        return manager, params, opt_state, 0, [], {}
+    import orbax.checkpoint as ocp
 
-    xs_tr, ys_tr = jnp.asarray(x_train), jnp.asarray(y_train)
-    sub = min(cfg.eval_train_size, n)
+    init_params = params
+    template = _to_tree(params, opt_state)
+    restored = manager.restore(last, args=ocp.args.StandardRestore(template))
+    params = jax.tree.unflatten(jax.tree.structure(params), restored["params"])
+    opt_state = jax.tree.unflatten(jax.tree.structure(opt_state), restored["opt_state"])
+    start = int(last)
+    history = _resumed_history(workdir / "metrics.json", start)
+    rebuild = _missing_evaluations(history, start, cfg, manager, init_params, template)
+    return manager, params, opt_state, start, history, rebuild
+
+
+def _evaluator(graphdef, rest, cfg: TrainConfig, xs_tr, ys_tr, xs_te, ys_te) -> Callable:
+    """``evaluate(params) -> metrics``: loss and accuracy on the test split and the fixed train subset
+    (the first ``eval_train_size`` examples), in chunks of ``eval_batch_size`` when it is set."""
+    sub = min(cfg.eval_train_size, len(xs_tr))
     xs_ev, ys_ev = xs_tr[:sub], ys_tr[:sub]
-    xs_te, ys_te = jnp.asarray(x_test), jnp.asarray(y_test)
-    key = jax.random.PRNGKey(cfg.seed)
 
     def evaluate(params):
         if cfg.eval_batch_size is not None:
-            return _evaluate_chunked(graphdef, params, rest, cfg.eval_batch_size, xs_te, ys_te, xs_ev, ys_ev)
-        return _evaluate(graphdef, params, rest, xs_te, ys_te, xs_ev, ys_ev)
-    def log_eval(step):
-        m = {"step": step, **{k: float(v) for k, v in evaluate(params).items()}}
-        history.append(m)
-        if workdir is not None:
-            write_json_atomic(workdir / "metrics.json", {"history": history})
-        return m
+            return loop.evaluate_chunked(graphdef, params, rest, cfg.eval_batch_size, xs_te, ys_te, xs_ev, ys_ev)
+        return loop.evaluate(graphdef, params, rest, xs_te, ys_te, xs_ev, ys_ev)
 
-    if rebuild:  # metrics.json was damaged, deleted or short: evaluate again what the checkpoints allow
-        for step, p in sorted(rebuild.items()):
-            history.append({"step": step, **{k: float(v) for k, v in evaluate(params if p is None else p).items()}})
-        history.sort(key=lambda h: h["step"])
-        write_json_atomic(workdir / "metrics.json", {"history": history})
-    ckpt_steps = set(cfg.checkpoint_set())
-    if start == 0 and not history:
-        log_eval(0)
-    # the parameters and optimiser state are donated to the compiled loop: work on copies, so that
-    # the model's arrays and a caller's init_opt_state stay valid (also if the run stops early)
-    params, opt_state = _copy_tree((params, opt_state))
-    compiled_loop = _compiled_loop_is_faster(graphdef, rest, params, xs_tr)
-    bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc=type(model).__name__, leave=False)
-    done = start
-    while done < cfg.steps:
-        stop = _next_stop(done, cfg, ckpt_steps)
-        if compiled_loop:
-            params, opt_state, reached, loss = _train_steps(
-                graphdef, tx, cfg.batch_size, cfg.augment, cfg.sampling, params, rest, opt_state, key, xs_tr, ys_tr,
-                jnp.asarray(done, jnp.uint32), jnp.asarray(stop, jnp.uint32), transform=batch_transform,
-            )
-        else:
-            params, opt_state, reached, loss = _run_per_step(
-                graphdef, tx, cfg.batch_size, cfg.augment, cfg.sampling, params, rest, opt_state, key, xs_tr, ys_tr,
-                done, stop, batch_transform,
-            )
-        if int(reached) != stop:
-            bar.close()
-            if manager is not None:
-                manager.close()
-            raise NonFiniteLossError(_non_finite_message(int(reached) + 1, float(loss), cfg, history, workdir))
-        m = None
-        if stop % cfg.eval_every == 0 or stop == cfg.steps:
-            m = log_eval(stop)
-            bar.set_postfix(loss=f"{m['train_loss']:.3f}", test_acc=f"{m['test_accuracy']:.3f}")
-        if manager is not None and stop in ckpt_steps:
-            import orbax.checkpoint as ocp
+    return evaluate
 
-            manager.save(stop, args=ocp.args.StandardSave(_to_tree(params, opt_state)))
-            manager.wait_until_finished()
-        bar.update(stop - done)
-        if callback is not None:
-            for s in range(done + 1, stop + 1):
-                callback(s, m if s == stop else None)
-        done = stop
+
+def _rebuild_history(history: list[dict], rebuild: dict, evaluate: Callable, params, workdir: pathlib.Path) -> None:
+    """Evaluate again the steps ``rebuild`` names (``None``: the current ``params``), into ``history``
+    (sorted) and ``metrics.json``."""
+    for step, p in sorted(rebuild.items()):
+        history.append({"step": step, **{k: float(v) for k, v in evaluate(params if p is None else p).items()}})
+    history.sort(key=lambda h: h["step"])
+    write_json_atomic(workdir / "metrics.json", {"history": history})
+
+
+def _save_checkpoint(manager, step: int, params, opt_state) -> None:
+    import orbax.checkpoint as ocp
+
+    manager.save(step, args=ocp.args.StandardSave(_to_tree(params, opt_state)))
+    manager.wait_until_finished()
+
+
+def _close(bar, manager) -> None:
     bar.close()
     if manager is not None:
         manager.close()
-    nnx.update(model, params)
-    return TrainResult(model, history, start, opt_state)
 
 
 def _resumed_history(path: pathlib.Path, start: int) -> list[dict]:
@@ -708,7 +500,7 @@ def _resumed_history(path: pathlib.Path, start: int) -> list[dict]:
         return [dict(h) for h in recorded if int(h["step"]) <= start]
     except (DamagedFileError, KeyError, TypeError, ValueError) as e:
         warnings.warn(f"{path} is damaged ({e}); resuming from the checkpoint at step {start} and rebuilding the "
-                      "evaluations the checkpoints allow.", stacklevel=3)
+                      "evaluations the checkpoints allow.", stacklevel=4)
         return []
 
 
@@ -742,7 +534,7 @@ def _missing_evaluations(history: list[dict], start: int, cfg: TrainConfig, mana
     if lost and out:  # (a history already rebuilt stays as it is, silently)
         warnings.warn(f"{manager.workdir / 'metrics.json'} lacks the evaluations at steps {lost} and no intact "
                       f"checkpoint is kept there; they stay missing (the history has {len(due) - len(lost)} of {len(due)}).",
-                      stacklevel=3)
+                      stacklevel=4)
     return out
 
 

@@ -8,7 +8,7 @@ similarity of the two layers; ``CE(stitched) - CE(B's own)`` in nats reads as
 the conditional usable information (Xu et al. 2020) about the labels that B's
 layer has and A's layer, seen through the stitcher family, lacks. The
 model-driving comparison of two layers in both directions, with data splits,
-early stopping and a printed table, is ``experiments.functional``.
+early stopping and a printed table, is ``models.functional``.
 
 **The tail is a pure function plus data.** ``tail_apply(tail_params, h) ->
 logits`` maps target-layer activations ``h (b, *target_shape)`` to logits
@@ -33,13 +33,14 @@ families acting as 1x1 convolutions over channels. When the spatial sizes
 differ, the source is first resized by adaptive average pooling
 (:func:`resize_spatial`, PyTorch ``AdaptiveAvgPool2d`` bins). A dense target
 layer ``(n, d)`` takes a flattened source.
+
+The options (:class:`StitchTraining`) and result types are defined in
+:mod:`similarity._stitch_options` and re-exported here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -48,6 +49,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity._precision import full_precision
+from funsim.similarity._stitch_options import StitchTraining, TrainedStitcher, TrainHistory, training_options
 from funsim.similarity._stitch_param import INITS, apply_channels, closed_form_starts, init_params, merge_families
 from funsim.similarity._stitch_train import LOSSES, OPTIMIZERS, fit_loop, loss_from_logits
 from funsim.similarity._validate import as_float_array, check_choice, check_finite, check_int_labels, is_concrete
@@ -203,184 +205,6 @@ def stitching_loss(
     h = apply_channels(jnp.asarray(z_src), stitcher.weight, stitcher.scale, stitcher.bias)
     return loss_from_logits(tail_apply(tail_params, h), jnp.asarray(y), teacher_logits, loss)
 
-
-# ---------------------------------------------------------------------------
-# Result types
-# ---------------------------------------------------------------------------
-
-
-class TrainHistory(NamedTuple):
-    """What happened while a stitcher trained (a leading ``M`` axis on every field for stacked tails).
-
-    Attributes:
-      train_loss: ``(steps,)`` the (minibatch) training loss before each step;
-        NaN after an early stop.
-      constraint_error: ``(steps,)`` ``max |Q^T Q - I|`` of the square
-        orthogonal matrix the weight is a block of, at each step (0 for
-        affine); NaN after an early stop.
-      eval_steps: ``(n_evals,)`` step counts at which the held-out loss was
-        measured: 0, ``eval_every``, ... and ``steps`` (empty without ``eval_data``).
-      eval_loss: ``(n_evals,)`` the held-out loss there; NaN after an early stop.
-      best_step: ``()`` the step count of the returned parameters.
-      steps_run: ``()`` the steps actually run (``< steps`` after an early stop).
-    """
-
-    train_loss: np.ndarray
-    constraint_error: np.ndarray
-    eval_steps: np.ndarray
-    eval_loss: np.ndarray
-    best_step: np.ndarray
-    steps_run: np.ndarray
-
-    @property
-    def stopped_early(self) -> np.ndarray:
-        """Whether early stopping ended training before ``steps``."""
-        return np.asarray(self.steps_run) < np.shape(self.train_loss)[-1]
-
-
-class TrainedStitcher(NamedTuple):
-    """A trained stitcher and its :class:`TrainHistory`.
-
-    Attributes:
-      stitcher: a :class:`~similarity.Stitcher`, ``weight (d_src, d_tgt)``
-        (``(M, d_src, d_tgt)`` for stacked tails, and likewise ``bias``, ``scale``).
-      history: a :class:`TrainHistory`.
-    """
-
-    stitcher: Stitcher
-    history: TrainHistory
-
-
-# ---------------------------------------------------------------------------
-# Training options
-# ---------------------------------------------------------------------------
-
-
-def _positive_int(value, name: str, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)) or value < 1:
-        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, "
-                         f"got {value!r}.")
-
-
-def _non_negative(value, name: str) -> None:
-    if not isinstance(value, (int, float, np.number)) or isinstance(value, (bool, np.bool_)) \
-            or not 0 <= value < np.inf:
-        raise ValueError(f"{name} must be a non-negative number, got {value!r}.")
-
-
-def _option_pairs(options) -> tuple[tuple[str, Any], ...]:
-    """``optimizer_options`` as sorted ``(name, value)`` pairs (hashable), checked."""
-    if options is None:
-        return ()
-    if isinstance(options, Mapping):
-        pairs = list(options.items())
-    else:
-        try:
-            pairs = [tuple(p) for p in options]
-        except TypeError:
-            pairs = None
-        if pairs is None or any(len(p) != 2 for p in pairs):
-            raise TypeError(f"optimizer_options must be a mapping of keyword arguments of the optax optimiser, "
-                            f"e.g. {{'momentum': 0.9}}, got {options!r:.200}.")
-    for k, v in pairs:
-        if not isinstance(k, str):
-            raise TypeError(f"optimizer_options keys must be argument names (strings), got {k!r}.")
-        if k == "learning_rate":
-            raise ValueError("Pass learning_rate as its own argument, not in optimizer_options.")
-        try:
-            hash(v)
-        except TypeError:
-            raise TypeError(f"optimizer_options values must be numbers or hashable, got {k}={v!r}.") from None
-    return tuple(sorted(pairs))
-
-
-@dataclasses.dataclass(frozen=True)
-class StitchTraining:
-    """How stitchers train with the task loss: the options of :func:`train_stitchers` and :func:`train_stitcher`.
-
-    Pass one as ``options=``, or give any field as a keyword argument of those functions
-    (``train_stitchers(..., steps=100)`` is ``train_stitchers(..., options=StitchTraining(steps=100))``;
-    with both, the keyword replaces the field of ``options``). Every field is checked when
-    the options are made; a bad value raises ``ValueError`` naming the field.
-
-    Attributes:
-      init: ``"closed_form"`` (start at :func:`~similarity.fit_stitcher`'s least-squares
-        reconstruction of ``z_tgt``: ``normalise=False`` for the orthogonal families, so
-        that ``orthogonal`` has scale 1; ``normalise=True`` with ``ridge`` for ``affine``),
-        ``"identity"`` (the padded identity block) or ``"random"`` (Haar-random rotation;
-        Gaussian ``N(0, 1/d_src)`` affine weight).
-      steps: optimiser steps, a positive int.
-      optimizer: an optax optimiser name, one of ``OPTIMIZERS``.
-      learning_rate: its learning rate, a non-negative number (traced data: changing it
-        does not recompile).
-      optimizer_options: more keyword arguments of the optax optimiser, e.g.
-        ``{"momentum": 0.9}`` for ``"sgd"`` (a mapping, kept as sorted ``(name, value)``
-        pairs); numbers are traced data, other values (e.g. ``nesterov=True``) are static.
-      loss: ``"ce"`` (task cross-entropy) or ``"kl"`` (to the teacher's logits).
-      batch_size: minibatch size (indices drawn uniformly, with replacement, each step), or
-        ``None`` for full-batch steps (also when it is at least the number of rows).
-      early_stopping: patience in evaluations: stop a stitcher when its held-out loss has
-        not improved for that many evaluations and return its best parameters (``None``:
-        train every step). Needs held-out data (``eval_data``).
-      eval_every: steps per ``lax.scan`` chunk and between evaluations.
-      ridge: ridge of the closed-form affine init, in the scale-free units of
-        :func:`~similarity.fit_stitcher`, non-negative. The small default keeps dead or
-        collinear units (common in ReLU layers) from making it singular.
-
-    Examples:
-      >>> StitchTraining(steps=200, optimizer="sgd", optimizer_options={"momentum": 0.9}).optimizer_options
-      (('momentum', 0.9),)
-      >>> StitchTraining(steps=0)
-      Traceback (most recent call last):
-        ...
-      ValueError: steps must be a positive int, got 0.
-    """
-
-    init: str = "closed_form"
-    steps: int = 500
-    optimizer: str = "adam"
-    learning_rate: float = 1e-2
-    optimizer_options: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()
-    loss: str = "ce"
-    batch_size: int | None = None
-    early_stopping: int | None = None
-    eval_every: int = 50
-    ridge: float = 1e-6
-
-    def __post_init__(self):
-        check_choice(self.init, "init", INITS)
-        _positive_int(self.steps, "steps")
-        check_choice(self.optimizer, "optimizer", OPTIMIZERS)
-        _non_negative(self.learning_rate, "learning_rate")
-        object.__setattr__(self, "optimizer_options", _option_pairs(self.optimizer_options))
-        check_choice(self.loss, "loss", LOSSES)
-        _positive_int(self.batch_size, "batch_size", allow_none=True)
-        _positive_int(self.early_stopping, "early_stopping", allow_none=True)
-        _positive_int(self.eval_every, "eval_every")
-        _non_negative(self.ridge, "ridge")
-
-
-_TRAIN_KEYWORDS = ("family", "z_tgt", "target_shape", "stacked_tails", "key", "teacher_logits", "eval_data",
-                   "label_groups", "options")
-
-
-def _training(options: StitchTraining | None, overrides: Mapping[str, Any]) -> StitchTraining:
-    """``options`` (default ``StitchTraining()``) with the keyword arguments ``overrides`` replacing its fields."""
-    if options is None:
-        options = StitchTraining()
-    elif not isinstance(options, StitchTraining):
-        raise TypeError(f"options must be a StitchTraining, got {type(options).__name__}; pass "
-                        "options=StitchTraining(steps=..., ...) or the fields as keyword arguments.")
-    fields = [f.name for f in dataclasses.fields(StitchTraining)]
-    unknown = sorted(set(overrides) - set(fields))
-    if unknown:
-        near = difflib.get_close_matches(unknown[0], [*fields, *_TRAIN_KEYWORDS], n=1)
-        raise TypeError(f"unexpected keyword arguments {unknown}"
-                        + (f" (did you mean {near[0]!r}?)" if near else "")
-                        + f"; the training options are StitchTraining's fields: {', '.join(fields)}.")
-    return dataclasses.replace(options, **overrides) if overrides else options
 
 
 # ---------------------------------------------------------------------------
@@ -602,6 +426,32 @@ def train_stitchers(
       >>> [bool(h.train_loss[-1] < h.train_loss[0]) for _, h in out]
       [True, True]
     """
+    fams = _families(zs_src, family)
+    opts = training_options(options, training)
+    _check_needs(opts, eval_data, z_tgt)
+    stacked = bool(stacked_tails)
+    data = _inputs(zs_src, y, tail_apply, tail_params, z_tgt, target_shape, stacked, key, teacher_logits,
+                   eval_data, label_groups, opts)
+    static = dict(tail_apply=tail_apply, optimizer=opts.optimizer, opt_static=data.opt_static, loss=opts.loss,
+                  batch_size=data.batch_size, steps=int(opts.steps), chunk=int(min(opts.eval_every, opts.steps)),
+                  patience=None if opts.early_stopping is None else int(opts.early_stopping))
+    d_max = max(s.shape[-1] for s in data.srcs)
+    loop_family, params, consts = _starts(fams, opts, data, d_max)
+    z_ev = None if data.evs is None else _pad_stack(data.evs, d_max, data.dtype)
+    (weight, bias, scale), hist = fit_loop(
+        params, consts, data.keys, _pad_stack(data.srcs, d_max, data.dtype), data.y, data.teacher,
+        z_ev, data.y_eval, data.t_eval, data.tails, data.hyper, data.groups, family=loop_family, **static,
+    )
+    return _trained((weight, bias, scale), hist, data, fams, stacked, static["chunk"], opts.steps)
+
+
+# ---------------------------------------------------------------------------
+# The steps of train_stitchers
+# ---------------------------------------------------------------------------
+
+
+def _families(zs_src, family) -> tuple[str, ...]:
+    """The K checked families of :func:`train_stitchers`' K sources (one name for all, or K names)."""
     if not isinstance(zs_src, (list, tuple)) or len(zs_src) == 0:
         raise TypeError("zs_src must be a non-empty list or tuple of source arrays; for one "
                         "source use train_stitcher.")
@@ -611,16 +461,46 @@ def train_stitchers(
         raise ValueError(f"family has {len(fams)} entries but there are {k_count} sources.")
     for f in fams:
         check_choice(f, "family", FAMILIES)
-    opts = _training(options, training)
-    init, loss, steps, batch_size = opts.init, opts.loss, opts.steps, opts.batch_size
+    return fams
+
+
+def _check_needs(opts: StitchTraining, eval_data, z_tgt) -> None:
+    """The data the options need: held-out data for early stopping, ``z_tgt`` for the closed-form init."""
     if opts.early_stopping is not None and eval_data is None:
         raise ValueError("early_stopping needs eval_data=(zs_src_eval, y_eval) held-out data.")
-    if init == "closed_form" and z_tgt is None:
+    if opts.init == "closed_form" and z_tgt is None:
         raise ValueError(
             "init='closed_form' needs z_tgt: model B's own target-layer activations on the same "
             "training inputs. Pass z_tgt, or use init='identity' or 'random' with target_shape."
         )
-    stacked = bool(stacked_tails)
+
+
+class _Inputs(NamedTuple):
+    """:func:`train_stitchers`' data, checked and prepared (see :func:`_inputs`)."""
+
+    y: jax.Array  # (n,) labels
+    srcs: list  # K sources in the target's form (flattened or resized), unpadded
+    dtype: Any
+    m_count: int  # tails
+    z_tgts: jax.Array | None  # (M, n, *tshape)
+    tshape: tuple[int, ...]
+    teacher: jax.Array | None  # (M, n, C) for loss="kl"
+    groups: np.ndarray | None  # (K, C) label groupings
+    batch_size: int | None  # None: full-batch steps
+    hyper: dict  # the optimiser's traced hyperparameters
+    opt_static: tuple  # its static options
+    keys: jax.Array  # (K,) keys
+    evs: list | None  # K held-out sources
+    y_eval: jax.Array | None
+    t_eval: jax.Array | None
+    tails: Any  # the tails' parameters with a leading M axis
+
+
+def _inputs(zs_src, y, tail_apply, tail_params, z_tgt, target_shape, stacked: bool, key, teacher_logits,
+            eval_data, label_groups, opts: StitchTraining) -> _Inputs:
+    """Check and prepare :func:`train_stitchers`' data, in the order of its messages: labels, tails,
+    targets, sources, the tail's output, label groups, teacher, optimiser, keys, held-out data."""
+    k_count = len(zs_src)
     y = check_int_labels(y, "y")
     n = y.shape[0]
     m_count = _n_tails(tail_params, stacked)
@@ -636,32 +516,36 @@ def train_stitchers(
     dtype = jnp.result_type(*srcs)
     n_classes = _check_tail(tail_apply, tail_params, tshape, dtype, stacked)
     y = check_int_labels(y, "y", n_classes=n_classes)
-    groups = _label_groups(label_groups, k_count, n_classes, loss)
+    groups = _label_groups(label_groups, k_count, n_classes, opts.loss)
     teacher = None
-    if loss == "kl":
+    if opts.loss == "kl":
         if teacher_logits is None:
             raise ValueError('loss="kl" needs teacher_logits (n, C): model B\'s own logits.')
         teacher = _per_tail(teacher_logits, "teacher_logits", m_count, n, stacked, "logits")
         teacher = teacher.astype(dtype)
+    batch_size = opts.batch_size
     if batch_size is not None and batch_size >= n:
         batch_size = None
     hyper, opt_static = _optimizer(opts, dtype)
     keys = _keys(key, k_count)
     evs = y_eval = t_eval = None
     if eval_data is not None:
-        evs, y_eval, t_eval = _eval_data(eval_data, srcs, tshape, n_classes, m_count, stacked, loss)
+        evs, y_eval, t_eval = _eval_data(eval_data, srcs, tshape, n_classes, m_count, stacked, opts.loss)
         t_eval = None if t_eval is None else t_eval.astype(dtype)
-
     tails = jax.tree.map(lambda a: jnp.asarray(a) if stacked else jnp.asarray(a)[None], tail_params)
-    static = dict(tail_apply=tail_apply, optimizer=opts.optimizer, opt_static=opt_static, loss=loss,
-                  batch_size=batch_size, steps=int(steps), chunk=int(min(opts.eval_every, steps)),
-                  patience=None if opts.early_stopping is None else int(opts.early_stopping))
-    # one compiled loop for every family (see similarity._stitch_param.merge_families): each family's
-    # start on the host, padded to the call's widest source, merged, and put back in source order
-    d_max = max(s.shape[-1] for s in srcs)
-    keys_init = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys) if init == "random" else None
+    return _Inputs(y, srcs, dtype, m_count, z_tgts, tshape, teacher, groups, batch_size, hyper, opt_static, keys,
+                   evs, y_eval, t_eval, tails)
+
+
+def _starts(fams: tuple[str, ...], opts: StitchTraining, data: _Inputs, d_max: int):
+    """``(loop family, params, consts)``: one compiled loop for every family (see
+    similarity._stitch_param.merge_families): each family's start on the host, padded to the call's
+    widest source ``d_max``, merged, and put back in source order."""
+    init = opts.init
+    keys_init = jax.vmap(lambda k: jax.random.fold_in(k, 1))(data.keys) if init == "random" else None
     subs = {f: [i for i, g in enumerate(fams) if g == f] for f in dict.fromkeys(fams)}
-    z_host = None if z_tgts is None else list(np.asarray(z_tgts))
+    z_host = None if data.z_tgts is None else list(np.asarray(data.z_tgts))
+    srcs = data.srcs
     starts = dict.fromkeys(subs)
     if init == "closed_form":  # every family's starts in one compiled fit
         starts = dict(zip(subs, closed_form_starts(
@@ -670,25 +554,26 @@ def train_stitchers(
     for f, sub in subs.items():
         idx += sub
         batches.append((f, *init_params(
-            f, init, [srcs[i] for i in sub], z_host, d_tgt=tshape[-1],
-            n_tails=m_count, ridge=opts.ridge, keys=None if keys_init is None else keys_init[np.asarray(sub)],
-            dtype=dtype, pad_to=d_max, labels=[f"zs_src[{i}]" for i in sub], fits=starts[f],
+            f, init, [srcs[i] for i in sub], z_host, d_tgt=data.tshape[-1],
+            n_tails=data.m_count, ridge=opts.ridge, keys=None if keys_init is None else keys_init[np.asarray(sub)],
+            dtype=data.dtype, pad_to=d_max, labels=[f"zs_src[{i}]" for i in sub], fits=starts[f],
         )))
     loop_family, params, consts = merge_families(batches)
     order = np.argsort(idx)  # merged (family by family) -> source order
     params, consts = (jax.tree.map(lambda a: jnp.asarray(a[:, order]), t) for t in (params, consts))
-    z_ev = None if evs is None else _pad_stack(evs, d_max, dtype)
-    (weight, bias, scale), hist = fit_loop(
-        params, consts, keys, _pad_stack(srcs, d_max, dtype), y, teacher,
-        z_ev, y_eval, t_eval, tails, hyper, groups, family=loop_family, **static,
-    )
+    return loop_family, params, consts
+
+
+def _trained(fitted, hist, data: _Inputs, fams, stacked: bool, chunk: int, steps: int) -> list[TrainedStitcher]:
+    """The K :class:`TrainedStitcher` of the loop's ``fitted = (weight, bias, scale)`` and history, each
+    stitcher unpadded to its source's width, in source order."""
     hist = jax.tree.map(np.asarray, hist)
     # each stitcher's slice taken on the host (slicing on the device compiles a program per shape)
-    weight, bias, scale = np.asarray(weight), np.asarray(bias), np.asarray(scale)
+    weight, bias, scale = (np.asarray(a) for a in fitted)
     n_ev = hist["eval_loss"].shape[-1]
-    ev_steps = np.minimum(np.arange(n_ev) * static["chunk"], steps)
+    ev_steps = np.minimum(np.arange(n_ev) * chunk, steps)
     results = []
-    for i, src in enumerate(srcs):
+    for i, src in enumerate(data.srcs):
         pick = (lambda a: a[:, i]) if stacked else (lambda a: a[0, i])  # noqa: E731
         d_k = src.shape[-1]
         results.append(TrainedStitcher(
@@ -697,7 +582,7 @@ def train_stitchers(
             TrainHistory(
                 train_loss=pick(hist["train_loss"]),
                 constraint_error=pick(hist["constraint_error"]),
-                eval_steps=np.broadcast_to(ev_steps, (m_count, n_ev)) if stacked else ev_steps,
+                eval_steps=np.broadcast_to(ev_steps, (data.m_count, n_ev)) if stacked else ev_steps,
                 eval_loss=pick(hist["eval_loss"]),
                 best_step=pick(hist["best_step"]),
                 steps_run=pick(hist["steps_run"]),

@@ -255,7 +255,7 @@ def test_bad_input(call, match):
         call()
 
 
-CKA_MODULE = importlib.import_module("funsim.similarity.cka")
+KERNELS_MODULE = importlib.import_module("funsim.similarity._hsic")  # where the RBF kernel lives
 DUP8 = np.vstack([np.repeat(X8[:1], 7, axis=0), X8[1:2]])  # 7 of 8 rows coincide: the median distance is 0
 
 
@@ -263,14 +263,14 @@ def _gram_summed_in_another_order(monkeypatch, ulps):
     """Replace the RBF distances by what a GEMM that sums in another order than the row norms gives
     (a GPU's): every off-diagonal entry ``ulps`` units of rounding of ``sq_i + sq_j`` above its value.
     Under ``jax.disable_jit`` (so that no compiled program from another test is reused)."""
-    exact = CKA_MODULE._sq_dists
+    exact = KERNELS_MODULE._sq_dists
 
     def rounded(x):
         d2, sq = exact(x)
         bump = ulps * jnp.finfo(d2.dtype).eps * (sq[:, None] + sq[None, :])
         return jnp.where(jnp.eye(x.shape[0], dtype=bool), d2, d2 + bump), sq
 
-    monkeypatch.setattr(CKA_MODULE, "_sq_dists", rounded)
+    monkeypatch.setattr(KERNELS_MODULE, "_sq_dists", rounded)
 
 
 @pytest.mark.parametrize("ulps", [1.0, 4.0])
@@ -279,7 +279,7 @@ def test_zero_median_is_found_when_the_distances_carry_rounding(monkeypatch, ulp
     positive number, and the zero-median check let the call through. Emulated here on the CPU."""
     _gram_summed_in_another_order(monkeypatch, ulps)
     with jax.disable_jit():
-        d2, _ = CKA_MODULE._sq_dists(jnp.asarray(DUP8))
+        d2, _ = KERNELS_MODULE._sq_dists(jnp.asarray(DUP8))
         assert float(np.median(np.asarray(d2))) > 0.0  # the bare "median > 0" check would pass
         for x, y, name in ((DUP8, X8, "x"), (X8, DUP8, "y")):
             with pytest.raises(ValueError, match=rf"{name} of shape \(8, 3\) has a zero median squared pairwise"):
@@ -333,7 +333,7 @@ def test_gradients():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_rbf_median_by_integer_sort_equals_numpy(dtype):
     """The RBF bandwidth's median (sorted as integer bit patterns, for speed) is np.median exactly."""
-    from funsim.similarity.cka import _median_nonneg
+    from funsim.similarity._hsic import _median_nonneg
 
     rng = np.random.default_rng(0)
     for n in (1, 2, 7, 100, 101):

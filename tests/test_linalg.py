@@ -94,11 +94,11 @@ def test_library_programs_have_unbatched_svds(rng):
     for key in ("nbs", "procrustes", "stitch/orthogonal", "svcca"):
         assert np.all(np.isfinite(g.tables[key]))
     # fit_stitchers' stacked path, traced the way it runs
-    from funsim.similarity import stitching as S
+    from funsim.similarity._stitch_batch import fit_padded
 
     args = (jnp.asarray(np.stack(xs)), jnp.asarray(np.stack(ys)), jnp.ones((3, 9)))
-    fit = lambda a, b, m: S._fit_padded(a, b, m, jnp.zeros(3), jnp.zeros(3, jnp.int32), jnp.ones(3, bool),
-                                          families=("orthogonal",))[0]  # noqa: E731
+    fit = lambda a, b, m: fit_padded(a, b, m, jnp.zeros(3), jnp.zeros(3, jnp.int32), jnp.ones(3, bool),
+                                        families=("orthogonal",))[0]  # noqa: E731
     ops = _gesdd_operands(fit, *args)
     assert ops and all(len(shape) == 2 for shape in ops)
 

@@ -29,6 +29,7 @@ import funsim.similarity as sim
 from funsim.runtime.compile_count import CompileCounter, compiles
 from funsim.similarity import protocol
 from funsim.similarity import stitching as S
+from funsim.similarity._stitch_core import default_weights
 from funsim.similarity.moments import MomentPair, split_weights
 from tests.test_stitching import held_out_ref
 
@@ -98,7 +99,7 @@ def _assert_flags_equal(a: dict, b: dict, err=""):
 
 @pytest.mark.parametrize("n", [4, 7, 40, 101])
 def test_default_split_drawn_in_the_program_is_split_weights(n):
-    w_tr, w_te = jax.jit(S._default_weights, static_argnums=(0, 1))(n, np.float64)
+    w_tr, w_te = jax.jit(default_weights, static_argnums=(0, 1))(n, np.float64)
     ref_tr, ref_te = split_weights(n, 0.5, None, np.float64)
     np.testing.assert_array_equal(w_tr, ref_tr)
     np.testing.assert_array_equal(w_te, ref_te)

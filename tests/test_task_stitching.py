@@ -1,6 +1,6 @@
 """Tests for similarity.task_stitching: the pure task-loss stitching library.
 
-The model-driving comparison (``experiments.functional``) is tested in
+The model-driving comparison (``models.functional``) is tested in
 test_functional.py. Tails here are pure functions of a parameter pytree
 (tests/_stitch_models.py) or Flax NNX models split with ``models.split_tail``.
 """
@@ -584,7 +584,7 @@ def test_every_family_shares_one_compiled_loop():
         mixed = train_stitchers([(x, x2)[s] for _, s in plan], y, tail, w_tail, family=[f for f, _ in plan],
                                 key=jnp.stack([keys[2 * fams.index(f) + s] for f, s in plan]), **kw)
     assert sum("fit_loop" in n for n in c.names) == 1, c.names
-    assert sum("_fit_padded" in n for n in c.names) == 1, c.names  # the three families' closed-form starts
+    assert sum("fit_padded" in n for n in c.names) == 1, c.names  # the three families' closed-form starts
     for (f, s), b in zip(plan, mixed):
         a = alone[f][s]
         assert a.stitcher.family == b.stitcher.family == f

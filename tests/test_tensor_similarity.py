@@ -277,8 +277,8 @@ def test_closure_step_is_exact_for_gaussian_inputs_with_any_moments():
     # An affine embedding of x ~ N(0, I) is Gaussian with mean and correlated moments
     # M = W~ W~^T; the closure's one-layer formula must then be exact (checked against
     # quadrature of the embedded networks).
+    from funsim.similarity._tensor_inner import _closure_kernel
     from funsim.similarity.multilinear import lift, lift_linear
-    from funsim.similarity.tensor_similarity import _closure_kernel
 
     rng = np.random.default_rng(17)
     emb_a, emb_b = linear(rng, 2, 3), linear(rng, 2, 3)

@@ -27,10 +27,44 @@ The package's parts:
 * :mod:`.undefined`: each undefined cell's reason, from the flags the programs
   return beside the values (the measure's ``core.reason``, the message of the
   pairwise call).
+
+Calling :func:`compare_grid`:
+
+**Compiled programs.** Each side's layers are zero-padded to one width and
+their number to one count, both on the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24,
+32, ... (at most 1.5x per axis), so a call compiles a handful of programs
+whatever its widths (each measure's core is exact under zero padding), and a
+later grid whose sizes fall in the same buckets compiles none. To keep them
+across processes, turn on JAX's persistent compilation cache
+(:func:`funsim.experiments.enable_compile_cache`, or
+``jax.config.update("jax_compilation_cache_dir", path)``).
+
+**Undefined cells.** Where the pairwise call raises a ``ValueError`` for a
+pair of valid layers (a constant layer, a rank-deficient one for CCA, PWCCA
+or the whitened shape metrics, singular normal equations, a source wider
+than the fitting rows), the cell is NaN and ``GridResult.undefined[name][(i, j)]``
+holds the pairwise call's message (``reverse_undefined`` for the reverse
+table); one :class:`UndefinedCellWarning` summarises them. The compiled
+programs return each cell's flags beside its value, and the measure's
+``core.reason`` turns them into that message (see :mod:`similarity.protocol`).
+``on_undefined="raise"`` raises instead, at the first source a measure
+refuses by its width or the first undefined cell, naming it. Invalid input
+is an error either way: NaN/Inf, mismatched sample counts, a bad split,
+unknown measures.
+
+``compare_grid`` is a host-level driver (it reads the flags and builds the
+reasons on the host): call it on concrete arrays, not inside ``jax.jit`` or
+``jax.grad``; inside your own transformations use the measures themselves.
+
+The reconstruction scores are named by family, figure and ridge:
+``"stitch/<family>"`` (held out), ``"stitch/<family>/in_sample"`` (the
+leaky in-sample figure on the train rows), and for the affine family
+``"stitch/affine/ridge=<r>"`` and ``"stitch/affine/in_sample/ridge=<r>"``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -174,36 +208,14 @@ def compare_grid(
     ``reverse[name][i, j] == measure(name)(B_j, A_i)``, reusing the same
     per-layer (and, for moment measures, per-pair) work.
 
-    **Compiled programs.** Each side's layers are zero-padded to one width and
-    their number to one count, both on the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24,
-    32, ... (at most 1.5x per axis), so a call compiles a handful of programs
-    whatever its widths (each measure's core is exact under zero padding), and a
-    later grid whose sizes fall in the same buckets compiles none. To keep them
-    across processes, turn on JAX's persistent compilation cache
-    (:func:`funsim.experiments.enable_compile_cache`, or
-    ``jax.config.update("jax_compilation_cache_dir", path)``).
-
-    **Undefined cells.** Where the pairwise call raises a ``ValueError`` for a
-    pair of valid layers (a constant layer, a rank-deficient one for CCA, PWCCA
-    or the whitened shape metrics, singular normal equations, a source wider
-    than the fitting rows), the cell is NaN and ``GridResult.undefined[name][(i, j)]``
-    holds the pairwise call's message (``reverse_undefined`` for the reverse
-    table); one :class:`UndefinedCellWarning` summarises them. The compiled
-    programs return each cell's flags beside its value, and the measure's
-    ``core.reason`` turns them into that message (see :mod:`similarity.protocol`).
-    ``on_undefined="raise"`` raises instead, at the first source a measure
-    refuses by its width or the first undefined cell, naming it. Invalid input
-    is an error either way: NaN/Inf, mismatched sample counts, a bad split,
-    unknown measures.
-
-    ``compare_grid`` is a host-level driver (it reads the flags and builds the
-    reasons on the host): call it on concrete arrays, not inside ``jax.jit`` or
-    ``jax.grad``; inside your own transformations use the measures themselves.
-
-    The reconstruction scores are named by family, figure and ridge:
-    ``"stitch/<family>"`` (held out), ``"stitch/<family>/in_sample"`` (the
-    leaky in-sample figure on the train rows), and for the affine family
-    ``"stitch/affine/ridge=<r>"`` and ``"stitch/affine/in_sample/ridge=<r>"``.
+    Each side's layers are padded into size buckets, so a call compiles a handful
+    of programs whatever its widths; a pair whose pairwise call raises a
+    ``ValueError`` is an undefined cell (NaN, its message in ``undefined``, one
+    :class:`UndefinedCellWarning`); invalid input is an error. Call it on
+    concrete arrays, not under ``jax.jit`` or ``jax.grad``. The reconstruction
+    scores are ``"stitch/<family>"`` (held out), ``"stitch/<family>/in_sample"``
+    and ``"stitch/affine[/in_sample]/ridge=<r>"``. The module docstring has the
+    details: compiled programs, undefined cells, tracing.
 
     Args:
       reps_a: dict ``{name: (n, d_i)}`` or list of ``(n, d_i)`` arrays.
@@ -262,27 +274,16 @@ def compare_grid(
       (nan, [(1, 0)], 'UndefinedCellWarning')
     """
     _refuse_tracers(reps_a, reps_b, split, key)
-    streaming = chunk_size is not None
-    if streaming and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
-    reverse = V.check_bool(reverse, "reverse")
-    strict = V.check_choice(on_undefined, "on_undefined", ("nan", "raise")) == "raise"
-    buckets = V.check_bool(buckets, "buckets")
+    streaming, reverse, strict, buckets = _check_options(chunk_size, reverse, on_undefined, buckets)
     measures = [measures] if isinstance(measures, str) else list(measures)
     moment, generic = _resolve(measures, streaming=streaming)
     if generic:
         _refuse_process_sharded(reps_a, reps_b, generic[0][0])
     lay = L.prepare(reps_a, reps_b, buckets=buckets)
-    n_tr, n_te = check_split(lay.n, split)  # checked even when no measure uses it
-    need_split = any(m.moments.moments == "split" for _, m in moment)
-    weights = None
-    if need_split:
-        weights = tuple(np.asarray(w) for w in split_weights(lay.n, split, key, lay.dtype))
-        n_tr, n_te = int(round(float(weights[0].sum()))), int(round(float(weights[1].sum())))
+    n_tr, n_te, weights = _split_rows(lay, split, key, moment)
     plan = make_plan(devices)
     stacks = G.Stacks(lay, plan)
-    reasons = {name: _reason(m, n_tr if (m.moments is not None and m.moments.moments == "split") else lay.n)
-               for name, m in moment + generic}
+    reasons = {name: _reason(m, n_tr if _uses_split(m) else lay.n) for name, m in moment + generic}
     if strict:
         for name, _ in moment + generic:
             U.raise_static_sources(name, *reasons[name], lay, reverse=reverse)
@@ -291,19 +292,62 @@ def compare_grid(
         entries = tuple(M.Entry(name, m.moments, reverse) for name, m in moment)
         tables.update(M.moment_tables(lay, entries, weights=weights, chunk_size=chunk_size, plan=plan,
                                       stacks=stacks))
-    stats_cache: dict = {}
+    generic_table = functools.partial(G.generic_table, lay, plan=plan, stats_budget=stats_budget, stacks=stacks,
+                                      stats_cache={})
     for name, m in generic:
-        dirs = ("fwd", "rev") if reverse and not m.symmetric else ("fwd",)
-        tables[name] = G.generic_table(lay, m, directions=dirs, plan=plan, stats_budget=stats_budget,
-                                       stacks=stacks, stats_cache=stats_cache)
+        tables[name] = generic_table(m, directions=("fwd", "rev") if reverse and not m.symmetric else ("fwd",))
     names = list(dict.fromkeys(measures))
-    extra = {"n_rows": n_tr + n_te, "n_test": n_te}
+    fwd, rev, undefined, rev_undefined = _settle(
+        names, dict(moment + generic), tables, reasons, lay, reverse=reverse, strict=strict,
+        extra={"n_rows": n_tr + n_te, "n_test": n_te}, generic_table=generic_table)
+    U.warn_undefined(undefined, rev_undefined, lay)
+    out, rev_out = _arrays(names, fwd, rev, reverse)
+    return GridResult(out, lay.rows, lay.cols, rev_out, undefined, rev_undefined if reverse else {})
+
+
+def _arrays(names, fwd, rev, reverse: bool) -> tuple[dict, dict]:
+    """The tables as JAX arrays, ``(tables, reverse)``; a reverse table that is its forward one stays one array."""
+    out = {name: jnp.asarray(fwd[name]) for name in names}
+    rev_out = {}
+    if reverse:
+        rev_out = {name: out[name] if rev[name] is fwd[name] else jnp.asarray(rev[name]) for name in names}
+    return out, rev_out
+
+
+def _check_options(chunk_size, reverse, on_undefined, buckets) -> tuple[bool, bool, bool, bool]:
+    """``(streaming, reverse, strict, buckets)``: :func:`compare_grid`'s options, checked."""
+    streaming = chunk_size is not None
+    if streaming and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+    reverse = V.check_bool(reverse, "reverse")
+    strict = V.check_choice(on_undefined, "on_undefined", ("nan", "raise")) == "raise"
+    return streaming, reverse, strict, V.check_bool(buckets, "buckets")
+
+
+def _uses_split(m: Measure) -> bool:
+    """Whether ``m`` is a moment measure on train/test ("split") moments."""
+    return m.moments is not None and m.moments.moments == "split"
+
+
+def _split_rows(lay: L.Layers, split, key, moment) -> tuple[int, int, tuple | None]:
+    """``(n_train, n_test, weights)``: the split, checked even when no measure uses it, and its 0/1 row
+    weights (NumPy) when a moment measure does (else ``None``)."""
+    n_tr, n_te = check_split(lay.n, split)
+    if not any(_uses_split(m) for _, m in moment):
+        return n_tr, n_te, None
+    weights = tuple(np.asarray(w) for w in split_weights(lay.n, split, key, lay.dtype))
+    return int(round(float(weights[0].sum()))), int(round(float(weights[1].sum()))), weights
+
+
+def _settle(names, by_name, tables, reasons, lay, *, reverse, strict, extra, generic_table):
+    """``(fwd, rev, undefined, rev_undefined)``: each measure's tables with their undefined cells settled
+    (:func:`.undefined.settle`), computing a symmetric generic measure's reverse table only where it could
+    differ from its forward one."""
     fwd, rev, undefined, rev_undefined = {}, {}, {}, {}
-    by_name = dict(moment + generic)
     for name in names:
         m = by_name[name]
         reason, opts = reasons[name]
-        ex = extra if m.moments is not None and m.moments.moments == "split" else None
+        ex = extra if _uses_split(m) else None
         fwd[name], undefined[name] = U.settle(name, m, tables[name]["fwd"], lay, reverse=False, strict=strict,
                                               reason=reason, opts=opts, extra=ex)
         if not reverse:
@@ -314,18 +358,12 @@ def compare_grid(
             if not (undefined[name] or static_differs):
                 rev[name], rev_undefined[name] = fwd[name], {}
                 continue
-            tables[name].update(G.generic_table(lay, m, directions=("rev",), plan=plan, stats_budget=stats_budget,
-                                                stacks=stacks, stats_cache=stats_cache))
+            tables[name].update(generic_table(m, directions=("rev",)))
         rev[name], rev_undefined[name] = U.settle(name, m, tables[name]["rev"], lay, reverse=True, strict=strict,
                                                   reason=reason, opts=opts, extra=ex)
         if m.symmetric and rev_undefined[name].keys() == undefined[name].keys():
             rev[name] = fwd[name]  # its own reverse
-    U.warn_undefined(undefined, rev_undefined, lay)
-    out = {name: jnp.asarray(fwd[name]) for name in names}
-    rev_out = {}
-    if reverse:
-        rev_out = {name: out[name] if rev[name] is fwd[name] else jnp.asarray(rev[name]) for name in names}
-    return GridResult(out, lay.rows, lay.cols, rev_out, undefined, rev_undefined if reverse else {})
+    return fwd, rev, undefined, rev_undefined
 
 
 def _traced(reps_a, reps_b, split, key):
