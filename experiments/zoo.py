@@ -28,7 +28,7 @@ Writes ``results/zoo/<run>/``:
   ``metrics.json`` (atomic) and ``summary.md``.
 
 The study (``funsim similarity-study``) reads the zoo with :func:`models.zoo.load_zoo`
-(also importable from here) and the data with :func:`load_zoo_data` (the same rows, plus coarse labels).
+(also importable from here) and the data with ``models.zoo.load_zoo_data`` (the same rows, plus coarse labels).
 """
 
 from __future__ import annotations
@@ -64,8 +64,20 @@ from funsim.experiments.io import (
     write_text_atomic,
 )
 from funsim.models import train as train_lib
-from funsim.models.io import DamagedFileError, checkpoint_problem, fingerprint, setup_diff
-from funsim.models.zoo import MANIFEST, Zoo, ZooModel, build_model, describe_model, load_zoo, read_manifest
+from funsim.models.io import DamagedFileError, checkpoint_problem, setup_diff
+from funsim.models.zoo import (
+    MANIFEST,
+    Zoo,
+    ZooData,
+    ZooModel,
+    build_model,
+    dataset_fingerprint,
+    describe_model,
+    load_zoo,
+    load_zoo_data,
+    read_manifest,
+    zoo_dataset,
+)
 from funsim.runtime import distributed
 
 __all__ = [
@@ -88,15 +100,6 @@ def _loader_options(spec: DataSpec, download: bool, data_dir: str | None) -> dic
     return opts
 
 
-def _load(spec: DataSpec, options: dict, grouping: str | None = None) -> data_lib.Dataset:
-    ds = data_lib.load(spec.name, **options) if grouping is None else data_lib.load_coarse(spec.name, grouping, **options)
-    return ds.subset(spec.n_train, spec.n_test)
-
-
-def _fingerprint(ds: data_lib.Dataset) -> str:
-    return fingerprint(ds.x_train, ds.y_train, ds.x_test, ds.y_test)
-
-
 def _dataset_entry(spec: DataSpec, options: dict, ds: data_lib.Dataset) -> dict:
     groupings = data_lib.COARSE_GROUPINGS.get(spec.name, {})
     return {
@@ -109,7 +112,7 @@ def _dataset_entry(spec: DataSpec, options: dict, ds: data_lib.Dataset) -> dict:
         "n_classes": ds.n_classes,
         "class_names": list(ds.class_names),
         "description": ds.description,
-        "sha1": _fingerprint(ds),
+        "sha1": dataset_fingerprint(ds),
         # load_zoo_data(run, name).coarse[grouping] has the same rows with these labels
         "coarse": {g: ({"feature": "coarse_label"} if m is None else
                        {"n_classes": len(m[1]), "class_names": list(m[1]), "map": list(m[0])})
@@ -213,7 +216,7 @@ def _load_datasets(cfg: ZooConfig, manifest: dict, say: Callable[[str], None]) -
     for spec in cfg.datasets:
         options = _loader_options(spec, cfg.download, cfg.data_dir)
         try:
-            ds = _load(spec, options)
+            ds = zoo_dataset(spec.name, options, spec.n_train, spec.n_test)
         except data_lib.DataNotFoundError as e:
             if not spec.optional:
                 raise
@@ -425,46 +428,6 @@ def summary(cfg: ZooConfig, manifest: dict, metrics: dict) -> str:
     lines += ["", "The paper's zoo (Almudévar et al.) has 58 models of 14 architectures on 6 data sets; "
               "this run's models, data sets and training budget are listed above.", ""]
     return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- loading
-
-
-@dataclasses.dataclass(frozen=True)
-class ZooData:
-    """The rows the zoo's models were trained and tested on.
-
-    Attributes:
-      dataset: the data set with its fine labels (as trained).
-      coarse: grouping -> the same rows with coarse labels (see ``experiments.data.COARSE_GROUPINGS``).
-    """
-
-    dataset: data_lib.Dataset
-    coarse: dict[str, data_lib.Dataset]
-
-
-def load_zoo_data(run_dir: str | pathlib.Path, dataset: str) -> ZooData:
-    """The rows a zoo was trained on, with every documented coarse grouping of them.
-
-    The data set is reloaded as the manifest says and checked against the
-    fingerprint saved at training time.
-
-    Raises:
-      ValueError: the data set is not in the zoo, was skipped, or differs from the trained one.
-    """
-    manifest = read_manifest(run_dir)
-    d = manifest["datasets"].get(dataset)
-    if d is None or d["status"] != "ok":
-        why = "was not in its config" if d is None else f"was skipped: {d['reason']}"
-        raise ValueError(f"Data set {dataset!r} of the zoo in {run_dir} {why}.")
-    spec = DataSpec(d["name"], n_train=d["load"]["n_train"], n_test=d["load"]["n_test"])
-    ds = _load(spec, d["load"]["options"])
-    if _fingerprint(ds) != d["sha1"]:
-        raise ValueError(
-            f"Data set {dataset!r} now loads different rows from those the zoo in {run_dir} was trained on "
-            "(a changed source or version); its models cannot be compared on it."
-        )
-    return ZooData(ds, {g: _load(spec, d["load"]["options"], g) for g in d["coarse"]})
 
 
 # ----------------------------------------------------------------------------- CLI

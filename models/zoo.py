@@ -18,12 +18,14 @@ import jax
 import numpy as np
 from flax import nnx
 
+from funsim import data
 from funsim.models import get_model
 from funsim.models.base import FeatureModel
-from funsim.models.io import DamagedFileError, read_json
+from funsim.models.io import DamagedFileError, fingerprint, read_json
 from funsim.models.train import load_checkpoint
 
-__all__ = ["MANIFEST", "ZooModel", "Zoo", "read_manifest", "load_zoo", "build_model", "describe_model"]
+__all__ = ["MANIFEST", "ZooModel", "Zoo", "ZooData", "read_manifest", "load_zoo", "load_zoo_data", "zoo_dataset",
+           "dataset_fingerprint", "build_model", "describe_model"]
 
 MANIFEST = "zoo.json"
 """The manifest's file name in a zoo run's folder."""
@@ -182,3 +184,55 @@ def describe_model(model: FeatureModel) -> dict:
         "relative_depth": {k: (i + 1) / len(names) for i, k in enumerate(names)},
         "feature_shapes": {k: list(shapes[k]) for k in names},
     }
+
+
+def zoo_dataset(name: str, options: Mapping[str, Any], n_train: int | None, n_test: int | None,
+                grouping: str | None = None) -> data.Dataset:
+    """Data set ``name`` as the zoo trains on it: loaded with ``options``, cut to ``n_train``/``n_test`` rows;
+    with ``grouping``, the same rows with coarse labels (``funsim.data.load_coarse``)."""
+    ds = data.load(name, **options) if grouping is None else data.load_coarse(name, grouping, **options)
+    return ds.subset(n_train, n_test)
+
+
+def dataset_fingerprint(ds: data.Dataset) -> str:
+    """The checksum of a data set's rows and labels, saved in the manifest and checked when it is reloaded."""
+    return fingerprint(ds.x_train, ds.y_train, ds.x_test, ds.y_test)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooData:
+    """The rows the zoo's models were trained and tested on.
+
+    Attributes:
+      dataset: the data set with its fine labels (as trained).
+      coarse: grouping -> the same rows with coarse labels (see ``funsim.data.COARSE_GROUPINGS``).
+    """
+
+    dataset: data.Dataset
+    coarse: dict[str, data.Dataset]
+
+
+def load_zoo_data(run_dir: str | pathlib.Path, dataset: str) -> ZooData:
+    """The rows a zoo was trained on, with every documented coarse grouping of them.
+
+    The data set is reloaded as the manifest says and checked against the
+    fingerprint saved at training time.
+
+    Raises:
+      ValueError: the data set is not in the zoo, was skipped, or differs from the trained one.
+    """
+    manifest = read_manifest(run_dir)
+    d = manifest["datasets"].get(dataset)
+    if d is None or d["status"] != "ok":
+        why = "was not in its config" if d is None else f"was skipped: {d['reason']}"
+        raise ValueError(f"Data set {dataset!r} of the zoo in {run_dir} {why}.")
+    load = d["load"]
+    ds = zoo_dataset(d["name"], load["options"], load["n_train"], load["n_test"])
+    if dataset_fingerprint(ds) != d["sha1"]:
+        raise ValueError(
+            f"Data set {dataset!r} now loads different rows from those the zoo in {run_dir} was trained on "
+            "(a changed source or version); its models cannot be compared on it."
+        )
+    return ZooData(ds, {g: zoo_dataset(d["name"], load["options"], load["n_train"], load["n_test"], g)
+                        for g in d["coarse"]})
