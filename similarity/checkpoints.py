@@ -1,9 +1,8 @@
 """Checkpoint x checkpoint similarity matrices: tensor similarity and its baselines.
 
-Given the checkpoints of a training run as pure networks, this module computes every
-checkpoint x checkpoint matrix, each in one jit-compiled call over all checkpoints.
-Two kinds of network are accepted, each as a list of checkpoints of one architecture
-or as one stacked network (every leaf with a leading checkpoint axis):
+Given the checkpoints of a training run as pure networks, this module computes every checkpoint x
+checkpoint matrix, each in one jit-compiled call over all checkpoints. Two kinds of network are
+accepted, as a list of checkpoints of one architecture or one stacked network (leading checkpoint axis):
 
 * **multilinear** networks (tuples of :class:`similarity.BilinearLayer` /
   :class:`similarity.LinearLayer`, e.g. ``BilinearMLP.to_network()``);
@@ -28,28 +27,22 @@ The matrices:
   cosine of the two checkpoints' outputs (``similarity.behavioural_similarity``);
 * **linear CKA** of the outputs (logits) on any data set (``similarity.cka``).
 
-Every entry equals the pairwise function from ``similarity`` (tested). The matrices
-are keyed by one scheme: ``"tensor/<metric>"`` (``"/outputs"`` for the per-output
-slices, ``"/<qualifier>"`` for a variant such as a truncated network or another
-scale), ``"weight_cosine"``, ``"behavioral/<data set>"`` and ``"cka/<data set>"``.
+Every entry equals the pairwise function from ``similarity`` (tested). The matrices are keyed by one
+scheme: ``"tensor/<metric>"`` (``"/outputs"`` for the per-output slices, ``"/<qualifier>"`` for a variant
+such as a truncated network or another scale), ``"weight_cosine"``, ``"behavioral/<data set>"`` and
+``"cka/<data set>"``.
 
-Also here: the block structure of a matrix (:func:`block_summary`, the exact
-change-point segmentation of ``similarity.change_points``) and the block gap between two
-phases of training. (The drivers' figures of these matrices, heatmap panels with stage
-boundaries and curves over training steps, are ``experiments.plotting.heatmap_panels``
-and ``experiments.plotting.curves_over_steps``.)
+Also here: the block structure of a matrix (:func:`block_summary`, the exact change-point
+segmentation of ``similarity.change_points``) and the gap between two phases (:func:`block_gap`).
 
-Devices: the tensor matrices take ``devices=`` as :func:`similarity.compare_grid`
-does, and share its device plan (:mod:`similarity.grid.devices`): on one device,
-one compiled call of ``similarity.similarity_matrix`` over every pair; on several
-(by default every device of every process: ``funsim launch -n N``, a cluster, or a
-host with several accelerators) the upper-triangle pair list is sharded over their
-1-D mesh (:func:`similarity.grid.pairs.map_pairs`), and every process gets the
-whole matrix, equal to one device's.
+Devices: the tensor matrices take ``devices=`` as :func:`similarity.compare_grid` does, and share its
+device plan (:mod:`similarity.grid.devices`): on one device, one compiled call of
+``similarity.similarity_matrix`` over every pair; on several (by default every device of every process)
+the upper-triangle pair list is sharded over their 1-D mesh (:func:`similarity.grid.pairs.map_pairs`),
+and every process gets the whole matrix, equal to one device's.
 
-Cost: tensor similarity is ``O(h^2 d)`` per pair of one-bilinear-layer
-checkpoints (``h`` hidden units, ``d`` inputs), so ``n^2`` of them dominate;
-the baselines are cheap once each checkpoint's outputs are computed (once).
+Cost: ``O(h^2 d)`` per pair of one-bilinear-layer checkpoints (``h`` hidden units, ``d`` inputs): the
+``n^2`` tensor pairs dominate; the baselines need each checkpoint's outputs once.
 """
 
 from __future__ import annotations
@@ -65,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from funsim.similarity._precision import full_precision
 from funsim.similarity.attention import (
     AttentionNetwork,
     apply_attention_network,
@@ -230,6 +224,7 @@ def _require_positive(own, what: str, axes: Sequence[str]) -> np.ndarray:
     return own
 
 
+@full_precision
 def tensor_matrices(
     nets,
     /,
@@ -336,6 +331,7 @@ def _attention_matrices(stacked, metrics, method, per_output, context, scale, re
     return out
 
 
+@full_precision
 def normalise_gram(gram: ArrayLike, /, *, what: str = "gram") -> np.ndarray:
     """``G_ij / sqrt(G_ii G_jj)``: similarities from inner products, in float64.
 
@@ -351,6 +347,7 @@ def normalise_gram(gram: ArrayLike, /, *, what: str = "gram") -> np.ndarray:
     return g / np.sqrt(d[:, None] * d[None, :])
 
 
+@full_precision
 def tensor_similarity_to(
     nets,
     reference,
@@ -438,6 +435,7 @@ def _mc_batch_gram(stacked, key, scale, shape):
     return flat @ flat.T / shape[0]
 
 
+@full_precision
 def monte_carlo_matrices(
     nets,
     /,
@@ -525,6 +523,7 @@ def _weight_cosine_gram(stacked) -> np.ndarray:
     return flat @ flat.T
 
 
+@full_precision
 def weight_cosine_matrix(nets, /) -> np.ndarray:
     """Matrix cosine of the flattened weights (biases included) for every pair of checkpoints.
 
@@ -550,6 +549,7 @@ def _outputs(stacked, x):
     return jax.vmap(_apply(stacked), in_axes=(0, None))(stacked, x)
 
 
+@full_precision
 def network_outputs(nets, x: ArrayLike, /) -> jax.Array:
     """Every checkpoint's outputs on ``x``, in one call.
 
@@ -597,6 +597,7 @@ def _per_sample_cosine(y: np.ndarray) -> np.ndarray:
     return np.einsum("amo,bmo->ab", u, u, optimize=True) / y.shape[1]
 
 
+@full_precision
 def behavioural_matrix(outputs: ArrayLike, /) -> np.ndarray:
     """Behavioural similarity of every pair of checkpoints: mean per-sample cosine of their outputs.
 
@@ -630,6 +631,7 @@ def behavioural_matrix(outputs: ArrayLike, /) -> np.ndarray:
     return (s + s.T) / 2
 
 
+@full_precision
 def behavioral_matrix(outputs: ArrayLike, /) -> np.ndarray:
     """Deprecated spelling of :func:`behavioural_matrix` (the same function); it will be removed."""
     warnings.warn("behavioral_matrix is deprecated: use behavioural_matrix (the same function).",
@@ -642,6 +644,7 @@ def _cka_all_pairs(y):
     return jax.vmap(lambda a: jax.vmap(lambda b: linear_cka(a, b))(y))(y)
 
 
+@full_precision
 def cka_matrix(outputs: ArrayLike, /) -> np.ndarray:
     """Linear CKA between the outputs (e.g. logits) of every pair of checkpoints.
 
@@ -668,6 +671,7 @@ def cka_matrix(outputs: ArrayLike, /) -> np.ndarray:
     return (s + s.T) / 2
 
 
+@full_precision
 def checkpoint_matrices(
     nets,
     /,
@@ -709,6 +713,7 @@ def checkpoint_matrices(
     return out
 
 
+@full_precision
 def block_summary(matrix: ArrayLike, steps: Sequence[int], ks: Sequence[int], /, *,
                   cost: str = "kernel") -> dict[int, dict]:
     """The block structure of a checkpoint x checkpoint matrix: its best K-block segmentation for every K.
@@ -766,6 +771,7 @@ def block_summary(matrix: ArrayLike, steps: Sequence[int], ks: Sequence[int], /,
     return out
 
 
+@full_precision
 def block_gap(matrix: ArrayLike, in_block: ArrayLike, /) -> float:
     """Mean similarity within the block minus mean similarity across it.
 
