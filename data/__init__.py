@@ -7,6 +7,7 @@ Every loader returns a :class:`Dataset`. Conventions:
 * Text (``shakespeare``): ``x`` and ``y`` are ``int32`` token windows
   ``(n, seq_len)`` in ``[0, vocab_size)``; ``y`` is ``x`` shifted by one character.
 * Generated tasks document their own arrays.
+* A saved representation matrix (``funsim compare``'s input): :func:`load_representation`.
 
 Sources:
 
@@ -47,11 +48,15 @@ import gzip
 import importlib.util
 import os
 import pathlib
+import zipfile
+import zlib
 from collections.abc import Callable
 
 import numpy as np
 
 __all__ = [
+    "load_representation",
+    "RepresentationFileError",
     "Dataset",
     "load",
     "list_datasets",
@@ -74,6 +79,10 @@ __all__ = [
 
 class DataNotFoundError(FileNotFoundError):
     """A data set is not available offline; the message says how to get it."""
+
+
+class RepresentationFileError(ValueError):
+    """A representation file :func:`load_representation` cannot use; the message names the file and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -655,3 +664,69 @@ def load(name: str, **kwargs) -> Dataset:
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise ValueError(f"Unknown data set {name!r}.{hint} Valid data sets: {', '.join(LOADERS)}.")
     return LOADERS[name](**kwargs)
+
+
+# What numpy raises for a file it cannot read: a 0-byte file is an EOFError, a damaged .npz a
+# zipfile.BadZipFile (or a zlib.error for a compressed member), a cut .npy a ValueError.
+_UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def _unreadable(path: str, e: BaseException) -> RepresentationFileError:
+    why = str(e) or type(e).__name__
+    return RepresentationFileError(f"{path}: cannot read it as .npy/.npz ({why}). Is it empty, truncated or damaged? "
+                        "Save it again with numpy.save / numpy.savez.")
+
+
+def load_representation(spec: str, key: str | None = None) -> np.ndarray:
+    """A saved representation matrix ``(n_samples, n_features)``, as ``funsim compare`` reads it.
+
+    Args:
+      spec: ``file.npy``, ``file.npz`` (its only array, or ``key``) or ``file.npz:name``.
+      key: the array's name in an ``.npz`` holding several.
+
+    Raises:
+      RepresentationFileError: (a ``ValueError``) a missing, empty, truncated or damaged
+        file, an ambiguous or unknown array name, or an array that is not 2-D, real and
+        numeric; the message names the file and the fix.
+    """
+    path, name = spec, key
+    if ":" in spec and not pathlib.Path(spec).exists():
+        path, name = spec.rsplit(":", 1)
+    p = pathlib.Path(path)
+    if not p.exists():
+        raise RepresentationFileError(f"{path}: no such file.")
+    try:
+        data = np.load(p, allow_pickle=False)
+    except _UNREADABLE as e:
+        raise _unreadable(path, e) from None
+    if isinstance(data, np.lib.npyio.NpzFile):
+        with data:
+            keys = list(data.keys())
+            if name is None:
+                if len(keys) != 1:
+                    raise RepresentationFileError(
+                        f"{path} holds {len(keys)} arrays ({', '.join(keys)}); pick one with "
+                        f"{path}:NAME or --key NAME."
+                    )
+                name = keys[0]
+            if name not in keys:
+                raise RepresentationFileError(f"{path} has no array {name!r}; it holds: {', '.join(keys)}.")
+            try:
+                arr = data[name]  # a damaged member shows only when it is read (a bad CRC, a cut stream)
+            except _UNREADABLE as e:
+                raise _unreadable(path, e) from None
+    else:
+        arr = data
+    if arr.ndim != 2:
+        raise RepresentationFileError(
+            f"{spec}: expected a 2-D (n_samples, n_features) array, got shape {arr.shape}. "
+            "Flatten trailing axes first, e.g. a.reshape(a.shape[0], -1)."
+        )
+    if np.issubdtype(arr.dtype, np.complexfloating):
+        raise RepresentationFileError(
+            f"{spec}: complex dtype {arr.dtype}; the measures are defined on real arrays. Save the "
+            "real part, the magnitude or both (as separate features) explicitly."
+        )
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise RepresentationFileError(f"{spec}: expected a numeric array, got dtype {arr.dtype}.")
+    return arr

@@ -25,14 +25,12 @@ import argparse
 import json
 import sys
 import time
-import zipfile
-import zlib
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from funsim.data import sklearn_digits_arrays
+from funsim.data import load_representation, sklearn_digits_arrays
 from funsim.experiments.io import write_atomic, write_json_atomic
 from funsim.similarity import list_measures, measure
 from funsim.similarity.rsa import KENDALL_MAX_ENTRIES
@@ -40,62 +38,6 @@ from funsim.similarity.rsa import KENDALL_MAX_ENTRIES
 
 class CompareError(Exception):
     """A user-facing error: printed without a traceback, exit status 2."""
-
-
-# What numpy raises for a file it cannot read: a 0-byte file is an EOFError, a damaged .npz a
-# zipfile.BadZipFile (or a zlib.error for a compressed member), a cut .npy a ValueError.
-_UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
-
-
-def _unreadable(path: str, e: BaseException) -> CompareError:
-    why = str(e) or type(e).__name__
-    return CompareError(f"{path}: cannot read it as .npy/.npz ({why}). Is it empty, truncated or damaged? "
-                        "Save it again with numpy.save / numpy.savez.")
-
-
-def load_representation(spec: str, key: str | None = None) -> np.ndarray:
-    """Load ``file.npy``, ``file.npz`` (its only array, or ``key``) or ``file.npz:name``."""
-    path, name = spec, key
-    if ":" in spec and not Path(spec).exists():
-        path, name = spec.rsplit(":", 1)
-    p = Path(path)
-    if not p.exists():
-        raise CompareError(f"{path}: no such file.")
-    try:
-        data = np.load(p, allow_pickle=False)
-    except _UNREADABLE as e:
-        raise _unreadable(path, e) from None
-    if isinstance(data, np.lib.npyio.NpzFile):
-        with data:
-            keys = list(data.keys())
-            if name is None:
-                if len(keys) != 1:
-                    raise CompareError(
-                        f"{path} holds {len(keys)} arrays ({', '.join(keys)}); pick one with "
-                        f"{path}:NAME or --key NAME."
-                    )
-                name = keys[0]
-            if name not in keys:
-                raise CompareError(f"{path} has no array {name!r}; it holds: {', '.join(keys)}.")
-            try:
-                arr = data[name]  # a damaged member shows only when it is read (a bad CRC, a cut stream)
-            except _UNREADABLE as e:
-                raise _unreadable(path, e) from None
-    else:
-        arr = data
-    if arr.ndim != 2:
-        raise CompareError(
-            f"{spec}: expected a 2-D (n_samples, n_features) array, got shape {arr.shape}. "
-            "Flatten trailing axes first, e.g. a.reshape(a.shape[0], -1)."
-        )
-    if np.issubdtype(arr.dtype, np.complexfloating):
-        raise CompareError(
-            f"{spec}: complex dtype {arr.dtype}; the measures are defined on real arrays. Save the "
-            "real part, the magnitude or both (as separate features) explicitly."
-        )
-    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-        raise CompareError(f"{spec}: expected a numeric array, got dtype {arr.dtype}.")
-    return arr
 
 
 def kendall_max_n() -> int:

@@ -1,23 +1,15 @@
-"""Results on disk: ``results/<experiment>/<run>/`` directories, their configs and locks, and the atomic writers.
+"""Results on disk: ``results/<experiment>/<run>/`` directories, their configs and locks.
 
-* **Writers and readers.** The atomic JSON/file writers and the JSON reader live in
-  :mod:`funsim.models.io` (so that :mod:`funsim.models.train` need not import
-  :mod:`funsim.experiments`: the layering is similarity <- models <- experiments);
-  they are forwarded here, imported on first use, so that ``funsim <command> --help``
-  never waits for jax and flax.
-* **Configs.** Read by :mod:`funsim.experiments.config` (a name or a JSON file, then
-  ``--set`` overrides, every field checked against the annotations); its
-  :class:`ConfigError` is forwarded here.
+* **Files.** The atomic writers and the readers that name a damaged file (JSON, ``.npz``,
+  tables with a manifest: :func:`write_table_atomic`, :func:`verify_table`) live in
+  :mod:`funsim.models.io` and are re-exported here.
+* **Configs.** Read by :mod:`funsim.experiments.config`; its :class:`ConfigError` is re-exported here.
 * **Runs.** :func:`open_run` creates ``root/experiment/run``, takes its lock
   (:func:`acquire_run_lock`: a second run into the same folder is refused before it
   writes anything) and, given a config, refuses a rerun with a changed config
   (:func:`check_run_config`, the one such check of the drivers). A driver's ``run``
   is decorated with :func:`releases_run_locks`, which releases the lock when it
   returns or raises.
-* **Damaged files.** Every reader names the file it cannot read
-  (``DamagedFileError``, from :func:`read_json` and :func:`read_npz`); tables are
-  written with a manifest (row count, size, SHA-256: :func:`write_table_atomic`)
-  and checked against it before they are used (:func:`verify_table`).
 """
 
 from __future__ import annotations
@@ -26,7 +18,6 @@ import dataclasses
 import datetime
 import fcntl
 import functools
-import hashlib
 import json
 import os
 import pathlib
@@ -34,12 +25,8 @@ import socket
 import sys
 import time
 import warnings
-import zipfile
-import zlib
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from funsim.experiments.config import ConfigError
 from funsim.models.io import (
@@ -48,10 +35,15 @@ from funsim.models.io import (
     check_setup,
     fingerprint,
     read_json,
+    read_npz,
     setup_diff,
+    table_manifest_path,
     to_jsonable,
+    verify_table,
     write_atomic,
     write_json_atomic,
+    write_table_atomic,
+    write_text_atomic,
 )
 from funsim.runtime import distributed
 
@@ -60,19 +52,6 @@ __all__ = ["to_jsonable", "write_atomic", "write_json_atomic", "write_text_atomi
            "RunLockedError", "LOCK_FILE", "acquire_run_lock", "release_run_lock", "releases_run_locks", "open_run",
            "DamagedFileError", "SetupMismatchError", "fingerprint", "setup_diff", "read_npz", "table_manifest_path",
            "write_table_atomic", "verify_table"]
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> pathlib.Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_atomic`), e.g. a run's ``summary.md``.
-
-    Examples:
-      >>> import tempfile, pathlib
-      >>> p = write_text_atomic(pathlib.Path(tempfile.mkdtemp()) / "s.md", "# Ω")
-      >>> p.read_text(encoding="utf-8"), sorted(x.name for x in p.parent.iterdir())
-      ('# Ω', ['s.md'])
-    """
-    data = text.encode()
-    return write_atomic(path, lambda f: f.write(data))
 
 
 def results_dir(experiment: str, run: str | None = None, *, root: str | os.PathLike = "results") -> pathlib.Path:
@@ -359,81 +338,3 @@ def _lock_and_check(out: pathlib.Path, config: Any) -> None:
         except BaseException:
             release_run_lock(out)
             raise
-
-
-# ----------------------------------------------------------------------------- result files
-
-
-def read_npz(path: str | os.PathLike, *, fix: str = "Delete it and rerun the command that wrote it (it is "
-                                                        "recomputed).") -> dict:
-    """Every array of an ``.npz`` file, read now; a truncated or damaged file is a ``DamagedFileError`` naming it.
-
-    ``np.savez`` stores a CRC-32 per array, so changed bytes are caught as well as a cut file.
-    ``fix`` is the error's last sentence: what the user (or the caller) does about it.
-
-    Examples:
-      >>> import tempfile, pathlib, numpy as np
-      >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.npz"
-      >>> _ = write_atomic(p, lambda f: np.savez(f, x=np.arange(3)))
-      >>> read_npz(p)["x"].tolist()
-      [0, 1, 2]
-      >>> _ = p.write_bytes(p.read_bytes()[:100])
-      >>> try:
-      ...     read_npz(p)
-      ... except ValueError as e:
-      ...     print(type(e).__name__, str(e).startswith(f"{p} is damaged"))
-      DamagedFileError True
-    """
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            return {k: f[k] for k in f.files}
-    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, KeyError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise DamagedFileError(
-            f"{path} is damaged: it is not a complete .npz file ({type(e).__name__}: {e}). {fix}"
-        ) from None
-
-
-def table_manifest_path(path: str | os.PathLike) -> pathlib.Path:
-    """Where the manifest of the table ``path`` is: ``comparisons.csv`` -> ``comparisons.manifest.json``."""
-    path = pathlib.Path(path)
-    return path.with_name(path.stem + ".manifest.json")
-
-
-def write_table_atomic(path: str | os.PathLike, data: bytes, rows: int) -> pathlib.Path:
-    """Write a table (e.g. a CSV) atomically, then its manifest: the row count, the size and the SHA-256.
-
-    A reader checks the table against the manifest (:func:`verify_table`), so a
-    table cut short, even at a line boundary, is refused instead of read.
-    """
-    path = pathlib.Path(path)
-    write_atomic(path, lambda f: f.write(data))
-    write_json_atomic(table_manifest_path(path), {"file": path.name, "rows": int(rows), "bytes": len(data),
-                                                  "sha256": hashlib.sha256(data).hexdigest()})
-    return path
-
-
-def verify_table(path: str | os.PathLike, *, fix: str) -> dict:
-    """The manifest of the table ``path``, after checking the table against it.
-
-    Args:
-      path: the table.
-      fix: what the user can do about a damaged table (the error's last sentence).
-
-    Raises:
-      DamagedFileError: (a ``ValueError``) the manifest is missing or unreadable, or the
-        table's size or SHA-256 differs from it (a truncated or changed table).
-    """
-    path = pathlib.Path(path)
-    mpath = table_manifest_path(path)
-    if not mpath.is_file():
-        raise DamagedFileError(f"{path} has no manifest {mpath}, so its rows cannot be checked. {fix}")
-    manifest = read_json(mpath)
-    data = path.read_bytes()
-    if len(data) != manifest.get("bytes") or hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
-        raise DamagedFileError(
-            f"{path} does not match its manifest {mpath}: {len(data)} bytes where {manifest.get('bytes')} "
-            f"({manifest.get('rows')} rows) were written" + (" with other contents" if len(data) == manifest.get("bytes")
-                                                             else "") + f": it is truncated or changed. {fix}")
-    return manifest

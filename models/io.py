@@ -4,7 +4,9 @@ Everything here writes atomically (a temp file in the same directory, then
 ``os.replace``), so a reader never sees a partial file even if the writer is
 killed, and every file gets the usual permissions (``0666 & ~umask``, e.g.
 ``0644``), not the ``0600`` of the temp file. Readers name the file they cannot
-read (:class:`DamagedFileError`). Checkpoints carry a checksum manifest, written
+read (:class:`DamagedFileError`, from :func:`read_json` and :func:`read_npz`); tables are written
+with a manifest (row count, size, SHA-256: :func:`write_table_atomic`) and checked against it
+before they are used (:func:`verify_table`). Checkpoints carry a checksum manifest, written
 before they become visible and verified before they are restored
 (:class:`CheckpointManager`). :mod:`experiments.io` re-exports these names;
 :mod:`models.train` uses them, so the layering runs ``similarity <- models <- experiments``.
@@ -19,6 +21,8 @@ import os
 import pathlib
 import tempfile
 import warnings
+import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
@@ -28,12 +32,17 @@ __all__ = [
     "to_jsonable",
     "write_atomic",
     "write_json_atomic",
+    "write_text_atomic",
     "read_json",
     "DamagedFileError",
     "SetupMismatchError",
     "fingerprint",
     "setup_diff",
     "check_setup",
+    "read_npz",
+    "table_manifest_path",
+    "write_table_atomic",
+    "verify_table",
     "CHECKSUMS",
     "sha256_file",
     "directory_checksums",
@@ -114,6 +123,19 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
     """
     text = json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n"
     return write_atomic(path, lambda f: f.write(text.encode()))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> pathlib.Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`write_atomic`), e.g. a run's ``summary.md``.
+
+    Examples:
+      >>> import tempfile, pathlib
+      >>> p = write_text_atomic(pathlib.Path(tempfile.mkdtemp()) / "s.md", "# Ω")
+      >>> p.read_text(encoding="utf-8"), sorted(x.name for x in p.parent.iterdir())
+      ('# Ω', ['s.md'])
+    """
+    data = text.encode()
+    return write_atomic(path, lambda f: f.write(data))
 
 
 class DamagedFileError(ValueError):
@@ -249,6 +271,81 @@ def check_setup(path: str | os.PathLike, now: Mapping, *, refusal: str, fix: str
 
 CHECKSUMS = "funsim_checksums.json"
 """The name of the checksum manifest inside a checkpoint directory (and beside result files)."""
+
+
+def read_npz(path: str | os.PathLike, *, fix: str = "Delete it and rerun the command that wrote it (it is "
+                                                        "recomputed).") -> dict:
+    """Every array of an ``.npz`` file, read now; a truncated or damaged file is a ``DamagedFileError`` naming it.
+
+    ``np.savez`` stores a CRC-32 per array, so changed bytes are caught as well as a cut file.
+    ``fix`` is the error's last sentence: what the user (or the caller) does about it.
+
+    Examples:
+      >>> import tempfile, pathlib, numpy as np
+      >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.npz"
+      >>> _ = write_atomic(p, lambda f: np.savez(f, x=np.arange(3)))
+      >>> read_npz(p)["x"].tolist()
+      [0, 1, 2]
+      >>> _ = p.write_bytes(p.read_bytes()[:100])
+      >>> try:
+      ...     read_npz(p)
+      ... except ValueError as e:
+      ...     print(type(e).__name__, str(e).startswith(f"{p} is damaged"))
+      DamagedFileError True
+    """
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, KeyError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise DamagedFileError(
+            f"{path} is damaged: it is not a complete .npz file ({type(e).__name__}: {e}). {fix}"
+        ) from None
+
+
+def table_manifest_path(path: str | os.PathLike) -> pathlib.Path:
+    """Where the manifest of the table ``path`` is: ``comparisons.csv`` -> ``comparisons.manifest.json``."""
+    path = pathlib.Path(path)
+    return path.with_name(path.stem + ".manifest.json")
+
+
+def write_table_atomic(path: str | os.PathLike, data: bytes, rows: int) -> pathlib.Path:
+    """Write a table (e.g. a CSV) atomically, then its manifest: the row count, the size and the SHA-256.
+
+    A reader checks the table against the manifest (:func:`verify_table`), so a
+    table cut short, even at a line boundary, is refused instead of read.
+    """
+    path = pathlib.Path(path)
+    write_atomic(path, lambda f: f.write(data))
+    write_json_atomic(table_manifest_path(path), {"file": path.name, "rows": int(rows), "bytes": len(data),
+                                                  "sha256": hashlib.sha256(data).hexdigest()})
+    return path
+
+
+def verify_table(path: str | os.PathLike, *, fix: str) -> dict:
+    """The manifest of the table ``path``, after checking the table against it.
+
+    Args:
+      path: the table.
+      fix: what the user can do about a damaged table (the error's last sentence).
+
+    Raises:
+      DamagedFileError: (a ``ValueError``) the manifest is missing or unreadable, or the
+        table's size or SHA-256 differs from it (a truncated or changed table).
+    """
+    path = pathlib.Path(path)
+    mpath = table_manifest_path(path)
+    if not mpath.is_file():
+        raise DamagedFileError(f"{path} has no manifest {mpath}, so its rows cannot be checked. {fix}")
+    manifest = read_json(mpath)
+    data = path.read_bytes()
+    if len(data) != manifest.get("bytes") or hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+        raise DamagedFileError(
+            f"{path} does not match its manifest {mpath}: {len(data)} bytes where {manifest.get('bytes')} "
+            f"({manifest.get('rows')} rows) were written" + (" with other contents" if len(data) == manifest.get("bytes")
+                                                             else "") + f": it is truncated or changed. {fix}")
+    return manifest
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -256,3 +256,21 @@ def test_coarse_grouping_errors():
         data.coarse_labels(np.arange(11), dataset="digits", grouping="parity")
     with pytest.raises(ValueError, match="integer labels"):
         data.coarse_labels(np.ones(3), dataset="digits", grouping="parity")
+
+
+def test_load_representation_reads_npy_and_named_npz_and_names_a_damaged_file(tmp_path):
+    x = np.arange(12.0).reshape(4, 3)
+    np.save(tmp_path / "a.npy", x)
+    np.savez(tmp_path / "b.npz", one=x, two=2 * x)
+    np.testing.assert_array_equal(data.load_representation(str(tmp_path / "a.npy")), x)
+    np.testing.assert_array_equal(data.load_representation(f"{tmp_path / 'b.npz'}:two"), 2 * x)
+    np.testing.assert_array_equal(data.load_representation(str(tmp_path / "b.npz"), "one"), x)
+    with pytest.raises(data.RepresentationFileError, match=r"holds 2 arrays \(one, two\)"):
+        data.load_representation(str(tmp_path / "b.npz"))
+    cut = tmp_path / "cut.npy"
+    cut.write_bytes((tmp_path / "a.npy").read_bytes()[:90])
+    with pytest.raises(data.RepresentationFileError, match=f"{cut}: cannot read it"):
+        data.load_representation(str(cut))
+    np.save(tmp_path / "c.npy", np.zeros((2, 3, 4)))
+    with pytest.raises(ValueError, match=r"expected a 2-D .* got shape \(2, 3, 4\)"):
+        data.load_representation(str(tmp_path / "c.npy"))
