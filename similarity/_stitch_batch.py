@@ -1,7 +1,7 @@
 """Many closed-form stitcher fits in one vmapped, jit-compiled call: :func:`fit_stitchers`.
 
 The problems, of any widths and families, are zero-padded to one width per side (and up the
-ladder :func:`size_bucket`), fitted by :func:`fit_padded` and sliced back on the host.
+ladder ``similarity._ladder.bucket``), fitted by :func:`fit_padded` and sliced back on the host.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
+from funsim.similarity._ladder import bucket as size_bucket
 from funsim.similarity._precision import full_precision
 from funsim.similarity._stitch_fit import (
     Stitcher,
@@ -24,22 +25,6 @@ from funsim.similarity._stitch_fit import (
     normalise_option,
     raise_not_finite,
 )
-
-
-def size_bucket(k: int) -> int:
-    """The smallest size of the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (``2^m`` and ``3 * 2^m``) >= ``k``.
-
-    The grid's shape policy: widths and counts are padded up to it (at most 1.5x), so
-    that calls whose sizes fall in the same buckets share their compiled programs.
-
-    Examples:
-      >>> [size_bucket(k) for k in (1, 4, 5, 7, 9, 13, 200)]
-      [1, 4, 6, 8, 12, 16, 256]
-    """
-    if k <= 4:
-        return k
-    p = 1 << (k - 1).bit_length()
-    return p * 3 // 4 if p * 3 // 4 >= k else p
 
 
 def _host_float(z, name: str) -> np.ndarray:
@@ -97,7 +82,7 @@ def _default_names(i: int) -> tuple[str, str]:
 def _fit_batch(xs: list, ys: list, fams: Sequence[str], normalize: Sequence[bool], ridge: Sequence[float],
                bucket: bool, dt, names=_default_names) -> list[Stitcher]:
     """Every problem, of any families and options, padded to one width per side (and, with ``bucket``,
-    the widths and the count up the ladder :func:`size_bucket`), fitted in one call of :func:`fit_padded`.
+    the widths and the count up the ladder ``similarity._ladder.bucket``), fitted in one call of :func:`fit_padded`.
 
     Concrete inputs are padded and the results sliced on the host (NumPy), so that no program is
     compiled per width; traced inputs (under a caller's ``jit``) are padded in the caller's trace.

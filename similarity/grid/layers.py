@@ -26,21 +26,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from funsim.similarity import _validate as V
+from funsim.similarity._ladder import bucket
 
 SIDE_NAMES = {"a": "reps_a", "b": "reps_b"}
-
-
-def bucket(k: int) -> int:
-    """The smallest size of the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (``2^m`` and ``3 * 2^m``) >= ``k``.
-
-    Examples:
-      >>> [bucket(k) for k in (1, 4, 5, 7, 9, 13, 200)]
-      [1, 4, 6, 8, 12, 16, 256]
-    """
-    if k <= 4:
-        return k
-    p = 1 << (k - 1).bit_length()
-    return p * 3 // 4 if p * 3 // 4 >= k else p
 
 
 class Group(NamedTuple):

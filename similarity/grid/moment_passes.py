@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from funsim.similarity import _validate as V
+from funsim.similarity._ladder import bucket
 from funsim.similarity._linalg import pow2_at
 from funsim.similarity.moments import FullMoments, LayerMoments, MomentPair, PairMoments
 
@@ -375,8 +376,6 @@ def _block_size(la: int, wa: int, lb: int, wb: int, nmat: int, itemsize: int, nd
     per_layer = wa * lb * wb * nmat * itemsize
     fit = max(1, _CROSS_BUDGET // max(per_layer, 1))
     size = 1
-    from funsim.similarity.grid.layers import bucket
-
     for k in range(1, la + 1):
         if bucket(k) <= fit:
             size = bucket(k)
