@@ -36,7 +36,7 @@ their number to one count, both on the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24,
 whatever its widths (each measure's core is exact under zero padding), and a
 later grid whose sizes fall in the same buckets compiles none. To keep them
 across processes, turn on JAX's persistent compilation cache
-(:func:`funsim.experiments.enable_compile_cache`, or
+(:func:`funsim.runtime.enable_compile_cache`, or
 ``jax.config.update("jax_compilation_cache_dir", path)``).
 
 **Undefined cells.** Where the pairwise call raises a ``ValueError`` for a
