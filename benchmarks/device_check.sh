@@ -7,7 +7,7 @@
 #   DEVICE_CHECK_SHORT=1 PYTHON=.venv/bin/python benchmarks/device_check.sh /tmp/dc   # a short CPU run
 #
 # It uses the machine's own Python and JAX (PYTHON, default python3), needs no network, and imports
-# funsim from this tree through a folder of links (funsim/ with similarity, models, experiments) put
+# funsim from this tree through a folder of links (funsim/ with its five packages) put
 # first on PYTHONPATH, so nothing is installed. Steps, each under its own time limit (cut to what is
 # left of the budget; a step with under 10 s left is skipped), each with its own log in OUTDIR:
 #   f32.log      the float32 leg: FUNSIM_TEST_X64=0 pytest -m float32 tests/test_float32.py
@@ -44,7 +44,7 @@ SUMMARY="$OUTDIR/summary.txt"
 LINKS=$(mktemp -d)
 trap 'rm -rf "$LINKS"' EXIT
 mkdir "$LINKS/funsim"
-for d in similarity models experiments; do ln -s "$ROOT/$d" "$LINKS/funsim/$d"; done
+for d in similarity models experiments data runtime; do ln -s "$ROOT/$d" "$LINKS/funsim/$d"; done
 export PYTHONPATH="$LINKS:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 # several test processes share one GPU: take its memory as needed, not 75% each

@@ -102,11 +102,12 @@ from funsim.experiments.io import (
 )
 from funsim.models import CoarseTail, coarsen_logits
 from funsim.models.functional import stitch_into_targets
+from funsim.models.io import merge_units, source_version
 from funsim.runtime import distributed
 
 __all__ = [
     "StudyConfig", "CONFIGS", "COLUMNS", "STATISTICS", "RULES", "CoarseTail", "coarsen_logits", "config_from_dict",
-    "run", "read_table", "add_arguments", "main",
+    "run", "merge", "read_table", "add_arguments", "main",
 ]
 
 
@@ -329,7 +330,8 @@ def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pat
         if (a.id, b.id) not in mine:
             continue
         write_json_atomic(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json",
-                          {"model_a": a.id, "model_b": b.id, "rows": _pair_rows(ds, a, b, index, tables, cfg)})
+                          {"model_a": a.id, "model_b": b.id, "code": source_version(),
+                           "rows": _pair_rows(ds, a, b, index, tables, cfg)})
     return {"pairs": len(pairs), "computed": len(todo), "seconds": round(time.time() - t0, 1), "units": units,
             "undefined": undefined}
 
@@ -452,7 +454,7 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
         for fam in fams:
             for task in tasks:  # a task the target cannot take (no head after this layer): an empty unit
                 write_json_atomic(path(task, fam, name, lt), {"target": f"{name}:{lt}", "family": fam, "task": task,
-                                                              "rows": rows[fam].get(task, [])})
+                                                              "code": source_version(), "rows": rows[fam].get(task, [])})
     bar.close()
     return {"targets": len(jobs), "computed": n_todo, "seconds": round(time.time() - t0, 1),
             "source_target_pairs": n_pairs, "units": units}
@@ -474,6 +476,9 @@ def _unit_done(path: pathlib.Path) -> bool:
         warnings.warn(f"{path} is damaged (truncated or changed); recomputing it.", RuntimeWarning, stacklevel=2)
         path.unlink()
     return ok
+
+
+UNIT_GLOBS = ("pairs/*/*.json", "stitch/**/*.json")
 
 
 def _unit_files(out: pathlib.Path, ds_list: list[str]) -> list[pathlib.Path]:
@@ -653,6 +658,15 @@ def summary(cfg: StudyConfig, metrics: dict) -> str:
     return "\n".join(lines)
 
 
+@releases_run_locks
+def merge(src: str | pathlib.Path, cfg: StudyConfig, *, root: str | pathlib.Path = "results",
+          run_name: str | None = None) -> dict[str, int]:
+    """Copy the finished units of the study run ``src`` (e.g. computed on a GPU machine) into this run; a rerun
+    then computes only what is missing. Refused for another config or code version (:func:`models.io.merge_units`)."""
+    out = open_run("similarity_study", run_name or cfg.name, root=root, config=cfg)
+    return merge_units(src, out, globs=UNIT_GLOBS)
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -663,6 +677,9 @@ def main(args: argparse.Namespace) -> int:
         print(config_lib.config_json(cfg))
         return 0
     try:
+        if args.merge_units:
+            print(f"merged {args.merge_units}: {merge(args.merge_units, cfg, root=args.root, run_name=args.run or name)}")
+            return 0
         run(cfg, root=args.root, run_name=args.run or name, progress=not args.no_progress)
     except FileNotFoundError as e:
         print(f"funsim similarity-study: {e}")

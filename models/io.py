@@ -15,6 +15,7 @@ before they become visible and verified before they are restored
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -39,6 +40,9 @@ __all__ = [
     "fingerprint",
     "setup_diff",
     "check_setup",
+    "SOURCE_PACKAGES",
+    "source_version",
+    "merge_units",
     "read_npz",
     "table_manifest_path",
     "write_table_atomic",
@@ -346,6 +350,73 @@ def verify_table(path: str | os.PathLike, *, fix: str) -> dict:
             f"({manifest.get('rows')} rows) were written" + (" with other contents" if len(data) == manifest.get("bytes")
                                                              else "") + f": it is truncated or changed. {fix}")
     return manifest
+
+
+#: the packages whose sources make up :func:`source_version`
+SOURCE_PACKAGES = ("similarity", "models", "experiments", "data", "runtime")
+
+
+@functools.cache
+def source_version() -> str:
+    """SHA-256 (first 16 hex digits) of funsim's Python sources: the code that computed a result.
+
+    Every ``.py`` file of :data:`SOURCE_PACKAGES`, by relative path and contents; the same
+    tree gives the same version on any machine (no git needed), and any edit changes it.
+    """
+    root = pathlib.Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for pkg in SOURCE_PACKAGES:
+        for f in sorted((root / pkg).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def merge_units(src: str | os.PathLike, dst: str | os.PathLike, *, globs: tuple[str, ...],
+                version_key: str = "code", version: str | None = None) -> dict[str, int]:
+    """Copy the finished unit files of the run folder ``src`` (e.g. computed on another machine) into ``dst``.
+
+    Nothing is copied unless every check passes: both folders' ``config.json`` are equal,
+    and every unit of ``src`` reads back and records ``version_key == version`` (default
+    :func:`source_version`: the code that will finish the run). Units ``dst`` already has
+    are kept. Each copy is atomic, so an interrupted merge can be rerun.
+
+    Args:
+      src, dst: run folders (``dst`` is created, with ``src``'s config, if it does not exist).
+      globs: the unit files, relative to the run folder (e.g. ``("pairs/*/*.json",)``).
+
+    Returns:
+      ``{"copied": k, "kept": j}``.
+
+    Raises:
+      SetupMismatchError: (a ``ValueError``) another config, or a unit of another code
+        version; every difference is listed, and the fix.
+      DamagedFileError: a unit of ``src`` does not read back (named).
+    """
+    src, dst = pathlib.Path(src), pathlib.Path(dst)
+    version = source_version() if version is None else version
+    if not (src / "config.json").is_file():
+        raise FileNotFoundError(f"{src} is not a run folder: it has no config.json.")
+    cfg = read_json(src / "config.json")
+    if (dst / "config.json").is_file() and (diff := setup_diff(read_json(dst / "config.json"), cfg)):
+        raise SetupMismatchError(f"Refusing to merge {src} into {dst}: another config (saved: {dst}, now: {src}):\n  "
+                                 + "\n  ".join(diff) + "\nMerge into a run of the same config.")
+    units = sorted({f for g in globs for f in src.glob(g) if f.is_file()})
+    stale = [f"{f}: {version_key} {v!r}" for f in units if (v := read_json(f).get(version_key)) != version]
+    if stale:
+        raise SetupMismatchError(f"Refusing to merge {src} into {dst}: {len(stale)} units were computed by other "
+                                 f"code than this tree's ({version_key} {version!r}):\n  " + "\n  ".join(stale[:10])
+                                 + "\nRecompute them with this tree, or merge with the tree that computed them.")
+    if not (dst / "config.json").is_file():
+        write_json_atomic(dst / "config.json", cfg)
+    copied = 0
+    for f in units:
+        target = dst / f.relative_to(src)
+        if not target.is_file():
+            data = f.read_bytes()
+            write_atomic(target, lambda out, data=data: out.write(data))
+            copied += 1
+    return {"copied": copied, "kept": len(units) - copied}
+
 
 
 def sha256_file(path: str | os.PathLike) -> str:

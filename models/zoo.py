@@ -21,10 +21,10 @@ from flax import nnx
 from funsim import data
 from funsim.models import get_model
 from funsim.models.base import FeatureModel
-from funsim.models.io import DamagedFileError, fingerprint, read_json
+from funsim.models.io import DamagedFileError, fingerprint, read_json, read_npz, write_atomic
 from funsim.models.train import load_checkpoint
 
-__all__ = ["MANIFEST", "ZooModel", "Zoo", "ZooData", "read_manifest", "load_zoo", "load_zoo_data", "zoo_dataset",
+__all__ = ["MANIFEST", "ZooModel", "Zoo", "ZooData", "read_manifest", "load_zoo", "load_zoo_data", "pack_zoo_data", "zoo_dataset",
            "dataset_fingerprint", "build_model", "describe_model"]
 
 MANIFEST = "zoo.json"
@@ -213,11 +213,61 @@ class ZooData:
     coarse: dict[str, data.Dataset]
 
 
+def _pack_path(run_dir: str | pathlib.Path, dataset: str) -> pathlib.Path:
+    return pathlib.Path(run_dir) / "data" / f"{dataset}.npz"
+
+
+def _as_u8(x: np.ndarray) -> np.ndarray:
+    """``x`` as bytes when it is exactly ``u8 / 255`` in float32 (images), else ``x`` itself."""
+    if x.dtype != np.float32 or x.size == 0 or x.min() < 0 or x.max() > 1:
+        return x
+    u = np.rint(x * 255).astype(np.uint8)
+    return u if np.array_equal(u.astype(np.float32) / 255, x) else x
+
+
+def pack_zoo_data(run_dir: str | pathlib.Path, datasets: tuple[str, ...] | None = None) -> list[pathlib.Path]:
+    """Write each data set of a zoo, with its coarse labels, into ``run_dir/data/<data set>.npz`` (atomically).
+
+    :func:`load_zoo_data` then reads the pack instead of the data set's source, so the zoo
+    folder alone carries everything the similarity study needs to a machine without the
+    sources (e.g. a GPU machine with no network: docs/gpu.md). Images that are bytes / 255
+    are stored as bytes. The fingerprint saved at training time is checked on reading.
+
+    Args:
+      run_dir: the zoo's folder.
+      datasets: which data sets (default: every trained one).
+
+    Returns:
+      the written files.
+    """
+    manifest = read_manifest(run_dir)
+    names = [k for k, d in manifest["datasets"].items() if d["status"] == "ok"] if datasets is None else datasets
+    paths = []
+    for name in names:
+        zdata = load_zoo_data(run_dir, name)
+        ds = zdata.dataset
+        arrays = {"x_train": _as_u8(ds.x_train), "x_test": _as_u8(ds.x_test), "y_train": ds.y_train,
+                  "y_test": ds.y_test, "class_names": np.array(ds.class_names), "description": np.array(ds.description)}
+        for g, c in zdata.coarse.items():
+            arrays |= {f"{g}.y_train": c.y_train, f"{g}.y_test": c.y_test, f"{g}.class_names": np.array(c.class_names)}
+        paths.append(write_atomic(_pack_path(run_dir, name), lambda f, a=arrays: np.savez_compressed(f, **a)))
+    return paths
+
+
+def _unpack(path: pathlib.Path, name: str, groupings) -> tuple[data.Dataset, dict[str, data.Dataset]]:
+    a = read_npz(path, fix="Delete it and pack the zoo's data again (models.zoo.pack_zoo_data).")
+    x = {k: a[k].astype(np.float32) / 255 if a[k].dtype == np.uint8 else a[k] for k in ("x_train", "x_test")}
+    ds = data.Dataset(name, x["x_train"], a["y_train"], x["x_test"], a["y_test"], tuple(a["class_names"].tolist()),
+                      str(a["description"]))
+    return ds, {g: dataclasses.replace(ds, y_train=a[f"{g}.y_train"], y_test=a[f"{g}.y_test"],
+                                       class_names=tuple(a[f"{g}.class_names"].tolist())) for g in groupings}
+
+
 def load_zoo_data(run_dir: str | pathlib.Path, dataset: str) -> ZooData:
     """The rows a zoo was trained on, with every documented coarse grouping of them.
 
-    The data set is reloaded as the manifest says and checked against the
-    fingerprint saved at training time.
+    The data set is read from the zoo's pack (:func:`pack_zoo_data`) if it has one, else
+    reloaded as the manifest says, and checked against the fingerprint saved at training time.
 
     Raises:
       ValueError: the data set is not in the zoo, was skipped, or differs from the trained one.
@@ -227,12 +277,16 @@ def load_zoo_data(run_dir: str | pathlib.Path, dataset: str) -> ZooData:
     if d is None or d["status"] != "ok":
         why = "was not in its config" if d is None else f"was skipped: {d['reason']}"
         raise ValueError(f"Data set {dataset!r} of the zoo in {run_dir} {why}.")
-    load = d["load"]
-    ds = zoo_dataset(d["name"], load["options"], load["n_train"], load["n_test"])
+    load, pack = d["load"], _pack_path(run_dir, dataset)
+    if pack.is_file():
+        ds, coarse = _unpack(pack, d["name"], d["coarse"])
+    else:
+        ds = zoo_dataset(d["name"], load["options"], load["n_train"], load["n_test"])
+        coarse = None
     if dataset_fingerprint(ds) != d["sha1"]:
         raise ValueError(
             f"Data set {dataset!r} now loads different rows from those the zoo in {run_dir} was trained on "
             "(a changed source or version); its models cannot be compared on it."
         )
-    return ZooData(ds, {g: zoo_dataset(d["name"], load["options"], load["n_train"], load["n_test"], g)
-                        for g in d["coarse"]})
+    return ZooData(ds, coarse if coarse is not None else
+                   {g: zoo_dataset(d["name"], load["options"], load["n_train"], load["n_test"], g) for g in d["coarse"]})

@@ -418,3 +418,96 @@ def test_orthogonal_families_trained_together_equal_one_alone(tiny):
         np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a], rtol=0, atol=1e-6)
     scaled = _where(tables["both"], measure="task/scaled_orthogonal/accuracy", task="fine")
     assert scaled.sum() == len(a)
+
+
+def test_units_from_another_machine_merge_and_the_run_resumes_to_the_same_table(tiny, tmp_path, monkeypatch):
+    """The carry-and-resume path of a device run at smoke size: the zoo's data packed into its folder, a study
+    interrupted "on the device" (where the data sources are absent), its units merged here, and the run
+    finished here gives the table of an uninterrupted run; another config or code version is refused."""
+    import shutil
+
+    from funsim import data as data_lib
+    from funsim.models import zoo as mzoo
+    root, run = tiny
+    device = tmp_path / "device"
+    shutil.copytree(root / "zoo" / "tiny", device / "zoo" / "tiny")
+    [pack] = mzoo.pack_zoo_data(device / "zoo" / "tiny")
+    here = mzoo.load_zoo_data(root / "zoo" / "tiny", "digits")
+
+    def absent(*a, **kw):
+        raise data_lib.DataNotFoundError("no data sources on the device")
+
+    monkeypatch.setattr(data_lib, "load", absent)
+    monkeypatch.setattr(data_lib, "load_coarse", absent)
+    packed = mzoo.load_zoo_data(device / "zoo" / "tiny", "digits")  # from the pack, fingerprint checked
+    np.testing.assert_array_equal(packed.dataset.x_train, here.dataset.x_train)
+    assert packed.coarse.keys() == here.coarse.keys()
+    for g in here.coarse:
+        np.testing.assert_array_equal(packed.coarse[g].y_test, here.coarse[g].y_test)
+    cfg = S.config_from_dict(TINY)
+    real, calls = S._stitch_target, []
+
+    def crashing(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Crash("the device run's time is up")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(S, "_stitch_target", crashing)
+    with pytest.raises(Crash):
+        S.run(cfg, root=device, progress=False, log=lambda s: None)
+    monkeypatch.undo()
+    src = device / "similarity_study" / "tiny"
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY))
+    assert cli.main(["similarity-study", "--config", str(tmp_path / "tiny.json"), "--root", str(root), "--run",
+                     "merged", "--merge-units", str(src)]) == 0
+    out = root / "similarity_study" / "merged"
+    assert sorted(p.relative_to(out) for p in out.rglob("*.json") if p.name != "config.json") == \
+        sorted(p.relative_to(src) for p in src.rglob("*.json") if p.name != "config.json")
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if p.parent != out}
+    S.run(cfg, root=root, run_name="merged", progress=False, log=lambda s: None)
+    assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())  # the merged units are not recomputed
+    assert (out / "comparisons.csv").read_bytes() == (run / "comparisons.csv").read_bytes()
+    # another config: refused before anything is copied
+    with pytest.raises(ValueError, match=r"another config \(saved: .*other.*, now: .*device.*\):\n  n_rows: saved 64, now 96"):
+        S.merge(src, S.config_from_dict({**TINY, "n_rows": 64}), root=tmp_path / "other")
+    # a unit computed by other code: refused, naming it
+    unit = sorted((src / "pairs").rglob("*.json"))[0]
+    unit.write_text(json.dumps({**json.loads(unit.read_text()), "code": "0123456789abcdef"}))
+    with pytest.raises(ValueError, match=f"1 units were computed by other code.*\n  {unit}: code '0123456789abcdef'"):
+        S.merge(src, cfg, root=tmp_path / "fresh")
+    assert not (tmp_path / "fresh" / "similarity_study" / "tiny" / "pairs").exists()
+    assert pack.name == "digits.npz"
+
+
+def test_device_study_script_packs_units_that_merge_here(tiny, tmp_path):
+    """experiments/device_study.sh as the device runs it (here on the CPU, at the tiny size): its units come back
+    as one archive, merge into a run here, and that run's table is the uninterrupted run's."""
+    import os
+    import pathlib
+    import shutil
+    import subprocess
+    import sys
+    import tarfile
+
+    from funsim.models import zoo as mzoo
+    root, run = tiny
+    results, out = tmp_path / "carried", tmp_path / "out"
+    shutil.copytree(root / "zoo" / "tiny", results / "zoo" / "tiny")
+    mzoo.pack_zoo_data(results / "zoo" / "tiny")
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY))
+    script = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "device_study.sh"
+    proc = subprocess.run(["bash", str(script), str(tmp_path / "tiny.json"), "dev", "600"], capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "OUT": str(out), "PYTHON": sys.executable,
+                                                       "STUDY_RESULTS": str(results),
+                                                       "JAX_ENABLE_X64": str(int(jax.config.jax_enable_x64))})
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "study.log").read_text()
+    assert "exited with status 0" in (out / "study.log").read_text()
+    with tarfile.open(out / "units.tar.gz") as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    cfg = S.config_from_dict(TINY)
+    # the 6 model pairs' grids and the 9 stitching units (3 targets x fine, coarse, coarse with a new head)
+    assert S.merge(tmp_path / "back" / "dev", cfg, root=root, run_name="from-device") == {"copied": 15, "kept": 0}
+    S.run(cfg, root=root, run_name="from-device", progress=False, log=lambda s: None)
+    got = root / "similarity_study" / "from-device" / "comparisons.csv"
+    assert got.read_bytes() == (run / "comparisons.csv").read_bytes()

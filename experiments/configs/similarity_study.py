@@ -221,4 +221,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run name (default: the config's name and its --set overrides; reruns resume it)")
     parser.add_argument("--root", default="results", help="results root directory (default: results)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
+    parser.add_argument("--merge-units", default=None, metavar="RUN_DIR", help="copy the finished units of that "
+                        "run (e.g. from a GPU machine) into this one, then exit; rerun to finish (docs/gpu.md)")
 
