@@ -567,8 +567,8 @@ def _fmt(x, nd=3):
 def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions, verdicts: list, added: list) -> str:
     L = [f"# Usable information: the five claims on `{run_dir}`", "",
          f"Study config `{cfg['name']}` on zoo `{cfg['zoo']}`; {m['rows']} comparisons. The paper: "
-         f"{PAPER['scale'][0]}. Intervals are 95% bootstrap intervals resampling model pairs (the primary rules': "
-         f"models) ({opts.n_resamples} resamples); R^2 is the squared Pearson correlation (the R^2 of a least-squares line).", ""]
+         f"{PAPER['scale'][0]}. Intervals are 95% bootstrap intervals resampling model pairs (models for the rules "
+         f"of issue 28) ({opts.n_resamples} resamples); R^2 is the squared Pearson correlation (the R^2 of a least-squares line).", ""]
     L += ["## Verdicts", ""]
     if verdicts:
         L += ["Each label is computed by code from the rule in the run's config (`verdict_rules`), applied to the "
