@@ -39,9 +39,11 @@ import numpy as np
 
 from funsim.experiments import plotting  # its subplots lay out every figure (constrained)
 from funsim.experiments import verdict as verdict_lib
+from funsim.experiments.configs import similarity_study as study_cfg
 from funsim.experiments.io import acquire_run_lock, read_json, releases_run_locks, write_json_atomic, write_text_atomic
 from funsim.experiments.similarity_study import read_table
 from funsim.similarity import statistics as st
+from funsim.similarity import study_rules
 
 __all__ = ["PAPER", "ReportOptions", "report", "ridge_slack", "verdict_statistics"]
 
@@ -460,11 +462,11 @@ def _order_share(chains: list[np.ndarray], tol: float = 0.01) -> float:
     return float(np.mean(bad))
 
 
-def verdict_statistics(t: _Table, opts: ReportOptions, key) -> dict:
+def verdict_statistics(t: _Table, opts: ReportOptions, key, n_test: dict | None = None) -> dict:
     """The numbers the study's verdict rules judge (``similarity_study.STATISTICS``).
 
-    Each is a number, ``{"value", "interval"}`` (95% cluster bootstrap over model pairs),
-    or ``{"value": None, "reason": ...}`` when the run cannot define it.
+    Each is a number, ``{"value", "interval"}`` (95% bootstrap over model pairs; over models in
+    ``similarity.study_rules.noise_statistics``, given ``n_test`` rows per data set), or undefined with a reason.
     """
     out: dict = {}
     task_fams = [f for f in FAMILIES if t.get(f"task/{f}/relative_accuracy", "held_out", "fine")]
@@ -531,7 +533,8 @@ def verdict_statistics(t: _Table, opts: ReportOptions, key) -> dict:
     else:
         out["sufficiency_p_high_given_cka_090"] = out["high_with_low_cka_share"] = _undefined(
             "no task-loss stitching with linear CKA in this run")
-    return out
+    return {**out, **study_rules.noise_statistics(t, n_test, key=nxt(), n_resamples=opts.n_resamples,
+                                                  **study_cfg.NOISE_PARAMETERS)}
 
 
 def _join_finite(*dicts: dict) -> tuple[list, list[np.ndarray]]:
@@ -546,23 +549,34 @@ def _join_finite(*dicts: dict) -> tuple[list, list[np.ndarray]]:
 # ----------------------------------------------------------------------------- summary
 
 
+def _added_rules(added: list, primary: list) -> list[str]:
+    """The verdicts of the committed rules the run's config lacks, and the multiplicity of the primary rules."""
+    L = ["", "Rules committed after this run's config was written (not in its `config.json`):", "",
+         *verdict_lib.markdown_table(added)] if added else []
+    L += ["", "Multiplicity: Holm-Bonferroni over the primary rules that tested something (one-sided bootstrap p; a "
+          "label stands at Holm p <= 0.025); the other rules are secondary, each alone at its 95% interval.", "",
+          "| primary rule | label | p | Holm p | stands |", "|---|---|---:|---:|---|"]
+    return L + [f"| {r['claim']} | {r['label']} | {_fmt(r['p'], 4)} | {_fmt(r['p_holm'], 4)} | {r['stands']} |"
+                for r in primary]
+
+
 def _fmt(x, nd=3):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions) -> str:
+def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions, verdicts: list, added: list) -> str:
     L = [f"# Usable information: the five claims on `{run_dir}`", "",
          f"Study config `{cfg['name']}` on zoo `{cfg['zoo']}`; {m['rows']} comparisons. The paper: "
-         f"{PAPER['scale'][0]}. Intervals are 95% bootstrap intervals resampling model pairs "
-         f"({opts.n_resamples} resamples); R^2 is the squared Pearson correlation (the R^2 of a least-squares line).", ""]
-    rules = verdict_lib.coerce_rules(cfg.get("verdict_rules", ()))
+         f"{PAPER['scale'][0]}. Intervals are 95% bootstrap intervals resampling model pairs (models for the rules "
+         f"of issue 28) ({opts.n_resamples} resamples); R^2 is the squared Pearson correlation (the R^2 of a least-squares line).", ""]
     L += ["## Verdicts", ""]
-    if rules:
+    if verdicts:
         L += ["Each label is computed by code from the rule in the run's config (`verdict_rules`), applied to the "
               "statistic named in the rule.", ""]
-        L += verdict_lib.markdown_table(verdict_lib.judge_all(rules, m["verdict_statistics"]))
+        L += verdict_lib.markdown_table(verdicts)
     else:
         L.append("This run's config has no verdict rules (a run from before they were added): no labels.")
+    L += _added_rules(added, m["primary"])
     L.append("")
     L += ["## Claim 1: stitching is asymmetric", "",
           "| quantity | n | sd | excess kurtosis [95% CI] (normal: 0) | beyond 3 sd (normal: 0.0027) | "
@@ -705,10 +719,14 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     m["claim5"] = _claim5(t, options, out)
     m["gap"] = _gap(t, out)
     m["paper"] = {k: list(v) for k, v in PAPER.items()}
-    m["verdict_statistics"] = verdict_statistics(t, options, jax.random.fold_in(key, 7))
+    n_test = {k: d.get("n_test") for k, d in read_json(zoo_dir / "zoo.json")["datasets"].items()} if widths else None
+    m["verdict_statistics"] = stats = verdict_statistics(t, options, jax.random.fold_in(key, 7), n_test)
     rules = verdict_lib.coerce_rules(cfg.get("verdict_rules", ()))
-    m["verdicts"] = [v.to_json() for v in verdict_lib.judge_all(rules, m["verdict_statistics"])]
+    added = tuple(r for r in study_cfg.RULES if r.claim not in {x.claim for x in rules})  # committed since the run
+    verdicts = [verdict_lib.judge_all(r, stats) for r in (rules, added)]
+    m["verdicts"], m["verdicts_added"] = ([v.to_json() for v in vs] for vs in verdicts)
+    m["primary"] = study_rules.primary_holm(verdicts[0] + verdicts[1], stats["bootstrap_p"], study_cfg.PRIMARY)
     write_json_atomic(out / "metrics.json", m)
-    write_text_atomic(out / "summary.md", _summary(run_dir, cfg, m, options))
+    write_text_atomic(out / "summary.md", _summary(run_dir, cfg, m, options, *verdicts))
     log(f"[report] {out}/summary.md and 6 figures")
     return m

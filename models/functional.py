@@ -402,7 +402,8 @@ class TargetScore(NamedTuple):
         stitcher's and the target's predictions mapped to the groups of task ``coarse:<grouping>``.
       values: ``relative_accuracy`` (stitched / the target's own accuracy), ``accuracy``,
         ``own_accuracy`` and (not for a coarsened task) ``ce_gap`` (stitched minus own
-        cross-entropy, nats).
+        cross-entropy, nats) and ``relative_accuracy_half0`` / ``_half1``: on the even and the odd
+        test rows (claim 4 selects pairs on one half and scores them on the other).
     """
 
     source: int
@@ -563,5 +564,8 @@ def _target_scores(labels, y_te, own, logits, evaluations) -> list[TargetScore]:
                         "accuracy": acc, "own_accuracy": own_acc}
                 if coarsen is None:
                     vals["ce_gap"] = ce - own_ce
+                    for h in (0, 1) if len(yv) > 1 else ():  # the test rows' halves (even, odd): claim 4
+                        acc_h, own_h = (logit_scores(lg[h::2], yv[h::2])[0] for lg in (st_logits, own_logits))
+                        vals[f"relative_accuracy_half{h}"] = acc_h / own_h if own_h > 0 else float("nan")
                 out.append(TargetScore(k, m, ev_task, vals))
     return out

@@ -8,6 +8,12 @@ resampling is one compiled, vmapped program:
 * :func:`resample_weights`, :func:`bootstrap`: percentile bootstrap intervals,
   optionally resampling whole clusters (e.g. model pairs: the layer pairs of one
   model pair are not independent), every resample a row of frequency weights;
+* :func:`model_resample_weights`, ``bootstrap(..., models=)``: the two-way bootstrap of
+  dyadic data, resampling *models* (a model recurs in many pairs), and
+  :func:`bootstrap_distribution`, :func:`bootstrap_p_value`: the resampled statistics
+  and a one-sided p-value from them;
+* :func:`holm`: Holm-Bonferroni adjusted p-values; :func:`accuracy_difference_se`: the
+  binomial standard error of a difference of two accuracies on ``n`` test rows;
 * :func:`permutation_test`: the permutation null of :func:`r2` (``y`` shuffled);
 * :func:`excess_kurtosis`, :func:`tail_statistics`: how heavy-tailed a
   distribution of differences is, against the normal distribution;
@@ -28,10 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from funsim.similarity._precision import full_precision
+
 __all__ = [
     "Interval", "PermutationResult", "r2", "weighted_moments", "excess_kurtosis", "resample_weights",
     "bootstrap", "permutation_test", "tail_statistics", "binned_probability", "count_violations",
-    "NORMAL_TAIL", "weighted_mean", "r2_margin",
+    "NORMAL_TAIL", "weighted_mean", "r2_margin", "model_resample_weights", "bootstrap_distribution",
+    "bootstrap_p_value", "holm", "accuracy_difference_se",
 ]
 
 # For a normal distribution: P(|z| > 3) and (q99 - q01) / (q75 - q25), the references of tail_statistics.
@@ -53,6 +62,7 @@ def _same_length(**arrays) -> None:
         raise ValueError(f"the arrays must have the same length, got {lengths}.")
 
 
+@full_precision
 def weighted_moments(x: ArrayLike, /, *, weights: ArrayLike | None = None) -> tuple[jax.Array, jax.Array]:
     """Weighted mean and the weighted central moments 2..4 of ``x (n,)``.
 
@@ -67,6 +77,7 @@ def weighted_moments(x: ArrayLike, /, *, weights: ArrayLike | None = None) -> tu
     return mu, tuple(jnp.sum(w * c**k) / tot for k in (2, 3, 4))
 
 
+@full_precision
 def r2(x: ArrayLike, y: ArrayLike, /, *, weights: ArrayLike | None = None) -> jax.Array:
     """R^2 of the least-squares line ``y ~ a + b x``: the squared Pearson correlation.
 
@@ -92,6 +103,7 @@ def r2(x: ArrayLike, y: ArrayLike, /, *, weights: ArrayLike | None = None) -> ja
     return sxy * sxy / (sxx * syy)
 
 
+@full_precision
 def weighted_mean(x: ArrayLike, /, *, weights: ArrayLike | None = None) -> jax.Array:
     """The (frequency-)weighted mean of ``x`` (a statistic for :func:`bootstrap`).
 
@@ -105,6 +117,7 @@ def weighted_mean(x: ArrayLike, /, *, weights: ArrayLike | None = None) -> jax.A
     return jnp.sum(w * x) / jnp.sum(w)
 
 
+@full_precision
 def r2_margin(a: ArrayLike, b: ArrayLike, c: ArrayLike, y: ArrayLike, /, *,
               weights: ArrayLike | None = None) -> jax.Array:
     """``min(R^2(a, y), R^2(b, y)) - R^2(c, y)`` (:func:`r2`): how much better the weaker of two measures
@@ -119,6 +132,7 @@ def r2_margin(a: ArrayLike, b: ArrayLike, c: ArrayLike, y: ArrayLike, /, *,
     return jnp.minimum(r2(a, y, weights=weights), r2(b, y, weights=weights)) - r2(c, y, weights=weights)
 
 
+@full_precision
 def excess_kurtosis(x: ArrayLike, /, *, weights: ArrayLike | None = None) -> jax.Array:
     """Excess kurtosis ``m4 / m2^2 - 3`` (0 for a normal; > 0: heavier tails). SciPy's ``kurtosis`` default.
 
@@ -176,6 +190,7 @@ def _clusters(clusters, n: int) -> tuple[np.ndarray, int]:
     return inverse.reshape(-1), int(inverse.max()) + 1
 
 
+@full_precision
 def resample_weights(key: jax.Array, n: int, /, *, n_resamples: int, clusters: ArrayLike | None = None) -> jax.Array:
     """Frequency weights of ``n_resamples`` bootstrap resamples of ``n`` rows, ``(n_resamples, n)``.
 
@@ -195,11 +210,94 @@ def resample_weights(key: jax.Array, n: int, /, *, n_resamples: int, clusters: A
     return counts[:, jnp.asarray(inverse)]
 
 
+@full_precision
+def model_resample_weights(key: jax.Array, model_a: ArrayLike, model_b: ArrayLike, /, *,
+                           n_resamples: int) -> jax.Array:
+    """Frequency weights ``(n_resamples, n)`` of the two-way bootstrap of pairs of models (dyadic data).
+
+    Rows are pairs ``(model_a[i], model_b[i])`` and a model recurs in many pairs, so pairs are not
+    independent and resampling them (or model pairs) gives intervals that are too narrow. Each
+    resample draws as many *models* as there are, uniformly with replacement (the ids of both
+    columns form one population); a row's weight is the product of its two models' multiplicities
+    (the "pigeonhole" bootstrap for crossed random effects, Owen 2007, Ann. Appl. Stat. 1(2): a pair
+    survives only when both of its models are drawn, and counts once per drawn copy of each). Every
+    layer pair of a model pair moves with it. The choice: resampling pairs (or model pairs) ignores
+    the variance that shared models add, so its intervals are too narrow; this one errs on the wide
+    side instead: a product of two multiplicities has variance about 3, so the pairs' own noise
+    counts about sqrt(3) times in the interval's width (Owen 2007: conservative).
+
+    Args:
+      key: PRNG key.
+      model_a, model_b: ``(n,)`` model ids (any hashable values; ``(dataset, id)`` strings where ids
+        repeat across data sets).
+      n_resamples: resamples.
+
+    Examples:
+      >>> import jax
+      >>> w = model_resample_weights(jax.random.key(0), ["m0", "m0", "m1"], ["m1", "m2", "m2"], n_resamples=2)
+      >>> w.shape
+      (2, 3)
+    """
+    a, b = np.asarray(model_a), np.asarray(model_b)
+    if a.ndim != 1 or a.shape != b.shape:
+        raise ValueError(f"model_a and model_b must be 1-D of one length, got shapes {a.shape} and {b.shape}.")
+    _, inverse = np.unique(np.concatenate([a, b]).astype(str), return_inverse=True)
+    inverse = inverse.reshape(-1)
+    n_models = int(inverse.max()) + 1
+    draws = jax.random.randint(key, (n_resamples, n_models), 0, n_models)
+    counts = jax.vmap(lambda d: jnp.zeros(n_models, jnp.float32).at[d].add(1.0))(draws)
+    return counts[:, jnp.asarray(inverse[: a.size])] * counts[:, jnp.asarray(inverse[a.size:])]
+
+
 @functools.partial(jax.jit, static_argnames=("stat",))
 def _weighted_stats(stat, arrays, weights):
     return jax.vmap(lambda w: stat(*arrays, weights=w))(weights)
 
 
+@full_precision
+def bootstrap_distribution(
+    stat: Callable[..., jax.Array],
+    arrays: tuple[ArrayLike, ...],
+    /,
+    *,
+    key: jax.Array,
+    n_resamples: int = 2000,
+    clusters: ArrayLike | None = None,
+    models: tuple[ArrayLike, ArrayLike] | None = None,
+) -> tuple[float, np.ndarray]:
+    """``(stat on the data, stat on each resample (n_resamples,))``: what :func:`bootstrap` summarises.
+
+    Arguments as :func:`bootstrap`. Resamples where the statistic is undefined are NaN.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> est, s = bootstrap_distribution(weighted_mean, (jnp.arange(4.0),), key=jax.random.key(0), n_resamples=5)
+      >>> est, s.shape
+      (1.5, (5,))
+    """
+    arrays = tuple(_vec(a, f"arrays[{i}]") for i, a in enumerate(arrays))
+    _same_length(**{f"arrays[{i}]": a for i, a in enumerate(arrays)})
+    if not isinstance(n_resamples, int) or n_resamples < 1:
+        raise ValueError(f"n_resamples must be a positive int, got {n_resamples!r}.")
+    if clusters is not None and models is not None:
+        raise ValueError("pass clusters (resample clusters of rows) or models (resample models), not both.")
+    estimate = float(stat(*arrays))
+    if not np.isfinite(estimate):
+        raise ValueError(
+            f"{getattr(stat, '__name__', 'the statistic')} is {estimate} on the data itself (arrays of length "
+            f"{arrays[0].shape[0]}), e.g. a constant array has no variance; there is nothing to bootstrap."
+        )
+    n = arrays[0].shape[0]
+    if models is not None:
+        w = model_resample_weights(key, *models, n_resamples=n_resamples)
+        if w.shape[1] != n:
+            raise ValueError(f"models must be two (n,) = ({n},) arrays of ids, got {w.shape[1]} rows.")
+    else:
+        w = resample_weights(key, n, n_resamples=n_resamples, clusters=clusters)
+    return estimate, np.asarray(_weighted_stats(stat, arrays, w))
+
+
+@full_precision
 def bootstrap(
     stat: Callable[..., jax.Array],
     arrays: tuple[ArrayLike, ...],
@@ -209,6 +307,7 @@ def bootstrap(
     n_resamples: int = 2000,
     clusters: ArrayLike | None = None,
     level: float = 0.95,
+    models: tuple[ArrayLike, ArrayLike] | None = None,
 ) -> Interval:
     """Percentile bootstrap interval of ``stat(*arrays, weights=w)``, all resamples in one vmapped program.
 
@@ -221,6 +320,8 @@ def bootstrap(
       n_resamples: resamples.
       clusters: ``(n,)`` cluster labels: resample whole clusters (see :func:`resample_weights`).
       level: coverage of the interval.
+      models: ``(model_a (n,), model_b (n,))``: resample models, not rows or clusters
+        (:func:`model_resample_weights`; not with ``clusters``).
 
     Returns:
       :class:`Interval`.
@@ -237,23 +338,71 @@ def bootstrap(
       >>> ci.low <= ci.estimate <= ci.high
       True
     """
-    arrays = tuple(_vec(a, f"arrays[{i}]") for i, a in enumerate(arrays))
-    _same_length(**{f"arrays[{i}]": a for i, a in enumerate(arrays)})
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level!r}.")
-    if not isinstance(n_resamples, int) or n_resamples < 1:
-        raise ValueError(f"n_resamples must be a positive int, got {n_resamples!r}.")
-    estimate = float(stat(*arrays))
-    if not np.isfinite(estimate):
-        raise ValueError(
-            f"{getattr(stat, '__name__', 'the statistic')} is {estimate} on the data itself (arrays of length "
-            f"{arrays[0].shape[0]}), e.g. a constant array has no variance; there is nothing to bootstrap."
-        )
-    n = arrays[0].shape[0]
-    w = resample_weights(key, n, n_resamples=n_resamples, clusters=clusters)
-    samples = np.asarray(_weighted_stats(stat, arrays, w))
+    estimate, samples = bootstrap_distribution(stat, arrays, key=key, n_resamples=n_resamples, clusters=clusters,
+                                               models=models)
     lo, hi = np.nanquantile(samples, [(1 - level) / 2, (1 + level) / 2])
     return Interval(estimate, float(lo), float(hi), float(level), int(n_resamples))
+
+
+@full_precision
+def bootstrap_p_value(samples: ArrayLike, threshold: float, direction: str, /) -> float:
+    """One-sided bootstrap p-value of ``statistic <direction> threshold`` from resampled statistics.
+
+    ``(1 + #{resamples where it fails}) / (1 + #{finite resamples})``: small when almost every
+    resample passes (a percentile interval at level ``1 - 2 alpha`` lies wholly on the passing
+    side about when this is at most ``alpha``); never 0. NaN resamples are left out.
+
+    Examples:
+      >>> bootstrap_p_value([0.1, 0.2, -0.1, 0.3], 0.0, ">")
+      0.4
+    """
+    s = np.asarray(samples, np.float64)
+    s = s[np.isfinite(s)]
+    ops = {">": np.greater, ">=": np.greater_equal, "<": np.less, "<=": np.less_equal}
+    if direction not in ops:
+        raise ValueError(f"direction must be one of {', '.join(ops)}, got {direction!r}.")
+    return float((1 + np.sum(~ops[direction](s, threshold))) / (1 + s.size))
+
+
+@full_precision
+def holm(p_values: ArrayLike, /) -> jax.Array:
+    """Holm-Bonferroni adjusted p-values (step-down; the family-wise error rate, any dependence).
+
+    Sorted ascending, the k-th smallest (k from 0) is multiplied by ``m - k``, a running maximum
+    keeps the order, and values are capped at 1; a hypothesis is rejected at family-wise level
+    ``alpha`` when its adjusted p-value is at most ``alpha``. Jittable.
+
+    Examples:
+      >>> [round(float(p), 3) for p in holm([0.01, 0.04, 0.03])]
+      [0.03, 0.06, 0.06]
+    """
+    p = jnp.asarray(p_values)
+    if p.ndim != 1:
+        raise ValueError(f"p_values must be 1-D, got shape {tuple(p.shape)}.")
+    if not jnp.issubdtype(p.dtype, jnp.floating):
+        p = p.astype(jnp.float32)
+    m = p.shape[0]
+    order = jnp.argsort(p)
+    adjusted = jnp.minimum(1.0, jax.lax.cummax((m - jnp.arange(m)) * p[order]))
+    return jnp.zeros_like(p).at[order].set(adjusted)
+
+
+@full_precision
+def accuracy_difference_se(p1: ArrayLike, p2: ArrayLike, n: ArrayLike, /) -> jax.Array:
+    """Binomial standard error ``sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n)`` of a difference of two accuracies.
+
+    Each accuracy is a mean over ``n`` test rows. Treating the two as independent is an upper bound
+    when the two classifiers' errors on the same rows are positively correlated (as two stitchers
+    into one target are): the paired variance subtracts ``2 cov``.
+
+    Examples:
+      >>> round(float(accuracy_difference_se(0.97, 0.97, 297)), 4)
+      0.014
+    """
+    p1, p2 = jnp.asarray(p1) * 1.0, jnp.asarray(p2) * 1.0
+    return jnp.sqrt((p1 * (1 - p1) + p2 * (1 - p2)) / n)
 
 
 @jax.jit
@@ -261,6 +410,7 @@ def _permuted_r2(x, y, keys):
     return jax.vmap(lambda k: r2(x, jax.random.permutation(k, y)))(keys)
 
 
+@full_precision
 def permutation_test(x: ArrayLike, y: ArrayLike, /, *, key: jax.Array, n_permutations: int = 2000) -> PermutationResult:
     """Permutation null of :func:`r2`: ``y`` shuffled against ``x``, all permutations in one vmapped program.
 
@@ -290,6 +440,7 @@ def permutation_test(x: ArrayLike, y: ArrayLike, /, *, key: jax.Array, n_permuta
                              float((1 + np.sum(null >= obs)) / (1 + n_permutations)), int(n_permutations))
 
 
+@full_precision
 def tail_statistics(d: ArrayLike, /) -> dict[str, float]:
     """How heavy-tailed a distribution of differences is, each beside its value for a normal distribution.
 
@@ -319,6 +470,7 @@ def tail_statistics(d: ArrayLike, /) -> dict[str, float]:
     }
 
 
+@full_precision
 def binned_probability(x: ArrayLike, hit: ArrayLike, /, *, edges: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """``P(hit | x in bin)`` for the bins ``[edges[k], edges[k+1])`` (the last bin closed), as ``np.histogram``.
 
@@ -347,6 +499,7 @@ def binned_probability(x: ArrayLike, hit: ArrayLike, /, *, edges: ArrayLike) -> 
     return counts, prob
 
 
+@full_precision
 def count_violations(*chain: ArrayLike, tol: float = 0.0) -> int:
     """Entries where ``chain[k] > chain[k + 1] + tol`` for some k (a nested-family order broken).
 

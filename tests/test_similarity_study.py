@@ -397,6 +397,11 @@ def test_unsaturated_design_smoke(tiny):
     for name in ("granularity_coarse_minus_fine_summed", "granularity_coarse_minus_fine_head"):
         v = stats[name]
         assert isinstance(v, dict) and (v["value"] is not None or "reason" in v), name
+    # claim 4's split (issue 28): every task-loss row has its two halves of the test rows, and the report uses them
+    for task in ("fine", "coarse:parity"):
+        n = _where(t, measure="task/affine/relative_accuracy", task=task).sum()
+        assert all(_where(t, measure=f"task/affine/relative_accuracy_half{h}", task=task).sum() == n for h in (0, 1))
+    assert isinstance(stats["split_model_pairs"], int) and "predates" not in str(stats["granularity_split_summed"])
 
 
 def test_orthogonal_families_trained_together_equal_one_alone(tiny):

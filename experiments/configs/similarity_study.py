@@ -13,7 +13,8 @@ from typing import Any
 from funsim.experiments import config as config_lib
 from funsim.experiments import verdict as verdict_lib
 
-__all__ = ["StudyConfig", "CONFIGS", "STATISTICS", "RULES", "config_from_dict", "add_arguments"]
+__all__ = ["StudyConfig", "CONFIGS", "STATISTICS", "RULES", "PRIMARY", "NOISE_PARAMETERS", "config_from_dict",
+           "add_arguments"]
 
 SUPPORTS_MULTIPROCESS = True  # `funsim launch -n N similarity-study`: units are split over the processes
 
@@ -47,7 +48,14 @@ STATISTICS = {
                                           "frozen penultimate features)",
     "sufficiency_p_high_given_cka_090": "P(task-loss relative accuracy >= 0.95 | linear CKA >= 0.9)",
     "high_with_low_cka_share": "share of pairs with task-loss relative accuracy >= 0.95 whose linear CKA is < 0.5",
+    "order_margin_task": "min over the family chain's links of mean paired difference + z binomial SEs [interval]",
+    "p_high_overall": "P(task-loss relative accuracy >= 0.95), every pair of the 5a lift",
+    "sufficiency_lift_cka_090": "P(relative accuracy >= 0.95 | linear CKA >= 0.9) - P(relative accuracy >= 0.95)",
+    "split_model_pairs": "model pairs selected below 0.95 on a half of the test rows (claim 4's split)",
+    "granularity_split_summed": "mean coarse - fine on the other half of the test rows [interval], summed softmax",
+    "granularity_split_head": "the same with the new coarse head",
 }
+NOISE_PARAMETERS = {"high": 0.95, "cka_high": 0.9, "below": 0.95, "z": 1.96}  # of similarity.study_rules.noise_statistics
 
 _BELOW_CEILING = (verdict_lib.Rule("enough pairs below the ceiling (share)", "share_below_095", ">=", 0.2,
                                    labels=("below the ceiling", "ceiling")),
@@ -83,7 +91,16 @@ RULES: tuple[verdict_lib.Rule, ...] = (
                      interval=True, requires=_BELOW_CEILING),
     verdict_lib.Rule("5a high CKA is sufficient", "sufficiency_p_high_given_cka_090", ">=", 0.9),
     verdict_lib.Rule("5b high CKA is not necessary", "high_with_low_cka_share", ">", 0.05),
+    verdict_lib.Rule("2b' task-loss order, paired, noise tolerance", "order_margin_task", ">=", 0.0,
+                     labels=("holds", "broken"), interval=True, requires=_BELOW_CEILING[:1]),
+    *(verdict_lib.Rule(f"4' coarse >= fine, split halves ({k})", f"granularity_split_{s}", ">", 0.0, interval=True,
+                       requires=(_BELOW_CEILING[0], verdict_lib.Rule("30 model pairs", "split_model_pairs", ">=", 30,
+                                 labels=("enough model pairs", "fewer than 30 model pairs"))))
+      for k, s in (("summed softmax", "summed"), ("new head", "head"))),
+    verdict_lib.Rule("5a' high CKA lifts P(high)", "sufficiency_lift_cka_090", ">", 0.0, interval=True, requires=(
+        verdict_lib.Rule("P(high) below the ceiling", "p_high_overall", "<=", 0.8, labels=("no ceiling", "ceiling")),)),
 )
+PRIMARY = tuple(r.claim for r in RULES[-4:])  # issue 28's, beside the first 13: Holm over these; the rest uncorrected
 
 # ----------------------------------------------------------------------------- config
 
@@ -210,7 +227,6 @@ def config_from_dict(d: Mapping[str, Any]) -> StudyConfig:
       64
     """
     return config_lib.from_dict(StudyConfig, CONFIGS, d)  # typed: lists become tuples
-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

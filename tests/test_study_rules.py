@@ -1,0 +1,311 @@
+"""Issue 28's controls for the similarity study: the model bootstrap, the paired family test, the split-half
+selection, the ceiling-gated lift and Holm's correction, each against a float64 NumPy reference
+(similarity/statistics.py and similarity/study_rules.py), and their wiring into the report's verdicts."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as hst
+
+from funsim.experiments import similarity_study as S
+from funsim.experiments import usable_information as ui
+from funsim.experiments import verdict
+from funsim.experiments.configs import similarity_study as C
+from funsim.experiments.io import write_table_atomic
+from funsim.similarity import statistics as st
+from funsim.similarity import study_rules as sr
+
+
+def _design(m):
+    """Every pair of ``m`` models once (a complete two-way design)."""
+    ia, ib = np.triu_indices(m, 1)
+    ids = np.array([f"m{i}" for i in range(m)])
+    return ia, ib, ids[ia], ids[ib]
+
+
+# ----------------------------------------------------------------------------- the model bootstrap
+
+
+@given(hst.integers(2, 7), hst.integers(1, 12), hst.integers(0, 2**16))
+def test_model_weights_are_products_of_model_multiplicities(m, n, seed):
+    """The weight of pair (a, b) is (copies of a drawn) x (copies of b drawn), from the same draws, in NumPy."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.integers(0, m, n), rng.integers(0, m, n)
+    ids = np.array([f"m{i:02d}" for i in range(m)])
+    key = jax.random.key(seed)
+    w = np.asarray(st.model_resample_weights(key, ids[a], ids[b], n_resamples=5), np.float64)
+    present = np.unique(np.concatenate([a, b]))  # the models in the data, in sorted-id order
+    draws = np.asarray(jax.random.randint(key, (5, present.size), 0, present.size))
+    counts = np.stack([np.bincount(d, minlength=present.size) for d in draws]).astype(np.float64)
+    pos = {mm: i for i, mm in enumerate(present)}
+    ref = counts[:, [pos[x] for x in a]] * counts[:, [pos[x] for x in b]]
+    np.testing.assert_array_equal(w, ref)
+    assert np.all(counts.sum(1) == present.size)
+
+
+def test_model_weights_mean_and_refusals():
+    # E[m_a m_b] = 1 - 1/M for two different models of M (multinomial covariance -1/M)
+    _, _, a, b = _design(8)
+    w = np.asarray(st.model_resample_weights(jax.random.key(0), a, b, n_resamples=4000), np.float64)
+    np.testing.assert_allclose(w.mean(), 1 - 1 / 8, atol=0.02)
+    with pytest.raises(ValueError, match="1-D of one length"):
+        st.model_resample_weights(jax.random.key(0), a, b[:-1], n_resamples=2)
+    with pytest.raises(ValueError, match="not both"):
+        st.bootstrap(st.weighted_mean, (np.ones(len(a)),), key=jax.random.key(0), clusters=a, models=(a, b))
+
+
+def test_model_bootstrap_equals_a_numpy_loop_and_is_wider_with_shared_models():
+    """Pairs y_ab = u_a + u_b + noise (a shared-model effect, true mean 0): the model bootstrap's interval
+    equals a float64 NumPy loop over the same weights, covers 0, and is wider than resampling pairs or
+    model pairs. Without the model effect it is still wider (never narrower): the product of two models'
+    multiplicities has variance about 3 where a pair's has 1, so pure pair noise counts about sqrt(3) times
+    (Owen 2007: the pigeonhole bootstrap is conservative); we require a ratio in (1.2, 2.6)."""
+    ia, ib, a, b = _design(12)
+    rng = np.random.default_rng(0)
+    u = rng.normal(size=12)
+    y = u[ia] + u[ib] + 0.3 * rng.normal(size=ia.size)
+    key = jax.random.key(1)
+    ci = st.bootstrap(st.weighted_mean, (y,), key=key, n_resamples=2000, models=(a, b))
+    w = np.asarray(st.model_resample_weights(key, a, b, n_resamples=2000), np.float64)
+    ref = np.quantile(w @ y / w.sum(1), [0.025, 0.975])
+    np.testing.assert_allclose([ci.low, ci.high], ref, rtol=1e-5, atol=1e-6)
+    pairs = st.bootstrap(st.weighted_mean, (y,), key=key, n_resamples=2000)
+    assert ci.low < 0 < ci.high and ci.high - ci.low > 2 * (pairs.high - pairs.low)
+    # each model pair's layer pairs: clusters of model pairs are as narrow as pairs here
+    y4 = np.repeat(y, 4) + 0.01 * rng.normal(size=4 * y.size)
+    by_pair = st.bootstrap(st.weighted_mean, (y4,), key=key, clusters=np.repeat(np.arange(y.size), 4))
+    by_model = st.bootstrap(st.weighted_mean, (y4,), key=key, models=(np.repeat(a, 4), np.repeat(b, 4)))
+    assert by_model.high - by_model.low > 2 * (by_pair.high - by_pair.low)
+    flat = 0.3 * rng.normal(size=ia.size)  # no shared-model effect
+    wm = st.bootstrap(st.weighted_mean, (flat,), key=key, models=(a, b))
+    wp = st.bootstrap(st.weighted_mean, (flat,), key=key)
+    assert 1.2 < (wm.high - wm.low) / (wp.high - wp.low) < 2.6
+
+
+def test_model_bootstrap_coverage_by_simulation():
+    """200 data sets of 10 models (45 pairs), y_ab = u_a + u_b + e, true mean 0, 90% intervals. The model
+    bootstrap covers about 0.82 (a percentile bootstrap over 10 units undercovers); we require >= 0.74
+    (Monte Carlo SE about 0.03 at 200 data sets). Resampling pairs covers about 0.41; we require <= 0.6."""
+    m, sims, reps = 10, 200, 400
+    ia, ib, a, b = _design(m)
+    rng = np.random.default_rng(0)
+    u = rng.normal(size=(sims, m))
+    ys = u[:, ia] + u[:, ib] + 0.5 * rng.normal(size=(sims, ia.size))
+    covered = {"models": 0, "pairs": 0}
+    for s, k in enumerate(jax.random.split(jax.random.key(0), sims)):
+        for name, w in (("models", st.model_resample_weights(k, a, b, n_resamples=reps)),
+                        ("pairs", st.resample_weights(k, ia.size, n_resamples=reps))):
+            w = np.asarray(w, np.float64)
+            lo, hi = np.quantile(w @ ys[s] / w.sum(1), [0.05, 0.95])
+            covered[name] += lo <= 0 <= hi
+    assert covered["models"] / sims >= 0.74, covered
+    assert covered["pairs"] / sims <= 0.6, covered
+
+
+# ----------------------------------------------------------------------------- p-values and Holm
+
+
+def _holm_reference(p):
+    """The textbook step-down: the k-th smallest p times (m - k), a running maximum, capped at 1."""
+    p = np.asarray(p, np.float64)
+    order = np.argsort(p, kind="stable")
+    out = np.empty_like(p)
+    running = 0.0
+    for k, i in enumerate(order):
+        running = max(running, min(1.0, (p.size - k) * p[i]))
+        out[i] = running
+    return out
+
+
+@given(hst.lists(hst.floats(0.0, 1.0), min_size=1, max_size=12))
+def test_holm_matches_the_textbook_step_down(p):
+    adj = np.asarray(st.holm(np.array(p, np.float64)), np.float64)
+    np.testing.assert_allclose(adj, _holm_reference(p), rtol=1e-6, atol=1e-7)
+    assert np.all(adj >= np.array(p) - 1e-7) and np.all(adj <= 1.0)
+
+
+def test_holm_known_values_and_bootstrap_p_value():
+    np.testing.assert_allclose(np.asarray(st.holm(np.array([0.01, 0.04, 0.03, 0.5]))), [0.04, 0.09, 0.09, 0.5],
+                               rtol=1e-6)
+    s = np.array([0.3, -0.1, 0.2, 0.0, np.nan, 0.5])
+    assert st.bootstrap_p_value(s, 0.0, ">") == (1 + 2) / (1 + 5)  # -0.1 and 0.0 fail "> 0"
+    assert st.bootstrap_p_value(s, 0.0, ">=") == (1 + 1) / (1 + 5)
+    assert st.bootstrap_p_value(s, 0.25, "<") == (1 + 2) / (1 + 5)
+    with pytest.raises(ValueError, match="direction"):
+        st.bootstrap_p_value(s, 0.0, "=")
+
+
+# ----------------------------------------------------------------------------- the claims' statistics
+
+
+def test_accuracy_difference_se_is_the_binomial_se():
+    """Issue 28's example: two accuracies near 0.97 on 297 test rows differ by noise of about 0.014 (a
+    constant tolerance of 0.01 is less than one standard error)."""
+    p1, p2, n = np.array([0.97, 0.5, 0.9]), np.array([0.97, 0.6, 0.99]), np.array([297, 100, 1000])
+    ref = np.sqrt(p1 * (1 - p1) / n + p2 * (1 - p2) / n)
+    np.testing.assert_allclose(np.asarray(st.accuracy_difference_se(p1, p2, n)), ref, rtol=1e-6)
+    assert 0.0135 < float(st.accuracy_difference_se(0.97, 0.97, 297)) < 0.0145
+
+
+@given(hst.integers(0, 2**16), hst.integers(1, 3))
+def test_order_margin_and_lift_match_numpy_with_weights(seed, links):
+    rng = np.random.default_rng(seed)
+    n = 9
+    d = rng.normal(size=(links, n))
+    tol = rng.uniform(0, 0.1, size=(links, n))
+    w = rng.integers(0, 4, n).astype(np.float64)
+    w[0] = 1.0
+    ref = min(np.average(d[k], weights=w) + np.average(tol[k], weights=w) for k in range(links))
+    got = float(sr.order_margin(*d, *tol, weights=w))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    top, hit = rng.integers(0, 2, n), rng.integers(0, 2, n)
+    top[0] = 1
+    rt, rh = np.repeat(top, w.astype(int)), np.repeat(hit, w.astype(int))
+    np.testing.assert_allclose(float(sr.sufficiency_lift(top, hit, weights=w)), rh[rt == 1].mean() - rh.mean(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_order_margin_refuses_an_odd_number_of_arrays():
+    with pytest.raises(ValueError, match="K differences then K tolerances"):
+        sr.order_margin(np.ones(3), np.ones(3), np.ones(3))
+
+
+def test_split_halves_remove_the_regression_to_the_mean():
+    """Coarse = fine in truth (no effect), each half's score with independent noise. Selecting on the fine
+    score and scoring on the same rows gives coarse - fine > 0 (regression to the mean); selecting on one
+    half and scoring on the other gives about 0. The split itself against a NumPy loop."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    true = rng.uniform(0.85, 1.0, n)
+    f0, f1, c0, c1 = (true + 0.03 * rng.normal(size=n) for _ in range(4))
+    sel, d = (np.asarray(v) for v in sr.split_half_differences(f0, c0, f1, c1, below=0.95))
+    ref_sel, ref_d = [], []
+    for fa, ca, fb, cb in ((f0, c0, f1, c1), (f1, c1, f0, c0)):
+        for i in range(n):
+            ref_sel.append(fa[i] < 0.95)
+            ref_d.append(cb[i] - fb[i])
+    np.testing.assert_array_equal(sel, ref_sel)
+    np.testing.assert_allclose(d, ref_d, rtol=1e-6, atol=1e-7)
+    fine, coarse = (f0 + f1) / 2, (c0 + c1) / 2
+    same_rows = np.mean((coarse - fine)[fine < 0.95])
+    split = np.mean(d[sel])
+    se = np.std(d[sel]) / np.sqrt(sel.sum())
+    assert same_rows > 5 * se and abs(split) < 3 * se, (same_rows, split, se)
+
+
+# ----------------------------------------------------------------------------- wiring into the report
+
+
+def _table(rng, *, n_models=6, layers=2, gap=(0.0, 0.0), n_test=300, halves=True, fine_high=False):
+    """A comparisons table: three task-loss families (relative accuracy = base + the family's offset
+    gap[k] per link), accuracy = relative accuracy x own accuracy 0.9, per-half scores with coarse = fine
+    + 0.05, and linear CKA that predicts a high relative accuracy."""
+    cols = {c: [] for c in S.COLUMNS}
+
+    def add(a, la, b, lb, measure, d, split, task, value):
+        for c, v in zip(S.COLUMNS, ("d", a, la, 0.5, b, lb, 0.5, measure, d, split, task, value)):
+            cols[c].append(v)
+
+    offsets = np.concatenate([[0.0], np.cumsum(gap)])
+    u = rng.normal(scale=0.02, size=n_models)
+    for i in range(n_models):
+        for j in range(i + 1, n_models):
+            for la in range(layers):
+                for lb in range(layers):
+                    a, b, sa, sb = f"d/m{i}", f"d/m{j}", f"l{la}", f"l{lb}"
+                    cka = rng.uniform(0, 1)
+                    add(a, sa, b, sb, "cka/linear", "sym", "all", "-", cka)
+                    for d in ("a->b", "b->a"):
+                        base = (1.05 if fine_high else 0.75 + 0.25 * cka) + u[i] + u[j]
+                        for k, fam in enumerate(ui.FAMILIES):
+                            rel = base + offsets[k] + 0.005 * rng.normal()
+                            m = f"task/{fam}/"
+                            add(a, sa, b, sb, m + "relative_accuracy", d, "held_out", "fine", rel)
+                            add(a, sa, b, sb, m + "accuracy", d, "held_out", "fine", 0.9 * rel)
+                            add(a, sa, b, sb, m + "own_accuracy", d, "held_out", "fine", 0.9)
+                            add(a, sa, b, sb, m + "relative_accuracy", d, "held_out", "coarse:g", rel + 0.05)
+                            for h in range(2) if halves else ():
+                                f_h = rel + 0.02 * rng.normal()
+                                add(a, sa, b, sb, m + f"relative_accuracy_half{h}", d, "held_out", "fine", f_h)
+                                add(a, sa, b, sb, m + f"relative_accuracy_half{h}", d, "held_out", "coarse:g",
+                                    f_h + 0.05)
+    table = ui._Table({c: np.array(v, dtype=float if c in ("depth_a", "depth_b", "value") else object)
+                       for c, v in cols.items()})
+    return table, {"d": n_test}
+
+
+def _labels(table, n_test, n_resamples=300):
+    stats = ui.verdict_statistics(table, ui.ReportOptions(n_resamples=n_resamples), jax.random.key(0), n_test)
+    verdicts = verdict.judge_all(C.RULES, stats)
+    return stats, {v.rule.claim: v.label for v in verdicts}, verdicts
+
+
+def test_new_rules_on_synthetic_tables_with_known_answers():
+    """Ordered families within the noise: 2b' holds; one family 0.12 worse than the one before it (2 binomial
+    SEs of the accuracy difference on 300 rows are about 0.07 here): broken; coarse = fine + 0.05 on the halves: 4' reproduced; the lift
+    of CKA >= 0.9 is positive below the ceiling, and 'inconclusive (ceiling)' above it."""
+    rng = np.random.default_rng(0)
+    stats, labels, verdicts = _labels(*_table(rng))
+    assert labels["2b' task-loss order, paired, noise tolerance"] == "holds"
+    np.testing.assert_allclose(stats["granularity_split_summed"]["value"], 0.05, atol=1e-9)
+    assert stats["split_model_pairs"] == 15
+    assert labels["4' coarse >= fine, split halves (summed softmax)"] == "fewer than 30 model pairs".join(
+        ("inconclusive (", ")"))
+    assert labels["4' coarse >= fine, split halves (new head)"].startswith("inconclusive (")
+    assert stats["p_high_overall"] < 0.8 and stats["sufficiency_lift_cka_090"]["interval"][0] > 0
+    assert labels["5a' high CKA lifts P(high)"] == "reproduced"
+    rows = sr.primary_holm(verdicts, stats["bootstrap_p"], C.PRIMARY)
+    assert [r["claim"] for r in rows] == list(C.PRIMARY)
+    assert [r["stands"] for r in rows] == [True, False, False, True]
+    # with enough model pairs (9 models: 36) the split rule decides
+    stats, labels, _ = _labels(*_table(np.random.default_rng(1), n_models=9, layers=1))
+    assert 30 <= stats["split_model_pairs"] <= 36
+    assert labels["4' coarse >= fine, split halves (summed softmax)"] == "reproduced"
+    # a family 0.12 worse than the one before it: broken beyond the noise
+    stats, labels, _ = _labels(*_table(np.random.default_rng(2), gap=(-0.12, 0.0)))
+    assert stats["order_margin_task"]["interval"][1] < 0
+    assert labels["2b' task-loss order, paired, noise tolerance"] == "broken"
+    # the ceiling: P(high) above 0.8 makes the lift inconclusive, whatever it is
+    stats, labels, _ = _labels(*_table(np.random.default_rng(3), fine_high=True))
+    assert stats["p_high_overall"] > 0.8 and labels["5a' high CKA lifts P(high)"] == "inconclusive (ceiling)"
+
+
+def test_old_runs_are_labelled_not_computed():
+    """A table without the per-half rows, and no zoo manifest (no test-set size): not computed, not a failure."""
+    stats, labels, verdicts = _labels(*_table(np.random.default_rng(0), halves=False)[:1], None, n_resamples=50)
+    assert labels["2b' task-loss order, paired, noise tolerance"] == \
+        "inconclusive (not computed: no zoo manifest, so the test-set size is unknown)"
+    assert labels["4' coarse >= fine, split halves (summed softmax)"] == \
+        "inconclusive (not computed: the run predates the per-half recording of task-loss stitching)"
+    assert labels["5a' high CKA lifts P(high)"] == "reproduced"  # needs nothing new
+    rows = sr.primary_holm(verdicts, stats["bootstrap_p"], C.PRIMARY)
+    assert [r["p"] for r in rows][:3] == [None] * 3 and [r["stands"] for r in rows] == [False, False, False, True]
+    # alone in the family, 5a' is not multiplied
+    assert rows[3]["p_holm"] == rows[3]["p"] == stats["bootstrap_p"]["sufficiency_lift_cka_090"][">"]
+
+
+@pytest.mark.filterwarnings("ignore::funsim.experiments.plotting.TextOverlapWarning")  # claim 5, 3 families
+def test_report_adds_the_new_rules_to_an_old_run(tmp_path):
+    """An old run (its config.json holds the first rules only): the report keeps their labels and adds the
+    committed rules in their own table, with the multiplicity table of the primary rules."""
+    table, _ = _table(np.random.default_rng(0), halves=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    old_rules = [r for r in C.RULES if r.claim not in C.PRIMARY]
+    cfg = {"name": "old", "zoo": "none", "flatten": "spatial_mean", "affine_ridge": 1e-4,
+           "verdict_rules": [dataclasses.asdict(r) for r in old_rules]}
+    (run / "config.json").write_text(json.dumps(cfg))
+    lines = [",".join(S.COLUMNS)] + [",".join(str(table.cols[c][i]) for c in S.COLUMNS)
+                                     for i in range(len(table.cols["value"]))]
+    write_table_atomic(run / "comparisons.csv", ("\n".join(lines) + "\n").encode(), len(lines) - 1)
+    m = ui.report(run, options=ui.ReportOptions(n_resamples=50, n_permutations=20), log=lambda s: None)
+    assert [v["claim"] for v in m["verdicts"]] == [r.claim for r in old_rules]
+    assert [v["claim"] for v in m["verdicts_added"]] == list(C.PRIMARY)
+    assert [r["claim"] for r in m["primary"]] == list(C.PRIMARY)
+    summary = (run / "usable_information" / "summary.md").read_text()
+    assert "Rules committed after this run's config was written" in summary
+    assert "the run predates the per-half recording" in summary and "| primary rule |" in summary
