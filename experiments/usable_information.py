@@ -379,7 +379,7 @@ def _claim5(t: _Table, opts: ReportOptions, out: pathlib.Path) -> dict:
     xs = {"cka/linear": _directed(t.get("cka/linear", "all")),
           "stitch/scaled_orthogonal (held out)": t.get("stitch/scaled_orthogonal", "held_out")}
     fig, axes = plotting.subplots(1, 2, figsize=(11, 4))
-    for fam in fams:
+    for k, fam in enumerate(fams):
         func = t.get(f"task/{fam}/relative_accuracy", "held_out", "fine")
         for ax, (name, rep) in zip(axes, xs.items()):
             keys, (x, y) = _join(rep, func)
@@ -399,9 +399,9 @@ def _claim5(t: _Table, opts: ReportOptions, out: pathlib.Path) -> dict:
                     "fraction_high_with_similarity_below_0.5": float(np.mean(low[hit])) if hit.any() else None,
                     "high_with_similarity_below_0.5": int(np.sum(low & hit)),
                 }
-                ax.plot(centres, prob, "o-", ms=3, label=f"{fam}, relative accuracy >= {thr:g}")
-            for cx, n in zip(centres, counts):
-                ax.annotate(str(n), (cx, 0.02), fontsize=6, ha="center")
+                line, = ax.plot(centres, prob, "o-", ms=3, label=f"{fam}, relative accuracy >= {thr:g}")
+            for cx, n in zip(centres, counts):  # one row of counts per family, in its colour
+                ax.annotate(str(n), (cx, 0.02 + 0.05 * k), fontsize=6, ha="center", color=line.get_color())
             ax.set_xlabel(f"representational similarity: {name}")
             ax.set_ylim(0, 1.05)
             ax.legend(fontsize=7)

@@ -288,7 +288,6 @@ def test_old_runs_are_labelled_not_computed():
     assert rows[3]["p_holm"] == rows[3]["p"] == stats["bootstrap_p"]["sufficiency_lift_cka_090"][">"]
 
 
-@pytest.mark.filterwarnings("ignore::funsim.experiments.plotting.TextOverlapWarning")  # claim 5, 3 families
 def test_report_adds_the_new_rules_to_an_old_run(tmp_path):
     """An old run (its config.json holds the first rules only): the report keeps their labels and adds the
     committed rules in their own table, with the multiplicity table of the primary rules."""
