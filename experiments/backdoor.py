@@ -141,9 +141,8 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
 
     stamp_log("[4/4] verdicts, figures and summary")
     final_asr = float(mats["attack_success"][-1])
-    control = cfg.control and cfg.poison_rate > 0 and run(  # the clean control, in backdoor/control/ of this run
-        dataclasses.replace(cfg, poison_rate=0.0, control=False), root=out, run_name="control", progress=progress,
-        log=log, authors_dir=authors_dir)
+    control = cfg.control and cfg.poison_rate > 0 and run(dataclasses.replace(cfg, poison_rate=0.0, control=False),
+        root=out, run_name="control", progress=progress, log=log, authors_dir=authors_dir)  # in backdoor/control/
     control = control and (control["block_gap"], control["slice_block_gap"]["symmetric"]) or None
     stats = verdict_statistics(cfg, gaps, slice_gaps["symmetric"], final_asr, control)
     figures = _figures(cfg, out, res, steps, mats, slice_gaps, gaps)
@@ -179,8 +178,7 @@ def verdict_statistics(cfg: BackdoorConfig, gaps: dict, slice_gaps, attack_succe
       gaps: ``{measure: block gap}`` as :func:`run` names them.
       slice_gaps: the block gap of every class slice (symmetric metric).
       attack_success: at the last checkpoint.
-      control: the clean control's ``(gaps, slice_gaps)`` (None: the ``_did`` statistics are undefined); on the
-        authors' run (``models.authors.block_gaps``), their placebo.
+      control: the clean control's ``(gaps, slice_gaps)`` (None: ``_did`` undefined; the authors': their placebo).
     """
     t = cfg.target
     tensor, clean = gaps["tensor (symmetric)"], gaps["behavioural (clean)"]

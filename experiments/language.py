@@ -303,8 +303,7 @@ def verdict_statistics(cfg: LanguageConfig, metrics: dict) -> dict:
 
 
 def claim_label(verdicts, claim_rules=arguments.CLAIM_RULES) -> str:
-    """The paper's claim overall: reproduced only when every rule of ``claim_rules`` passes; "uncalibrated"
-    when one of them does not pass on the authors' data (:func:`experiments.verdict.calibrate`)."""
+    """The claim: reproduced when every rule of ``claim_rules`` passes; "uncalibrated" if one fails on the authors' data."""
     by = {v.rule.statistic: v for v in verdicts}
     needed = [by[s] for s in claim_rules if s in by]
     if bad := [v.rule.statistic for v in needed if v.label.startswith(verdict_lib.UNCALIBRATED)]:

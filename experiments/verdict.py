@@ -312,8 +312,7 @@ def judge_all(rules: Iterable[Rule], statistics: Mapping[str, Any], /) -> list[V
 
 def calibrate(rules: Iterable[Rule], metrics: Mapping[str, Any], /) -> tuple[list[Verdict], list[str]]:
     """``(our verdicts, the summary's table)`` from ``metrics["verdict_statistics"]``, calibrated on ``metrics["authors"]``
-    (``{"statistics": the same on the authors' data, "source"}``): a rule that does not pass there labels ours
-    "uncalibrated (fails on the authors' data; ours: <label>)", outcome "undefined"."""
+    (``{"statistics", "source"}``): a rule that fails on the authors' data labels ours "uncalibrated (...)"."""
     theirs = {v.rule.claim: v for v in judge_all(rules, metrics["authors"]["statistics"])}
     ours = []
     for v in judge_all(rules, metrics["verdict_statistics"]):
