@@ -58,6 +58,7 @@ from funsim.experiments import plotting
 from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.configs.backdoor import CONFIGS, PAPER, RULES, STATISTICS, BackdoorConfig  # noqa: F401
 from funsim.experiments.io import open_run, releases_run_locks
+from funsim.models import authors
 from funsim.models.curriculum import Stage, load_stage_networks, train_stages
 from funsim.models.poison import PoisonTransform, attack_success, stamp
 from funsim.models.train import TrainConfig
@@ -71,10 +72,12 @@ def _make_model(cfg, input_shape, n_classes):
 
 @releases_run_locks
 def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
-        progress: bool = True, log=print) -> dict:
-    """Run the experiment; returns the metrics (also written to metrics.json)."""
+        progress: bool = True, log=print, authors_dir=None) -> dict:
+    """Run the experiment; returns the metrics (also written to metrics.json). ``authors_dir``: ``--authors-data``."""
     t0 = time.time()
     stamp_log = lambda msg: log(f"{msg}  [{time.time() - t0:.0f} s]")
+    calibration = authors.calibration("backdoor", authors.read_backdoor(authors_dir), lambda d: verdict_statistics(
+        cfg, *authors.block_gaps(d, cfg.target), authors.block_gaps(d, cfg.target, placebo=True)))  # fails early
     out = open_run("backdoor", run_name, root=root, config=cfg)
     ds = cur.load_images(cfg.dataset, grayscale=cfg.grayscale, n_train=cfg.n_train)
     if not 0 <= cfg.target < ds.n_classes:
@@ -138,8 +141,10 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
 
     stamp_log("[4/4] verdicts, figures and summary")
     final_asr = float(mats["attack_success"][-1])
-    stats = verdict_statistics(cfg, gaps, slice_gaps["symmetric"], final_asr)
-    verdicts = verdict_lib.judge_all(cfg.verdict_rules, stats)
+    control = cfg.control and cfg.poison_rate > 0 and run(dataclasses.replace(cfg, poison_rate=0.0, control=False),
+        root=out, run_name="control", progress=progress, log=log, authors_dir=authors_dir)  # in backdoor/control/
+    control = control and (control["block_gap"], control["slice_block_gap"]["symmetric"]) or None
+    stats = verdict_statistics(cfg, gaps, slice_gaps["symmetric"], final_asr, control)
     figures = _figures(cfg, out, res, steps, mats, slice_gaps, gaps)
     metrics = {
         "dataset": ds.name,
@@ -155,15 +160,17 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
         "slice_block_gap": slice_gaps,
         "localisation": localised,
         "verdict_statistics": stats,
-        "verdicts": [v.to_json() for v in verdicts],
+        "control": control and dict(zip(("block_gap", "slice_block_gap"), control)),
+        "authors": calibration,
         "paper": PAPER,
         "history": res.history,
         "seconds": round(time.time() - t0, 1),
     }
+    metrics["verdicts"] = [v.to_json() for v in verdict_lib.calibrate(cfg.verdict_rules, metrics)[0]]
     return cur.finish_run(out, metrics, summary(cfg, metrics, ds.name), figures, log)
 
 
-def verdict_statistics(cfg: BackdoorConfig, gaps: dict, slice_gaps, attack_success: float) -> dict:
+def verdict_statistics(cfg: BackdoorConfig, gaps: dict, slice_gaps, attack_success: float, control=None) -> dict:
     """The numbers :data:`RULES` judge (:data:`STATISTICS`) from the block gaps.
 
     Args:
@@ -171,18 +178,22 @@ def verdict_statistics(cfg: BackdoorConfig, gaps: dict, slice_gaps, attack_succe
       gaps: ``{measure: block gap}`` as :func:`run` names them.
       slice_gaps: the block gap of every class slice (symmetric metric).
       attack_success: at the last checkpoint.
+      control: the clean control's ``(gaps, slice_gaps)`` (None: ``_did`` undefined; the authors': their placebo).
     """
     t = cfg.target
     tensor, clean = gaps["tensor (symmetric)"], gaps["behavioural (clean)"]
-    others = [g for c, g in enumerate(slice_gaps) if c != t]
+    excess = lambda g: float(g[t] - max(x for c, x in enumerate(g) if c != t))
+    none = {"value": None, "reason": "no clean control (control off, or poison_rate 0)"}
     return {
         "tensor_gap_ratio": tensor / clean if clean > 0 else
         {"value": None, "reason": f"behavioural (clean) block gap {clean:.3g} <= 0: no ratio"},
-        "target_slice_excess": float(slice_gaps[t] - max(others)),
+        "target_slice_excess": excess(slice_gaps),
         "behavioural_gap_clean": clean,
         "tensor_minus_weight_cosine_gap": tensor - gaps["matrix cosine"],
         "behavioural_gap_poisoned": gaps["behavioural (poisoned)"],
         "attack_success": float(attack_success),
+        "tensor_gap_did": none if control is None else tensor - control[0]["tensor (symmetric)"],
+        "target_slice_excess_did": none if control is None else excess(slice_gaps) - excess(control[1]),
     }
 
 
@@ -229,11 +240,10 @@ def summary(cfg: BackdoorConfig, m: dict, dataset: str) -> str:
                  "behavioural (clean)": "behavioural (clean)", "matrix cosine": "matrix cosine"}
     rows = [[k, PAPER.get(paper_key.get(k, "")), v] for k, v in g.items()]
     lines += [cur.markdown_table(["measure", "paper (SVHN)", f"ours ({dataset})"], rows), ""]
-    verdicts = verdict_lib.judge_all(cfg.verdict_rules, m["verdict_statistics"])
     lines += ["## Verdicts", "",
               f"Attack success at the end: {f['attack_success']:.3f}. Each label is computed by code from the rule in the run's config (`verdict_rules`; statistics in "
               "`experiments.backdoor.STATISTICS`).", ""]
-    lines += verdict_lib.markdown_table(verdicts)
+    lines += verdict_lib.calibrate(cfg.verdict_rules, m)[1]
     lines += [
         "",
         "Per-class slice gaps (symmetric): " + ", ".join(f"{c}: {v:.3f}" for c, v in enumerate(m["slice_block_gap"]["symmetric"])),

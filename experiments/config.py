@@ -585,12 +585,16 @@ def run_name(name: str, overrides: Sequence[str]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type, configs: Mapping[str, Any], *,
-                  config: bool = True, run_options: bool = False) -> None:
+                  config: bool = True, run_options: bool = False, authors: bool = False) -> None:
     """Add ``--config`` (unless ``config=False``), ``--set`` and ``--print-config`` to a subcommand's parser.
 
     With ``run_options``, also the options of a driver that writes a run folder: ``--run`` (default: the
-    name :func:`from_args` returns, so that rerunning the command resumes), ``--root`` and ``--no-progress``.
+    name :func:`from_args` returns, so that rerunning the command resumes), ``--root`` and ``--no-progress``;
+    with ``authors``, ``--authors-data CLONE`` (the tensor-similarity authors' data, ``models.authors``).
     """
+    if authors:
+        parser.add_argument("--authors-data", metavar="CLONE", help="a clone of tdooms/tensor-similarity to calibrate "
+                            "the rules on (default: $FUNSIM_TENSOR_AUTHORS; unset: statistics recorded from it)")
     if config:
         parser.add_argument("--config", default="default", metavar="NAME|FILE.json",
                             help=f"{' | '.join(configs)}, or a JSON file of {cls.__name__} fields, optionally with "

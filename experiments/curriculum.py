@@ -148,7 +148,7 @@ def driver_main(args, name: str, cls, configs: dict, run: Callable) -> int:
         print(config_lib.config_json(cfg))
         return 0
     try:
-        run(cfg, root=args.root, run_name=args.run or run_name, progress=not args.no_progress)
+        run(cfg, root=args.root, run_name=args.run or run_name, progress=not args.no_progress, authors_dir=args.authors_data)
     except DataNotFoundError as e:
         print(f"funsim {name}: {e}")
         return 1

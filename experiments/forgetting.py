@@ -56,6 +56,7 @@ from funsim.experiments import plotting
 from funsim.experiments import verdict as verdict_lib
 from funsim.experiments.configs.forgetting import CONFIGS, CURRICULUM, PAPER, RULES, STATISTICS, ForgettingConfig  # noqa: F401
 from funsim.experiments.io import open_run, releases_run_locks
+from funsim.models import authors
 from funsim.models.curriculum import Stage, load_stage_networks, train_stages
 from funsim.models.train import TrainConfig
 from funsim.similarity import checkpoints as cs
@@ -134,10 +135,12 @@ def _per_class_accuracy(logits, y, n_classes):
 
 @releases_run_locks
 def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name: str | None = None,
-        progress: bool = True, log=print) -> dict:
-    """Run the experiment; returns the metrics (also written to metrics.json)."""
+        progress: bool = True, log=print, authors_dir=None) -> dict:
+    """Run the experiment; returns the metrics (also written to metrics.json). ``authors_dir``: ``--authors-data``."""
     t0 = time.time()
     stamp = lambda msg: log(f"{msg}  [{time.time() - t0:.0f} s]")
+    calibration = authors.calibration("forgetting", authors.read_forgetting(authors_dir), lambda d: verdict_statistics(
+        cfg, authors.stage_ends(d, cfg.target)))  # a bad clone fails before training
     names = [n for n, _ in cfg.curriculum]
     if cfg.reference_stage not in names:
         raise ValueError(f"reference_stage {cfg.reference_stage!r} is not a stage of the curriculum {names}.")
@@ -220,7 +223,6 @@ def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name
 
     stamp("[5/5] verdicts, figures and summary")
     stats = verdict_statistics(cfg, at_stage)
-    verdicts = verdict_lib.judge_all(cfg.verdict_rules, stats)
     figures = _figures(cfg, out, res, steps, mats, curves, slices, difference, names)
     metrics = {
         "dataset": ds.name,
@@ -232,11 +234,12 @@ def run(cfg: ForgettingConfig, *, root: str | pathlib.Path = "results", run_name
         "to_reference": {k: v for k, v in curves.items()},
         "difference": difference,
         "verdict_statistics": stats,
-        "verdicts": [v.to_json() for v in verdicts],
+        "authors": calibration,
         "paper": PAPER,
         "history": res.history,
         "seconds": round(time.time() - t0, 1),
     }
+    metrics["verdicts"] = [v.to_json() for v in verdict_lib.calibrate(cfg.verdict_rules, metrics)[0]]
     return cur.finish_run(out, metrics, summary(cfg, metrics, ds.name), figures, log)
 
 
@@ -330,11 +333,10 @@ def summary(cfg: ForgettingConfig, m: dict, dataset: str) -> str:
         lines += [f"Class-{cfg.target} test accuracy at the end of 'remove {cfg.target}': "
                   f"{rm['class_accuracy'][cfg.target]:.3f} (paper: 0.00); at 're-add {cfg.target}': "
                   f"{ra['class_accuracy'][cfg.target]:.3f}.", ""]
-    verdicts = verdict_lib.judge_all(cfg.verdict_rules, m["verdict_statistics"])
     lines += ["## Verdicts", "",
               "Each label is computed by code from the rule in the run's config (`verdict_rules`); the number is "
               "the statistic the rule names (`experiments.forgetting.STATISTICS`).", ""]
-    lines += verdict_lib.markdown_table(verdicts)
+    lines += verdict_lib.calibrate(cfg.verdict_rules, m)[1]
     rep = m["verdict_statistics"]["tensor_at_repeat"]
     lines += ["", "Drift baseline (no rule): tensor similarity to the reference at the end of 'repeat' "
               + ("n/a" if isinstance(rep, dict) else f"{rep:.3f}") + " (paper 0.995).", ""]

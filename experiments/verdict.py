@@ -31,11 +31,12 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["DIRECTIONS", "INCONCLUSIVE", "Rule", "Verdict", "coerce_rules", "check_rules", "judge_all",
-           "markdown_table"]
+__all__ = ["DIRECTIONS", "INCONCLUSIVE", "UNCALIBRATED", "Rule", "Verdict", "coerce_rules", "check_rules",
+           "judge_all", "calibrate", "markdown_table"]
 
 DIRECTIONS = (">", ">=", "<", "<=")
 INCONCLUSIVE = "inconclusive"
+UNCALIBRATED = "uncalibrated"
 
 
 def _is_number(v) -> bool:
@@ -307,6 +308,20 @@ def judge_all(rules: Iterable[Rule], statistics: Mapping[str, Any], /) -> list[V
         value, interval, reason = _unpack(statistics[r.statistic])
         out.append(r.judge(value, interval=interval, reason=reason, context=statistics))
     return out
+
+
+def calibrate(rules: Iterable[Rule], metrics: Mapping[str, Any], /) -> tuple[list[Verdict], list[str]]:
+    """``(our verdicts, the summary's table)`` from ``metrics["verdict_statistics"]``, calibrated on ``metrics["authors"]``
+    (``{"statistics", "source"}``): a rule that fails on the authors' data labels ours "uncalibrated (...)"."""
+    theirs = {v.rule.claim: v for v in judge_all(rules, metrics["authors"]["statistics"])}
+    ours = []
+    for v in judge_all(rules, metrics["verdict_statistics"]):
+        if (r := theirs.get(v.rule.claim)) is not None and r.outcome != "pass":
+            why = f"{'fails' if r.outcome == 'fail' else 'undefined'} on the authors' data"
+            v = dataclasses.replace(v, label=f"{UNCALIBRATED} ({why}; ours: {v.label})", outcome="undefined", reason=why)
+        ours.append(v)
+    return ours, [f"Calibrated on {metrics['authors']['source']}.", "",
+                  *markdown_table(ours, reference=theirs, reference_name="the authors' data")]
 
 
 def markdown_table(verdicts: Iterable[Verdict], /, *, reference: Mapping[str, Verdict] | None = None,

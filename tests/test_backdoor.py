@@ -11,7 +11,7 @@ from funsim import similarity
 from funsim.experiments import backdoor as bd
 from funsim.experiments import cli, verdict
 from funsim.experiments import curriculum as cur
-from funsim.models import poison
+from funsim.models import authors, poison
 from tests.conftest import NEEDS_MNIST5K, NEEDS_TFDS
 
 DIAMOND = np.array([
@@ -95,7 +95,8 @@ def test_attack_success():
 
 
 @NEEDS_MNIST5K
-def test_backdoor_smoke_end_to_end(tmp_path, capsys):
+def test_backdoor_smoke_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(authors.AUTHORS_ENV, raising=False)
     args = ["backdoor", "--config", "smoke", "--no-progress", "--root", str(tmp_path)]
     assert cli.main(args) == 0
     out = tmp_path / "backdoor" / "smoke"
@@ -134,7 +135,18 @@ def test_backdoor_smoke_end_to_end(tmp_path, capsys):
     assert stats["target_slice_excess"] == pytest.approx(g[9] - max(g[:9]))
     assert stats["tensor_minus_weight_cosine_gap"] == pytest.approx(bg["tensor (symmetric)"] - bg["matrix cosine"])
     assert stats["attack_success"] == m["final"]["attack_success"]
+    # the clean control: the same config with poison_rate 0, its own run in backdoor/control/
+    ctrl = json.loads((out / "backdoor" / "control" / "metrics.json").read_text())
+    ccfg = json.loads((out / "backdoor" / "control" / "config.json").read_text())
+    assert ccfg["poison_rate"] == 0.0 and ccfg["control"] is False and ctrl["control"] is None
+    assert ctrl["final"]["attack_success"] < 0.5 and m["control"]["block_gap"] == ctrl["block_gap"]
+    cg = ctrl["slice_block_gap"]["symmetric"]
+    assert stats["tensor_gap_did"] == pytest.approx(bg["tensor (symmetric)"] - ctrl["block_gap"]["tensor (symmetric)"])
+    assert stats["target_slice_excess_did"] == pytest.approx(g[9] - max(g[:9]) - (cg[9] - max(cg[:9])))
+    # calibrated on the statistics recorded from the authors' data (no clone given): every rule passes there
+    assert m["authors"]["statistics"] == authors.RECORDED["backdoor"] and "recorded" in m["authors"]["source"]
     assert m["verdicts"] == [v.to_json() for v in verdict.judge_all(cfg.verdict_rules, stats)]
+    assert "the authors' data, same rule |" in summary and "| 0.010 (reproduced) |" in summary
     for rule, v in zip(cfg.verdict_rules, m["verdicts"]):
         assert f"| {rule.claim} | `{rule.text()}` |" in summary and f"**{v['label']}**" in summary
     # matrix entries against the pairwise library functions on the run's own checkpoints
@@ -183,7 +195,15 @@ def test_verdict_statistics_on_known_gaps():
     slices = [0.1] * 9 + [0.43]
     s = bd.verdict_statistics(cfg, gaps, slices, 0.95)
     assert s["tensor_gap_ratio"] == pytest.approx(0.24 / 0.09) and s["target_slice_excess"] == pytest.approx(0.33)
-    assert [v.label for v in verdict.judge_all(cfg.verdict_rules, s)] == ["reproduced"] * 5  # the paper's numbers
+    assert [v.label for v in verdict.judge_all(cfg.verdict_rules, s)] == ["reproduced"] * 5 + [
+        "inconclusive (no clean control (control off, or poison_rate 0))"] * 2  # the paper's numbers, no control
+    # difference in differences against a clean control whose gap is 0.1 and whose slices are all alike
+    s = bd.verdict_statistics(cfg, gaps, slices, 0.95, (dict(gaps, **{"tensor (symmetric)": 0.1}), [0.2] * 10))
+    assert s["tensor_gap_did"] == pytest.approx(0.14) and s["target_slice_excess_did"] == pytest.approx(0.33)
+    assert [v.label for v in verdict.judge_all(cfg.verdict_rules, s)] == ["reproduced"] * 7
+    # a clean run with the same gap (the issue's no-poison run: ratio 2.63 passes the old rule) fails the new ones
+    s = bd.verdict_statistics(cfg, gaps, slices, 0.95, (gaps, slices))
+    assert [v.outcome for v in verdict.judge_all(cfg.verdict_rules, s)][-2:] == ["fail", "fail"]
     # a backdoor that was not learned: the detection rule is inconclusive, not a fail
     v = verdict.judge_all(cfg.verdict_rules, bd.verdict_statistics(cfg, gaps, slices, 0.3))
     assert v[0].label == "inconclusive (not learned)"

@@ -10,6 +10,7 @@ from funsim import similarity
 from funsim.experiments import cli, verdict
 from funsim.experiments import curriculum as cur
 from funsim.experiments import forgetting as fg
+from funsim.models import authors
 from funsim.similarity import BilinearLayer, LinearLayer
 from tests.conftest import NEEDS_MNIST5K, NEEDS_TFDS
 
@@ -24,7 +25,8 @@ def test_one_layer_network_folds_into_one_bilinear_layer_exactly(rng):
 
 
 @NEEDS_MNIST5K
-def test_forgetting_smoke_end_to_end(tmp_path):
+def test_forgetting_smoke_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.delenv(authors.AUTHORS_ENV, raising=False)
     assert cli.main(["forgetting", "--config", "smoke", "--no-progress", "--root", str(tmp_path)]) == 0
     out = tmp_path / "forgetting" / "smoke"
     cfg = fg.CONFIGS["smoke"]
@@ -71,7 +73,10 @@ def test_forgetting_smoke_end_to_end(tmp_path):
     assert stats["target_accuracy_at_remove"] == rm["class_accuracy"][9]
     assert stats["tensor_at_readd"] == st["re-add 9"]["tensor (gaussian)"]
     assert stats["difference_slice_at_remove"] == rm["difference"]["class-9 slice (gaussian)"]
+    # every rule passes on the authors' own curriculum (the recorded calibration): the labels are ours
+    assert m["authors"]["statistics"] == authors.RECORDED["forgetting"]
     assert m["verdicts"] == [v.to_json() for v in verdict.judge_all(cfg.verdict_rules, stats)]
+    assert "the authors' data, same rule |" in text and "| 0.116 (reproduced) |" in text
     for rule, v in zip(cfg.verdict_rules, m["verdicts"]):
         assert f"| {rule.claim} | `{rule.text()}` |" in text and f"**{v['label']}**" in text
     # matrix entries against the pairwise library functions on the run's own checkpoints

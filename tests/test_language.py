@@ -11,6 +11,7 @@ import pytest
 
 from funsim.experiments import config as config_lib
 from funsim.experiments import language, verdict
+from funsim.models import authors
 from funsim.similarity import phases
 from tests.conftest import NEEDS_SHAKESPEARE
 
@@ -18,7 +19,10 @@ from tests.conftest import NEEDS_SHAKESPEARE
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
-    metrics = language.run(language.CONFIGS["smoke"], root=root, run_name="smoke", progress=False, log=lambda *a: None)
+    with pytest.MonkeyPatch.context() as mp:  # no clone of the authors' data: the recorded calibration
+        mp.delenv(authors.AUTHORS_ENV, raising=False)
+        metrics = language.run(language.CONFIGS["smoke"], root=root, run_name="smoke", progress=False,
+                               log=lambda *a: None)
     return root / "language" / "smoke", metrics
 
 
@@ -54,11 +58,19 @@ def test_smoke_run_writes_sane_outputs(smoke):
     cfg = language.CONFIGS["smoke"]
     stats = language.verdict_statistics(cfg, metrics)
     assert stats == metrics["verdict_statistics"]
-    verdicts = verdict.judge_all(cfg.verdict_rules, stats)
+    verdicts = verdict.calibrate(cfg.verdict_rules, metrics)[0]
     assert metrics["verdicts"] == [v.to_json() for v in verdicts]
     for rule, v in zip(cfg.verdict_rules, metrics["verdicts"]):
         assert f"| {rule.claim} | `{rule.text()}` |" in text and f"**{v['label']}**" in text
+    # the two committed rules that fail on the authors' own matrices cannot label ours, nor the claim
+    assert metrics["authors"]["statistics"] == authors.RECORDED["language"]
+    by = {v.rule.statistic: v for v in verdicts}
+    for s in ("explained_margin", "transition_ratio_margin"):
+        assert by[s].label.startswith("uncalibrated (fails on the authors' data; ours: "), s
+    assert "| -0.350 (not reproduced) |" in text and "| 0.208 (reproduced) |" in text
+    assert language.claim_label(verdicts).startswith("uncalibrated (explained_margin, transition_ratio_margin")
     assert f"**{language.claim_label(verdicts)}**" in text
+    assert f"**{language.claim_label(verdicts, language.arguments.CALIBRATED_CLAIM_RULES)}**" in text
     # the transition ratio recomputed from the primary matrix's adjacent entries
     prim = np.asarray(metrics["matrices"][language.PRIMARY])
     d = 1 - np.array([prim[i, i + 1] for i in range(n - 1)])
@@ -113,11 +125,17 @@ def test_verdict_statistics_on_planted_matrices():
 
     s = language.verdict_statistics(cfg, metrics(blocky, smooth))
     assert s["primary_transition_ratio"] > 3 and s["transition_ratio_margin"] > 0 and s["explained_margin"] > 0.02
+    b = metrics(blocky, smooth)["blocks"]
+    assert s["block_contrast_margin"] == pytest.approx(b[language.PRIMARY][3]["contrast"] - b["weight_cosine"][3]["contrast"])
+    assert s["block_contrast_margin"] > 0.1
     v = verdict.judge_all(cfg.verdict_rules, s)
-    assert language.claim_label(v) == "reproduced"
+    assert language.claim_label(v) == language.claim_label(v, language.arguments.CALIBRATED_CLAIM_RULES) == "reproduced"
     s = language.verdict_statistics(cfg, metrics(smooth, blocky))
     assert s["primary_transition_ratio"] == pytest.approx(1.0) and s["explained_margin"] < 0
-    assert language.claim_label(verdict.judge_all(cfg.verdict_rules, s)) == "not reproduced at this scale"
+    assert s["block_contrast_margin"] < 0
+    v = verdict.judge_all(cfg.verdict_rules, s)
+    assert language.claim_label(v) == language.claim_label(v, language.arguments.CALIBRATED_CLAIM_RULES) == \
+        "not reproduced at this scale"
     assert phases.transition_ratio(np.eye(2)) is None
 
 

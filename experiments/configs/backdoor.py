@@ -25,18 +25,24 @@ STATISTICS = {
     "tensor_minus_weight_cosine_gap": "block gap of tensor similarity (symmetric) minus that of matrix cosine",
     "behavioural_gap_poisoned": "block gap of behavioural similarity on stamped test images",
     "attack_success": "share of stamped test images of the other classes classified as the target, at the end",
+    "tensor_gap_did": "block gap of tensor similarity (symmetric) minus the clean control's (poison_rate 0)",
+    "target_slice_excess_did": "target_slice_excess minus the clean control's",
 }
 
 #: The verdict rules, committed before the runs they judge. Thresholds set knowing the paper's numbers
 #: (SVHN: gap ratio 0.24 / 0.09 = 2.7, behavioural 0.09, tensor - matrix cosine 0.09, poisoned 0.62) and
 #: the first pass's (mnist5k: 3.6, target-slice excess 0.114, 0.089, 0.208, 0.602).
+LEARNED = Rule("the backdoor is learned", "attack_success", ">", 0.5, labels=("learned", "not learned"))
+#: The ``_did`` rules (issue 28; a clean run's ratio 2.63 was known): the sign and the 0.05 above, fitted to no run.
 RULES: tuple[Rule, ...] = (
     Rule("tensor similarity flags the backdoor from the weights alone", "tensor_gap_ratio", ">=", 2.0,
-         requires=(Rule("the backdoor is learned", "attack_success", ">", 0.5, labels=("learned", "not learned")),)),
+         requires=(LEARNED,)),
     Rule("the flag is localised to the target class", "target_slice_excess", ">", 0.05),
     Rule("behavioural similarity on clean data barely sees it", "behavioural_gap_clean", "<", 0.15),
     Rule("matrix cosine of the weights sees less than tensor similarity", "tensor_minus_weight_cosine_gap", ">", 0.0),
     Rule("behavioural similarity on stamped inputs sees it", "behavioural_gap_poisoned", ">", 0.3),
+    Rule("poisoning widens tensor similarity's gap beyond a clean run's", "tensor_gap_did", ">", 0.0, requires=(LEARNED,)),
+    Rule("... and the target slice's excess beyond the clean control's", "target_slice_excess_did", ">", 0.05),
 )
 
 
@@ -58,6 +64,7 @@ class BackdoorConfig(config_lib.RuledConfig, statistics=STATISTICS):
       patch_value: the trigger's pixel value: 0 (black) on SVHN as in the paper,
         1 (the ink colour) on MNIST-like data with a black background.
       noise_std: Gaussian input noise during training (both phases).
+      control: also run the clean control (poison_rate 0, in ``backdoor/control/`` of the run) for the ``_did`` rules.
       seed: model and minibatch seed.
       verdict_rules: the rules that label the claims (:data:`RULES`; each names one of :data:`STATISTICS`).
     """
@@ -78,6 +85,7 @@ class BackdoorConfig(config_lib.RuledConfig, statistics=STATISTICS):
     patch_value: float = 1.0
     noise_std: float = 0.05
     seed: int = 0
+    control: bool = True
     verdict_rules: tuple[Rule, ...] = RULES
 
 
@@ -85,10 +93,11 @@ CONFIGS = {
     "smoke": BackdoorConfig(n_train=1000, n_eval=300, d_hidden=16, batch_size=100, phase_a_steps=120,
                             phase_b_steps=80, checkpoint_every=40, learning_rate=1e-2),
     "default": BackdoorConfig(),
+    "control": BackdoorConfig(poison_rate=0.0, control=False),  # the clean control alone
     "paper": BackdoorConfig(dataset="svhn_cropped", grayscale=True, n_eval=26032, phase_a_steps=8000,
                             phase_b_steps=2000, checkpoint_every=250, patch_value=0.0, seed=1337),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    config_lib.add_arguments(parser, BackdoorConfig, CONFIGS, run_options=True)
+    config_lib.add_arguments(parser, BackdoorConfig, CONFIGS, run_options=True, authors=True)

@@ -133,4 +133,4 @@ CONFIGS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    config_lib.add_arguments(parser, ForgettingConfig, CONFIGS, run_options=True)
+    config_lib.add_arguments(parser, ForgettingConfig, CONFIGS, run_options=True, authors=True)
