@@ -230,13 +230,9 @@ def config_from_dict(d: Mapping[str, Any]) -> StudyConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    config_lib.add_arguments(parser, StudyConfig, CONFIGS)
+    config_lib.add_arguments(parser, StudyConfig, CONFIGS, run_options=True)
     parser.add_argument("--zoo", default=None, help="the zoo run (a name under ROOT/zoo/ or a directory; "
                         "default: the config's)")
-    parser.add_argument("--run", default=None,
-                        help="run name (default: the config's name and its --set overrides; reruns resume it)")
-    parser.add_argument("--root", default="results", help="results root directory (default: results)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
     parser.add_argument("--merge-units", default=None, metavar="RUN_DIR", help="copy the finished units of that "
                         "run (e.g. from a GPU machine) into this one, then exit; rerun to finish (docs/gpu.md)")
 

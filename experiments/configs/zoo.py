@@ -186,11 +186,7 @@ def config_from_dict(d: Mapping[str, Any]) -> ZooConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    config_lib.add_arguments(parser, ZooConfig, CONFIGS)
-    parser.add_argument("--run", default=None,
-                        help="run name (default: the config's name and its --set overrides; reruns resume it)")
-    parser.add_argument("--root", default="results", help="results root directory (default: results)")
+    config_lib.add_arguments(parser, ZooConfig, CONFIGS, run_options=True)
     parser.add_argument("--download", action="store_true", help="let tfds download missing data sets (internet)")
     parser.add_argument("--data-dir", default=None, help="the tfds data directory")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for CI logs)")
 
