@@ -4,6 +4,7 @@ Run::
 
     funsim language --config default            # offline, this CPU
     funsim language --config smoke --no-progress  # seconds-scale, what the test runs
+    funsim language --config paper_scale        # default, judged on the two-layer matrix at scale 1
     funsim language --config wide               # d_model 256 (the paper's width), 11 checkpoints
     funsim language --config paper              # d_model 256, 8 heads: a GPU run
 
@@ -19,7 +20,8 @@ The tensor-similarity paper's fourth experiment (its language model, scaled down
      ``1/sqrt(V)`` (the second moment of a uniformly random one-hot token) and at the authors' scale 1;
    * tensor, two layers, Monte Carlo: the full network, ``mc_samples`` common-random-number Gaussian
      contexts, with standard errors from batch means (the closure costs about 3 gradients of a
-     ``(context d)^2`` read-out per pair, too slow for every pair on this CPU);
+     ``(context d)^2`` read-out per pair, too slow for every pair on this CPU), at 1/sqrt(V) and at 1 (float64;
+     ``primary`` picks the rules' one; at 1 degree-25 terms' heavy tails can bias it low, see experiments/README);
    * tensor, two layers, closure: the authors' second-moment algorithm on an evenly spread subset of
      ``closure_checkpoints`` checkpoints;
    * behavioural: mean per-position cosine of the logits on held-out windows; matrix cosine of the weights;
@@ -66,7 +68,7 @@ from funsim.similarity.phases import transition_ratio
 __all__ = ["LanguageConfig", "CONFIGS", "MATRICES", "PRIMARY", "STATISTICS", "STAGES",
            "verdict_statistics", "claim_label", "run", "summary", "add_arguments", "main"]
 
-STAGES = ("tensor1_onehot", "tensor1_unit", "tensor2_mc", "mc_check", "tensor2_closure", "behaviour",
+STAGES = ("tensor1_onehot", "tensor1_unit", "tensor2_mc", "tensor2_mc_unit", "mc_check", "tensor2_closure", "behaviour",
           "weights", "ngrams")
 
 
@@ -151,6 +153,7 @@ def _closure_index(cfg: LanguageConfig, n: int) -> np.ndarray:
 def _analyse(cfg: LanguageConfig, ds, out: pathlib.Path, nets: list, progress: bool) -> dict:
     """Every stage of :data:`STAGES` on the checkpoints' networks, each cached in ``analysis/<stage>.npz``."""
     nets1 = [_truncate(n, 1) for n in nets]
+    nets64 = [jax.tree.map(lambda x: np.asarray(x, np.float64), n) for n in nets]  # for scale 1, under x64
     onehot = 1.0 / math.sqrt(ds.n_classes)
     x_eval, y_eval = ds.x_test[: cfg.n_eval_windows], ds.y_test[: cfg.n_eval_windows]
     closure_idx = _closure_index(cfg, len(nets))
@@ -166,20 +169,24 @@ def _analyse(cfg: LanguageConfig, ds, out: pathlib.Path, nets: list, progress: b
         "tensor1_unit": _stage("tensor1_unit", out, lambda: {"inner": exact(1.0)}, bar),
     }
 
-    def mc():  # common random numbers: one set of Gaussian contexts for every checkpoint
-        m = cs.monte_carlo_matrices(nets, n_samples=cfg.mc_samples, n_batches=cfg.mc_batches,
-                                    key=jax.random.key(cfg.seed + 1), context=cfg.context, scale=onehot)
+    def mc(scale):  # common random numbers: one key for every checkpoint; scale 1 in float64 (past float32's range)
+        with jax.enable_x64(scale >= 1):
+            m = cs.monte_carlo_matrices(nets64 if scale >= 1 else nets, n_samples=cfg.mc_samples, n_batches=cfg.mc_batches,
+                                        key=jax.random.key(cfg.seed + 1), context=cfg.context, scale=scale)
         return {"inner": m["inner"], "inner_se": m["inner_se"], "sim_se": m["similarity_se"]}
 
-    res["tensor2_mc"] = _stage("tensor2_mc", out, mc, bar)
+    res["tensor2_mc"] = _stage("tensor2_mc", out, lambda: mc(onehot), bar)
+    res["tensor2_mc_unit"] = _stage("tensor2_mc_unit", out, lambda: mc(1.0), bar)
 
-    def mc_check():  # the one-layer truncation by Monte Carlo against its exact value
+    def mc_check():  # the one-layer truncation by Monte Carlo against its exact value, at both scales
         pairs = [(0, len(nets) - 1), (len(nets) // 2, len(nets) - 1), (len(nets) - 2, len(nets) - 1)][: cfg.mc_check_pairs]
         rows = []
-        for i, j in pairs:
-            est, se = attention_monte_carlo_inner(nets1[i], nets1[j], context=cfg.context, scale=onehot,
-                                                  n_samples=cfg.mc_samples, key=jax.random.key(cfg.seed + 2))
-            rows.append([i, j, float(est), float(se), float(res["tensor1_onehot"]["inner"][i, j])])
+        for (i, j), (scale, exact) in ((p, s) for s in ((onehot, "tensor1_onehot"), (1.0, "tensor1_unit")) for p in pairs):
+            with jax.enable_x64(scale >= 1):
+                a, b = (_truncate((nets64 if scale >= 1 else nets)[k], 1) for k in (i, j))
+                est, se = attention_monte_carlo_inner(a, b, context=cfg.context, scale=scale, n_samples=cfg.mc_samples,
+                                                      key=jax.random.key(cfg.seed + 2))
+            rows.append([i, j, float(est), float(se), float(res[exact]["inner"][i, j]), scale])
         return {"rows": np.asarray(rows)}
 
     res["mc_check"] = _stage("mc_check", out, mc_check, bar)
@@ -212,7 +219,7 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
         log=print, authors_dir=None) -> dict:
     """Train, compare every checkpoint pair, write ``root/language/<run>/``; return the metrics (``authors_dir``: see CLI)."""
     calibration = authors.calibration("language", authors.read_language(authors_dir), lambda d: verdict_statistics(
-        cfg, authors.language_metrics(d, cfg.segments, keys=(PRIMARY, "behavioral/held_out", "weight_cosine"),
+        cfg, authors.language_metrics(d, cfg.segments, keys=(cfg.primary, "behavioral/held_out", "weight_cosine"),
                                       ngram_key=f"{min(cfg.ngram_orders)}gram_agreement")))  # fails early
     out = io.open_run("language", run_name, root=root, config=cfg)  # locked; a changed config is refused
     ds = data_lib.load("shakespeare", seq_len=cfg.seq_len, max_chars=cfg.max_chars)
@@ -225,6 +232,7 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
         "tensor/gaussian/layers=1": cs.normalise_gram(res["tensor1_onehot"]["inner"]),
         "tensor/gaussian/layers=1/scale=1": cs.normalise_gram(res["tensor1_unit"]["inner"]),
         "tensor/gaussian/monte_carlo": cs.normalise_gram(res["tensor2_mc"]["inner"]),
+        "tensor/gaussian/monte_carlo/scale=1": cs.normalise_gram(res["tensor2_mc_unit"]["inner"]),
         "behavioral/held_out": res["behaviour"]["sim"],
         "weight_cosine": res["weights"]["sim"],
     }
@@ -245,7 +253,8 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
         "tensor2_mc_inner_se": res["tensor2_mc"]["inner_se"].tolist(),
         "tensor2_mc_similarity_se": res["tensor2_mc"]["sim_se"].tolist(),
         "tensor2_mc_max_similarity_se": float(res["tensor2_mc"]["sim_se"].max()),
-        "mc_check": [dict(zip(("i", "j", "mc", "se", "exact"), r)) for r in res["mc_check"]["rows"].tolist()],
+        "tensor2_mc_unit_max_similarity_se": float(res["tensor2_mc_unit"]["sim_se"].max()),
+        "mc_check": [dict(zip(("i", "j", "mc", "se", "exact", "scale"), r)) for r in res["mc_check"]["rows"].tolist()],
         "closure": None if closure_sim is None else {
             "steps": [int(steps[i]) for i in closure_idx],
             "similarity": closure_sim.tolist(),
@@ -256,6 +265,8 @@ def run(cfg: LanguageConfig, *, root="results", run_name: str | None = None, pro
         "ngram_positions": dict(zip(map(str, cfg.ngram_orders), res["ngrams"]["n_positions"].tolist())),
     }
     metrics["verdict_statistics"] = verdict_statistics(cfg, metrics)
+    metrics["verdict_statistics_by_primary"] = {  # the rules' statistics on either Monte Carlo matrix, side by side
+        k: verdict_statistics(dataclasses.replace(cfg, primary=k), metrics) for k in MATRICES if "monte_carlo" in k}
     metrics["authors"] = calibration
     metrics["verdicts"] = [v.to_json() for v in verdict_lib.calibrate(cfg.verdict_rules, metrics)[0]]
     figures = run_figures(cfg, out, steps, matrices, blocks, closure_sim, closure_idx, ngram, result.history)
@@ -275,10 +286,10 @@ def verdict_statistics(cfg: LanguageConfig, metrics: dict) -> dict:
     k = _main_k(cfg)
     base = ("behavioral/held_out", "weight_cosine")
     blocks = metrics["blocks"]
-    margin = {s: blocks[PRIMARY][k][s] - max(blocks[b][k][s] for b in base) if k in blocks[PRIMARY] and all(
+    margin = {s: blocks[cfg.primary][k][s] - max(blocks[b][k][s] for b in base) if k in blocks[cfg.primary] and all(
         k in blocks[b] for b in base) else {"value": None, "reason": f"no K = {k} segmentation"}
         for s in ("explained", "contrast")}
-    prim = transition_ratio(metrics["matrices"][PRIMARY])
+    prim = transition_ratio(metrics["matrices"][cfg.primary])
     beh = transition_ratio(metrics["matrices"]["behavioral/held_out"])
     undefined = {"value": None, "reason": "fewer than 2 checkpoint steps, or no change between most"}
     stats = {
@@ -291,12 +302,12 @@ def verdict_statistics(cfg: LanguageConfig, metrics: dict) -> dict:
     share = {}
     if bigram in metrics["ngrams"]:
         peak = int(np.argmax(metrics["ngrams"][bigram]))
-        for key in (PRIMARY, "behavioral/held_out"):
+        for key in (cfg.primary, "behavioral/held_out"):
             m = np.asarray(metrics["matrices"][key], np.float64)
             full = 1 - m.min()
             share[key] = None if full <= 0 else (1 - m[peak:, peak:].min()) / full
     if len(share) == 2 and None not in share.values():
-        stats["late_range_margin"] = float(share[PRIMARY] - share["behavioral/held_out"])
+        stats["late_range_margin"] = float(share[cfg.primary] - share["behavioral/held_out"])
     else:
         stats["late_range_margin"] = {"value": None, "reason": "no bigram curve or a constant matrix"}
     return stats
@@ -344,7 +355,7 @@ def summary(metrics: dict, cfg: LanguageConfig) -> str:
         "",
         "## Verdicts",
         "",
-        f"Primary tensor matrix: {MATRICES[PRIMARY]}; blocks at K = {k_main}. Each label is computed by code from "
+        f"Primary tensor matrix: {MATRICES[cfg.primary]}; blocks at K = {k_main}. Each label is computed by code from "
         "the rule in the run's config (`verdict_rules`; statistics in `experiments.language.STATISTICS`).",
         "",
         *table,
@@ -357,11 +368,15 @@ def summary(metrics: dict, cfg: LanguageConfig) -> str:
         "",
     ]
     lines += [
-        f"Monte Carlo (two layers): largest similarity standard error {metrics['tensor2_mc_max_similarity_se']:.3g}.",
+        f"Monte Carlo (two layers): largest similarity standard error {metrics['tensor2_mc_max_similarity_se']:.3g} "
+        f"at 1/sqrt(V), {metrics['tensor2_mc_unit_max_similarity_se']:.3g} at scale 1.",
     ]
+    for key, st in metrics["verdict_statistics_by_primary"].items():
+        lines.append(f"Statistics with {MATRICES[key]} as the primary matrix: " + ", ".join(
+            f"{name} {v:.3f}" if isinstance(v, float) else f"{name} undefined" for name, v in st.items()) + ".")
     for row in metrics["mc_check"]:
-        lines.append(f"Check, layer-1 inner product of checkpoints {int(row['i'])} and {int(row['j'])}: exact "
-                     f"{row['exact']:.6g}, Monte Carlo {row['mc']:.6g} +- {row['se']:.2g}.")
+        lines.append(f"Check, layer-1 inner product of checkpoints {int(row['i'])} and {int(row['j'])} at scale "
+                     f"{row.get('scale', 0):.3g}: exact {row['exact']:.6g}, Monte Carlo {row['mc']:.6g} +- {row['se']:.2g}.")
     if metrics["closure"]:
         c = np.asarray(metrics["closure"]["similarity"])
         m = np.asarray(metrics["closure"]["mc_similarity_same_pairs"])

@@ -148,6 +148,55 @@ def test_smoke_monte_carlo_check_agrees_with_exact(smoke):
 
 
 @NEEDS_SHAKESPEARE
+def test_smoke_two_layer_monte_carlo_against_an_independent_estimate(smoke):
+    """Both two-layer Monte Carlo matrices (1/sqrt(V) and the paper's scale 1) against
+    ``similarity.attention_monte_carlo_inner`` on other draws: within 5 combined standard errors (seeded)."""
+    from funsim import similarity
+
+    out, metrics = smoke
+    cfg = language.CONFIGS["smoke"]
+    nets = language._networks(cfg, metrics["vocab"], out / "model", metrics["steps"])
+    nets64 = [jax.tree.map(lambda x: np.asarray(x, np.float64), net) for net in nets]  # scale 1 passes float32's range
+    n = len(nets)
+    for stage, key, scale, ns in (("tensor2_mc", "tensor/gaussian/monte_carlo", 1 / np.sqrt(metrics["vocab"]), nets),
+                                  ("tensor2_mc_unit", "tensor/gaussian/monte_carlo/scale=1", 1.0, nets64)):
+        cached = np.load(out / "analysis" / f"{stage}.npz")
+        np.testing.assert_allclose(metrics["matrices"][key], language.cs.normalise_gram(cached["inner"]), atol=1e-12)
+        for i, j in ((0, n - 1), (n - 2, n - 1)):
+            with jax.enable_x64(True):
+                est, se = similarity.attention_monte_carlo_inner(ns[i], ns[j], context=cfg.context, scale=scale,
+                                                                 n_samples=4096, key=jax.random.key(7))
+            both = np.hypot(float(se), cached["inner_se"][i, j])
+            assert abs(float(est) - cached["inner"][i, j]) < 5 * both, (key, i, j)
+
+
+@NEEDS_SHAKESPEARE
+def test_paper_scale_config_judges_the_scale_one_matrix(smoke, tmp_path):
+    """``paper_scale`` is ``default`` with the scale-1 two-layer matrix as the primary one; at smoke size its
+    statistics, verdicts and summary read that matrix, and the 1/sqrt(V) one is reported beside it."""
+    key = "tensor/gaussian/monte_carlo/scale=1"
+    assert language.CONFIGS["paper_scale"] == dataclasses.replace(language.CONFIGS["default"], primary=key)
+    with pytest.raises(ValueError, match="primary must be a tensor matrix"):
+        dataclasses.replace(language.CONFIGS["smoke"], primary="weight_cosine")
+    cfg = dataclasses.replace(language.CONFIGS["smoke"], primary=key)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(authors.AUTHORS_ENV, raising=False)
+        metrics = language.run(cfg, root=tmp_path, run_name="paper_scale", progress=False, log=lambda *a: None)
+    _, base = smoke
+    assert metrics["matrices"] == base["matrices"]  # the same training run and draws; only the primary differs
+    by = metrics["verdict_statistics_by_primary"]
+    assert list(by) == ["tensor/gaussian/monte_carlo", key] and by == base["verdict_statistics_by_primary"]
+    assert metrics["verdict_statistics"] == by[key] and base["verdict_statistics"] == by[language.PRIMARY]
+    prim = np.asarray(metrics["matrices"][key])
+    d = 1 - np.diagonal(prim, 1)
+    assert metrics["verdict_statistics"]["primary_transition_ratio"] == pytest.approx(d.max() / np.median(d))
+    assert metrics["verdicts"] == [v.to_json() for v in verdict.calibrate(cfg.verdict_rules, metrics)[0]]
+    text = (tmp_path / "language" / "paper_scale" / "summary.md").read_text()
+    assert f"Primary tensor matrix: {language.MATRICES[key]};" in text
+    assert f"Statistics with {language.MATRICES[language.PRIMARY]} as the primary matrix: " in text
+
+
+@NEEDS_SHAKESPEARE
 def test_resume_reuses_every_stage_and_refuses_another_config(smoke):
     out, metrics = smoke
     again = language.run(language.CONFIGS["smoke"], root=out.parent.parent, run_name="smoke", progress=False,
