@@ -281,6 +281,10 @@ def _main_k(cfg: LanguageConfig) -> int:
     return 3 if 3 in cfg.segments else max(cfg.segments)
 
 
+_MC_SE = {"tensor/gaussian/monte_carlo": "tensor2_mc_max_similarity_se",
+          "tensor/gaussian/monte_carlo/scale=1": "tensor2_mc_unit_max_similarity_se"}
+
+
 def verdict_statistics(cfg: LanguageConfig, metrics: dict) -> dict:
     """The numbers :data:`RULES` judge (:data:`STATISTICS`) from the run's matrices, blocks and n-gram curves."""
     k = _main_k(cfg)
@@ -297,6 +301,8 @@ def verdict_statistics(cfg: LanguageConfig, metrics: dict) -> dict:
         "block_contrast_margin": margin["contrast"],
         "primary_transition_ratio": undefined if prim is None else prim,
         "transition_ratio_margin": undefined if prim is None or beh is None else prim - beh,
+        # exact matrices, and the authors' (their closure), have no sampling error
+        "primary_max_similarity_se": float(metrics.get(_MC_SE.get(cfg.primary, ""), 0.0)),
     }
     bigram = f"{min(cfg.ngram_orders)}gram_agreement"
     share = {}
@@ -321,6 +327,8 @@ def claim_label(verdicts, claim_rules=arguments.CLAIM_RULES) -> str:
         return f"uncalibrated ({', '.join(bad)} fail on the authors' data)"
     if len(needed) == len(claim_rules) and all(v.outcome == "pass" for v in needed):
         return "reproduced"
+    if undefined := [v for v in needed if v.outcome == "undefined"]:  # e.g. a primary matrix too noisy to judge
+        return f"inconclusive ({undefined[0].reason})"
     return "not reproduced at this scale"
 
 

@@ -117,7 +117,7 @@ RECORDED = {
                    "target_accuracy_at_remove": 0.0, "tensor_at_readd": 0.995, "tensor_at_repeat": 0.995,
                    "difference_slice_at_add9": 0.382, "difference_slice_at_remove": -0.863},
     "language": {"explained_margin": -0.350, "block_contrast_margin": 0.208, "primary_transition_ratio": 8.332,
-                 "transition_ratio_margin": -12.550, "late_range_margin": 0.698},
+                 "transition_ratio_margin": -12.550, "late_range_margin": 0.698, "primary_max_similarity_se": 0.0},
 }
 
 

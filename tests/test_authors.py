@@ -327,7 +327,7 @@ def test_a_rule_that_fails_on_the_authors_data_cannot_label_ours():
     # the language claim: "uncalibrated" when a claim rule fails on their data, not "not reproduced"
     lcfg = lg.CONFIGS["default"]
     stats = {"explained_margin": -0.01, "block_contrast_margin": 0.2, "primary_transition_ratio": 8.0,
-             "transition_ratio_margin": -40.0, "late_range_margin": 0.36}
+             "transition_ratio_margin": -40.0, "late_range_margin": 0.36, "primary_max_similarity_se": 6e-4}
     v, _ = verdict.calibrate(lcfg.verdict_rules, {"verdict_statistics": stats,
                                                   "authors": {"statistics": authors.RECORDED["language"], "source": ""}})
     assert lg.claim_label(v) == ("uncalibrated (explained_margin, transition_ratio_margin fail on the authors' "
@@ -336,6 +336,13 @@ def test_a_rule_that_fails_on_the_authors_data_cannot_label_ours():
     v, _ = verdict.calibrate(lcfg.verdict_rules, {"verdict_statistics": stats | {"block_contrast_margin": -0.08},
                                                   "authors": {"statistics": authors.RECORDED["language"], "source": ""}})
     assert lg.claim_label(v, lg.arguments.CALIBRATED_CLAIM_RULES) == "not reproduced at this scale"
+    # a primary matrix whose Monte Carlo error swamps the statistics (paper_scale's 0.32) labels nothing
+    v, _ = verdict.calibrate(lcfg.verdict_rules, {"verdict_statistics": stats | {"primary_max_similarity_se": 0.32},
+                                                  "authors": {"statistics": authors.RECORDED["language"], "source": ""}})
+    label = lg.claim_label(v, lg.arguments.CALIBRATED_CLAIM_RULES)
+    assert label.startswith("inconclusive (") and "Monte Carlo error too large: primary_max_similarity_se = 0.320" in label
+    assert all(x.outcome == "undefined" and "Monte Carlo error too large" in x.label for x in v
+               if x.rule.statistic not in ("explained_margin", "transition_ratio_margin"))  # those: uncalibrated
 
 
 def test_a_bad_clone_is_refused_before_training(tmp_path):
