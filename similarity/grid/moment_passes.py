@@ -58,8 +58,9 @@ def hooks(entries) -> tuple:
 
 
 def _safe(norm):
-    """``norm`` where positive, else 1: keeps the moments of a constant layer finite (zero)."""
-    return jnp.where(norm > 0, norm, jnp.ones_like(norm))
+    """``norm`` where positive, else 1: keeps the moments of a constant layer finite (zero). (``lax``, not
+    ``jnp.where``: the same operations, with less to trace in the grid's programs.)"""
+    return lax.select(lax.gt(norm, lax.full_like(norm, 0)), norm, lax.full_like(norm, 1))
 
 
 def range_stats(lo, hi) -> tuple[jax.Array, dict]:
@@ -80,9 +81,9 @@ def range_stats(lo, hi) -> tuple[jax.Array, dict]:
 
 def _masked_range(z, rows):
     """Column minima and maxima ``(W,)`` over the rows where ``rows > 0`` and their largest magnitude."""
-    keep = rows[:, None] > 0
-    lo = jnp.min(jnp.where(keep, z, jnp.inf), axis=0)
-    hi = jnp.max(jnp.where(keep, z, -jnp.inf), axis=0)
+    keep = lax.broadcast_in_dim(lax.gt(rows, lax.full_like(rows, 0)), z.shape, (0,))
+    lo = lax.reduce_min(lax.select(keep, z, lax.full_like(z, float("inf"))), (0,))
+    hi = lax.reduce_max(lax.select(keep, z, lax.full_like(z, -float("inf"))), (0,))
     return lo, hi, jnp.maximum(jnp.max(jnp.abs(lo)), jnp.max(jnp.abs(hi)))
 
 
@@ -471,7 +472,13 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> 
             key = ("a" if lay.same else side, g.width, g.pidx)
             if key not in sides:
                 sides[key] = side_of(side, g)
-    layer_flags = {key: tree_to_host(s.centres.flags) for key, (_, s) in sides.items()}  # {kind: {flag: (L,)}}
+    layer_flags: dict = {}  # {side key: {kind: {flag: (L,)}}}, read once the first block is running
+
+    def flags_of(key):
+        if key not in layer_flags:
+            layer_flags[key] = tree_to_host(sides[key][1].centres.flags)
+        return layer_flags[key]
+
     kind_of = {e.name: e.spec.moments for e in entries}
     for g_a in ga:
         za, sa = sides["a", g_a.width, g_a.pidx]
@@ -483,7 +490,6 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> 
             evaluate = block_evaluator(entries, kinds, hook_list, chunks is not None, sharding,
                                        size == len(g_a.pidx))
             for idx in _blocks(len(g_a.pidx), size):
-                fa = jax.tree.map(lambda t: t[idx], layer_flags["a", g_a.width, g_a.pidx])
                 real = np.asarray(idx) < len(g_a.idx)
                 first = {}
                 for p, pos in enumerate(idx):  # repeated positions (padding) are dropped
@@ -500,12 +506,13 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> 
                 w = replicate_computed(plan, (w_tr, w_te))
                 fwd, rev = evaluate(za, sa, zb, sb, replicate_computed(plan, idx), *w, sums)
                 fwd, rev = tree_to_host(fwd), tree_to_host(rev)
+                fa = jax.tree.map(lambda t: t[idx], flags_of(("a", g_a.width, g_a.pidx)))
                 rows = np.asarray(g_a.pidx)[idx][keep]
                 cols = np.asarray(g_b.idx)
                 for d, res in (("fwd", fwd), ("rev", rev)):
                     for name, (value, flags) in res.items():
                         kind = kind_of[name]
-                        flags = cell_flags(fa[kind], layer_flags[key_b][kind], flags, reverse=d == "rev")
+                        flags = cell_flags(fa[kind], flags_of(key_b)[kind], flags, reverse=d == "rev")
                         v = np.asarray(value)[keep][:, : len(g_b.idx)]
                         f = jax.tree.map(lambda a: np.asarray(a)[keep][:, : len(g_b.idx)], flags)
                         values[name, d][np.ix_(rows, cols)] = v
