@@ -504,10 +504,30 @@ def pow2_scale(x: jax.Array) -> jax.Array:
 
 
 def pow2_at(max_abs: jax.Array) -> jax.Array:
-    """:func:`pow2_scale` from a precomputed ``max |x|`` (e.g. the value checks' pass), no gradient."""
-    m = jax.lax.stop_gradient(max_abs)
-    _, e = jnp.frexp(jnp.where(m > 0, m, jnp.ones((), m.dtype)))
-    return jnp.ldexp(jnp.ones((), m.dtype), e - 1)
+    """:func:`pow2_scale` from a precomputed ``max |x|`` (e.g. the value checks' pass), no gradient.
+
+    Elementwise, any shape: the largest power of two ``<= max_abs`` (subnormals included); 1 where
+    ``max_abs`` is 0, negative or NaN; 0.5 where it is infinite. These are the values of
+    ``ldexp(1, frexp(max_abs)[1] - 1)`` (``tests/test_linalg.py`` checks every float32 exponent and
+    subnormal), read off the exponent bits with a few ``lax`` operations: ``jnp.frexp`` and ``jnp.ldexp``
+    trace several times as many operations, and the grid's programs trace this on every new shape.
+    """
+    m = lax.stop_gradient(max_abs)
+    m = jnp.asarray(m, m.dtype)  # not weakly typed (a strong result, as before)
+    info = jnp.finfo(m.dtype)
+    itype = jnp.dtype(f"int{info.bits}")
+
+    def full(v, dtype=m.dtype):
+        return lax.full_like(m, v, dtype)
+
+    big = full(2.0 ** (info.nmant + 1))  # brings a subnormal into the normal range, exactly
+    sub = lax.lt(m, full(info.tiny))
+    x = lax.select(sub, lax.mul(m, big), m)
+    exponent = full(((1 << info.nexp) - 1) << info.nmant, itype)
+    p = lax.bitcast_convert_type(lax.bitwise_and(lax.bitcast_convert_type(x, itype), exponent), m.dtype)
+    p = lax.select(sub, lax.div(p, big), p)
+    p = lax.select(lax.gt(m, full(0)), p, full(1))
+    return lax.select(lax.eq(m, full(float("inf"))), full(0.5), p)
 
 
 _MIX = (0x85EBCA6B, 0xC2B2AE35)  # murmur3's finaliser constants

@@ -346,3 +346,34 @@ def test_eigh_gradients_match_finite_differences(rng):
         return w, v[:, :2] @ v[:, :2].T
 
     check_grads(f, (a,), order=2, modes=["fwd", "rev"])
+
+
+def _pow2_by_frexp(max_abs):
+    """pow2_at's definition: ``ldexp(1, frexp(m)[1] - 1)``, with 1 for a non-positive or NaN ``m``."""
+    m = jax.lax.stop_gradient(max_abs)
+    _, e = jnp.frexp(jnp.where(m > 0, m, jnp.ones((), m.dtype)))
+    return jnp.ldexp(jnp.ones((), m.dtype), e - 1)
+
+
+def test_pow2_at_reads_the_exponent_bits_as_frexp_and_ldexp_would():
+    """Bit for bit on every exponent (subnormals, zero, inf and NaN included), each sign, in every float
+    dtype the tests run (float16 and bfloat16 exhaustively)."""
+    from funsim.similarity._linalg import pow2_at
+
+    r = np.random.default_rng(0)
+    kinds = [(jnp.float16, np.uint16, None, None), (jnp.bfloat16, np.uint16, None, None), (np.float32, np.uint32, 23, 8)]
+    if jax.config.jax_enable_x64:
+        kinds.append((np.float64, np.uint64, 52, 11))
+    for dt, it, nmant, nexp in kinds:
+        if nmant is None:
+            bits = np.arange(1 << 16, dtype=it)
+        else:
+            mant = np.concatenate([np.arange(64), (1 << nmant) - 1 - np.arange(64),
+                                   r.integers(0, 1 << nmant, 512, dtype=np.uint64)]).astype(it)
+            bits = np.concatenate([(it(e) << it(nmant)) | mant for e in range(1 << nexp)])
+            bits = np.concatenate([bits, bits | (it(1) << it(nmant + nexp))])
+        x = jnp.asarray(bits.view(dt))
+        got, want = np.asarray(jax.jit(pow2_at)(x)), np.asarray(jax.jit(_pow2_by_frexp)(x))
+        assert got.dtype == want.dtype and np.array_equal(got.view(it), want.view(it)), dt
+    assert not pow2_at(jnp.asarray(3.0)).weak_type and float(pow2_at(np.float32(5.0))) == 4.0
+    assert float(jax.grad(lambda z: pow2_at(z) * z)(3.0)) == 2.0  # no gradient through the scale

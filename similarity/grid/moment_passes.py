@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from funsim.similarity import _validate as V
 from funsim.similarity._ladder import bucket
@@ -58,22 +59,32 @@ def hooks(entries) -> tuple:
 
 
 def _safe(norm):
-    """``norm`` where positive, else 1: keeps the moments of a constant layer finite (zero)."""
-    return jnp.where(norm > 0, norm, jnp.ones_like(norm))
+    """``norm`` where positive, else 1: keeps the moments of a constant layer finite (zero). (``lax``, not
+    ``jnp.where``: the same operations, with less to trace in the grid's programs.)"""
+    return lax.select(lax.gt(norm, lax.full_like(norm, 0)), norm, lax.full_like(norm, 1))
 
 
-def range_flags(lo, hi, max_abs) -> dict:
-    """``finite`` and ``varies`` from column minima and maxima ``(W,)`` and the largest magnitude
-    (the rule of :func:`similarity._validate.rep_flags`: zero columns change neither)."""
-    finite = jnp.all(jnp.isfinite(lo)) & jnp.all(jnp.isfinite(hi))
-    return {"finite": finite, "varies": jnp.max(hi - lo) > V.CONSTANT_RTOL * max_abs}
+def range_stats(lo, hi) -> tuple[jax.Array, dict]:
+    """``(max_abs, {"finite", "varies"})``, each ``(L,)``, from column minima and maxima ``(L, W)``: the
+    largest magnitude, and the flags of :func:`similarity._validate.rep_flags` (every bound finite; the
+    widest column range above ``CONSTANT_RTOL`` times the largest magnitude; zero columns change neither).
+
+    One reduction over the columns (max, max, and), so that it compiles as one kernel."""
+    inf = jnp.array(jnp.inf, lo.dtype)
+
+    def step(a, b):
+        return lax.max(a[0], b[0]), lax.max(a[1], b[1]), lax.bitwise_and(a[2], b[2])
+
+    ops = (lax.max(lax.abs(lo), lax.abs(hi)), lax.sub(hi, lo), lax.bitwise_and(lax.is_finite(lo), lax.is_finite(hi)))
+    max_abs, spread, finite = lax.reduce(ops, (-inf, -inf, jnp.array(True)), step, (1,))
+    return max_abs, {"finite": finite, "varies": spread > V.CONSTANT_RTOL * max_abs}
 
 
 def _masked_range(z, rows):
     """Column minima and maxima ``(W,)`` over the rows where ``rows > 0`` and their largest magnitude."""
-    keep = rows[:, None] > 0
-    lo = jnp.min(jnp.where(keep, z, jnp.inf), axis=0)
-    hi = jnp.max(jnp.where(keep, z, -jnp.inf), axis=0)
+    keep = lax.broadcast_in_dim(lax.gt(rows, lax.full_like(rows, 0)), z.shape, (0,))
+    lo = lax.reduce_min(lax.select(keep, z, lax.full_like(z, float("inf"))), (0,))
+    hi = lax.reduce_max(lax.select(keep, z, lax.full_like(z, -float("inf"))), (0,))
     return lo, hi, jnp.maximum(jnp.max(jnp.abs(lo)), jnp.max(jnp.abs(hi)))
 
 
@@ -119,13 +130,12 @@ class Centres(NamedTuple):
 
 
 def _centres(s: Sums, n, n_tr, kinds) -> Centres:
-    max_abs = jnp.maximum(jnp.max(jnp.abs(s.lo), axis=1), jnp.max(jnp.abs(s.hi), axis=1))
-    c = jax.vmap(pow2_at)(max_abs)
-    flags = {"full": jax.vmap(range_flags)(s.lo, s.hi, max_abs)}
+    max_abs, full = range_stats(s.lo, s.hi)
+    c = pow2_at(max_abs)
+    flags = {"full": full}
     mean_tr = None
     if "split" in kinds:
-        max_tr = jnp.maximum(jnp.max(jnp.abs(s.lo_tr), axis=1), jnp.max(jnp.abs(s.hi_tr), axis=1))
-        f_tr = jax.vmap(range_flags)(s.lo_tr, s.hi_tr, max_tr)
+        f_tr = range_stats(s.lo_tr, s.hi_tr)[1]
         flags["split"] = {"finite": flags["full"]["finite"], "varies": f_tr["varies"]}
         mean_tr = s.s_tr / n_tr / c[:, None]
     return Centres(c, s.s_all / n / c[:, None], mean_tr, flags)
@@ -303,15 +313,17 @@ def _split_finish(out):
 
 
 @functools.lru_cache(maxsize=64)
-def block_evaluator(entries: tuple, kinds: tuple, hook_list: tuple, streamed: bool, sharding):
+def block_evaluator(entries: tuple, kinds: tuple, hook_list: tuple, streamed: bool, sharding, whole: bool = False):
     """A compiled function evaluating every entry (and its reverse) on every pair of a block of source
     layers ``idx`` (positions in side a's padded stack) and every target layer.
 
     ``run(za, sa, zb, sb, idx, w_tr, w_te, sums)``: the cross sums are formed from the data
     (``za``, ``zb``, all rows) unless ``streamed``, where ``sums`` holds them (accumulated over
-    chunks) and the data is not passed. Returns ``(fwd, rev)``, ``{name: (value (B, Lb),
-    flags)}``; each cell's flags hold ``"x"`` and ``"y"`` (the source's and target's ``finite``
-    and ``varies`` on the rows of the measure's moment kind) and the finish's own flags.
+    chunks) and the data is not passed. ``whole``: the block is side a's whole stack in order
+    (``idx == arange(La)``, not read), so nothing is gathered. Returns ``(fwd, rev)``,
+    ``{name: (value (B, Lb), flags)}`` with the finish's own flags; the layers' flags (``"x"``
+    and ``"y"`` of each cell: the source's and target's ``finite`` and ``varies``) are not
+    repeated per cell here, the caller adds them from the sides (:func:`cell_flags`).
 
     The pairs are a nested ``vmap``, over source layers and then target layers, so whatever a
     measure computes from one side alone is computed once per layer; each pair's cross sums are
@@ -338,14 +350,17 @@ def block_evaluator(entries: tuple, kinds: tuple, hook_list: tuple, streamed: bo
                     continue
                 value, flags = _split_finish(e.spec.finish(c))
                 ok = f_src["finite"] & f_src["varies"] & f_tgt["finite"] & f_tgt["varies"]
-                out[e.name] = (V.nan_unless(ok, value), {"x": f_src, "y": f_tgt, **flags})
+                out[e.name] = (V.nan_unless(ok, value), flags)
         return fwd, rev
 
     def run(za, sa: Side, zb, sb: Side, idx, w_tr, w_te, sums):
-        xa, exa, ce_a = _pick((sa.moments, sa.extras, sa.centres), idx)
+        if whole:
+            xa, exa, ce_a = sa.moments, sa.extras, sa.centres
+        else:
+            xa, exa, ce_a = _pick((sa.moments, sa.extras, sa.centres), idx)
         fa = ce_a.flags
         if not streamed:
-            sums = cross_sums(za[idx], ce_a, zb, sb.centres, None, w_tr, w_te, kinds, sharding)
+            sums = cross_sums(za if whole else za[idx], ce_a, zb, sb.centres, None, w_tr, w_te, kinds, sharding)
         fb = sb.centres.flags
 
         def row(x, ex, f, c, s):  # s: (Wa, Lb, Wb), the pairs of one source layer
@@ -355,6 +370,17 @@ def block_evaluator(entries: tuple, kinds: tuple, hook_list: tuple, streamed: bo
         return jax.vmap(row)(xa, exa, fa, ce_a.scale, sums)
 
     return jax.jit(run)
+
+
+def cell_flags(fa: dict, fb: dict, flags: dict, *, reverse: bool) -> dict:
+    """A block's per-cell flags ``(B, Lb)``: the finish's ``flags`` and each cell's ``"x"`` and ``"y"``, the
+    flags of its source and target layers, from the layers' ``fa: {"finite": (B,), "varies": (B,)}`` (side
+    a's layers of the block) and ``fb`` (``(Lb,)``, side b's); the reverse's source is side b's layer."""
+    shape = (len(fa["finite"]), len(fb["finite"]))
+    rows = {k: np.broadcast_to(np.asarray(v)[:, None], shape) for k, v in fa.items()}
+    cols = {k: np.broadcast_to(np.asarray(v)[None, :], shape) for k, v in fb.items()}
+    x, y = (cols, rows) if reverse else (rows, cols)
+    return {"x": x, "y": y, **flags}
 
 
 @functools.partial(jax.jit, static_argnames=("kinds",))
@@ -445,13 +471,23 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> 
             key = ("a" if lay.same else side, g.width, g.pidx)
             if key not in sides:
                 sides[key] = side_of(side, g)
+    layer_flags: dict = {}  # {side key: {kind: {flag: (L,)}}}, read once the first block is running
+
+    def flags_of(key):
+        if key not in layer_flags:
+            layer_flags[key] = tree_to_host(sides[key][1].centres.flags)
+        return layer_flags[key]
+
+    kind_of = {e.name: e.spec.moments for e in entries}
     for g_a in ga:
         za, sa = sides["a", g_a.width, g_a.pidx]
         for g_b in gb:
-            zb, sb = sides["a" if lay.same else "b", g_b.width, g_b.pidx]
+            key_b = ("a" if lay.same else "b", g_b.width, g_b.pidx)
+            zb, sb = sides[key_b]
             size = _block_size(len(g_a.pidx), g_a.width, len(g_b.pidx), g_b.width, nmat, itemsize, plan.ndev)
             sharding = plan.sharding(None, "pairs")
-            evaluate = block_evaluator(entries, kinds, hook_list, chunks is not None, sharding)
+            evaluate = block_evaluator(entries, kinds, hook_list, chunks is not None, sharding,
+                                       size == len(g_a.pidx))
             for idx in _blocks(len(g_a.pidx), size):
                 real = np.asarray(idx) < len(g_a.idx)
                 first = {}
@@ -469,10 +505,13 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> 
                 w = replicate_computed(plan, (w_tr, w_te))
                 fwd, rev = evaluate(za, sa, zb, sb, replicate_computed(plan, idx), *w, sums)
                 fwd, rev = tree_to_host(fwd), tree_to_host(rev)
+                fa = jax.tree.map(lambda t: t[idx], flags_of(("a", g_a.width, g_a.pidx)))
                 rows = np.asarray(g_a.pidx)[idx][keep]
                 cols = np.asarray(g_b.idx)
                 for d, res in (("fwd", fwd), ("rev", rev)):
                     for name, (value, flags) in res.items():
+                        kind = kind_of[name]
+                        flags = cell_flags(fa[kind], flags_of(key_b)[kind], flags, reverse=d == "rev")
                         v = np.asarray(value)[keep][:, : len(g_b.idx)]
                         f = jax.tree.map(lambda a: np.asarray(a)[keep][:, : len(g_b.idx)], flags)
                         values[name, d][np.ix_(rows, cols)] = v
