@@ -196,11 +196,13 @@ def _interval(iv):
 
 
 def _unpack(v):
-    """``(value, interval, reason)`` from a number, None, or ``{"value", "interval", "reason"}``."""
+    """``(value, interval, reason)`` from a number, None, or ``{"value", "interval", "reason"}`` (and
+    ``interval_pairs``, a second interval reported beside, which no rule reads)."""
     if isinstance(v, Mapping):
-        extra = sorted(set(v) - {"value", "interval", "reason"})
+        extra = sorted(set(v) - {"value", "interval", "reason", "interval_pairs"})
         if extra:
-            raise ValueError(f"A statistic given as a dict takes the keys value, interval, reason; got {extra}.")
+            raise ValueError(f"A statistic given as a dict takes the keys value, interval, reason (interval_pairs); "
+                             f"got {extra}.")
         return v.get("value"), v.get("interval"), v.get("reason")
     return v, None, None
 

@@ -16,7 +16,12 @@ with rules; these statistics feed the rules added beside the first ones (the old
   (regression to the mean);
 * **claim 5a**, :func:`sufficiency_lift`: ``P(high | CKA >= 0.9) - P(high)``, beside
   ``P(high)`` itself, which the rule requires below a ceiling;
-* **multiplicity**, :func:`primary_holm`: Holm-Bonferroni over the rules declared primary.
+* **multiplicity**, :func:`primary_holm`: Holm-Bonferroni over the rules declared primary;
+* **the older rules' intervals**, :func:`model_interval`: the model-resampled interval the rules
+  read, with the pair-resampled one (model pairs, what they read before) beside it;
+* **claim 1 on task-loss stitching**, :func:`asymmetry_statistics` of :func:`directed_asymmetry`:
+  forward minus reverse relative accuracy per directed pair A->B vs B->A, the closed form's tail
+  statistics, the mean absolute asymmetry (:func:`mean_abs`), model-resampled intervals.
 
 :func:`noise_statistics` computes every one of them from the report's comparisons table.
 Each statistic is checked against a float64 NumPy reference in ``tests/test_study_rules.py``.
@@ -36,7 +41,7 @@ from funsim.similarity import statistics as st
 from funsim.similarity._precision import full_precision
 
 __all__ = ["order_margin", "sufficiency_lift", "split_half_differences", "noise_statistics", "primary_holm",
-           "OPPOSITE"]
+           "model_interval", "mean_abs", "directed_asymmetry", "asymmetry_statistics", "OPPOSITE"]
 
 #: The direction a rule fails in: the p-value of a failed rule is that of the opposite claim.
 OPPOSITE = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}
@@ -162,6 +167,7 @@ def _model_interval(stat, arrays, keys, key, n_resamples: int, level: float, p_o
     return {"value": est, "interval": [float(lo), float(hi)]}
 
 
+@full_precision
 def noise_statistics(table: Any, n_test: Mapping[str, int] | None, /, *, key: jax.Array, n_resamples: int = 2000,
                      level: float = 0.95, high: float = 0.95, cka_high: float = 0.9, below: float = 0.95,
                      z: float = 1.96, families: Sequence[str] = ("orthogonal", "scaled_orthogonal", "affine")) -> dict:
@@ -253,6 +259,110 @@ def _split_statistics(table, fams, below, keys_, n_resamples, level, p_out) -> d
     return out
 
 
+@full_precision
+def mean_abs(x: ArrayLike, /, *, weights: ArrayLike | None = None) -> jax.Array:
+    """The weighted mean of ``|x|`` (e.g. how far forward and reverse stitching differ, whatever the sign).
+
+    Examples:
+      >>> round(float(mean_abs([0.1, -0.3])), 3)
+      0.2
+    """
+    x = jnp.abs(jnp.asarray(x) * 1.0)
+    w = jnp.ones_like(x) if weights is None else jnp.asarray(weights, x.dtype)
+    return jnp.sum(w * x) / jnp.sum(w)
+
+
+@full_precision
+def model_interval(stat, arrays: Sequence[ArrayLike], keys: Sequence[tuple], /, *, key: jax.Array,
+                   n_resamples: int = 2000, level: float = 0.95, min_n: int = 4) -> dict:
+    """A statistic with its model-resampled interval and, beside it, the pair-resampled one.
+
+    ``interval`` resamples models (``bootstrap(..., models=)``, the two-way bootstrap: a model recurs
+    in many pairs); ``interval_pairs`` resamples model pairs (clusters of their layer pairs), the
+    interval the report's first rules read before issue 28, kept for comparison. The keys of
+    ``key``: ``jax.random.split(key)``, models first.
+
+    Args:
+      stat: a statistic taking the arrays and ``weights=`` (e.g. ``statistics.excess_kurtosis``).
+      arrays: ``(n,)`` arrays.
+      keys: ``(dataset, model_a, layer_a, model_b, layer_b, ...)`` per row.
+      key, n_resamples, level: the bootstraps.
+      min_n: fewer rows: undefined.
+
+    Returns:
+      ``{"value", "interval", "interval_pairs"}``, or ``{"value": None, "reason"}`` when the statistic
+      or every model resample is undefined.
+    """
+    if len(keys) < min_n:
+        return _undefined(f"{len(keys)} pairs (fewer than {min_n})")
+    arrays = tuple(np.asarray(a, np.float64) for a in arrays)
+    k_models, k_pairs = jax.random.split(key)
+    q = [(1 - level) / 2, (1 + level) / 2]
+    try:
+        est, samples = st.bootstrap_distribution(stat, arrays, key=k_models, n_resamples=n_resamples,
+                                                 models=_models(keys))
+        pairs = st.bootstrap(stat, arrays, key=k_pairs, n_resamples=n_resamples, level=level,
+                             clusters=np.array([f"{k[0]}|{k[1]}|{k[3]}" for k in keys]))
+    except ValueError as e:
+        return _undefined(str(e).split(";")[0])
+    if not np.any(np.isfinite(samples)):
+        return _undefined("undefined on every model resample")
+    return {"value": est, "interval": [float(v) for v in np.nanquantile(samples, q)],
+            "interval_pairs": [pairs.low, pairs.high]}
+
+
+@full_precision
+def directed_asymmetry(values: Mapping) -> tuple[list, np.ndarray]:
+    """``score(A->B) - score(B->A)`` for every layer pair stitched both ways (finite both ways).
+
+    Args:
+      values: ``{(dataset, model_a, layer_a, model_b, layer_b, direction): score}``, directions
+        ``"a->b"`` and ``"b->a"`` (e.g. task-loss relative accuracy).
+
+    Returns:
+      ``(keys, d)``: ``(dataset, model_a, layer_a, model_b, layer_b)`` per pair, sorted, and ``(n,)`` differences.
+
+    Examples:
+      >>> directed_asymmetry({("d", "m0", "l0", "m1", "l1", "a->b"): 0.9, ("d", "m0", "l0", "m1", "l1", "b->a"): 0.7})
+      ([('d', 'm0', 'l0', 'm1', 'l1')], array([0.2]))
+    """
+    keys = sorted(k[:5] for k in values if k[5] == "a->b" and (*k[:5], "b->a") in values
+                  and np.isfinite(values[k]) and np.isfinite(values[(*k[:5], "b->a")]))
+    return keys, np.array([values[(*k, "a->b")] - values[(*k, "b->a")] for k in keys], np.float64)
+
+
+@full_precision
+def asymmetry_statistics(keys: Sequence[tuple], d: ArrayLike, /, *, key: jax.Array, n_resamples: int = 2000,
+                         level: float = 0.95) -> dict:
+    """Claim 1's tail statistics of forward minus reverse scores, with model-resampled intervals.
+
+    Args:
+      keys, d: :func:`directed_asymmetry`'s output.
+      key, n_resamples, level: the bootstraps (:func:`model_interval`).
+
+    Returns:
+      ``statistics.tail_statistics(d)`` plus ``mean_abs`` and ``fraction_abs_gt_0.1``, and
+      ``excess_kurtosis_ci95`` / ``mean_abs_ci95`` (model-resampled) with ``..._ci95_pairs``
+      (pair-resampled) beside each; an interval is None where undefined (reason in ``undefined``).
+
+    Raises:
+      ValueError: fewer than 4 pairs.
+    """
+    d = np.asarray(d, np.float64)
+    if d.size < 4:
+        raise ValueError(f"{d.size} layer pairs stitched both ways (fewer than 4).")
+    out = {**st.tail_statistics(d), "mean_abs": float(np.mean(np.abs(d))),
+           "fraction_abs_gt_0.1": float(np.mean(np.abs(d) > 0.1))}
+    keys = [(*k, None) for k in keys]
+    for i, (name, stat) in enumerate((("excess_kurtosis", st.excess_kurtosis), ("mean_abs", mean_abs))):
+        r = model_interval(stat, (d,), keys, key=jax.random.fold_in(key, i), n_resamples=n_resamples, level=level)
+        out[f"{name}_ci95"], out[f"{name}_ci95_pairs"] = r.get("interval"), r.get("interval_pairs")
+        if r["value"] is None:
+            out.setdefault("undefined", {})[name] = r["reason"]
+    return out
+
+
+@full_precision
 def primary_holm(verdicts: Iterable[Any], bootstrap_p: Mapping[str, Mapping[str, float]],
                  primary: Iterable[str], /, *, alpha: float = 0.025) -> list[dict]:
     """Holm-Bonferroni over the primary rules: does each label survive the correction?

@@ -298,6 +298,9 @@ def test_verdict_statistics_on_synthetic_tables_with_known_answers():
     opts = ui.ReportOptions(n_resamples=200)
     stats = ui.verdict_statistics(_synthetic_table(np.random.default_rng(0)), opts, jax.random.key(0))
     assert stats["r2_cka"]["value"] > 0.9 and stats["r2_rsa"]["value"] > 0.9
+    for name in ("r2_cka", "r2_min_cka_rsa_minus_svcca"):  # models resampled; model pairs beside (issue 28)
+        iv, ip = stats[name]["interval"], stats[name]["interval_pairs"]
+        assert iv[0] <= stats[name]["value"] <= iv[1] and ip[0] <= stats[name]["value"] <= ip[1] and iv != ip
     assert stats["r2_min_cka_rsa_minus_svcca"]["interval"][0] > 0.5
     np.testing.assert_allclose(stats["granularity_coarse_minus_fine_summed"]["value"], 0.05, atol=1e-12)
     assert stats["share_below_095"] > 0.8 and stats["order_violations_held_out"] == 0.0
@@ -516,3 +519,30 @@ def test_device_study_script_packs_units_that_merge_here(tiny, tmp_path):
     S.run(cfg, root=root, run_name="from-device", progress=False, log=lambda s: None)
     got = root / "similarity_study" / "from-device" / "comparisons.csv"
     assert got.read_bytes() == (run / "comparisons.csv").read_bytes()
+
+
+def test_authors_protocol_every_depth_pair_and_task_loss_asymmetry(tiny):
+    """The tiny zoo at the authors' protocol (depth tolerance 1.0: every source layer into every target layer,
+    as `authors_protocol`): depth-mismatched pairs (fc0 <-> logits) are stitched both ways, and the report states
+    claim 1 on task-loss relative accuracy itself (forward - reverse per directed pair, recomputed here with NumPy)
+    beside the closed form, with model-resampled intervals and the pair-resampled ones beside."""
+    root, _ = tiny
+    S.run(S.config_from_dict({**TINY, "name": "authors", "depth_tolerance": 1.0, "conventions": [],
+                              "coarse_groupings": []}), root=root, progress=False, log=lambda s: None)
+    run = root / "similarity_study" / "authors"
+    m = ui.report(run, options=ui.ReportOptions(n_resamples=50, n_permutations=20), log=lambda s: None)
+    t = S.read_table(run / "comparisons.csv")
+    rel = _by_pair(t, _where(t, measure="task/affine/relative_accuracy", task="fine"))
+    assert {(k[2], k[4]) for k in rel} >= {("fc0", "logits"), ("logits", "fc0")}
+    d = np.array([v - rel[(*k[:5], "b->a")] for k, v in sorted(rel.items()) if k[5] == "a->b"])
+    r = m["claim1"]["task-loss stitching (affine): relative accuracy"]
+    assert r["n"] == d.size > 4
+    np.testing.assert_allclose(r["mean_abs"], np.abs(d).mean(), rtol=1e-9)
+    np.testing.assert_allclose(r["sd"], d.std(), rtol=1e-9)
+    assert "closed-form affine score, held out" in m["claim1"]
+    for q in ("excess_kurtosis", "mean_abs"):
+        assert (r[f"{q}_ci95"] is None) == (r[f"{q}_ci95_pairs"] is None) or q in r.get("undefined", {})
+    v = m["verdict_statistics"]["r2_cka"]
+    assert set(v) == {"value", "interval", "interval_pairs"}
+    summary = (run / "usable_information" / "summary.md").read_text()
+    assert "task-loss stitching (affine): relative accuracy" in summary and "resampling model pairs |" in summary

@@ -308,3 +308,119 @@ def test_report_adds_the_new_rules_to_an_old_run(tmp_path):
     summary = (run / "usable_information" / "summary.md").read_text()
     assert "Rules committed after this run's config was written" in summary
     assert "the run predates the per-half recording" in summary and "| primary rule |" in summary
+
+
+# ----------------------------------------------------------------------------- the older rules' intervals, claim 1
+
+
+def _np_kurtosis(x, w):
+    mu = w @ x / w.sum()
+    m2, m4 = w @ (x - mu) ** 2 / w.sum(), w @ (x - mu) ** 4 / w.sum()
+    return m4 / m2**2 - 3.0
+
+
+def _layer_keys(m, layers=2):
+    """Every layer pair of every model pair of ``m`` models: keys ``(dataset, a, la, b, lb)`` and model indices."""
+    ia, ib, a, b = _design(m)
+    keys = [("d", a[i], f"l{x}", b[i], f"l{y}") for i in range(ia.size) for x in range(layers) for y in range(layers)]
+    return keys, np.repeat(ia, layers * layers), np.repeat(ib, layers * layers)
+
+
+def test_model_interval_and_mean_abs_match_numpy():
+    """`model_interval`: the estimate, the model-resampled interval (the same weights in float64 NumPy) and the
+    pair-resampled one (clusters of model pairs, as the report's intervals were before); `mean_abs` with weights."""
+    keys, _, _ = _layer_keys(7)
+    rng = np.random.default_rng(3)
+    d = rng.standard_t(3, size=len(keys))
+    key = jax.random.key(5)
+    r = sr.model_interval(st.excess_kurtosis, (d,), keys, key=key, n_resamples=400)
+    np.testing.assert_allclose(r["value"], _np_kurtosis(d, np.ones_like(d)), rtol=1e-5)
+    k_models, k_pairs = jax.random.split(key)
+    w = np.asarray(st.model_resample_weights(k_models, [k[1] for k in keys], [k[3] for k in keys],
+                                             n_resamples=400), np.float64)
+    ref = np.nanquantile([_np_kurtosis(d, wi) if wi.sum() else np.nan for wi in w], [0.025, 0.975])
+    np.testing.assert_allclose(r["interval"], ref, rtol=1e-4, atol=1e-5)
+    pairs = st.bootstrap(st.excess_kurtosis, (d,), key=k_pairs, n_resamples=400,
+                         clusters=[f"{k[0]}|{k[1]}|{k[3]}" for k in keys])
+    assert r["interval_pairs"] == [pairs.low, pairs.high]
+    np.testing.assert_allclose(float(sr.mean_abs(d, weights=w[0])), w[0] @ np.abs(d) / w[0].sum(), rtol=1e-6)
+    assert sr.model_interval(st.excess_kurtosis, (d[:3],), keys[:3], key=key)["value"] is None
+    assert "constant" in sr.model_interval(st.excess_kurtosis, (np.zeros(8),), keys[:8], key=key)["reason"]
+
+
+def test_model_interval_is_wider_than_pairs_with_shared_models():
+    """y = u_a + u_b + noise per layer pair: the models' effects are shared across model pairs, so the
+    model-resampled interval of the mean is much wider than the pair-resampled one; it covers 0, the pairs' not
+    always."""
+    keys, ia, ib = _layer_keys(10)
+    rng = np.random.default_rng(0)
+    u = rng.normal(size=10)
+    y = u[ia] + u[ib] + 0.3 * rng.normal(size=len(keys))
+    r = sr.model_interval(st.weighted_mean, (y - np.mean(u) * 2,), keys, key=jax.random.key(0), n_resamples=1000)
+    lo, hi = r["interval"]
+    plo, phi = r["interval_pairs"]
+    assert hi - lo > 2 * (phi - plo)
+
+
+def _asym_table(rng, *, planted, m=10, layers=2):
+    """Task-loss relative accuracy both ways per layer pair: forward = reverse + noise, and with ``planted``
+    the depth-mismatched pairs (l0 -> l1) apart by a heavy-tailed amount (0.05 x Student t, 2 degrees)."""
+    keys, _, _ = _layer_keys(m, layers)
+    vals = {}
+    for k in keys:
+        base = rng.uniform(0.6, 0.9)
+        gap = 0.05 * rng.standard_t(2) if planted and k[2] != k[4] else 0.0
+        vals[(*k, "a->b")] = base + gap + 0.01 * rng.normal()
+        vals[(*k, "b->a")] = base + 0.01 * rng.normal()
+    return vals
+
+
+def test_asymmetry_statistics_match_numpy_and_find_a_planted_asymmetry():
+    """Claim 1 on task loss: the forward - reverse differences equal NumPy's; the tail statistics equal
+    `tail_statistics`; a planted heavy tail (the depth-mismatched pairs apart by 0.05 x t(2)) gives a model-resampled
+    kurtosis interval above 0 and a mean |asymmetry| interval above that of none; with none (forward = reverse +
+    noise), the kurtosis interval straddles 0 and the mean |asymmetry| stays at the noise's (0.01 * 2 / sqrt(pi)
+    = 0.011)."""
+    key = jax.random.key(2)
+    res = {}
+    for planted in (True, False):
+        vals = _asym_table(np.random.default_rng(1), planted=planted)
+        keys, d = sr.directed_asymmetry(vals)
+        ref = np.array([vals[(*k, "a->b")] - vals[(*k, "b->a")] for k in keys])
+        np.testing.assert_array_equal(d, ref)
+        assert len(keys) == len(vals) // 2
+        r = res[planted] = sr.asymmetry_statistics(keys, d, key=key, n_resamples=500)
+        for name, v in st.tail_statistics(ref).items():
+            np.testing.assert_allclose(r[name], v, rtol=1e-6)
+        np.testing.assert_allclose(r["mean_abs"], np.abs(ref).mean(), rtol=1e-12)
+        assert r["excess_kurtosis_ci95"] is not None and r["excess_kurtosis_ci95_pairs"] is not None
+    assert res[True]["excess_kurtosis_ci95"][0] > 0 and res[True]["mean_abs_ci95"][0] > res[False]["mean_abs_ci95"][1]
+    lo, hi = res[False]["excess_kurtosis_ci95"]
+    assert lo < 0 < hi and res[False]["mean_abs_ci95"][1] < 0.02
+    # a pair missing one direction, or NaN in one, is left out
+    vals = _asym_table(np.random.default_rng(1), planted=False)
+    k0, k1 = sorted(vals)[:2], sorted(vals)[2:4]
+    del vals[k0[0]]
+    vals[k1[1]] = np.nan
+    assert len(sr.directed_asymmetry(vals)[0]) == len(_asym_table(np.random.default_rng(1), planted=False)) // 2 - 2
+    with pytest.raises(ValueError, match="fewer than 4"):
+        sr.asymmetry_statistics(keys[:3], d[:3], key=key)
+
+
+def test_authors_protocol_config_stitches_every_depth_pair():
+    """`authors_protocol` is `unsaturated` with a depth tolerance covering every pair of relative depths (in
+    (0, 1]), and the committed rules."""
+    a, u = C.CONFIGS["authors_protocol"], C.CONFIGS["unsaturated"]
+    assert a.depth_tolerance >= 1.0 > u.depth_tolerance
+    assert dataclasses.replace(a, name=u.name, depth_tolerance=u.depth_tolerance) == u
+    assert a.verdict_rules == C.RULES
+
+
+def test_old_rules_read_model_intervals_with_pairs_beside():
+    """The first rules' interval statistics resample models now, with the pair-resampled interval beside."""
+    table, _ = _table(np.random.default_rng(0), n_models=7)
+    stats = ui.verdict_statistics(table, ui.ReportOptions(n_resamples=200), jax.random.key(0))
+    for name in ("asymmetry_kurtosis_task_orthogonal", "asymmetry_kurtosis_task_affine"):
+        v = stats[name]
+        assert v["value"] is not None and len(v["interval"]) == 2 and len(v["interval_pairs"]) == 2, name
+        assert v["interval"] != v["interval_pairs"]
