@@ -141,9 +141,11 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
 
     stamp_log("[4/4] verdicts, figures and summary")
     final_asr = float(mats["attack_success"][-1])
-    control = cfg.control and cfg.poison_rate > 0 and run(dataclasses.replace(cfg, poison_rate=0.0, control=False),
-        root=out, run_name="control", progress=progress, log=log, authors_dir=authors_dir)  # in backdoor/control/
-    control = control and (control["block_gap"], control["slice_block_gap"]["symmetric"]) or None
+    control = None  # the clean control's (gaps, slice gaps): this run with no poisoned step, in backdoor/control/
+    if cfg.control and cfg.poison_rate > 0:
+        c = run(dataclasses.replace(cfg, poison_rate=0.0, control=False), root=out, run_name="control",
+                progress=progress, log=log, authors_dir=authors_dir)
+        control = c["block_gap"], c["slice_block_gap"]["symmetric"]
     stats = verdict_statistics(cfg, gaps, slice_gaps["symmetric"], final_asr, control)
     figures = _figures(cfg, out, res, steps, mats, slice_gaps, gaps)
     metrics = {
@@ -160,7 +162,7 @@ def run(cfg: BackdoorConfig, *, root: str | pathlib.Path = "results", run_name: 
         "slice_block_gap": slice_gaps,
         "localisation": localised,
         "verdict_statistics": stats,
-        "control": control and dict(zip(("block_gap", "slice_block_gap"), control)),
+        "control": None if control is None else {"block_gap": control[0], "slice_block_gap": control[1]},
         "authors": calibration,
         "paper": PAPER,
         "history": res.history,
