@@ -122,7 +122,7 @@ COLUMNS = ("dataset", "model_a", "layer_a", "depth_a", "model_b", "layer_b", "de
   score)), or ``task/<family>/<quantity>`` for task-loss stitching, quantity one of
   ``relative_accuracy`` (stitched / target's own accuracy), ``accuracy``, ``own_accuracy``,
   ``ce_gap`` (stitched minus own cross-entropy, nats), ``relative_accuracy_half0`` / ``_half1``
-  (on the even / odd test rows: claim 4 selects on one half, scores on the other; runs since issue 28).
+  (on the even / odd test rows: claim 4 selects on one half, scores on the other; runs since 2026-12-06).
 * ``direction``: ``a->b`` (A's layer is the source, B's the target), ``b->a``, or ``sym``
   for a symmetric measure.
 * ``split``: ``held_out`` (fit on the train half, scored on the other half; task-loss

@@ -562,7 +562,7 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions, ver
     L = [f"# Usable information: the five claims on `{run_dir}`", "",
          f"Study config `{cfg['name']}` on zoo `{cfg['zoo']}`; {m['rows']} comparisons. The paper: "
          f"{PAPER['scale'][0]}. Intervals are 95% bootstrap intervals ({opts.n_resamples} resamples) resampling "
-         "models, the intervals every rule reads (since issue 28; before, the first 13 rules read intervals "
+         "models, the intervals every rule reads (since 2026-12-06; before, the first 13 rules read intervals "
          "resampling model pairs, kept beside as `pairs`), except claim 3's main table (model pairs); R^2 is the "
          "squared Pearson correlation (the R^2 of a least-squares line).", ""]
     L += ["## Verdicts", ""]

@@ -279,7 +279,7 @@ def model_interval(stat, arrays: Sequence[ArrayLike], keys: Sequence[tuple], /, 
 
     ``interval`` resamples models (``bootstrap(..., models=)``, the two-way bootstrap: a model recurs
     in many pairs); ``interval_pairs`` resamples model pairs (clusters of their layer pairs), the
-    interval the report's first rules read before issue 28, kept for comparison. The keys of
+    interval the report's first rules read before 2026-12-06, kept for comparison. The keys of
     ``key``: ``jax.random.split(key)``, models first.
 
     Args:

@@ -298,7 +298,7 @@ def test_verdict_statistics_on_synthetic_tables_with_known_answers():
     opts = ui.ReportOptions(n_resamples=200)
     stats = ui.verdict_statistics(_synthetic_table(np.random.default_rng(0)), opts, jax.random.key(0))
     assert stats["r2_cka"]["value"] > 0.9 and stats["r2_rsa"]["value"] > 0.9
-    for name in ("r2_cka", "r2_min_cka_rsa_minus_svcca"):  # models resampled; model pairs beside (issue 28)
+    for name in ("r2_cka", "r2_min_cka_rsa_minus_svcca"):  # models resampled; model pairs beside
         iv, ip = stats[name]["interval"], stats[name]["interval_pairs"]
         assert iv[0] <= stats[name]["value"] <= iv[1] and ip[0] <= stats[name]["value"] <= ip[1] and iv != ip
     assert stats["r2_min_cka_rsa_minus_svcca"]["interval"][0] > 0.5
@@ -400,7 +400,7 @@ def test_unsaturated_design_smoke(tiny):
     for name in ("granularity_coarse_minus_fine_summed", "granularity_coarse_minus_fine_head"):
         v = stats[name]
         assert isinstance(v, dict) and (v["value"] is not None or "reason" in v), name
-    # claim 4's split (issue 28): every task-loss row has its two halves of the test rows, and the report uses them
+    # claim 4's split: every task-loss row has its two halves of the test rows, and the report uses them
     for task in ("fine", "coarse:parity"):
         n = _where(t, measure="task/affine/relative_accuracy", task=task).sum()
         assert all(_where(t, measure=f"task/affine/relative_accuracy_half{h}", task=task).sum() == n for h in (0, 1))

@@ -1,4 +1,4 @@
-"""Issue 28's controls for the similarity study: the model bootstrap, the paired family test, the split-half
+"""The noise-aware controls for the similarity study: the model bootstrap, the paired family test, the split-half
 selection, the ceiling-gated lift and Holm's correction, each against a float64 NumPy reference
 (similarity/statistics.py and similarity/study_rules.py), and their wiring into the report's verdicts."""
 
@@ -143,7 +143,7 @@ def test_holm_known_values_and_bootstrap_p_value():
 
 
 def test_accuracy_difference_se_is_the_binomial_se():
-    """Issue 28's example: two accuracies near 0.97 on 297 test rows differ by noise of about 0.014 (a
+    """The example behind the rule: two accuracies near 0.97 on 297 test rows differ by noise of about 0.014 (a
     constant tolerance of 0.01 is less than one standard error)."""
     p1, p2, n = np.array([0.97, 0.5, 0.9]), np.array([0.97, 0.6, 0.99]), np.array([297, 100, 1000])
     ref = np.sqrt(p1 * (1 - p1) / n + p2 * (1 - p2) / n)

@@ -33,7 +33,7 @@ STATISTICS = {
 #: (SVHN: gap ratio 0.24 / 0.09 = 2.7, behavioural 0.09, tensor - matrix cosine 0.09, poisoned 0.62) and
 #: the first pass's (mnist5k: 3.6, target-slice excess 0.114, 0.089, 0.208, 0.602).
 LEARNED = Rule("the backdoor is learned", "attack_success", ">", 0.5, labels=("learned", "not learned"))
-#: The ``_did`` rules (issue 28; a clean run's ratio 2.63 was known): the sign and the 0.05 above, fitted to no run.
+#: The ``_did`` rules (added later, when a clean run's ratio 2.63 was known): the sign and the 0.05 above, fitted to no run.
 RULES: tuple[Rule, ...] = (
     Rule("tensor similarity flags the backdoor from the weights alone", "tensor_gap_ratio", ">=", 2.0,
          requires=(LEARNED,)),

@@ -123,7 +123,7 @@ CONFIGS = {
     "smoke": ForgettingConfig(n_train=800, n_eval=200, d_model=16, d_hidden=16, batch_size=64, stage_epochs=None,
                               stage_steps=30, checkpoint_every=15, learning_rate=1e-2),
     "default": ForgettingConfig(),
-    # issue 28: about 20 epochs per stage of a large offline set (Fashion-MNIST's 60k, halves per model as the
+    # about 20 epochs per stage of a large offline set (Fashion-MNIST's 60k, halves per model as the
     # paper's split), run with --set seed=0, 1, 2; judged by the same committed RULES.
     "fashion": ForgettingConfig(dataset="fashion_mnist", n_eval=2000, split_data=True, stage_epochs=20,
                                 checkpoint_every=500),

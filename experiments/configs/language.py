@@ -30,7 +30,7 @@ PAPER_CLAIM = (
 )
 
 #: The primary tensor matrix the rules read by default (``LanguageConfig.primary``): the full two-layer network
-#: by Monte Carlo at scale 1/sqrt(V). ``paper_scale`` reads the same network at the paper's scale 1 (issue 28).
+#: by Monte Carlo at scale 1/sqrt(V). ``paper_scale`` reads the same network at the paper's scale 1.
 PRIMARY = "tensor/gaussian/monte_carlo"
 
 #: The statistics ``experiments.language.verdict_statistics`` computes.
@@ -62,7 +62,7 @@ RULES: tuple[Rule, ...] = (
 )
 #: The statistics whose rules must all pass for the paper's claim (sharp transitions and block structure).
 CLAIM_RULES = ("explained_margin", "primary_transition_ratio", "transition_ratio_margin")
-#: The claim by rules that pass on the authors' matrices (issue 28; 0.1: half their block contrast margin 0.208).
+#: The claim by rules that pass on the authors' matrices (0.1: half their block contrast margin 0.208).
 CALIBRATED_CLAIM_RULES = ("block_contrast_margin", "primary_transition_ratio")
 
 #: What the ``wide`` config (d_model 256) costs on this project's 2-core CPU machine (measured; see
@@ -122,7 +122,7 @@ CONFIGS = {
     # (55 pairs) and no closure subset (at d_model 64 the closure and the Monte Carlo matrix agreed to 0.001).
     # Measured cost: WIDE_COST (about 55 min wall at load ~10 here): over the 30-minute budget on the
     # shared 2-core machine; run it on a quiet machine or a GPU.
-    # `default` judged on the two-layer matrix at the paper's input scale 1 (issue 28; same rules, same run).
+    # `default` judged on the two-layer matrix at the paper's input scale 1 (same rules, same run).
     "paper_scale": LanguageConfig(primary="tensor/gaussian/monte_carlo/scale=1"),
     "wide": LanguageConfig(d_model=256, n_heads=8, d_head=32, n_checkpoints=10, closure_checkpoints=0),
     "paper": LanguageConfig(

@@ -22,7 +22,7 @@ SUPPORTS_MULTIPROCESS = True  # `funsim launch -n N similarity-study`: units are
 
 #: The statistics ``funsim report usable-information`` computes for the verdicts
 #: (``usable_information.verdict_statistics``); a rule may name any of them. Intervals are 95%
-#: bootstrap intervals resampling models (``study_rules.model_interval``; until issue 28 the first
+#: bootstrap intervals resampling models (``study_rules.model_interval``; before 2026-12-06 the first
 #: 13 rules read intervals resampling model pairs, still reported beside). "Task-loss" numbers are held-out
 #: relative accuracies (stitched / the target's own accuracy) of stitchers trained on the labels.
 STATISTICS = {
@@ -101,7 +101,7 @@ RULES: tuple[verdict_lib.Rule, ...] = (
     verdict_lib.Rule("5a' high CKA lifts P(high)", "sufficiency_lift_cka_090", ">", 0.0, interval=True, requires=(
         verdict_lib.Rule("P(high) below the ceiling", "p_high_overall", "<=", 0.8, labels=("no ceiling", "ceiling")),)),
 )
-PRIMARY = tuple(r.claim for r in RULES[-4:])  # issue 28's, beside the first 13: Holm over these; the rest uncorrected
+PRIMARY = tuple(r.claim for r in RULES[-4:])  # the noise-aware rules, beside the first 13: Holm over these; the rest uncorrected
 
 # ----------------------------------------------------------------------------- config
 
