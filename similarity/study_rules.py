@@ -47,6 +47,13 @@ __all__ = ["order_margin", "sufficiency_lift", "split_half_differences", "noise_
 OPPOSITE = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}
 
 
+def _check_rows(weights: ArrayLike | None = None, **arrays: ArrayLike) -> None:
+    """Every array (and ``weights``) ``(n,)`` with one ``n``; the error names each argument and its shape."""
+    shapes = {k: tuple(jnp.shape(v)) for k, v in {**arrays, "weights": weights}.items() if v is not None}
+    if any(len(sh) != 1 for sh in shapes.values()) or len({sh[0] for sh in shapes.values()}) > 1:
+        raise ValueError(f"the arrays must be 1-D, one value per pair, all of one length n; got shapes {shapes}.")
+
+
 @full_precision
 def order_margin(*arrays: ArrayLike, weights: ArrayLike | None = None) -> jax.Array:
     """``min_k [mean(d_k) + mean(tol_k)]``: the worst link of a family chain, with its noise tolerance.
@@ -70,6 +77,7 @@ def order_margin(*arrays: ArrayLike, weights: ArrayLike | None = None) -> jax.Ar
     if len(arrays) < 2 or len(arrays) % 2:
         raise ValueError(f"pass K differences then K tolerances (an even number >= 2), got {len(arrays)} arrays.")
     k = len(arrays) // 2
+    _check_rows(weights, **{f"{'d' if i < k else 'tol'}_{i % k + 1}": a for i, a in enumerate(arrays)})
     x = jnp.stack([jnp.asarray(a) for a in arrays])
     w = jnp.ones(x.shape[1], x.dtype) if weights is None else jnp.asarray(weights, x.dtype)
     means = x @ w / jnp.sum(w)
@@ -92,6 +100,7 @@ def sufficiency_lift(top: ArrayLike, hit: ArrayLike, /, *, weights: ArrayLike | 
       >>> round(float(sufficiency_lift([1., 1., 0., 0.], [1., 1., 1., 0.])), 3)
       0.25
     """
+    _check_rows(weights, top=top, hit=hit)
     top, hit = jnp.asarray(top) * 1.0, jnp.asarray(hit) * 1.0
     w = jnp.ones_like(top) if weights is None else jnp.asarray(weights, top.dtype)
     return jnp.sum(w * top * hit) / jnp.sum(w * top) - jnp.sum(w * hit) / jnp.sum(w)
@@ -122,6 +131,7 @@ def split_half_differences(fine_a: ArrayLike, coarse_a: ArrayLike, fine_b: Array
       >>> sel.tolist(), [round(float(x), 2) for x in d]
       ([True, False, False, True], [0.01, 0.02, 0.05, 0.0])
     """
+    _check_rows(fine_a=fine_a, coarse_a=coarse_a, fine_b=fine_b, coarse_b=coarse_b)
     fa, ca, fb, cb = (jnp.asarray(v) * 1.0 for v in (fine_a, coarse_a, fine_b, coarse_b))
     return jnp.concatenate([fa < below, fb < below]), jnp.concatenate([cb - fb, ca - fa])
 
@@ -267,6 +277,7 @@ def mean_abs(x: ArrayLike, /, *, weights: ArrayLike | None = None) -> jax.Array:
       >>> round(float(mean_abs([0.1, -0.3])), 3)
       0.2
     """
+    _check_rows(weights, x=x)
     x = jnp.abs(jnp.asarray(x) * 1.0)
     w = jnp.ones_like(x) if weights is None else jnp.asarray(weights, x.dtype)
     return jnp.sum(w * x) / jnp.sum(w)

@@ -424,3 +424,15 @@ def test_old_rules_read_model_intervals_with_pairs_beside():
         v = stats[name]
         assert v["value"] is not None and len(v["interval"]) == 2 and len(v["interval_pairs"]) == 2, name
         assert v["interval"] != v["interval_pairs"]
+
+
+def test_the_statistics_refuse_arrays_of_different_lengths_naming_them():
+    """A table joined wrongly must not broadcast into a number: each error names the arguments and shapes."""
+    with pytest.raises(ValueError, match=r"got shapes \{'top': \(3,\), 'hit': \(4,\)\}"):
+        sr.sufficiency_lift(np.ones(3), np.ones(4))
+    with pytest.raises(ValueError, match=r"'x': \(3,\), 'weights': \(2,\)"):
+        sr.mean_abs(np.ones(3), weights=np.ones(2))
+    with pytest.raises(ValueError, match=r"'d_1': \(2,\), 'tol_1': \(3,\)"):
+        sr.order_margin(np.ones(2), np.ones(3))
+    with pytest.raises(ValueError, match=r"'fine_b': \(2, 1\)"):
+        sr.split_half_differences(np.ones(2), np.ones(2), np.ones((2, 1)), np.ones(2))
