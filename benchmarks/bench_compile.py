@@ -12,7 +12,10 @@ Every workload runs in a fresh Python process with JAX's persistent compilation 
 (``JAX_ENABLE_COMPILATION_CACHE=false``, ``FUNSIM_COMPILE_CACHE=off``), so its first call compiles
 everything it needs. The process builds its inputs with NumPy, places them on the default device
 (not timed), then calls the public function twice: the first call's wall time (compile and run),
-the second call's (run only, warm), their ratio, and the programs handed to the backend during each
+the second call's (run only, warm), their ratio (each call starts after ``gc.collect()``, so that
+neither pays for a full collection of the garbage the imports left: one such collection took 23-56 ms
+here, a sixth of a small grid's first call; the seconds the collector ran inside each call are
+recorded, ``gc_s_first`` and ``gc_s_second``), and the programs handed to the backend during each
 call (``funsim.runtime.compile_count.CompileCounter``: jax.monitoring's backend-compile events) with the
 seconds those compilations took. A warm call that compiles anything is a bug (a shape or a Python
 value reaching a trace). Only public APIs are called: ``similarity.fit_stitchers`` and
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import platform
@@ -108,6 +112,24 @@ def _grid_inputs(count, n, widths):
     return a, b
 
 
+class _GcClock:
+    """Seconds the garbage collector ran inside the ``with`` block (``gc.callbacks``)."""
+
+    def __enter__(self):
+        self.seconds, self._t0 = 0.0, None
+        gc.callbacks.append(self._cb)
+        return self
+
+    def _cb(self, phase, info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.seconds += time.perf_counter() - self._t0
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._cb)
+
+
 def _child(name: str, size: str, quick: bool) -> dict:
     import jax
 
@@ -131,10 +153,12 @@ def _child(name: str, size: str, quick: bool) -> dict:
     jax.block_until_ready((xs, ys) if name.startswith("fit") else (a, b))
     out = {}
     for which in ("first", "second"):
-        with CompileCounter() as c:
+        gc.collect()  # neither call pays for a collection of garbage made before it (import, inputs)
+        with CompileCounter() as c, _GcClock() as g:
             t0 = time.perf_counter()
             jax.block_until_ready(call())
             out[which] = time.perf_counter() - t0
+        out[f"gc_s_{which}"] = g.seconds
         out[f"programs_{which}"] = c.count
         out[f"compile_s_{which}"] = c.seconds
     dev = jax.devices()[0]

@@ -123,10 +123,18 @@ class FullMoments(NamedTuple):
     Attributes:
       norm: ``()`` ``||Xc||_F``, the Frobenius norm of the column-centred ``x``.
       gram: ``(d, d)`` ``Xc^T Xc / ||Xc||_F^2`` (trace 1).
+      gram_norm: ``()`` ``||gram||_F`` (linear CKA's denominator), formed where ``gram`` is, so that a
+        grid computes it once per layer in the program that computes the layer's moments.
     """
 
     norm: jax.Array
     gram: jax.Array
+    gram_norm: jax.Array
+
+
+def full_moments_of(norm, gram) -> FullMoments:
+    """:class:`FullMoments` from ``norm`` and the normalised ``gram`` (``(..., d, d)``): adds ``gram_norm``."""
+    return FullMoments(norm, gram, jnp.sqrt(jnp.einsum("...ij,...ij->...", gram, gram)))
 
 
 class LayerMoments(NamedTuple):
@@ -175,7 +183,7 @@ def full_moments(x: jax.Array, /) -> FullMoments:
     they cannot overflow or underflow; ``norm`` is in the units of ``x``.
     """
     xc, norm, c = _scaled_centre(x)
-    return FullMoments(norm * c, jnp.einsum("ni,nj->ij", xc, xc) / norm**2)
+    return full_moments_of(norm * c, jnp.einsum("ni,nj->ij", xc, xc) / norm**2)
 
 
 def full_pair(x: jax.Array, y: jax.Array, /) -> MomentPair:
@@ -188,8 +196,8 @@ def full_pair(x: jax.Array, y: jax.Array, /) -> MomentPair:
       [1.0]
     """
     (xc, nx, cx), (yc, ny, cy) = _scaled_centre(x), _scaled_centre(y)
-    mx = FullMoments(nx * cx, jnp.einsum("ni,nj->ij", xc, xc) / nx**2)
-    my = FullMoments(ny * cy, jnp.einsum("ni,nj->ij", yc, yc) / ny**2)
+    mx = full_moments_of(nx * cx, jnp.einsum("ni,nj->ij", xc, xc) / nx**2)
+    my = full_moments_of(ny * cy, jnp.einsum("ni,nj->ij", yc, yc) / ny**2)
     return MomentPair(mx, my, jnp.einsum("ni,nj->ij", xc, yc) / (nx * ny))
 
 

@@ -163,8 +163,11 @@ def _moments(sums: dict, ce: Centres, n_te, kinds) -> dict:
     c = ce.scale
     out = {}
     if "full" in kinds:
-        norm = jnp.sqrt(jnp.trace(sums["g_all"], axis1=1, axis2=2))
-        out["full"] = FullMoments(norm * c, sums["g_all"] / _safe(norm)[:, None, None] ** 2)
+        tr = jnp.trace(sums["g_all"], axis1=1, axis2=2)
+        g, den = sums["g_all"], _safe(tr)
+        # the gram's norm from the unnormalised gram (a batched dot, no kernel of its own to compile)
+        out["full"] = FullMoments(jnp.sqrt(tr) * c, g / den[:, None, None],
+                                  jnp.sqrt(jnp.einsum("lij,lij->l", g, g)) / den)
     if "split" in kinds:
         norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
         den = _safe(norm)
