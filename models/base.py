@@ -116,8 +116,9 @@ class FeatureModel(nnx.Module):
         raise NotImplementedError
 
     def _pre_activation(self, i: int):
-        """The elementwise activation that ends stage ``i`` (``_stage(i, z) == act(_stage_pre(i, z))``),
-        or None when the stage has no pre-activation tap (the default)."""
+        """The elementwise map that ends stage ``i`` (``_stage(i, z) == act(_stage_pre(i, z))``): its
+        activation, or e.g. an MLP's evaluation-mode BatchNorm then activation; None when the stage has
+        no pre-activation tap (the default)."""
         return None
 
     def _stage_pre(self, i: int, z: jax.Array) -> jax.Array:
@@ -136,6 +137,16 @@ class FeatureModel(nnx.Module):
         if not jnp.issubdtype(x.dtype, jnp.floating):
             x = x.astype(jnp.result_type(float))
         return x
+
+    def training_logits(self, x: ArrayLike, key: jax.Array) -> jax.Array:
+        """The logits of one training step on the minibatch ``x`` (what ``models.train`` differentiates).
+
+        The same as ``self(x)`` here; a model with BatchNorm or dropout (``MLP(batch_norm=True,
+        dropout=...)``) overrides it: BatchNorm on the minibatch's statistics, updating its running
+        averages (``nnx.BatchStat``) in place, and dropout drawn from ``key``. Every other call
+        (``__call__``, :meth:`features`, :meth:`tail`) is the deterministic evaluation mode.
+        """
+        return self(x)
 
     def layer_names(self) -> tuple[str, ...]:
         """The names of the stages, in order; the last is ``"logits"``."""

@@ -2,11 +2,14 @@
 
 Design:
 
-* ``graphdef, params, rest = nnx.split(model, nnx.Param, ...)``; the steps
-  between two evaluations or checkpoints run as one compiled loop
-  (``lax.while_loop`` over a pure step of ``(params, opt_state, step)`` that
-  calls ``nnx.merge`` inside), with the parameters and the optimiser state
-  donated and the data on the device. The trip count is traced, so one
+* ``graphdef, params, stats, rest = nnx.split(model, nnx.Param, nnx.BatchStat, ...)``;
+  the steps between two evaluations or checkpoints run as one compiled loop
+  (``lax.while_loop`` over a pure step of ``(params, stats, opt_state, step)``
+  that calls ``nnx.merge`` inside), with the parameters, the running statistics
+  (BatchNorm's averages, updated by every step; empty for most models) and the
+  optimiser state donated and the data on the device. A step calls the model's
+  ``training_logits(xb, key)`` (BatchNorm on the minibatch, dropout drawn from
+  ``key``, itself from ``(seed, step)``); evaluation calls ``model(x)``. The trip count is traced, so one
   program serves every chunk (at most :data:`MAX_CHUNK` steps each), and the
   numbers do not depend on where chunks end. Exception: a convolutional model
   on XLA's CPU backend runs its steps one program call each (see
@@ -20,7 +23,8 @@ Design:
   it is evaluated or checkpointed.
 * Evaluation every ``eval_every`` steps (and at step 0 and the end): loss and
   accuracy on the test split and on a fixed train subset.
-* orbax checkpoints of ``(params, opt_state)`` at ``checkpoint_every``
+* orbax checkpoints of ``(params, opt_state)`` (and the running statistics,
+  for a model that has them) at ``checkpoint_every``
   multiples, at any explicit ``checkpoint_steps`` (e.g. :func:`power_schedule`)
   and at the end. A run in the same ``workdir`` resumes from its last
   checkpoint and reproduces the uninterrupted run exactly; a resume with a
@@ -249,8 +253,18 @@ def _check_opt_state(given, fresh):
     return jax.tree.unflatten(sf, [jnp.asarray(a, b.dtype) for a, b in zip(lg, lf)])
 
 
-def _to_tree(params, opt_state):
-    return {"params": jax.tree.leaves(params), "opt_state": jax.tree.leaves(opt_state)}
+def _to_tree(params, opt_state, stats):
+    tree = {"params": jax.tree.leaves(params), "opt_state": jax.tree.leaves(opt_state)}
+    if jax.tree.leaves(stats):  # only for a model with running statistics: other checkpoints are as before
+        tree["batch_stats"] = jax.tree.leaves(stats)
+    return tree
+
+
+def _from_tree(restored, params, opt_state, stats):
+    """``(params, opt_state, stats)`` of a restored checkpoint tree, in the structures of the arguments."""
+    unflat = lambda like, leaves: jax.tree.unflatten(jax.tree.structure(like), leaves)  # noqa: E731
+    return (unflat(params, restored["params"]), unflat(opt_state, restored["opt_state"]),
+            unflat(stats, restored.get("batch_stats", [])))
 
 
 def _with_new_defaults(saved: dict) -> dict:
@@ -320,44 +334,45 @@ def train(
     _check_inputs(model, cfg, x_train, y_train, x_test, y_test)
     tx = _optimizer(cfg)
 
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, stats, rest = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
     opt_state = tx.init(params)
     if init_opt_state is not None:
         opt_state = _check_opt_state(init_opt_state, opt_state)
     identity = _identity(cfg, model, params, opt_state, (x_train, y_train, x_test, y_test), batch_transform,
                          init_opt_state is not None)
     workdir = None if workdir is None else pathlib.Path(workdir)
-    # rebuild: the evaluations missing from metrics.json on a resume, step -> params (None: the current)
-    manager, params, opt_state, start, history, rebuild = _open_workdir(workdir, identity, cfg, params, opt_state)
+    # rebuild: the evaluations missing from metrics.json on a resume, step -> (params, stats) (None: the current)
+    manager, params, opt_state, stats, start, history, rebuild = _open_workdir(workdir, identity, cfg, params,
+                                                                               opt_state, stats)
 
     xs_tr, ys_tr = jnp.asarray(x_train), jnp.asarray(y_train)
     evaluate = _evaluator(graphdef, rest, cfg, xs_tr, ys_tr, jnp.asarray(x_test), jnp.asarray(y_test))
     key = jax.random.PRNGKey(cfg.seed)
 
     def log_eval(step):
-        m = {"step": step, **{k: float(v) for k, v in evaluate(params).items()}}
+        m = {"step": step, **{k: float(v) for k, v in evaluate(params, stats).items()}}
         history.append(m)
         if workdir is not None:
             write_json_atomic(workdir / "metrics.json", {"history": history})
         return m
 
     if rebuild:  # metrics.json was damaged, deleted or short: evaluate again what the checkpoints allow
-        _rebuild_history(history, rebuild, evaluate, params, workdir)
+        _rebuild_history(history, rebuild, evaluate, (params, stats), workdir)
     ckpt_steps = set(cfg.checkpoint_set())
     if start == 0 and not history:
         log_eval(0)
-    # the parameters and optimiser state are donated to the compiled loop: work on copies, so that
+    # the parameters, statistics and optimiser state are donated to the compiled loop: work on copies, so that
     # the model's arrays and a caller's init_opt_state stay valid (also if the run stops early)
-    params, opt_state = _copy_tree((params, opt_state))
-    compiled_loop = loop.compiled_loop_is_faster(graphdef, rest, params, xs_tr)
+    params, stats, opt_state = _copy_tree((params, stats, opt_state))
+    compiled_loop = loop.compiled_loop_is_faster(graphdef, (params, stats, rest), xs_tr)
     bar = tqdm(total=cfg.steps, initial=start, disable=not progress, desc=type(model).__name__, leave=False)
     done = start
     while done < cfg.steps:
         stop = _next_stop(done, cfg, ckpt_steps)
         # the compiled loop takes its bounds as (traced) data, the per-step path as Python ints
         bounds = (jnp.asarray(done, jnp.uint32), jnp.asarray(stop, jnp.uint32)) if compiled_loop else (done, stop)
-        params, opt_state, reached, loss = (loop.train_steps if compiled_loop else loop.run_per_step)(
-            graphdef, tx, cfg.batch_size, cfg.augment, cfg.sampling, params, rest, opt_state, key, xs_tr, ys_tr,
+        params, stats, opt_state, reached, loss = (loop.train_steps if compiled_loop else loop.run_per_step)(
+            graphdef, tx, cfg.batch_size, cfg.augment, cfg.sampling, params, stats, rest, opt_state, key, xs_tr, ys_tr,
             *bounds, transform=batch_transform,
         )
         if int(reached) != stop:
@@ -368,14 +383,14 @@ def train(
             m = log_eval(stop)
             bar.set_postfix(loss=f"{m['train_loss']:.3f}", test_acc=f"{m['test_accuracy']:.3f}")
         if manager is not None and stop in ckpt_steps:
-            _save_checkpoint(manager, stop, params, opt_state)
+            _save_checkpoint(manager, stop, params, opt_state, stats)
         bar.update(stop - done)
         if callback is not None:
             for s in range(done + 1, stop + 1):
                 callback(s, m if s == stop else None)
         done = stop
     _close(bar, manager)
-    nnx.update(model, params)
+    nnx.update(model, params, stats)
     return TrainResult(model, history, start, opt_state)
 
 
@@ -404,7 +419,10 @@ def _identity(cfg: TrainConfig, model, params, opt_state, data, batch_transform,
     x_train, y_train, x_test, y_test = data
     identity = {
         "config": to_jsonable(cfg),
-        "model": {"class": type(model).__name__, "init_params_sha1": _fingerprint(*jax.tree.leaves(params))},
+        "model": {"class": type(model).__name__, "init_params_sha1": _fingerprint(*jax.tree.leaves(params)),
+                  # not in the parameters: recorded only when used, so that older runs still resume
+                  **({"dropout": model.dropout} if isinstance(getattr(model, "dropout", None), float)
+                     and model.dropout else {})},
         "data": {
             "train_sha1": _fingerprint(x_train, y_train),
             "test_sha1": _fingerprint(x_test, y_test),
@@ -419,12 +437,12 @@ def _identity(cfg: TrainConfig, model, params, opt_state, data, batch_transform,
     return identity
 
 
-def _open_workdir(workdir: pathlib.Path | None, identity: dict, cfg: TrainConfig, params, opt_state):
-    """``(manager, params, opt_state, start, history, rebuild)``: the run's checkpoints in ``workdir`` (made,
+def _open_workdir(workdir: pathlib.Path | None, identity: dict, cfg: TrainConfig, params, opt_state, stats):
+    """``(manager, params, opt_state, stats, start, history, rebuild)``: the run's checkpoints in ``workdir`` (made,
     or checked against ``identity``), and on a resume the last checkpoint's state, the recorded history and
     the evaluations to compute again (:func:`_missing_evaluations`); no manager without a ``workdir``."""
     if workdir is None:
-        return None, params, opt_state, 0, [], {}
+        return None, params, opt_state, stats, 0, [], {}
     workdir.mkdir(parents=True, exist_ok=True)
     id_path = workdir / "train_config.json"
     manager = _checkpoint_manager(workdir)
@@ -440,47 +458,47 @@ def _open_workdir(workdir: pathlib.Path | None, identity: dict, cfg: TrainConfig
         write_json_atomic(id_path, identity)
     last = manager.latest_step()
     if last is None:
-        return manager, params, opt_state, 0, [], {}
+        return manager, params, opt_state, stats, 0, [], {}
     import orbax.checkpoint as ocp
 
-    init_params = params
-    template = _to_tree(params, opt_state)
+    init = (params, opt_state, stats)
+    template = _to_tree(params, opt_state, stats)
     restored = manager.restore(last, args=ocp.args.StandardRestore(template))
-    params = jax.tree.unflatten(jax.tree.structure(params), restored["params"])
-    opt_state = jax.tree.unflatten(jax.tree.structure(opt_state), restored["opt_state"])
+    params, opt_state, stats = _from_tree(restored, *init)
     start = int(last)
     history = _resumed_history(workdir / "metrics.json", start)
-    rebuild = _missing_evaluations(history, start, cfg, manager, init_params, template)
-    return manager, params, opt_state, start, history, rebuild
+    rebuild = _missing_evaluations(history, start, cfg, manager, init, template)
+    return manager, params, opt_state, stats, start, history, rebuild
 
 
 def _evaluator(graphdef, rest, cfg: TrainConfig, xs_tr, ys_tr, xs_te, ys_te) -> Callable:
-    """``evaluate(params) -> metrics``: loss and accuracy on the test split and the fixed train subset
+    """``evaluate(params, stats) -> metrics``: loss and accuracy on the test split and the fixed train subset
     (the first ``eval_train_size`` examples), in chunks of ``eval_batch_size`` when it is set."""
     sub = min(cfg.eval_train_size, len(xs_tr))
     xs_ev, ys_ev = xs_tr[:sub], ys_tr[:sub]
 
-    def evaluate(params):
+    def evaluate(params, stats):
         if cfg.eval_batch_size is not None:
-            return loop.evaluate_chunked(graphdef, params, rest, cfg.eval_batch_size, xs_te, ys_te, xs_ev, ys_ev)
-        return loop.evaluate(graphdef, params, rest, xs_te, ys_te, xs_ev, ys_ev)
+            return loop.evaluate_chunked(graphdef, params, stats, rest, cfg.eval_batch_size, xs_te, ys_te, xs_ev,
+                                         ys_ev)
+        return loop.evaluate(graphdef, params, stats, rest, xs_te, ys_te, xs_ev, ys_ev)
 
     return evaluate
 
 
-def _rebuild_history(history: list[dict], rebuild: dict, evaluate: Callable, params, workdir: pathlib.Path) -> None:
-    """Evaluate again the steps ``rebuild`` names (``None``: the current ``params``), into ``history``
-    (sorted) and ``metrics.json``."""
+def _rebuild_history(history: list[dict], rebuild: dict, evaluate: Callable, current, workdir: pathlib.Path) -> None:
+    """Evaluate again the steps ``rebuild`` names (``None``: the ``current`` ``(params, stats)``), into
+    ``history`` (sorted) and ``metrics.json``."""
     for step, p in sorted(rebuild.items()):
-        history.append({"step": step, **{k: float(v) for k, v in evaluate(params if p is None else p).items()}})
+        history.append({"step": step, **{k: float(v) for k, v in evaluate(*(current if p is None else p)).items()}})
     history.sort(key=lambda h: h["step"])
     write_json_atomic(workdir / "metrics.json", {"history": history})
 
 
-def _save_checkpoint(manager, step: int, params, opt_state) -> None:
+def _save_checkpoint(manager, step: int, params, opt_state, stats) -> None:
     import orbax.checkpoint as ocp
 
-    manager.save(step, args=ocp.args.StandardSave(_to_tree(params, opt_state)))
+    manager.save(step, args=ocp.args.StandardSave(_to_tree(params, opt_state, stats)))
     manager.wait_until_finished()
 
 
@@ -504,11 +522,11 @@ def _resumed_history(path: pathlib.Path, start: int) -> list[dict]:
         return []
 
 
-def _missing_evaluations(history: list[dict], start: int, cfg: TrainConfig, manager, init_params, template) -> dict:
-    """``{step: params}`` for the evaluations up to ``start`` that ``history`` lacks and that can be
-    computed again: step 0 (the initial parameters, which the run's identity pins), each checkpoint
-    at an evaluation step, and ``start`` itself (the restored parameters, ``None``). Warns about the
-    ones that cannot (no checkpoint kept at that step)."""
+def _missing_evaluations(history: list[dict], start: int, cfg: TrainConfig, manager, init, template) -> dict:
+    """``{step: (params, stats)}`` for the evaluations up to ``start`` that ``history`` lacks and that can be
+    computed again: step 0 (the initial state ``init = (params, opt_state, stats)``, which the run's identity
+    pins), each checkpoint at an evaluation step, and ``start`` itself (the restored state, ``None``). Warns
+    about the ones that cannot (no checkpoint kept at that step)."""
     due = {0, *range(cfg.eval_every, start + 1, cfg.eval_every)} | ({start} if start == cfg.steps else set())
     missing = sorted(due - {int(h["step"]) for h in history})
     if not missing:
@@ -521,14 +539,15 @@ def _missing_evaluations(history: list[dict], start: int, cfg: TrainConfig, mana
         if step == start:
             out[step] = None
         elif step == 0:
-            out[step] = init_params
+            out[step] = (init[0], init[2])
         elif step in kept:
             try:
                 restored = manager.restore(step, args=ocp.args.StandardRestore(template))
             except Exception:  # noqa: BLE001  a damaged older checkpoint: that evaluation stays missing
                 lost.append(step)
                 continue
-            out[step] = jax.tree.unflatten(jax.tree.structure(init_params), restored["params"])
+            params, _, stats = _from_tree(restored, *init)
+            out[step] = (params, stats)
         else:
             lost.append(step)
     if lost and out:  # (a history already rebuilt stays as it is, silently)
@@ -547,7 +566,8 @@ def list_checkpoints(workdir: str | pathlib.Path) -> tuple[int, ...]:
 
 
 def load_checkpoint(model: nnx.Module, workdir: str | pathlib.Path, step: int | None = None, *, config: TrainConfig | None = None) -> nnx.Module:
-    """Load the parameters saved at ``step`` (default: the last) into ``model`` (in place).
+    """Load the parameters (and running statistics, if the model has any) saved at ``step`` (default: the
+    last) into ``model`` (in place).
 
     ``model`` must have the same structure as the trained one; it may be
     abstract (``nnx.eval_shape(lambda: Model(...))``), which skips the cost of
@@ -561,7 +581,7 @@ def load_checkpoint(model: nnx.Module, workdir: str | pathlib.Path, step: int | 
     if config is None and (workdir / "train_config.json").exists():
         config = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in read_json(workdir / "train_config.json")["config"].items()})
     tx = _optimizer(config or TrainConfig())
-    _, params, _ = nnx.split(model, nnx.Param, ...)
+    _, params, stats, _ = nnx.split(model, nnx.Param, nnx.BatchStat, ...)
     opt_state = jax.eval_shape(tx.init, params)  # a template: shapes and dtypes only
     mgr = _checkpoint_manager(workdir)
     steps = tuple(mgr.all_steps())
@@ -572,11 +592,12 @@ def load_checkpoint(model: nnx.Module, workdir: str | pathlib.Path, step: int | 
     if step not in steps:
         mgr.close()
         raise ValueError(f"No checkpoint at step {step} in {workdir}; saved steps: {sorted(steps)}.")
-    template = _to_tree(params, opt_state)
+    template = _to_tree(params, opt_state, stats)
     if jax.process_count() > 1:  # one process of several: onto this process's own device (not the saved one's)
         local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         template = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=local), template)
     restored = mgr.restore(step, args=ocp.args.StandardRestore(template))
     mgr.close()
-    nnx.update(model, jax.tree.unflatten(jax.tree.structure(params), restored["params"]))
+    params, _, stats = _from_tree(restored, params, opt_state, stats)
+    nnx.update(model, params, stats)
     return model

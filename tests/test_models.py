@@ -14,11 +14,26 @@ from funsim.similarity.multilinear import BilinearLayer, LinearLayer, apply_netw
 IMG = (8, 8, 1)
 
 
+def _bn_mlp(seed=9, dropout=0.3):
+    """The paper code's MLP (BatchNorm and dropout), its running averages and BatchNorm's scale and bias set
+    away from their initial values (0, 1, 1, 0), so that evaluation-mode BatchNorm is not near the identity."""
+    m = models.MLP(IMG, 10, widths=(16, 12), batch_norm=True, dropout=dropout, rngs=nnx.Rngs(seed))
+    rng = np.random.default_rng(seed)
+    for norm in m.norms:
+        d = norm.mean.shape
+        norm.mean[...] = jnp.asarray(rng.normal(size=d), jnp.float32)
+        norm.var[...] = jnp.asarray(rng.uniform(0.3, 3.0, size=d), jnp.float32)
+        norm.scale[...] = jnp.asarray(rng.uniform(0.5, 2.0, size=d), jnp.float32)
+        norm.bias[...] = jnp.asarray(rng.normal(size=d), jnp.float32)
+    return m
+
+
 def _zoo():
     r = lambda s: nnx.Rngs(s)
     return {
         "linear": (models.Linear(IMG, 10, rngs=r(0)), IMG),
         "mlp": (models.MLP(IMG, 10, widths=(16, 12), activation="gelu", rngs=r(1)), IMG),
+        "mlp_bn_dropout": (_bn_mlp(), IMG),
         "cnn": (models.CNN(IMG, 10, channels=(4, 6), rngs=r(2)), IMG),
         "resnet": (models.ResNet((8, 8, 3), 10, depth=8, width=4, rngs=r(3)), (8, 8, 3)),
         "mobilenet": (models.MobileNet(IMG, 10, channels=(4, 8), stem_channels=4, rngs=r(4)), IMG),
@@ -128,6 +143,82 @@ def test_mlp_pre_activation_taps_against_numpy():
     np.testing.assert_array_equal(pre["logits"], model.features(x)["logits"])
     with pytest.raises(ValueError, match="point must be one of 'post_activation', 'pre_activation'"):
         model.features(x, point="pre")
+
+
+def test_default_mlp_is_the_plain_network():
+    """Without batch_norm and dropout the MLP is what it was before those options: the same variables (the
+    dense layers' kernels and biases only, drawn in the same order: compared with nnx.Linear layers built
+    here from the same seed), the same forward pass (float64 NumPy), and a training step is that pass."""
+    m = models.MLP(IMG, 10, widths=(16, 12), rngs=nnx.Rngs(4))
+    paths = sorted((tuple(map(str, k)), type(v).__name__, tuple(v.shape)) for k, v in nnx.to_flat_state(nnx.state(m)))
+    assert paths == [(("head", "bias"), "Param", (10,)), (("head", "kernel"), "Param", (12, 10)),
+                     (("hidden", "0", "bias"), "Param", (16,)), (("hidden", "0", "kernel"), "Param", (64, 16)),
+                     (("hidden", "1", "bias"), "Param", (12,)), (("hidden", "1", "kernel"), "Param", (16, 12))]
+    assert m.norms is None and m.drop is None and not nnx.state(m, nnx.BatchStat)
+    rngs = nnx.Rngs(4)
+    ref = [nnx.Linear(a, b, rngs=rngs) for a, b in ((64, 16), (16, 12), (12, 10))]
+    for got, want in zip([*m.hidden, m.head], ref, strict=True):
+        np.testing.assert_array_equal(got.kernel[...], want.kernel[...])
+        np.testing.assert_array_equal(got.bias[...], want.bias[...])
+    x = np.random.default_rng(2).normal(size=(5, *IMG)).astype(np.float32)
+    h = x.reshape(5, -1).astype(np.float64)
+    for layer in [*m.hidden, m.head]:
+        h = h @ np.asarray(layer.kernel[...], np.float64) + np.asarray(layer.bias[...], np.float64)
+        h = np.maximum(h, 0) if layer is not m.head else h
+    np.testing.assert_allclose(m(x), h, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(m.training_logits(x, jax.random.key(0)), m(x))
+
+
+def test_batch_norm_mlp_in_evaluation_against_numpy():
+    """Evaluation-mode BatchNorm is (h - running mean) / sqrt(running var + 1e-5) * scale + bias (float64
+    NumPy), then ReLU; the pre-activation tap is the dense layer's output before BatchNorm (the paper code's
+    nn.Linear output); dropout draws nothing: every call gives the same numbers."""
+    m = _bn_mlp()
+    x = np.random.default_rng(1).normal(size=(6, *IMG)).astype(np.float32)
+    post, pre = m.features(x), m.features(x, point="pre_activation")
+    h = x.reshape(6, -1).astype(np.float64)
+    f64 = lambda v: np.asarray(v[...], np.float64)  # noqa: E731
+    for i, (dense, norm) in enumerate(zip(m.hidden, m.norms, strict=True)):
+        h = h @ f64(dense.kernel) + f64(dense.bias)
+        np.testing.assert_allclose(pre[f"fc{i}"], h, rtol=1e-4, atol=1e-5)
+        h = np.maximum((h - f64(norm.mean)) / np.sqrt(f64(norm.var) + 1e-5) * f64(norm.scale) + f64(norm.bias), 0)
+        np.testing.assert_allclose(post[f"fc{i}"], h, rtol=1e-4, atol=1e-5)
+    logits = h @ f64(m.head.kernel) + f64(m.head.bias)
+    np.testing.assert_allclose(m(x), logits, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(m(x), m(x))
+    np.testing.assert_array_equal(m.features(x)["fc1"], post["fc1"])
+    # the dense layers start as the plain MLP's of the same seed (BatchNorm's variables are drawn after them)
+    plain = models.MLP(IMG, 10, widths=(16, 12), rngs=nnx.Rngs(9))
+    for a, b in zip([*m.hidden, m.head], [*plain.hidden, plain.head], strict=True):
+        np.testing.assert_array_equal(a.kernel[...], b.kernel[...])
+
+
+def test_training_mode_uses_the_minibatch_and_draws_dropout():
+    """A training step normalises with the minibatch's statistics and moves the running averages by
+    momentum 0.9 (PyTorch's 0.1); its dropout depends on the key (the same key: the same logits)."""
+    m = _bn_mlp(dropout=0.0)
+    x = np.random.default_rng(3).normal(size=(8, *IMG)).astype(np.float32)
+    h = x.reshape(8, -1).astype(np.float64) @ np.asarray(m.hidden[0].kernel[...], np.float64) \
+        + np.asarray(m.hidden[0].bias[...], np.float64)
+    mean0, var0 = np.asarray(m.norms[0].mean[...], np.float64), np.asarray(m.norms[0].var[...], np.float64)
+    m.training_logits(x, jax.random.key(0))
+    np.testing.assert_allclose(m.norms[0].mean[...], 0.9 * mean0 + 0.1 * h.mean(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(m.norms[0].var[...], 0.9 * var0 + 0.1 * h.var(0), rtol=1e-4, atol=1e-5)
+    d = _bn_mlp(dropout=0.5)
+    a, b = d.training_logits(x, jax.random.key(1)), d.training_logits(x, jax.random.key(2))
+    assert not np.allclose(a, b)
+    d2 = _bn_mlp(dropout=0.5)
+    np.testing.assert_array_equal(d2.training_logits(x, jax.random.key(1)), a)
+
+
+def test_mlp_options_are_checked():
+    for bad in (1, "yes", None, 0.0):
+        with pytest.raises(ValueError, match=f"batch_norm must be True or False, got {bad!r}"):
+            models.MLP(4, 2, batch_norm=bad, rngs=nnx.Rngs(0))
+    for bad in (-0.1, 1.0, 1.5, float("nan"), True, "0.1", None):
+        with pytest.raises(ValueError, match=r"dropout must be a rate in \[0, 1\), got "):
+            models.MLP(4, 2, dropout=bad, rngs=nnx.Rngs(0))
+    assert models.MLP(4, 2, batch_norm=np.bool_(True), dropout=np.float32(0.5), rngs=nnx.Rngs(0)).dropout == 0.5
 
 
 @pytest.mark.parametrize("name", ["cnn", "bilinear_mlp"])

@@ -39,6 +39,22 @@ def test_stack_tails_stacks_parameters_on_a_leading_axis():
         stack_tails([models[0], MLP(6, 3, widths=(5,), rngs=nnx.Rngs(0))], "fc0")
 
 
+def test_stack_tails_of_batch_norm_mlps_use_each_models_running_averages():
+    """BatchNorm MLPs stack with their running averages (different per model, from a training-mode call
+    on different data); the stacked tail is each model's evaluation-mode tail, so it draws no dropout."""
+    models = [MLP(6, 3, widths=(5, 4), batch_norm=True, dropout=0.5, rngs=nnx.Rngs(s)) for s in range(3)]
+    for s, m in enumerate(models):
+        m.training_logits(jax.random.normal(jax.random.key(10 + s), (16, 6), jnp.float32) * (s + 1), jax.random.key(s))
+    f, stacked = stack_tails(models, "fc0")
+    h = jax.random.normal(jax.random.key(1), (7, 5))
+    with jax.default_matmul_precision("highest"):  # two programs of one float32 network (on a GPU: not TF32)
+        out = jax.jit(jax.vmap(f, in_axes=(0, None)))(stacked, h)
+        for m, model in enumerate(models):
+            assert not np.allclose(model.norms[1].mean[...], 0)
+            np.testing.assert_allclose(out[m], model.tail("fc0", h), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(out, jax.jit(jax.vmap(f, in_axes=(0, None)))(stacked, h))
+
+
 class _Duck:
     def layer_names(self):
         return ("h",)

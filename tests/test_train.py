@@ -442,3 +442,96 @@ def test_resume_rebuilds_a_damaged_or_deleted_metrics_file(tmp_path):
     with __import__("warnings").catch_warnings():
         __import__("warnings").simplefilter("error")
         assert run().history == r.history
+
+
+def _bn(dropout=0.0, seed=0):
+    return models.MLP(6, 3, widths=(8,), batch_norm=True, dropout=dropout, rngs=nnx.Rngs(seed))
+
+
+@pytest.fixture
+def _highest_precision():
+    """Float32 products in full (on a GPU, not TF32): these tests compare the loop with NumPy and with eager calls."""
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+@pytest.mark.usefixtures("_highest_precision")
+def test_training_updates_batch_norm_statistics_and_evaluates_with_them():
+    """One full-batch step moves the running averages to 0.9 * (0, 1) + 0.1 * the batch's mean and biased
+    variance of the first dense layer (float64 NumPy); they are carried across compiled chunks (the same
+    numbers evaluated after every step or once), and the logged evaluation uses them."""
+    ds = _gauss()
+    m = _bn()
+    h = ds.x_train.astype(np.float64) @ np.asarray(m.hidden[0].kernel[...], np.float64) \
+        + np.asarray(m.hidden[0].bias[...], np.float64)
+    full = TrainConfig(steps=1, batch_size=len(ds.x_train), learning_rate=1e-2, eval_every=1)
+    train(m, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=full, progress=False)
+    np.testing.assert_allclose(m.norms[0].mean[...], 0.1 * h.mean(0), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(m.norms[0].var[...], 0.9 + 0.1 * h.var(0), rtol=1e-4, atol=1e-6)
+    runs = []
+    for every in (1, 6):
+        m = _bn(dropout=0.2)
+        cfg = TrainConfig(steps=6, batch_size=32, learning_rate=1e-2, eval_every=every)
+        r = train(m, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, progress=False)
+        runs.append([np.asarray(v) for v in jax.tree.leaves(nnx.state(m))])
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    loss = float(optax_ce(m(ds.x_test), ds.y_test))
+    assert abs(loss - r.final["test_loss"]) < 1e-5 and not np.allclose(m.norms[0].mean[...], 0)
+
+
+def optax_ce(logits, y):
+    import optax
+
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+
+def test_dropout_is_drawn_per_run_seed_only_in_training():
+    """On the full batch the minibatch does not depend on the seed, so two seeds train the same network,
+    unless dropout draws different units from them."""
+    ds = _gauss()
+    cfg = TrainConfig(steps=1, batch_size=len(ds.x_train), learning_rate=1e-2, eval_every=1)
+
+    def after_one_step(dropout, seed):
+        m = _bn(dropout)
+        train(m, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=dataclasses.replace(cfg, seed=seed),
+              progress=False)
+        return _params(m)
+
+    for a, b in zip(after_one_step(0.0, 0), after_one_step(0.0, 1), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(after_one_step(0.5, 0), after_one_step(0.5, 1), strict=True))
+
+
+def test_batch_statistics_round_trip_through_checkpoints_and_resume(tmp_path):
+    """The running averages are saved with the parameters: loaded into an abstract model they give back
+    the trained network; a resume from an earlier checkpoint reproduces the run bit for bit; a changed
+    dropout rate is refused; a damaged checkpoint is named."""
+    from funsim.models.io import DamagedFileError
+
+    ds = _gauss()
+    cfg = TrainConfig(steps=8, batch_size=32, learning_rate=1e-2, eval_every=4, checkpoint_steps=(4,))
+    m = _bn(0.1)
+    train(m, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path, progress=False)
+    loaded = load_checkpoint(nnx.eval_shape(lambda: _bn(0.1, seed=5)), tmp_path)
+    for a, b in zip(jax.tree.leaves(nnx.state(loaded)), jax.tree.leaves(nnx.state(m)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    first = load_checkpoint(_bn(0.1), tmp_path, 4)
+    assert not np.array_equal(first.norms[0].mean[...], m.norms[0].mean[...])
+    import shutil
+
+    shutil.rmtree(tmp_path / "checkpoints" / "8")  # as if killed after step 4
+    again = _bn(0.1)
+    r = train(again, ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path, progress=False)
+    assert r.resumed_from == 4
+    for a, b in zip(jax.tree.leaves(nnx.state(again)), jax.tree.leaves(nnx.state(m)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="model.dropout: saved 0.1, now 0.2"):
+        train(_bn(0.2), ds.x_train, ds.y_train, ds.x_test, ds.y_test, config=cfg, workdir=tmp_path, progress=False)
+    victim = max((p for p in (tmp_path / "checkpoints" / "8").rglob("*") if p.is_file()
+                  and p.name != "funsim_checksums.json"), key=lambda p: p.stat().st_size)
+    blob = bytearray(victim.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    victim.write_bytes(bytes(blob))
+    with pytest.raises(DamagedFileError, match=f"Checkpoint {tmp_path / 'checkpoints' / '8'} is damaged"):
+        load_checkpoint(_bn(0.1), tmp_path)

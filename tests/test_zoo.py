@@ -104,6 +104,35 @@ def test_smoke_zoo_end_to_end_interrupted_and_resumed(tmp_path, monkeypatch):
     assert read_json(out / "config.json")["train"]["learning_rate"] == cfg.train["learning_rate"]  # refused up front
 
 
+def test_authors_mlp_zoo_trains_and_reloads_with_its_batch_statistics(tmp_path):
+    """The authors_mlp config: the paper code's five MLP presets with BatchNorm and dropout 0.1, a plain MLP and
+    the default CNN, on the default zoo's data and training. Two of its networks on the smoke zoo's data: the
+    reloaded models carry their trained running averages (the manifest's test loss, recomputed here)."""
+    import optax
+
+    authors, smoke = zoo.CONFIGS["authors_mlp"], zoo.CONFIGS["smoke"]
+    assert (authors.datasets, authors.seeds, authors.train) == (zoo.CONFIGS["default"].datasets,
+                                                                zoo.CONFIGS["default"].seeds, zoo.CONFIGS["default"].train)
+    specs = {m.name: m for m in authors.models}
+    assert list(specs) == ["mlp_small", "mlp_medium", "mlp_large", "mlp_deep", "mlp_wide", "mlp_medium_plain", "cnn"]
+    assert specs["mlp_large"].kwargs == {"widths": (2048, 1024, 512, 256), "batch_norm": True, "dropout": 0.1}
+    assert specs["mlp_medium_plain"].kwargs == {"widths": (1024, 512, 256)}
+    cfg = dataclasses.replace(smoke, name="authors", models=(specs["mlp_small"], specs["mlp_medium_plain"]), seeds=(0,),
+                              train={**smoke.train, "steps": 4, "eval_every": 4}, n_checkpoints=1)
+    with jax.default_matmul_precision("highest"):  # the logged loss against an eager one (on a GPU: not TF32)
+        zoo.run(cfg, root=tmp_path, progress=False, log=lambda m: None)
+        out = tmp_path / "zoo" / "authors"
+        manifest, loaded, zd = read_json(out / "zoo.json"), zoo.load_zoo(out), zoo.load_zoo_data(out, "digits")
+        for mid, m in loaded.models.items():
+            ce = optax.softmax_cross_entropy_with_integer_labels(m.model(zd.dataset.x_test), zd.dataset.y_test).mean()
+            assert float(ce) == pytest.approx(manifest["models"][mid]["test_loss"], abs=1e-5), mid
+    bn = loaded.models["digits/mlp_small_s0"].model
+    assert bn.batch_norm and bn.dropout == 0.1 and not np.allclose(bn.norms[0].mean[...], 0)
+    assert manifest["models"]["digits/mlp_small_s0"]["build"]["kwargs"] == {
+        "widths": [512, 256], "batch_norm": True, "dropout": 0.1}
+    assert loaded.models["digits/mlp_medium_plain_s0"].model.norms is None
+
+
 def _fake_fashion(directory):
     import gzip
     import struct
