@@ -217,8 +217,10 @@ def heatmap_grid(
     ncols: int = 4,
     ranges: Mapping[str, tuple[float | None, float | None]] | None = None,
     cmaps: Mapping[str, str] | None = None,
+    panel_size: tuple[float, float] = (3.6, 3.1),
 ) -> pathlib.Path:
-    """One heatmap per entry of ``matrices`` (title -> ``(rows, cols)``), in a grid, saved to ``path``.
+    """One heatmap per entry of ``matrices`` (title -> ``(rows, cols)``), in a grid of ``panel_size`` inches
+    (width, height) per panel, saved to ``path``.
 
     Every panel shares the rows and columns, so they are labelled once: tick labels and
     ``ylabel`` on the left column, tick labels and ``xlabel`` on the lowest panel of each column.
@@ -226,7 +228,7 @@ def heatmap_grid(
     n = len(matrices)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    fig, axes = subplots(nrows, ncols, figsize=(3.6 * ncols, 3.1 * nrows), squeeze=False)
+    fig, axes = subplots(nrows, ncols, figsize=(panel_size[0] * ncols, panel_size[1] * nrows), squeeze=False)
     for k, (ax, (title, m)) in enumerate(zip(axes.ravel(), matrices.items())):
         vmin, vmax = (ranges or {}).get(title, (None, None))
         heatmap(ax, m, row_labels, col_labels, title=title, vmin=vmin, vmax=vmax, cmap=(cmaps or {}).get(title, "viridis"))

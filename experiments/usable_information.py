@@ -17,9 +17,9 @@ similarity"; numbers it does not state are marked so).
    min(d_src, d_tgt)``, see :func:`ridge_slack`) and held out (no theorem:
    the richer family can overfit).
 3. **Measures as usable-information estimators**: R^2 of each measure against
-   each family's reconstruction score over directed layer pairs, with a
-   bootstrap interval (resampling model pairs, whose layer pairs are not
-   independent) and a permutation null.
+   each family's reconstruction score over directed layer pairs (bootstrap over
+   model pairs, permutation null); by layer population; by architecture pair and
+   leaving each architecture out (models resampled); RSA's skipped cells both ways.
 4. **Granularity**: task-loss relative accuracy on the coarse task against the
    fine task (fraction above the diagonal), and the coarsened fine predictions
    (accuracy can only rise: checked, must be 0 violations).
@@ -43,6 +43,7 @@ from funsim.experiments.configs import similarity_study as study_cfg
 from funsim.experiments.io import acquire_run_lock, read_json, releases_run_locks, write_json_atomic, write_text_atomic
 from funsim.experiments.similarity_study import read_table
 from funsim.similarity import statistics as st
+from funsim.similarity import study_architectures as sa
 from funsim.similarity import study_rules
 
 __all__ = ["PAPER", "ReportOptions", "report", "ridge_slack", "verdict_statistics"]
@@ -313,6 +314,35 @@ def _claim3_populations(t: _Table, kinds: dict, opts: ReportOptions, key) -> dic
     return res
 
 
+def _claim3_architectures(t: _Table, zoo_dir: pathlib.Path, cfg: dict, opts: ReportOptions, key, out) -> dict:
+    """Claim 3 by architecture, and RSA's cells skipped for width both ways (:mod:`similarity.study_architectures`)."""
+    manifest = read_json(zoo_dir / "zoo.json")["models"]
+    kw = {"architectures": sa.architecture_map(manifest), "key": key, "n_resamples": opts.n_resamples}
+    dense, score = sa.dense_architectures(manifest, kw["architectures"]), t.get("stitch/scaled_orthogonal", "in_sample")
+    res, mats = {k: {} for k in ("architectures", "leave_one_out", "families", "rsa_skipped")}, {}
+    for m in (m for m in t.measures() if not m.startswith(("stitch/", "task/"))):
+        keys, (x, y) = _join(_directed(t.get(m, "all")), score)
+        keys, x, y = [k for k, v in zip(keys, y) if np.isfinite(v)], x[np.isfinite(y)], y[np.isfinite(y)]
+        ma, mb, ok = np.array([k[1] for k in keys], str), np.array([k[3] for k in keys], str), np.isfinite(x)
+        pairs = sa.architecture_pair_r2(x[ok], y[ok], ma[ok], mb[ok], **kw)
+        res["architectures"][m] = {" x ".join(p): c for p, c in pairs.items()}
+        res["leave_one_out"][m] = sa.leave_one_architecture_out(x[ok], y[ok], ma[ok], mb[ok], **kw)
+        res["families"][m] = sa.family_split_r2(x[ok], y[ok], ma[ok], mb[ok], dense, **kw)
+        mats.update({m: pairs} if m in ("cka/linear", "rsa/correlation/spearman") else {})
+        if m.startswith("rsa/"):
+            w = _widths(zoo_dir, m.split("@")[1].split("/")[1] if "@" in m else cfg["flatten"])
+            sk = sa.rsa_skipped_mask(x, [w.get(k[1:3], 0) for k in keys], [w.get(k[3:5], 0) for k in keys],
+                                     limit=cfg.get("rsa_max_features"))
+            res["rsa_skipped"][m] = sa.r2_skipped_both_ways(x, y, ma, mb, sk, key=key, n_resamples=opts.n_resamples)
+    names = sorted({a for cells in mats.values() for p in cells for a in p})
+    mats = {f"{m}: R² per architecture pair": sa.pair_matrix(c, names)[1] for m, c in mats.items()}
+    if mats:
+        plotting.heatmap_grid(mats, names, names, out / "claim3_architectures.png", xlabel="architecture",
+                              suptitle="Claim 3 by architecture pair: R² against the in-sample scaled-orthogonal score",
+                              ylabel="architecture", ncols=1, ranges=dict.fromkeys(mats, (0, 1)), panel_size=(8.5, 5))
+    return {f"claim3_{k}": v for k, v in res.items()}
+
+
 def _claim4(t: _Table, out: pathlib.Path) -> dict:
     res = {}
     fig, axes = plotting.subplots(1, 2, figsize=(11, 4.5))
@@ -558,6 +588,31 @@ def _claim1_lines(claim1: dict) -> list[str]:
     return L
 
 
+def _architecture_lines(m: dict) -> list[str]:
+    main = [k for k in ("cka/linear", "rsa/correlation/spearman") if k in m.get("claim3_architectures", {})]
+    cell = lambda c: "-" if c is None else f"- (n {c['n']}: {c['reason']})" if c["value"] is None else (
+        f"{c['value']:.3f} {_ci(c['interval'])} (n {c['n']}, {c['models']} models)"
+        + ("" if c.get("change") is None else f", change {c['change']:+.3f} {_ci(c['change_interval'])}"))
+    pops: dict = {}
+    for k in main:
+        lo = m["claim3_leave_one_out"][k]
+        for p, c in [*m["claim3_architectures"][k].items(), ("all pairs", lo["all"]),
+                     *((f"without {a}", c) for a, c in lo["without"].items()), *m["claim3_families"][k].items()]:
+            pops.setdefault(p, {})[k] = c
+    L = ["", "**By architecture** (R^2 [95% CI resampling models] (n directed pairs, models) against the in-sample "
+         "scaled-orthogonal score; `a x b`: pairs of a model of a with one of b; `without a`: no model of a, change "
+         "from all pairs with its paired interval; `dense_only`: both architectures all-dense, `with_conv` the "
+         "others; figure claim3_architectures.png; every measure and convention in metrics.json).", "",
+         "| pairs | " + " | ".join(main) + " |", "|---|" + "---|" * len(main)] if main else []
+    L += [f"| {p} | " + " | ".join(cell(r.get(k)) for k in main) + " |" for p, r in pops.items()]
+    L += ["", "**RSA's cells skipped for width** (NaN where either layer has more than `rsa_max_features` "
+          "features in the row's convention: the table does not tell them from other undefined cells, so the "
+          "widths do), left out and set to 0 (the paper code's 0.0):", "",
+          "| measure | left out | set to 0 | skipped cells | other undefined cells |", "|---|---|---|---:|---:|"]
+    return L + [f"| {k} | {cell(r['excluded'])} | {cell(r['as_zero'])} | {r['skipped_cells']} | "
+                f"{r['other_undefined_cells']} |" for k, r in m.get("claim3_rsa_skipped", {}).items()] + [""]
+
+
 def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions, verdicts: list, added: list) -> str:
     L = [f"# Usable information: the five claims on `{run_dir}`", "",
          f"Study config `{cfg['name']}` on zoo `{cfg['zoo']}`; {m['rows']} comparisons. The paper: "
@@ -635,6 +690,7 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions, ver
                   "elsewhere it asks how well the measure on one reading predicts the score on the other (e.g. "
                   "flattened maps against pooled ones), which is not the paper code's protocol: that scores "
                   "conv pairs on the maps themselves, with a trained 1x1 convolution.", ""]
+    L += _architecture_lines(m)
     L += [f"The paper's R^2 against the scaled-orthogonal score: CKA {PAPER['r2_cka_scaled_orthogonal'][0]}, "
           f"RSA {PAPER['r2_rsa_scaled_orthogonal'][0]}. "
           "The paper's code scores in sample (its numbers compare with the in-sample rows); the null column is the "
@@ -669,8 +725,8 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions, ver
     for f, r in m["gap"].items():
         L.append(f"| {f} | {r['pairs']} | {r['mean_in_sample']:.3f} | {r['mean_held_out']:.3f} | {r['mean_gap']:.3f} | "
                  f"{r['median_gap']:.3f} | {r['q95_gap']:.3f} | {r['fraction_gap_gt_0.1']:.3f} |")
-    L += ["", "Figures: claim1_asymmetry.png, claim2_monotonicity.png, claim3_r2.png, claim4_granularity.png, "
-          "claim5_sufficiency.png, held_out_gap.png.", ""]
+    L += ["", "Figures: claim1_asymmetry.png, claim2_monotonicity.png, claim3_r2.png, claim3_architectures.png, "
+          "claim4_granularity.png, claim5_sufficiency.png, held_out_gap.png.", ""]
     return "\n".join(L)
 
 
@@ -704,6 +760,8 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     m["claim3"] = _claim3(t, options, jax.random.fold_in(key, 3), out)
     kinds = _layer_kinds(zoo_dir) if (zoo_dir / "zoo.json").is_file() else {}
     m["claim3_populations"] = _claim3_populations(t, kinds, options, jax.random.fold_in(key, 33))
+    if kinds:
+        m.update(_claim3_architectures(t, zoo_dir, cfg, options, jax.random.fold_in(key, 34), out))
     m["claim4"] = _claim4(t, out)
     m["claim5"] = _claim5(t, options, out)
     m["gap"] = _gap(t, out)
@@ -717,5 +775,5 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     m["primary"] = study_rules.primary_holm(verdicts[0] + verdicts[1], stats["bootstrap_p"], study_cfg.PRIMARY)
     write_json_atomic(out / "metrics.json", m)
     write_text_atomic(out / "summary.md", _summary(run_dir, cfg, m, options, *verdicts))
-    log(f"[report] {out}/summary.md and 6 figures")
+    log(f"[report] {out}/summary.md and its figures")
     return m

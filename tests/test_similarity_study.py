@@ -15,8 +15,8 @@ from funsim.experiments.io import read_json
 from funsim.runtime.compile_count import CompileCounter
 
 PNG = b"\x89PNG\r\n\x1a\n"
-FIGURES = ("claim1_asymmetry.png", "claim2_monotonicity.png", "claim3_r2.png", "claim4_granularity.png",
-           "claim5_sufficiency.png", "held_out_gap.png")
+FIGURES = ("claim1_asymmetry.png", "claim2_monotonicity.png", "claim3_r2.png", "claim3_architectures.png",
+           "claim4_granularity.png", "claim5_sufficiency.png", "held_out_gap.png")
 
 
 class Crash(Exception):
@@ -109,6 +109,17 @@ def test_study_and_report_write_every_table_and_figure(tiny):
     r2 = np.corrcoef(x, y)[0, 1] ** 2
     np.testing.assert_allclose(m["claim3"]["in_sample"]["scaled_orthogonal"]["cka/linear"]["r2"], r2, rtol=1e-6)
     np.testing.assert_allclose(m["verdict_statistics"]["r2_cka"]["value"], r2, rtol=1e-6)
+    # claim 3 by architecture (linear, mlp): every pair of architectures, each leaving one out, RSA both ways
+    arch = {k: k[1].split("/")[1].rsplit("_s", 1)[0] != k[3].split("/")[1].rsplit("_s", 1)[0] for k in sorted(score)}
+    mixed = np.array(list(arch.values()))
+    np.testing.assert_allclose(m["claim3_architectures"]["cka/linear"]["linear x mlp"]["value"],
+                               np.corrcoef(x[mixed], y[mixed])[0, 1] ** 2, rtol=1e-6)
+    assert set(m["claim3_architectures"]["cka/linear"]) == {"linear x linear", "linear x mlp", "mlp x mlp"}
+    np.testing.assert_allclose(m["claim3_leave_one_out"]["cka/linear"]["all"]["value"], r2, rtol=1e-6)
+    assert set(m["claim3_leave_one_out"]["cka/linear"]["without"]) == {"linear", "mlp"}
+    assert set(m["claim3_families"]["cka/linear"]) == {"dense_only", "with_conv"}
+    assert {k.split("@")[0] for k in m["claim3_rsa_skipped"]} == {"rsa/correlation/spearman"}
+    assert "**By architecture**" in summary and "**RSA's cells skipped for width**" in summary
     # the verdict rows are the config's rules applied to the statistics, printed with their labels
     verdicts = verdict.judge_all(cfg.verdict_rules, m["verdict_statistics"])
     assert [v.to_json() for v in verdicts] == m["verdicts"]

@@ -17,6 +17,7 @@ from funsim.experiments import verdict
 from funsim.experiments.configs import similarity_study as C
 from funsim.experiments.io import write_table_atomic
 from funsim.similarity import statistics as st
+from funsim.similarity import study_architectures as sa
 from funsim.similarity import study_rules as sr
 
 
@@ -436,3 +437,187 @@ def test_the_statistics_refuse_arrays_of_different_lengths_naming_them():
         sr.order_margin(np.ones(2), np.ones(3))
     with pytest.raises(ValueError, match=r"'fine_b': \(2, 1\)"):
         sr.split_half_differences(np.ones(2), np.ones(2), np.ones((2, 1)), np.ones(2))
+
+
+# ----------------------------------------------------------------------------- claim 3 by architecture
+
+
+def _arch_rows(seed=0, archs=("cnn", "mlp", "res", "wide"), seeds=3, layers=2):
+    """Directed layer pairs of every pair of models (``<arch>_s<seed>``), a measure x and a score y whose slope
+    depends on the pair of architectures, so that R^2 differs between architecture pairs."""
+    rng = np.random.default_rng(seed)
+    ids = [f"d/{a}_s{s}" for a in archs for s in range(seeds)]
+    slope = {a: 1.0 + i for i, a in enumerate(archs)}
+    ma, mb, x, y = [], [], [], []
+    for i, a in enumerate(ids):
+        for b in ids[i + 1:]:
+            for _ in range(layers * layers * 2):
+                xi = rng.uniform()
+                ma.append(a), mb.append(b), x.append(xi)
+                y.append(slope[sa.architecture_of(a)] * slope[sa.architecture_of(b)] * xi + rng.normal())
+    return np.array(x), np.array(y), np.array(ma), np.array(mb)
+
+
+def _np_r2(x, y):
+    return np.corrcoef(np.asarray(x, np.float64), np.asarray(y, np.float64))[0, 1] ** 2
+
+
+def _arch_tol():
+    return 1e-9 if jax.config.jax_enable_x64 else 1e-5
+
+
+def test_architecture_pair_r2_equals_numpy_and_resamples_models():
+    """Per unordered architecture pair (same-architecture pairs included): R^2 equals float64 NumPy on the rows
+    of that pair, n and the model count are the rows' and models', and the interval is the model bootstrap of
+    those rows (not the one resampling model pairs)."""
+    x, y, ma, mb = _arch_rows()
+    key = jax.random.key(1)
+    cells = sa.architecture_pair_r2(x, y, ma, mb, key=key, n_resamples=300)
+    la = np.array([sa.architecture_of(m) for m in ma])
+    lb = np.array([sa.architecture_of(m) for m in mb])
+    assert set(cells) == {(a, b) for a in ("cnn", "mlp", "res", "wide") for b in ("cnn", "mlp", "res", "wide")
+                          if a <= b}
+    for (a, b), c in cells.items():
+        sel = ((la == a) & (lb == b)) | ((la == b) & (lb == a))
+        np.testing.assert_allclose(c["value"], _np_r2(x[sel], y[sel]), rtol=_arch_tol())
+        assert c["n"] == sel.sum() and c["models"] == len(set(ma[sel]) | set(mb[sel]))
+        ref = st.bootstrap(st.r2, (x[sel], y[sel]), key=key, n_resamples=300, models=(ma[sel], mb[sel]))
+        np.testing.assert_allclose(c["interval"], [ref.low, ref.high], rtol=1e-6)
+        pairs = st.bootstrap(st.r2, (x[sel], y[sel]), key=key, n_resamples=300,
+                             clusters=[f"{p}|{q}" for p, q in zip(ma[sel], mb[sel])])
+        assert c["interval"] != [pairs.low, pairs.high]
+    vals = [c["value"] for c in cells.values()]
+    assert max(vals) - min(vals) > 0.05  # the pairs differ: the test can tell them apart
+    # the manifest's names win over the ids
+    names = {m: "one" for m in set(ma) | set(mb)}
+    only = sa.architecture_pair_r2(x, y, ma, mb, architectures=names, key=key, n_resamples=50)
+    assert list(only) == [("one", "one")]
+    np.testing.assert_allclose(only["one", "one"]["value"], _np_r2(x, y), rtol=_arch_tol())
+
+
+def test_architecture_cells_undefined_with_a_reason():
+    """A constant measure or too few pairs: value None with the reason, never NaN; the matrix shows NaN there."""
+    x, y, ma, mb = _arch_rows(archs=("cnn", "mlp"), seeds=2)
+    la = np.array([sa.architecture_of(m) for m in ma])
+    x = np.where((la == "cnn") & (np.array([sa.architecture_of(m) for m in mb]) == "cnn"), 0.5, x)
+    keep = ~((la == "mlp") & (np.arange(len(x)) % 7 != 0))  # mlp x mlp: a few rows only
+    cells = sa.architecture_pair_r2(x[keep], y[keep], ma[keep], mb[keep], key=jax.random.key(0), n_resamples=50)
+    assert cells["cnn", "cnn"]["value"] is None and "constant" in cells["cnn", "cnn"]["reason"]
+    assert cells["mlp", "mlp"]["value"] is None and "fewer than 4" in cells["mlp", "mlp"]["reason"]
+    assert cells["cnn", "mlp"]["value"] is not None
+    one = (ma == ma[-1]) & (mb == mb[-1])  # one model pair: a value, no interval
+    c = sa.subset_r2(x, y, ma, mb, {"p": one}, key=jax.random.key(0), n_resamples=50)["p"]
+    assert c["interval"] is None and "one model pair" in c["interval_reason"] and c["models"] == 2
+    np.testing.assert_allclose(c["value"], _np_r2(x[one], y[one]), rtol=_arch_tol())
+    names, m = sa.pair_matrix(cells)
+    assert names == ["cnn", "mlp"] and np.isnan(m[0, 0]) and m[0, 1] == m[1, 0] == cells["cnn", "mlp"]["value"]
+
+
+def test_leave_one_architecture_out_equals_r2_on_the_filtered_rows():
+    """Without X: the same cell as the pairs with no model of X, recomputed on the filtered arrays (NumPy R^2,
+    same interval); the change is that minus all; the family split: dense-only rows against the others."""
+    x, y, ma, mb = _arch_rows(seed=2)
+    key = jax.random.key(3)
+    r = sa.leave_one_architecture_out(x, y, ma, mb, key=key, n_resamples=200)
+    la = np.array([sa.architecture_of(m) for m in ma])
+    lb = np.array([sa.architecture_of(m) for m in mb])
+    np.testing.assert_allclose(r["all"]["value"], _np_r2(x, y), rtol=_arch_tol())
+    assert set(r["without"]) == {"cnn", "mlp", "res", "wide"}
+    for a, c in r["without"].items():
+        sel = (la != a) & (lb != a)
+        np.testing.assert_allclose(c["value"], _np_r2(x[sel], y[sel]), rtol=_arch_tol())
+        alone = sa.subset_r2(x[sel], y[sel], ma[sel], mb[sel], {"k": np.ones(sel.sum(), bool)}, key=key,
+                             n_resamples=200)["k"]
+        assert alone == {k: v for k, v in c.items() if not k.startswith("change")}
+        np.testing.assert_allclose(c["change"], _np_r2(x[sel], y[sel]) - _np_r2(x, y), rtol=1e-6, atol=1e-12)
+        lo, hi = c["change_interval"]
+        assert lo <= hi
+    fam = sa.family_split_r2(x, y, ma, mb, {"mlp", "wide"}, key=key, n_resamples=50)
+    dense = np.isin(la, ["mlp", "wide"]) & np.isin(lb, ["mlp", "wide"])
+    np.testing.assert_allclose(fam["dense_only"]["value"], _np_r2(x[dense], y[dense]), rtol=_arch_tol())
+    np.testing.assert_allclose(fam["with_conv"]["value"], _np_r2(x[~dense], y[~dense]), rtol=_arch_tol())
+    assert fam["dense_only"]["n"] + fam["with_conv"]["n"] == len(x)
+
+
+def test_rsa_skipped_cells_left_out_and_set_to_zero():
+    """The cells skipped for width (NaN, a layer wider than the limit) left out, and set to 0, against NumPy;
+    another NaN cell (a narrow pair) is left out both ways and counted apart."""
+    x, y, ma, mb = _arch_rows(seed=4, archs=("cnn", "mlp"))
+    rng = np.random.default_rng(5)
+    wa, wb = rng.choice([64, 4096], len(x), p=[0.8, 0.2]), rng.choice([64, 4096], len(x), p=[0.8, 0.2])
+    x = np.where(np.maximum(wa, wb) > 2048, np.nan, x)
+    x[np.flatnonzero(np.maximum(wa, wb) <= 2048)[:3]] = np.nan  # undefined for another reason
+    skipped = sa.rsa_skipped_mask(x, wa, wb, limit=2048)
+    assert skipped.sum() == np.sum(np.maximum(wa, wb) > 2048) > 0
+    assert not sa.rsa_skipped_mask(x, wa, wb, limit=None).any()
+    r = sa.r2_skipped_both_ways(x, y, ma, mb, skipped, key=jax.random.key(0), n_resamples=100)
+    fin = np.isfinite(x)
+    zero = np.where(skipped, 0.0, x)
+    np.testing.assert_allclose(r["excluded"]["value"], _np_r2(x[fin], y[fin]), rtol=_arch_tol())
+    np.testing.assert_allclose(r["as_zero"]["value"], _np_r2(zero[~np.isnan(zero)], y[~np.isnan(zero)]),
+                               rtol=_arch_tol())
+    assert r["excluded"]["n"] == fin.sum() and r["as_zero"]["n"] == fin.sum() + skipped.sum()
+    assert r["skipped_cells"] == skipped.sum() and r["other_undefined_cells"] == 3
+    with pytest.raises(ValueError, match="skipped .*marks 1 cells where x is defined"):
+        sa.r2_skipped_both_ways(x, y, ma, mb, skipped | fin & (np.cumsum(fin) == 1), key=jax.random.key(0))
+
+
+def test_architecture_results_do_not_depend_on_names_or_row_order():
+    """Renaming the architectures (a bijection that reverses their order) and permuting the rows gives the same
+    cells under the new names: every subset is bootstrapped with one key over its own models."""
+    x, y, ma, mb = _arch_rows(seed=6)
+    key = jax.random.key(4)
+    ids = sorted(set(ma) | set(mb))
+    names = {m: sa.architecture_of(m) for m in ids}
+    rename = {"cnn": "z4", "mlp": "z3", "res": "z2", "wide": "z1"}
+    renamed = {m: rename[a] for m, a in names.items()}
+    p = np.random.default_rng(0).permutation(len(x))
+    kw = {"key": key, "n_resamples": 100}
+    a = sa.architecture_pair_r2(x, y, ma, mb, architectures=names, **kw)
+    b = sa.architecture_pair_r2(x[p], y[p], ma[p], mb[p], architectures=renamed, **kw)
+    _assert_same({tuple(sorted(rename[n] for n in k)): v for k, v in a.items()}, b)
+    a = sa.leave_one_architecture_out(x, y, ma, mb, architectures=names, **kw)
+    b = sa.leave_one_architecture_out(x[p], y[p], ma[p], mb[p], architectures=renamed, **kw)
+    _assert_same({"all": a["all"], "without": {rename[k]: v for k, v in a["without"].items()}}, b)
+    _assert_same(sa.family_split_r2(x, y, ma, mb, {"mlp"}, architectures=names, **kw),
+                 sa.family_split_r2(x[p], y[p], ma[p], mb[p], {"z3"}, architectures=renamed, **kw))
+
+
+def _assert_same(a, b):
+    """Nested dicts with the same keys, numbers equal up to the order of float sums."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), (a, b)
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, float)):
+        np.testing.assert_allclose(a, b, rtol=1e-9 if jax.config.jax_enable_x64 else 1e-5)
+    else:
+        assert a == b
+
+
+def test_architecture_statistics_refuse_bad_input_naming_it():
+    x, y, ma, mb = _arch_rows(archs=("cnn", "mlp"), seeds=2)
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match=rf"'model_b': \({len(x) - 1},\)"):
+        sa.architecture_pair_r2(x, y, ma, mb[:-1], key=key)
+    with pytest.raises(ValueError, match=rf"'x': \({len(x)},\), 'y': \({len(x)}, 1\)"):
+        sa.leave_one_architecture_out(x, y[:, None], ma, mb, key=key)
+    names = {m: sa.architecture_of(m) for m in set(ma) | set(mb) if m != mb[-1]}
+    with pytest.raises(ValueError, match=rf"model_b \(shape \({len(x)},\)\) has model ids not in architectures "
+                                         rf"\(3 models\): \['{mb[-1]}'\]"):
+        sa.architecture_pair_r2(x, y, ma, mb, architectures=names, key=key)
+    with pytest.raises(ValueError, match=r"masks\['a'\] has shape \(2,\)"):
+        sa.subset_r2(x, y, ma, mb, {"a": [True, False]}, key=key)
+    with pytest.raises(ValueError, match="x .* has 1 non-finite values"):
+        sa.family_split_r2(np.where(np.arange(len(x)) == 0, np.nan, x), y, ma, mb, {"mlp"}, key=key)
+    with pytest.raises(ValueError, match=r"width_b must be 1-D of one length, got shapes \(3,\), \(3,\), \(2,\)"):
+        sa.rsa_skipped_mask(np.ones(3), np.ones(3), np.ones(2), limit=2)
+
+
+def test_architecture_map_prefers_the_manifest_name():
+    models = {"d/mlp_wide_s0": {"name": "mlp_wide", "feature_shapes": {"fc0": [16]}},
+              "d/odd_s1": {"name": "conv_net", "feature_shapes": {"c0": [4, 4, 8], "fc": [10]}},
+              "d/cnn_s2": {"feature_shapes": {"c0": [4, 4, 8]}}}
+    names = sa.architecture_map(models)
+    assert names == {"d/mlp_wide_s0": "mlp_wide", "d/odd_s1": "conv_net", "d/cnn_s2": "cnn"}
+    assert sa.dense_architectures(models, names) == {"mlp_wide"}
