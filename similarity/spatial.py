@@ -62,12 +62,12 @@ __all__ = ["spatial_reconstruction_score", "spatial_score_table"]
 
 
 def _target_moments(y: jax.Array):
-    """``y (N, Cy)`` rows -> ``(scale, y / scale, mean, centred sum of squares, sum of squares)``."""
+    """``y (N, Cy)`` rows -> ``(scale, mean, centred sum of squares, sum of squares)`` of ``y / scale``
+    (reductions only: ``y / scale`` is not kept)."""
     c = pow2_scale(y)
-    y = y / c
-    my = jnp.mean(y, axis=0)
-    yyc = jnp.sum((y - my[None, :]) ** 2)
-    return c, y, my, yyc, yyc + y.shape[0] * jnp.sum(my * my)
+    my = jnp.mean(y / c, axis=0)
+    yyc = jnp.sum((y / c - my[None, :]) ** 2)
+    return c, my, yyc, yyc + y.shape[0] * jnp.sum(my * my)
 
 
 def _source_moments(p: jax.Array):
@@ -172,8 +172,8 @@ def _raise_flags(finite: bool, nonzero: bool, z: jax.Array, name: str) -> None:
 def _pair_program(x, y, *, family, clip):
     p = _rows(resize_spatial(x, size=y.shape[1:3]))
     cp, mp, pc, gc = _source_moments(p)
-    cy, ys, my, yyc, yy = _target_moments(_rows(y))
-    cc = jnp.einsum("ni,nj->ij", pc, ys)
+    cy, my, yyc, yy = _target_moments(_rows(y))
+    cc = jnp.einsum("ni,nj->ij", pc, _rows(y)) / cy
     value = _finish(_scores((cp, mp, gc), (cy, my, yyc, yy), cc, p.shape[0], families=(family,))[0], clip)
     flags = dict(x=jnp.all(jnp.isfinite(x)), y=jnp.all(jnp.isfinite(y)), y_nonzero=jnp.any(y != 0))
     ok = flags["x"] & flags["y"] & flags["y_nonzero"] & ~jnp.isnan(value)
@@ -256,14 +256,14 @@ def _table_program(src_groups, ys, *, families):
     another (``lax.map``: one pooled source in memory at a time), the targets vmapped.
     """
     size = ys.shape[2:4]
-    cy, yr, my, yyc, yy = jax.vmap(lambda y: _target_moments(_rows(y)))(ys)
+    cy, my, yyc, yy = jax.vmap(lambda y: _target_moments(_rows(y)))(ys)
     out, finite_src = [], []
     for xs, mask in src_groups:
         def one(args):
             x, m = args
             p = _rows(resize_spatial(x, size=size))
             cp, mp, pc, gc = _source_moments(p)
-            cc = jnp.einsum("ni,knj->kij", pc, yr)
+            cc = jnp.einsum("nhwi,knhwj->kij", pc.reshape(*ys.shape[1:4], -1), ys) / cy[:, None, None]
             score = lambda t, c: _scores((cp, mp, gc), t, c, p.shape[0], families=families, mask=m)  # noqa: E731
             return jax.vmap(score, out_axes=1)((cy, my, yyc, yy), cc)
 
@@ -333,9 +333,10 @@ def spatial_score_table(
         count = bucket(len(idx))
         mask = np.stack([np.arange(width) < xs[idx[min(k, len(idx) - 1)]].shape[-1] for k in range(count)])
         groups.append((_stack([xs[i] for i in idx], count, width, dt), mask.astype(dt)))
+    groups = tuple(jax.device_put(groups))  # once, not once per target size
     for tidx in by_size(ys).values():
         stack = _stack([ys[j] for j in tidx], bucket(len(tidx)), bucket(max(ys[j].shape[-1] for j in tidx)), dt)
-        scores, flags = jax.device_get(_table_program(tuple(groups), stack, families=families))
+        scores, flags = jax.device_get(_table_program(groups, stack, families=families))
         for k, j in enumerate(tidx):
             _raise_flags(bool(flags["y"][k]), bool(flags["y_nonzero"][k]), ys[j], names_y[j])
         for g, idx in enumerate(src_sizes.values()):
