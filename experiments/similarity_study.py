@@ -17,7 +17,8 @@ For each data set of the zoo, two stages, both batched:
    config: CKA (linear, debiased), RSA, SVCCA, PWCCA, the Procrustes distance,
    and the closed-form reconstruction scores of the three stitcher families,
    held out (fit on one half of the rows, scored on the other) and in sample
-   (the paper's code's leaky figure). Each layer's statistics are computed once.
+   (the paper's code's leaky figure). Each layer's statistics are computed once. With
+   ``spatial_scores``: the paper code's conv score on the unreduced conv maps (:mod:`similarity.spatial`).
 2. **Task-loss stitching** through :func:`similarity.train_stitchers`: for each
    target layer of each architecture, every source layer of every model at a
    matching relative depth (``|depth_A - depth_B| <= depth_tolerance``) is
