@@ -17,7 +17,8 @@ For each data set of the zoo, two stages, both batched:
    config: CKA (linear, debiased), RSA, SVCCA, PWCCA, the Procrustes distance,
    and the closed-form reconstruction scores of the three stitcher families,
    held out (fit on one half of the rows, scored on the other) and in sample
-   (the paper's code's leaky figure). Each layer's statistics are computed once.
+   (the paper's code's leaky figure). Each layer's statistics are computed once. With
+   ``spatial_scores``: the paper code's conv score on the unreduced conv maps (:mod:`similarity.spatial`).
 2. **Task-loss stitching** through :func:`similarity.train_stitchers`: for each
    target layer of each architecture, every source layer of every model at a
    matching relative depth (``|depth_A - depth_B| <= depth_tolerance``) is
@@ -119,7 +120,8 @@ COLUMNS = ("dataset", "model_a", "layer_a", "depth_a", "model_b", "layer_b", "de
   ``layer_a``/``layer_b`` and their relative depths ``depth_a``/``depth_b`` (``(i + 1) / L``).
 * ``measure``: a registry name (``cka/linear``, ``rsa/correlation/spearman``, ``svcca``,
   ``pwcca``, ``procrustes`` (a distance), ``stitch/<family>`` (closed-form reconstruction
-  score)), or ``task/<family>/<quantity>`` for task-loss stitching, quantity one of
+  score)), ``stitch/spatial/<family>`` (the paper code's conv-to-conv score, conv pairs only: the
+  config's ``spatial_scores``), or ``task/<family>/<quantity>`` for task-loss stitching, quantity one of
   ``relative_accuracy`` (stitched / target's own accuracy), ``accuracy``, ``own_accuracy``,
   ``ce_gap`` (stitched minus own cross-entropy, nats), ``relative_accuracy_half0`` / ``_half1``
   (on the even / odd test rows: claim 4 selects on one half, scores on the other; runs since 2026-12-06).
@@ -157,7 +159,7 @@ def _check_config(cfg: StudyConfig) -> None:
             raise ValueError(f"conventions has {c!r}, the main grid's own convention; list only the extra ones.")
     if cfg.stitch_layers not in ("dense", "all"):
         raise ValueError(f"stitch_layers must be 'dense' or 'all', got {cfg.stitch_layers!r}.")
-    for f in (*cfg.families, *cfg.stitch_families):
+    for f in (*cfg.families, *cfg.stitch_families, *cfg.spatial_scores):
         if f not in similarity.FAMILIES:
             raise ValueError(f"Unknown stitcher family {f!r}; valid: {', '.join(similarity.FAMILIES)}.")
     known = set(similarity.list_measures())
@@ -263,13 +265,26 @@ def _limited_grid(reps: dict, measures: list[str], cfg: StudyConfig, limit: int 
     return out, len(names) - len(keep)
 
 
-def _pair_rows(ds: str, a, b, index: dict, tables: dict, cfg: StudyConfig) -> list[dict]:
+def _spatial_scores(models: list, x: np.ndarray, cfg: StudyConfig) -> dict:
+    """The paper code's conv-to-conv scores (:func:`similarity.spatial_score_table`, in sample) of every conv
+    layer of ``models`` into every other: ``{(family, (model id, layer), (model id, layer)): score}``."""
+    conv = [((m.id, la), z) for m in models if cfg.spatial_scores
+            for la, z in _features(m.model, x, point=cfg.activation_point).items() if z.ndim == 4]
+    zs = [z for _, z in conv]
+    t = similarity.spatial_score_table(zs, zs, families=cfg.spatial_scores) if zs else {}
+    return {(f, a, b): t[f][i, j] for f in t for i, (a, _) in enumerate(conv) for j, (b, _) in enumerate(conv)}
+
+
+def _pair_rows(ds: str, a, b, index: dict, tables: dict, cfg: StudyConfig, spatial: dict) -> list[dict]:
     """Every layer pair of models a, b: all measures, both directions (from the full square)."""
     stitch = stitch_measure_names(cfg)
     rows = []
     for la in a.layers:
         for lb in b.layers:
             i, j = index[a.id, la], index[b.id, lb]
+            for d, src, tgt in (("a->b", (a.id, la), (b.id, lb)), ("b->a", (b.id, lb), (a.id, la))):
+                rows += [_row(ds, a, la, b, lb, f"stitch/spatial/{f}", d, "in_sample", "-", spatial[f, src, tgt])
+                         for f in cfg.spatial_scores if (f, src, tgt) in spatial]
             for name, t in tables.items():
                 if name in stitch:
                     fam, split = stitch[name]
@@ -326,13 +341,14 @@ def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pat
             f"({cskipped} left out, NaN)")
         tables.update({f"{m}@{conv}": t for m, t in ctables.items()})
         undefined[f"layers_over_max_features@{conv}"] = cskipped
-    mine = {(a.id, b.id) for a, b in distributed.my_units(pairs)}
+    mine = {(a.id, b.id) for a, b in distributed.my_units(pairs)} & {(a.id, b.id) for a, b in todo}
+    spatial = _spatial_scores([m for m in models if any(m.id in ab for ab in mine)], x, cfg)
     for a, b in todo:
         if (a.id, b.id) not in mine:
             continue
         write_json_atomic(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json",
                           {"model_a": a.id, "model_b": b.id, "code": source_version(),
-                           "rows": _pair_rows(ds, a, b, index, tables, cfg)})
+                           "rows": _pair_rows(ds, a, b, index, tables, cfg, spatial)})
     return {"pairs": len(pairs), "computed": len(todo), "seconds": round(time.time() - t0, 1), "units": units,
             "undefined": undefined}
 

@@ -343,6 +343,30 @@ def _claim3_architectures(t: _Table, zoo_dir: pathlib.Path, cfg: dict, opts: Rep
     return {f"claim3_{k}": v for k, v in res.items()}
 
 
+def _claim3_spatial(t: _Table, opts: ReportOptions, key) -> dict:
+    """R^2 [interval] of every measure (and of ours) against the paper code's conv score (in-sample scaled-orthogonal
+    1x1 map over spatial positions), beside R^2 against ours (the pooled in-sample scaled-orthogonal score)."""
+    spatial, ours = t.get("stitch/spatial/scaled_orthogonal", "in_sample"), t.get("stitch/scaled_orthogonal", "in_sample")
+    rows = {m: _directed(t.get(m, "all")) for m in t.measures() if spatial and not m.startswith(("stitch/", "task/"))}
+    res: dict = {}
+    for k, (m, v) in enumerate({**rows, "ours (stitch/scaled_orthogonal, in sample)": ours}.items() if rows else ()):
+        keys, (x, s, o) = _join_finite(v, spatial, ours)
+        res[m] = {"n": len(keys), **{name: _interval_stat(st.r2, (x, y), keys, jax.random.fold_in(key, 2 * k + i), opts)
+                                     for i, (name, y) in enumerate((("spatial", s), ("ours", o))) if v is not ours or i == 0}}
+    return res
+
+
+def _claim3_spatial_lines(res: dict) -> list[str]:
+    cell = lambda c: "-" if c is None or c.get("value") is None else \
+        f"{c['value']:.3f} [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}]"
+    return ["**Against the paper code's conv score** (conv-conv pairs; R^2 [95% CI] against "
+            "`stitch/spatial/scaled_orthogonal`: the source map pooled to the target's size, a closed-form 1x1 map over "
+            "positions, uncentred, in sample; beside R^2 against ours, the pooled in-sample scaled-orthogonal score):", "",
+            "| measure | paper code's conv score | ours (pooled) | n |", "|---|---|---|---:|",
+            *[f"| {k} | {cell(r.get('spatial'))} | {cell(r.get('ours'))} | {r['n']} |" for k, r in res.items()],
+            ""] if res else []
+
+
 def _claim4(t: _Table, out: pathlib.Path) -> dict:
     res = {}
     fig, axes = plotting.subplots(1, 2, figsize=(11, 4.5))
@@ -691,6 +715,7 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions, ver
                   "flattened maps against pooled ones), which is not the paper code's protocol: that scores "
                   "conv pairs on the maps themselves, with a trained 1x1 convolution.", ""]
     L += _architecture_lines(m)
+    L += _claim3_spatial_lines(m.get("claim3_spatial", {}))
     L += [f"The paper's R^2 against the scaled-orthogonal score: CKA {PAPER['r2_cka_scaled_orthogonal'][0]}, "
           f"RSA {PAPER['r2_rsa_scaled_orthogonal'][0]}. "
           "The paper's code scores in sample (its numbers compare with the in-sample rows); the null column is the "
@@ -762,6 +787,7 @@ def report(run_dir: str | pathlib.Path, /, *, options: ReportOptions = ReportOpt
     m["claim3_populations"] = _claim3_populations(t, kinds, options, jax.random.fold_in(key, 33))
     if kinds:
         m.update(_claim3_architectures(t, zoo_dir, cfg, options, jax.random.fold_in(key, 34), out))
+    m["claim3_spatial"] = _claim3_spatial(t, options, jax.random.fold_in(key, 35))
     m["claim4"] = _claim4(t, out)
     m["claim5"] = _claim5(t, options, out)
     m["gap"] = _gap(t, out)

@@ -72,6 +72,8 @@ from funsim.similarity.stitching import fit_stitcher as fit_stitcher
 from funsim.similarity.stitching import fit_stitchers as fit_stitchers
 from funsim.similarity.stitching import reconstruction_score as reconstruction_score
 from funsim.similarity.stitching import stitching_asymmetry as stitching_asymmetry
+from funsim.similarity.spatial import spatial_reconstruction_score as spatial_reconstruction_score
+from funsim.similarity.spatial import spatial_score_table as spatial_score_table
 from funsim.similarity.usable_info import V_FAMILIES as V_FAMILIES
 from funsim.similarity.usable_info import PointwiseVInfo as PointwiseVInfo
 from funsim.similarity.usable_info import VResult as VResult

@@ -68,6 +68,10 @@ REP_CASES = {
     "compare_grid(chunked)": lambda c: sim.compare_grid(
         [np.asarray(c(X))], [np.asarray(c(Y))], measures=["nbs"], chunk_size=10).tables,
     "resize_spatial": lambda c: sim.resize_spatial(c(X[:, :4].reshape(6, 2, 2, 4)), size=(1, 1)),
+    "spatial_reconstruction_score": lambda c: sim.spatial_reconstruction_score(
+        c(X[:, :4].reshape(6, 2, 2, 4)), c(Y.reshape(6, 2, 2, 3)), family="scaled_orthogonal"),
+    "spatial_score_table": lambda c: sim.spatial_score_table(
+        [c(X[:, :4].reshape(6, 2, 2, 4))], [c(Y.reshape(6, 2, 2, 3))], families=("affine",))["affine"],
 }
 
 
@@ -134,6 +138,8 @@ def test_integer_weights_are_cast():
         (lambda: sim.tensor_similarity(_cast_net(NET_A, np.complex64), NET_B),
          r"net_a\[0\]\.left has complex dtype complex64"),
         (lambda: sim.apply_stitcher(sim.fit_stitcher(X, Y), X + 0j), r"z has complex dtype"),
+        (lambda: sim.spatial_score_table([X.reshape(6, 2, 2, 4)], [Y.reshape(6, 2, 2, 3) + 0j]),
+         r"targets\[0\] has complex dtype complex128"),
     ],
 )
 def test_complex_input_is_refused(call, match):

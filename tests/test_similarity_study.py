@@ -557,3 +557,47 @@ def test_authors_protocol_every_depth_pair_and_task_loss_asymmetry(tiny):
     assert set(v) == {"value", "interval", "interval_pairs"}
     summary = (run / "usable_information" / "summary.md").read_text()
     assert "task-loss stitching (affine): relative accuracy" in summary and "resampling model pairs |" in summary
+
+
+def test_spatial_scores_on_conv_pairs_equal_the_library_function(tmp_path):
+    """`spatial_scores`: every directed conv -> conv layer pair of every model pair gets an in-sample
+    `stitch/spatial/<family>` row, equal to `similarity.spatial_reconstruction_score` on the unreduced maps
+    (here conv1 (2x2) into conv0 (4x4): a source smaller than the target); dense layers get none; the report
+    gives R^2 against it beside R^2 against our pooled score, on the same pairs."""
+    import funsim.models as models_lib
+    from funsim import similarity
+    from funsim.experiments.configs.zoo import ModelSpec
+
+    zcfg = zoo_lib.config_from_dict({"base": "smoke", "name": "conv", "models": [
+        ModelSpec("cnn", "cnn", {"channels": (4, 8)}), ModelSpec("mlp", "mlp", {"widths": (16,)})]})
+    zoo_lib.run(zcfg, root=tmp_path, progress=False, log=lambda s: None)
+    fams = ("orthogonal", "scaled_orthogonal", "affine")
+    cfg = S.config_from_dict({**TINY, "name": "conv", "zoo": "conv", "stitch_families": [], "conventions": [],
+                              "spatial_scores": list(fams)})
+    S.run(cfg, root=tmp_path, progress=False, log=lambda s: None)
+    run = tmp_path / "similarity_study" / "conv"
+    t = S.read_table(run / "comparisons.csv")
+    cnns = [m for m in zoo_lib.load_zoo(tmp_path / "zoo" / "conv", datasets=("digits",)).by_dataset("digits")
+            if m.name == "cnn"]
+    for fam in fams:
+        sel = _where(t, measure=f"stitch/spatial/{fam}")
+        # only the two CNNs' conv layers (conv0, conv1), both directions: 2 x 2 layer pairs x 2
+        assert sel.sum() == 8 and set(t["split"][sel]) == {"in_sample"}
+        assert set(t["layer_a"][sel]) | set(t["layer_b"][sel]) == {"conv0", "conv1"}
+    a, b = cnns
+    x = S._rows(zoo_lib.load_zoo_data(tmp_path / "zoo" / "conv", "digits").dataset, cfg.n_rows)
+    fa, fb = (models_lib.compiled(m.model).features(x, point=cfg.activation_point, as_numpy=True) for m in (a, b))
+    assert fa["conv1"].shape[1:3] == (2, 2) and fb["conv0"].shape[1:3] == (4, 4)
+    for fam in fams:
+        row = _where(t, measure=f"stitch/spatial/{fam}", model_a=a.id, layer_a="conv1", model_b=b.id,
+                     layer_b="conv0", direction="a->b")
+        want = float(similarity.spatial_reconstruction_score(fa["conv1"], fb["conv0"], family=fam))
+        np.testing.assert_allclose(t["value"][row], [want], rtol=1e-5, atol=1e-6)
+    m = ui.report(run, options=ui.ReportOptions(n_resamples=20, n_permutations=20), log=lambda s: None)
+    spatial = m["claim3_spatial"]
+    assert spatial["cka/linear"]["n"] == 8 and set(spatial["cka/linear"]) == {"n", "spatial", "ours"}
+    cka = _by_pair(t, _where(t, measure="cka/linear"))
+    sp = _by_pair(t, _where(t, measure="stitch/spatial/scaled_orthogonal"))
+    r = np.corrcoef([cka[k[:5] + ("sym",)] for k in sorted(sp)], [sp[k] for k in sorted(sp)])[0, 1]
+    np.testing.assert_allclose(spatial["cka/linear"]["spatial"]["value"], r**2, rtol=1e-6)
+    assert "Against the paper code's conv score" in (run / "usable_information" / "summary.md").read_text()

@@ -135,6 +135,9 @@ class StudyConfig(config_lib.RuledConfig, statistics=STATISTICS):
       families: stitcher families of the closed-form reconstruction scores.
       affine_ridge: ridge of the affine reconstruction score (scale-free units; 0: none).
       split: train fraction of the held-out reconstruction scores.
+      spatial_scores: families of the paper code's conv-to-conv score (``similarity.spatial_score_table``: the
+        source map pooled to the target's size, a 1x1 map over positions, uncentred, in sample), on every conv
+        layer pair; rows ``stitch/spatial/<family>`` (empty: none).
       seed: seed of the split, stitcher inits and minibatches.
       stitch_families: families of task-loss stitching (empty: none).
       stitch_layers: ``"dense"`` (only 2-D layers: MLP layers, pooled features,
@@ -169,6 +172,7 @@ class StudyConfig(config_lib.RuledConfig, statistics=STATISTICS):
     families: tuple[str, ...] = ("orthogonal", "scaled_orthogonal", "affine")
     affine_ridge: float = 1e-4
     split: float = 0.5
+    spatial_scores: tuple[str, ...] = ()
     seed: int = 0
     stitch_families: tuple[str, ...] = ("affine",)
     stitch_layers: str = "dense"
@@ -185,7 +189,7 @@ class StudyConfig(config_lib.RuledConfig, statistics=STATISTICS):
 
 
 _SMOKE = StudyConfig(name="smoke", zoo="smoke", n_rows=96, flatten="spatial_mean", depth_tolerance=0.5,
-                     stitch_steps=20, stitch_batch_size=32, stitch_train_rows=128, coarse_groupings=("parity",),
+                     spatial_scores=("scaled_orthogonal",), stitch_steps=20, stitch_batch_size=32, stitch_train_rows=128, coarse_groupings=("parity",),
                      conventions=("post_activation/spatial_mean", "pre_activation/flatten"))
 # The offline run on results/zoo/default, sized to about 30 minutes on this 2-core CPU
 # (README: measured time and load). PWCCA is left to the smoke and paper configs:
@@ -219,7 +223,8 @@ _UNSATURATED = dataclasses.replace(
 # The authors' protocol for claim 1: they stitch every source block into every target block; the
 # depth tolerance of `unsaturated` (0.15) drops the depth-mismatched pairs, where asymmetry lives.
 # The rules are RULES, unchanged, committed with this config before any run of it.
-_AUTHORS = dataclasses.replace(_UNSATURATED, name="authors_protocol", depth_tolerance=1.0)
+_AUTHORS = dataclasses.replace(_UNSATURATED, name="authors_protocol", depth_tolerance=1.0,
+                               spatial_scores=("orthogonal", "scaled_orthogonal", "affine"))
 CONFIGS: dict[str, StudyConfig] = {"smoke": _SMOKE, "default": _DEFAULT, "unsaturated": _UNSATURATED,
                                    "authors_protocol": _AUTHORS, "paper": _PAPER}
 
