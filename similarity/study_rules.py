@@ -49,7 +49,7 @@ OPPOSITE = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}
 
 def _check_rows(weights: ArrayLike | None = None, **arrays: ArrayLike) -> None:
     """Every array (and ``weights``) ``(n,)`` with one ``n``; the error names each argument and its shape."""
-    shapes = {k: tuple(jnp.shape(v)) for k, v in {**arrays, "weights": weights}.items() if v is not None}
+    shapes = {k: tuple(np.shape(v)) for k, v in {**arrays, "weights": weights}.items() if v is not None}
     if any(len(sh) != 1 for sh in shapes.values()) or len({sh[0] for sh in shapes.values()}) > 1:
         raise ValueError(f"the arrays must be 1-D, one value per pair, all of one length n; got shapes {shapes}.")
 

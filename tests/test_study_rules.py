@@ -410,10 +410,11 @@ def test_asymmetry_statistics_match_numpy_and_find_a_planted_asymmetry():
 
 def test_authors_protocol_config_stitches_every_depth_pair():
     """`authors_protocol` is `unsaturated` with a depth tolerance covering every pair of relative depths (in
-    (0, 1]), and the committed rules."""
+    (0, 1]), the paper code's conv score for every family, and the committed rules."""
     a, u = C.CONFIGS["authors_protocol"], C.CONFIGS["unsaturated"]
     assert a.depth_tolerance >= 1.0 > u.depth_tolerance
-    assert dataclasses.replace(a, name=u.name, depth_tolerance=u.depth_tolerance) == u
+    assert set(a.spatial_scores) == set(a.stitch_families) and not u.spatial_scores
+    assert dataclasses.replace(a, name=u.name, depth_tolerance=u.depth_tolerance, spatial_scores=()) == u
     assert a.verdict_rules == C.RULES
 
 
