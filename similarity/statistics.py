@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from funsim.similarity._ladder import bucket
 from funsim.similarity._precision import full_precision
 
 __all__ = [
@@ -190,6 +191,35 @@ def _clusters(clusters, n: int) -> tuple[np.ndarray, int]:
     return inverse.reshape(-1), int(inverse.max()) + 1
 
 
+# The shape policy of the resampling programs: rows are padded to a size of the ladder with rows of weight
+# 0 (a frequency-weighted statistic ignores them), so that calls on subsets of many sizes share one program
+# per statistic and size class. The draws keep their exact shape (the random stream, hence every resample,
+# is the unpadded one): ``jax.random.randint`` compiles once per number of clusters, and its draws are
+# padded on the host with an index the scatter drops.
+
+
+def _draws(key, n_resamples: int, n_clusters: int) -> np.ndarray:
+    """The clusters drawn, uniformly with replacement, ``(n_resamples, n_clusters)`` (host)."""
+    return np.asarray(jax.random.randint(key, (n_resamples, n_clusters), 0, n_clusters))
+
+
+def _host_counts(draws: np.ndarray, n_clusters: int) -> np.ndarray:
+    """How often each cluster is drawn in each resample, ``(n_resamples, n_clusters)`` float32."""
+    counts = np.zeros((draws.shape[0], n_clusters), np.float32)
+    np.add.at(counts, (np.arange(draws.shape[0])[:, None], draws), 1.0)
+    return counts
+
+
+def _model_index(model_a, model_b) -> tuple[np.ndarray, np.ndarray, int]:
+    """Both columns' positions in the sorted set of model ids, and its size."""
+    a, b = np.asarray(model_a), np.asarray(model_b)
+    if a.ndim != 1 or a.shape != b.shape:
+        raise ValueError(f"model_a and model_b must be 1-D of one length, got shapes {a.shape} and {b.shape}.")
+    _, inverse = np.unique(np.concatenate([a, b]).astype(str), return_inverse=True)
+    inverse = inverse.reshape(-1)
+    return inverse[: a.size], inverse[a.size:], int(inverse.max()) + 1
+
+
 @full_precision
 def resample_weights(key: jax.Array, n: int, /, *, n_resamples: int, clusters: ArrayLike | None = None) -> jax.Array:
     """Frequency weights of ``n_resamples`` bootstrap resamples of ``n`` rows, ``(n_resamples, n)``.
@@ -205,9 +235,7 @@ def resample_weights(key: jax.Array, n: int, /, *, n_resamples: int, clusters: A
       ((3, 5), [5, 5, 5])
     """
     inverse, n_clusters = _clusters(clusters, n)
-    draws = jax.random.randint(key, (n_resamples, n_clusters), 0, n_clusters)
-    counts = jax.vmap(lambda d: jnp.zeros(n_clusters, jnp.float32).at[d].add(1.0))(draws)
-    return counts[:, jnp.asarray(inverse)]
+    return jnp.asarray(_host_counts(_draws(key, n_resamples, n_clusters), n_clusters)[:, inverse])
 
 
 @full_precision
@@ -238,20 +266,30 @@ def model_resample_weights(key: jax.Array, model_a: ArrayLike, model_b: ArrayLik
       >>> w.shape
       (2, 3)
     """
-    a, b = np.asarray(model_a), np.asarray(model_b)
-    if a.ndim != 1 or a.shape != b.shape:
-        raise ValueError(f"model_a and model_b must be 1-D of one length, got shapes {a.shape} and {b.shape}.")
-    _, inverse = np.unique(np.concatenate([a, b]).astype(str), return_inverse=True)
-    inverse = inverse.reshape(-1)
-    n_models = int(inverse.max()) + 1
-    draws = jax.random.randint(key, (n_resamples, n_models), 0, n_models)
-    counts = jax.vmap(lambda d: jnp.zeros(n_models, jnp.float32).at[d].add(1.0))(draws)
-    return counts[:, jnp.asarray(inverse[: a.size])] * counts[:, jnp.asarray(inverse[a.size:])]
+    ia, ib, n_models = _model_index(model_a, model_b)
+    counts = _host_counts(_draws(key, n_resamples, n_models), n_models)
+    return jnp.asarray(counts[:, ia] * counts[:, ib])
 
 
 @functools.partial(jax.jit, static_argnames=("stat",))
-def _weighted_stats(stat, arrays, weights):
-    return jax.vmap(lambda w: stat(*arrays, weights=w))(weights)
+def _padded_stats(stat, arrays, draws, idx_a, idx_b, mask):
+    """``(stat on the rows of mask, stat on each resample)``: ``draws (R, size)`` are the clusters drawn (an
+    index ``>= size`` is padding, dropped); the rows' weights are their cluster's count (``idx_a``), times
+    their second model's count (``idx_b``, the two-way bootstrap), times ``mask`` (0 on the padding)."""
+    size = mask.shape[0]
+    counts = jax.vmap(lambda d: jnp.zeros(size, jnp.float32).at[d].add(1.0, mode="drop"))(draws)
+    w = counts[:, idx_a] if idx_b is None else counts[:, idx_a] * counts[:, idx_b]
+    w = w * mask[None, :]
+    return stat(*arrays, weights=mask), jax.vmap(lambda wi: stat(*arrays, weights=wi))(w)
+
+
+def _pad_rows(arrays: tuple, size: int) -> tuple:
+    """The arrays padded to ``size`` rows with a copy of their first row where all are finite (0 if none), so
+    that the padding is as finite as the data; it gets weight 0."""
+    host = [np.asarray(a) for a in arrays]
+    finite = np.all([np.isfinite(h) for h in host], axis=0)
+    r = int(np.argmax(finite)) if finite.any() else None
+    return tuple(np.concatenate([h, np.full(size - h.size, 0 if r is None else h[r], h.dtype)]) for h in host)
 
 
 @full_precision
@@ -267,7 +305,9 @@ def bootstrap_distribution(
 ) -> tuple[float, np.ndarray]:
     """``(stat on the data, stat on each resample (n_resamples,))``: what :func:`bootstrap` summarises.
 
-    Arguments as :func:`bootstrap`. Resamples where the statistic is undefined are NaN.
+    Arguments as :func:`bootstrap`. Resamples where the statistic is undefined are NaN. The statistic
+    must be frequency-weighted (a row of weight 0 changes nothing): the rows are padded to a size of
+    the shape ladder with such rows, so that subsets of many sizes share one compiled program.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -281,20 +321,27 @@ def bootstrap_distribution(
         raise ValueError(f"n_resamples must be a positive int, got {n_resamples!r}.")
     if clusters is not None and models is not None:
         raise ValueError("pass clusters (resample clusters of rows) or models (resample models), not both.")
-    estimate = float(stat(*arrays))
+    n = arrays[0].shape[0]
+    if models is not None:
+        idx_a, idx_b, n_clusters = _model_index(*models)
+        if idx_a.size != n:
+            raise ValueError(f"models must be two (n,) = ({n},) arrays of ids, got {idx_a.size} rows.")
+    else:
+        (idx_a, n_clusters), idx_b = _clusters(clusters, n), None
+    size = bucket(n)
+    pad = lambda i: np.concatenate([i, np.zeros(size - n, i.dtype)]).astype(np.int32)  # noqa: E731
+    draws = np.concatenate([_draws(key, n_resamples, n_clusters),
+                            np.full((n_resamples, size - n_clusters), size, np.int32)], axis=1).astype(np.int32)
+    mask = np.concatenate([np.ones(n), np.zeros(size - n)]).astype(np.asarray(arrays[0]).dtype)
+    estimate, samples = _padded_stats(stat, _pad_rows(arrays, size), draws, pad(idx_a),
+                                      None if idx_b is None else pad(idx_b), mask)
+    estimate = float(estimate)
     if not np.isfinite(estimate):
         raise ValueError(
             f"{getattr(stat, '__name__', 'the statistic')} is {estimate} on the data itself (arrays of length "
-            f"{arrays[0].shape[0]}), e.g. a constant array has no variance; there is nothing to bootstrap."
+            f"{n}), e.g. a constant array has no variance; there is nothing to bootstrap."
         )
-    n = arrays[0].shape[0]
-    if models is not None:
-        w = model_resample_weights(key, *models, n_resamples=n_resamples)
-        if w.shape[1] != n:
-            raise ValueError(f"models must be two (n,) = ({n},) arrays of ids, got {w.shape[1]} rows.")
-    else:
-        w = resample_weights(key, n, n_resamples=n_resamples, clusters=clusters)
-    return estimate, np.asarray(_weighted_stats(stat, arrays, w))
+    return estimate, np.asarray(samples)
 
 
 @full_precision

@@ -71,6 +71,69 @@ def test_cluster_weights_move_whole_clusters():
         st.resample_weights(jax.random.key(0), 6, n_resamples=2, clusters=clusters[:5])
 
 
+@pytest.mark.parametrize("n", [37, 64])  # 37 is padded to 48 rows of the ladder, 64 is on it
+@pytest.mark.parametrize("how", ["models", "clusters", "rows"])
+def test_padded_resamples_equal_the_unpadded_ones(n, how):
+    """The resampling program pads rows with weight-0 copies: every resample equals the statistic computed in
+    NumPy (float64) on the unpadded rows, weighted by the public weights of the same key."""
+    rng = np.random.default_rng(n)
+    x = rng.normal(size=n)
+    y = 0.5 * x + rng.standard_t(3, size=n)
+    a, b = rng.integers(0, 6, n), rng.integers(0, 6, n)
+    ids = np.array([f"m{i}" for i in range(6)])
+    key = jax.random.key(7)
+    if how == "models":
+        kw = {"models": (ids[a], ids[b])}
+        w = st.model_resample_weights(key, ids[a], ids[b], n_resamples=200)
+    elif how == "clusters":
+        kw = {"clusters": a}
+        w = st.resample_weights(key, n, n_resamples=200, clusters=a)
+    else:
+        kw = {}
+        w = st.resample_weights(key, n, n_resamples=200)
+    est, samples = st.bootstrap_distribution(st.r2, (x, y), key=key, n_resamples=200, **kw)
+    w = np.asarray(w, np.float64)
+
+    def ref(wi):
+        m = wi > 0
+        return scipy.stats.pearsonr(np.repeat(x[m], wi[m].astype(int)), np.repeat(y[m], wi[m].astype(int)))[0] ** 2
+
+    np.testing.assert_allclose(est, scipy.stats.pearsonr(x, y)[0] ** 2, rtol=1e-10)
+    ok = (w > 0).sum(1) > 2  # resamples with at least 3 distinct rows (fewer: R^2 is 1 or undefined)
+    np.testing.assert_allclose(samples[ok], [ref(wi) for wi in w[ok]], rtol=1e-8)
+    kurt, ks = st.bootstrap_distribution(st.excess_kurtosis, (y,), key=key, n_resamples=200, **kw)
+    np.testing.assert_allclose(kurt, scipy.stats.kurtosis(y), rtol=1e-10)
+    np.testing.assert_allclose(ks[ok], [scipy.stats.kurtosis(np.repeat(y, wi.astype(int))) for wi in w[ok]],
+                               rtol=1e-8)
+
+
+def test_padding_copies_a_finite_row():
+    """A row with a NaN (an undefined comparison) is never the padding: 0 x NaN would poison every resample."""
+    x = np.array([np.nan, 1.0, 2.0, 4.0, 3.0])
+    y = np.array([1.0, np.nan, 2.0, 3.0, 5.0])
+    padded = st._pad_rows((x, y), 6)
+    np.testing.assert_array_equal(padded[0][5:], [2.0])
+    np.testing.assert_array_equal(padded[1][5:], [2.0])
+
+
+def test_subsets_of_one_size_class_share_one_program():
+    """Bootstraps of subsets of 37-48 rows over the same 6 models compile nothing after the first (the
+    shape policy: rows padded to the ladder's 48, the draws' shape fixed by the number of models)."""
+    from funsim.runtime.compile_count import CompileCounter
+
+    rng = np.random.default_rng(0)
+    ids = np.array([f"m{i}" for i in range(6)])
+    a, b = np.arange(48) % 6, (np.arange(48) // 6 + 1) % 6  # every model in the first 37 rows
+    x, y = rng.normal(size=48), rng.normal(size=48)
+    st.bootstrap_distribution(st.r2, (x[:37], y[:37]), key=jax.random.key(0), n_resamples=100,
+                              models=(ids[a[:37]], ids[b[:37]]))
+    with CompileCounter() as c:
+        for n in (40, 44, 48):
+            st.bootstrap_distribution(st.r2, (x[:n], y[:n]), key=jax.random.key(n), n_resamples=100,
+                                      models=(ids[a[:n]], ids[b[:n]]))
+    assert c.count == 0, c.names
+
+
 def test_permutation_null_equals_a_numpy_loop(xy):
     x, y = xy
     key = jax.random.key(7)
