@@ -273,11 +273,11 @@ def model_resample_weights(key: jax.Array, model_a: ArrayLike, model_b: ArrayLik
 
 @functools.partial(jax.jit, static_argnames=("stat",))
 def _padded_stats(stat, arrays, draws, idx_a, idx_b, mask):
-    """``(stat on the rows of mask, stat on each resample)``: ``draws (R, size)`` are the clusters drawn (an
-    index ``>= size`` is padding, dropped); the rows' weights are their cluster's count (``idx_a``), times
+    """``(stat on the rows of mask, stat on each resample)``: ``draws (R, width)`` are the clusters drawn (an
+    index ``>= width`` is padding, dropped); the rows' weights are their cluster's count (``idx_a``), times
     their second model's count (``idx_b``, the two-way bootstrap), times ``mask`` (0 on the padding)."""
-    size = mask.shape[0]
-    counts = jax.vmap(lambda d: jnp.zeros(size, jnp.float32).at[d].add(1.0, mode="drop"))(draws)
+    width = draws.shape[1]
+    counts = jax.vmap(lambda d: jnp.zeros(width, jnp.float32).at[d].add(1.0, mode="drop"))(draws)
     w = counts[:, idx_a] if idx_b is None else counts[:, idx_a] * counts[:, idx_b]
     w = w * mask[None, :]
     return stat(*arrays, weights=mask), jax.vmap(lambda wi: stat(*arrays, weights=wi))(w)
@@ -330,8 +330,9 @@ def bootstrap_distribution(
         (idx_a, n_clusters), idx_b = _clusters(clusters, n), None
     size = bucket(n)
     pad = lambda i: np.concatenate([i, np.zeros(size - n, i.dtype)]).astype(np.int32)  # noqa: E731
+    width = bucket(max(n, n_clusters))  # the two-way bootstrap has up to 2n models
     draws = np.concatenate([_draws(key, n_resamples, n_clusters),
-                            np.full((n_resamples, size - n_clusters), size, np.int32)], axis=1).astype(np.int32)
+                            np.full((n_resamples, width - n_clusters), width, np.int32)], axis=1).astype(np.int32)
     mask = np.concatenate([np.ones(n), np.zeros(size - n)]).astype(np.asarray(arrays[0]).dtype)
     estimate, samples = _padded_stats(stat, _pad_rows(arrays, size), draws, pad(idx_a),
                                       None if idx_b is None else pad(idx_b), mask)

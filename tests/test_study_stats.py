@@ -107,6 +107,19 @@ def test_padded_resamples_equal_the_unpadded_ones(n, how):
                                rtol=1e-8)
 
 
+def test_more_models_than_rows():
+    """Four pairs of eight distinct models: more clusters than rows, the draws wider than the padded rows."""
+    ids = [f"m{i}" for i in range(8)]
+    a, b = ids[:4], ids[4:]
+    x = np.array([0.1, 0.5, 0.2, 0.9])
+    key = jax.random.key(1)
+    _, samples = st.bootstrap_distribution(st.weighted_mean, (x,), key=key, n_resamples=50, models=(a, b))
+    w = np.asarray(st.model_resample_weights(key, a, b, n_resamples=50), np.float64)
+    ok = w.sum(1) > 0
+    np.testing.assert_allclose(samples[ok], (w[ok] @ x) / w[ok].sum(1), rtol=1e-6)
+    assert np.all(np.isnan(samples[~ok]))
+
+
 def test_padding_copies_a_finite_row():
     """A row with a NaN (an undefined comparison) is never the padding: 0 x NaN would poison every resample."""
     x = np.array([np.nan, 1.0, 2.0, 4.0, 3.0])
