@@ -329,13 +329,11 @@ def bootstrap_distribution(
     else:
         (idx_a, n_clusters), idx_b = _clusters(clusters, n), None
     size = bucket(n)
-    pad = lambda i: np.concatenate([i, np.zeros(size - n, i.dtype)]).astype(np.int32)  # noqa: E731
+    idx_a, idx_b = (None if i is None else np.pad(i, (0, size - n)).astype(np.int32) for i in (idx_a, idx_b))
     width = bucket(max(n, n_clusters))  # the two-way bootstrap has up to 2n models
-    draws = np.concatenate([_draws(key, n_resamples, n_clusters),
-                            np.full((n_resamples, width - n_clusters), width, np.int32)], axis=1).astype(np.int32)
-    mask = np.concatenate([np.ones(n), np.zeros(size - n)]).astype(np.asarray(arrays[0]).dtype)
-    estimate, samples = _padded_stats(stat, _pad_rows(arrays, size), draws, pad(idx_a),
-                                      None if idx_b is None else pad(idx_b), mask)
+    draws = np.pad(_draws(key, n_resamples, n_clusters), ((0, 0), (0, width - n_clusters)), constant_values=width)
+    mask = np.pad(np.ones(n, np.asarray(arrays[0]).dtype), (0, size - n))
+    estimate, samples = _padded_stats(stat, _pad_rows(arrays, size), draws, idx_a, idx_b, mask)
     estimate = float(estimate)
     if not np.isfinite(estimate):
         raise ValueError(
