@@ -67,10 +67,8 @@ CALIBRATED_CLAIM_RULES = ("block_contrast_margin", "primary_transition_ratio")
 
 #: What the ``wide`` config (d_model 256) costs on this project's 2-core CPU machine (measured; see
 #: experiments/README.md for the commands and load).
-WIDE_COST = ("measured 2026-12-03 at load average 9-11 with 150 steps and 3 checkpoints: 0.6 s per training step "
-             "(compile included), 10-13 s per exact layer-1 entry per scale, 10 s per checkpoint of Monte Carlo; "
-             "projected for `wide` (3,000 steps, 66 entries per scale): about 55 min wall and 22 min of CPU time "
-             "here, over the 30-minute budget; about 25 min on a quiet 2-core machine")
+WIDE_COST = ("run on 2026-12-06 at load average 5-7: 34 min wall (training 14.4 min, analysis 19.5 min); "
+             "with the d_model-64 recipe its training diverged after step 250 (experiments/README.md)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +118,7 @@ CONFIGS = {
     "default": LanguageConfig(),
     # The paper's width (d_model 256, 8 heads of 32) at the default protocol's length, with 11 checkpoints
     # (55 pairs) and no closure subset (at d_model 64 the closure and the Monte Carlo matrix agreed to 0.001).
-    # Measured cost: WIDE_COST (about 55 min wall at load ~10 here): over the 30-minute budget on the
-    # shared 2-core machine; run it on a quiet machine or a GPU.
+    # Measured cost: WIDE_COST (34 min wall at load 5-7 here; its training diverged with this recipe).
     # `default` judged on the two-layer matrix at the paper's input scale 1 (same rules, same run).
     "paper_scale": LanguageConfig(primary="tensor/gaussian/monte_carlo/scale=1"),
     "wide": LanguageConfig(d_model=256, n_heads=8, d_head=32, n_checkpoints=10, closure_checkpoints=0),
