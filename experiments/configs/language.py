@@ -122,6 +122,11 @@ CONFIGS = {
     # `default` judged on the two-layer matrix at the paper's input scale 1 (same rules, same run).
     "paper_scale": LanguageConfig(primary="tensor/gaussian/monte_carlo/scale=1"),
     "wide": LanguageConfig(d_model=256, n_heads=8, d_head=32, n_checkpoints=10, closure_checkpoints=0),
+    # `wide` with the `paper` config's optimiser (peak learning rate 1e-3, 500 warmup steps), since `wide`'s
+    # d_model-64 recipe (3e-3, 100 warmup steps) diverged at this width. Chosen before its first run, from
+    # that divergence alone; the verdict rules are the same as every other config's.
+    "wide_paper_recipe": LanguageConfig(d_model=256, n_heads=8, d_head=32, n_checkpoints=10, closure_checkpoints=0,
+                                        learning_rate=1e-3, warmup_steps=500),
     "paper": LanguageConfig(
         seq_len=128, d_model=256, n_heads=8, d_head=32, steps=20_000, batch_size=128, learning_rate=1e-3,
         warmup_steps=500, eval_every=500, n_checkpoints=50, mc_samples=262_144, mc_batches=32,
