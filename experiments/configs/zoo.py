@@ -140,6 +140,13 @@ _AUTHORS_MLP = dataclasses.replace(_DEFAULT, name="authors_mlp", models=(
     next(m for m in _CPU_MODELS if m.name == "cnn"),
 ))
 
+# Enough digits models for the study's cluster bootstrap (at least 30 model pairs: 9 models give 36) at a
+# CPU budget: the default zoo's MLPs and CNN (no ResNet, whose many layers multiply the stitched pairs),
+# three seeds each; for `similarity-study --config unsaturated --set zoo=digits9`.
+_DIGITS9 = dataclasses.replace(_DEFAULT, name="digits9", datasets=(DataSpec("digits"),),
+                               models=tuple(m for m in _CPU_MODELS if m.name in ("mlp_narrow", "mlp_wide", "cnn")),
+                               seeds=(0, 1, 2))
+
 # The paper-scale zoo (Almudevar et al.'s CIFAR/SVHN setting); for a GPU or TPU.
 _PAPER = ZooConfig(
     name="paper",
@@ -173,7 +180,8 @@ _PAPER = ZooConfig(
     n_checkpoints=10,
 )
 
-CONFIGS: dict[str, ZooConfig] = {"smoke": _SMOKE, "default": _DEFAULT, "authors_mlp": _AUTHORS_MLP, "paper": _PAPER}
+CONFIGS: dict[str, ZooConfig] = {"smoke": _SMOKE, "default": _DEFAULT, "authors_mlp": _AUTHORS_MLP, "digits9": _DIGITS9,
+                               "paper": _PAPER}
 
 # Published test accuracies of the paper-scale architectures (as published: BatchNorm,
 # standard augmentation), for the summary. Ours use GroupNorm, and the paper's DenseNet
