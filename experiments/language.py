@@ -5,7 +5,8 @@ Run::
     funsim language --config default            # offline, this CPU
     funsim language --config smoke --no-progress  # seconds-scale, what the test runs
     funsim language --config paper_scale        # default, judged on the two-layer matrix at scale 1
-    funsim language --config wide               # d_model 256 (the paper's width), 11 checkpoints
+    funsim language --config wide_paper_recipe  # d_model 256 (the paper's width), its optimiser, 11 checkpoints
+    funsim language --config wide               # the same with the default recipe (diverges at this width)
     funsim language --config paper              # d_model 256, 8 heads: a GPU run
 
 The tensor-similarity paper's fourth experiment (its language model, scaled down). Steps:
@@ -372,7 +373,7 @@ def summary(metrics: dict, cfg: LanguageConfig) -> str:
         f"**{claim_label(verdicts, arguments.CALIBRATED_CLAIM_RULES)}**; by the committed rules "
         f"({', '.join(arguments.CLAIM_RULES)} all pass): **{claim_label(verdicts)}** "
         f"(d_model {cfg.d_model}; the paper's model has d_model 256" + ("" if cfg.d_model >= 256 else
-        f"; the `wide` config runs that width here: {arguments.WIDE_COST}") + ").",
+        f"; that width here: {arguments.WIDE_COST}") + ").",
         "",
     ]
     lines += [

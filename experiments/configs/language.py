@@ -65,10 +65,11 @@ CLAIM_RULES = ("explained_margin", "primary_transition_ratio", "transition_ratio
 #: The claim by rules that pass on the authors' matrices (0.1: half their block contrast margin 0.208).
 CALIBRATED_CLAIM_RULES = ("block_contrast_margin", "primary_transition_ratio")
 
-#: What the ``wide`` config (d_model 256) costs on this project's 2-core CPU machine (measured; see
+#: What the paper's width (d_model 256) costs and gave on this project's 2-core CPU machine (measured; see
 #: experiments/README.md for the commands and load).
-WIDE_COST = ("run on 2026-12-06 at load average 5-7: 34 min wall (training 14.4 min, analysis 19.5 min); "
-             "with the d_model-64 recipe its training diverged after step 250 (experiments/README.md)")
+WIDE_COST = ("`wide_paper_recipe` (the paper's learning rate 1e-3 and 500 warmup steps) trained and ran in 15.4 min "
+             "wall on 2026-12-06 (training 6.0 min, analysis 9.3 min, beside a study run); `wide`, with the d_model-64 "
+             "recipe, diverged after step 250 (34 min at load 5-7; experiments/README.md)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +119,7 @@ CONFIGS = {
     "default": LanguageConfig(),
     # The paper's width (d_model 256, 8 heads of 32) at the default protocol's length, with 11 checkpoints
     # (55 pairs) and no closure subset (at d_model 64 the closure and the Monte Carlo matrix agreed to 0.001).
-    # Measured cost: WIDE_COST (34 min wall at load 5-7 here; its training diverged with this recipe).
+    # Measured: WIDE_COST (this recipe's training diverged; `wide_paper_recipe` trains).
     # `default` judged on the two-layer matrix at the paper's input scale 1 (same rules, same run).
     "paper_scale": LanguageConfig(primary="tensor/gaussian/monte_carlo/scale=1"),
     "wide": LanguageConfig(d_model=256, n_heads=8, d_head=32, n_checkpoints=10, closure_checkpoints=0),
