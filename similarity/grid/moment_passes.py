@@ -10,9 +10,7 @@ one large matrix product for a whole block of source layers, and the measures'
 Programs: with all samples at once, one program computes every layer's moments
 and flags of a side (:func:`layer_program`), and one evaluates a block of source
 layers against every target layer (:func:`block_evaluator`); both are compiled
-once per padded shape, whatever the real widths. Where each side is one group and one
-block covers it (one device, all rows at once: a typical grid of two models), the three
-are one program (:func:`grid_program`), compiled and dispatched once. Streaming (``chunk_size``) adds
+once per padded shape, whatever the real widths. Streaming (``chunk_size``) adds
 one program per pass over the row chunks (sums, then centred sums). The layers
 are zero-padded to one width (see :mod:`.layers`): zero features leave every
 moment measure unchanged (see :class:`similarity.MomentStats`).
@@ -209,9 +207,10 @@ class Side(NamedTuple):
     centres: Centres
 
 
-def _layer_fn(kinds: tuple, hook_list: tuple):
-    """``run(z (L, n, W), widths (L,), w_tr, w_te) -> Side``: one side's per-layer moments, hooks and flags
-    from all its rows (traced into :func:`layer_program` or :func:`grid_program`)."""
+@functools.lru_cache(maxsize=None)
+def layer_program(kinds: tuple, hook_list: tuple):
+    """One side's per-layer moments, hooks and flags from all its rows, as one compiled program:
+    ``run(z (L, n, W), widths (L,), w_tr, w_te) -> Side``."""
 
     def run(z, widths, w_tr, w_te):
         n = z.shape[1]
@@ -221,14 +220,7 @@ def _layer_fn(kinds: tuple, hook_list: tuple):
         moments = _moments(_pass2(z, ce, w_all, w_tr, w_te, kinds), ce, n_te, kinds)
         return Side(moments, _extras(moments, widths, hook_list), ce)
 
-    return run
-
-
-@functools.lru_cache(maxsize=None)
-def layer_program(kinds: tuple, hook_list: tuple):
-    """One side's per-layer moments, hooks and flags from all its rows, as one compiled program:
-    ``run(z (L, n, W), widths (L,), w_tr, w_te) -> Side``."""
-    return jax.jit(_layer_fn(kinds, hook_list))
+    return jax.jit(run)
 
 
 @jax.jit
@@ -325,32 +317,7 @@ def _split_finish(out):
 
 @functools.lru_cache(maxsize=64)
 def block_evaluator(entries: tuple, kinds: tuple, hook_list: tuple, streamed: bool, sharding, whole: bool = False):
-    """:func:`_block_fn` compiled (its arguments and result are documented there)."""
-    return jax.jit(_block_fn(entries, kinds, hook_list, streamed, sharding, whole))
-
-
-@functools.lru_cache(maxsize=64)
-def grid_program(entries: tuple, kinds: tuple, hook_list: tuple, same: bool):
-    """A whole grid of one group per side, as one compiled program (all rows at once, one device, the
-    block being side a's whole stack): both sides' :func:`layer_program` and the :func:`block_evaluator`
-    in one, which compiles and dispatches once instead of three times.
-
-    ``run(za, widths_a, zb, widths_b, w_tr, w_te) -> (Side a, Side b, (fwd, rev))``; ``same``: side b is
-    side a (``zb`` and ``widths_b`` are not read)."""
-    layer = _layer_fn(kinds, hook_list)
-    block = _block_fn(entries, kinds, hook_list, False, None, True)
-
-    def run(za, widths_a, zb, widths_b, w_tr, w_te):
-        sa = layer(za, widths_a, w_tr, w_te)
-        sb = sa if same else layer(zb, widths_b, w_tr, w_te)
-        zb = za if same else zb
-        return sa, sb, block(za, sa, zb, sb, None, w_tr, w_te, None)
-
-    return jax.jit(run)
-
-
-def _block_fn(entries: tuple, kinds: tuple, hook_list: tuple, streamed: bool, sharding, whole: bool = False):
-    """A function evaluating every entry (and its reverse) on every pair of a block of source
+    """A compiled function evaluating every entry (and its reverse) on every pair of a block of source
     layers ``idx`` (positions in side a's padded stack) and every target layer.
 
     ``run(za, sa, zb, sb, idx, w_tr, w_te, sums)``: the cross sums are formed from the data
@@ -405,7 +372,7 @@ def _block_fn(entries: tuple, kinds: tuple, hook_list: tuple, streamed: bool, sh
 
         return jax.vmap(row)(xa, exa, fa, ce_a.scale, sums)
 
-    return run
+    return jax.jit(run)
 
 
 def cell_flags(fa: dict, fb: dict, flags: dict, *, reverse: bool) -> dict:
@@ -502,15 +469,6 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> 
                                                           hook_list))
 
     sides = {}
-    whole_grid = {}  # the one block's (fwd, rev) when grid_program computed everything at once
-    if (chunks is None and plan.mesh is None and len(ga) == 1 and len(gb) == 1
-            and _block_size(len(ga[0].pidx), ga[0].width, len(gb[0].pidx), gb[0].width, nmat, itemsize, 1)
-            == len(ga[0].pidx)):
-        za, wa = stacks("a", ga[0])
-        zb, wb = (za, wa) if lay.same else stacks("b", gb[0])
-        sa, sb, whole_grid["block"] = grid_program(entries, kinds, hook_list, lay.same)(za, wa, zb, wb, w_tr, w_te)
-        sides["a", ga[0].width, ga[0].pidx] = (za, sa)
-        sides["a" if lay.same else "b", gb[0].width, gb[0].pidx] = (zb, sb)
     for side, groups in (("a", ga), ("b", gb)):
         for g in groups:
             key = ("a" if lay.same else side, g.width, g.pidx)
@@ -547,11 +505,8 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> 
                         zbc = L.host_stack(lay, "b", g_b, lo, hi, rows=c_rows)
                         sums = cross_step(sums, blk, sa.centres, idx, zbc, sb.centres, *chunk_weights(lo, hi, c_rows),
                                           kinds=kinds)
-                if whole_grid:
-                    fwd, rev = whole_grid["block"]
-                else:
-                    w = replicate_computed(plan, (w_tr, w_te))
-                    fwd, rev = evaluate(za, sa, zb, sb, replicate_computed(plan, idx), *w, sums)
+                w = replicate_computed(plan, (w_tr, w_te))
+                fwd, rev = evaluate(za, sa, zb, sb, replicate_computed(plan, idx), *w, sums)
                 fwd, rev = tree_to_host(fwd), tree_to_host(rev)
                 fa = jax.tree.map(lambda t: t[idx], flags_of(("a", g_a.width, g_a.pidx)))
                 rows = np.asarray(g_a.pidx)[idx][keep]
