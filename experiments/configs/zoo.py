@@ -180,8 +180,8 @@ _PAPER = ZooConfig(
     n_checkpoints=10,
 )
 
-CONFIGS: dict[str, ZooConfig] = {"smoke": _SMOKE, "default": _DEFAULT, "authors_mlp": _AUTHORS_MLP, "digits9": _DIGITS9,
-                               "paper": _PAPER}
+CONFIGS: dict[str, ZooConfig] = {"smoke": _SMOKE, "default": _DEFAULT, "authors_mlp": _AUTHORS_MLP,
+                                 "digits9": _DIGITS9, "paper": _PAPER}
 
 # Published test accuracies of the paper-scale architectures (as published: BatchNorm,
 # standard augmentation), for the summary. Ours use GroupNorm, and the paper's DenseNet
