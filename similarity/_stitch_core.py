@@ -25,6 +25,7 @@ from funsim.similarity._stitch_fit import (
     RIDGE,
     HeldOutOverlapWarning,
     ReconstructionScore,
+    affine_roots,
     affine_system,
     ambiguity_message,
     check_fit_rows,
@@ -33,6 +34,7 @@ from funsim.similarity._stitch_fit import (
     fit_rows_reason,
     layer_moments,
     not_finite_message,
+    roots_system,
     score_flags,
     scores_with_ambiguity,
 )
@@ -65,7 +67,7 @@ class _StitchLayer(NamedTuple):
       moments: :class:`LayerMoments` on the train/test rows.
       u: ``(n, W)`` the rows centred on the train mean and divided by the train norm.
       w_train, w_test: ``(n,)`` the 0/1 row weights.
-      chol: ``(W, W)`` the Cholesky factor of the affine normal equations (``affine`` only, else ``()``).
+      chol: the affine fit's :class:`RootsSolver` from the layer's QR roots (``moments.roots``; ``affine`` only, else ``()``).
       hashes: ``(2, n)`` uint32 hashes of the rows' real features (to count held-out rows repeating a train row).
       flags: ``finite`` (all rows) and ``varies`` (the train rows).
       width: ``()`` the real width (the first ``width`` of the ``W`` features).
@@ -100,7 +102,8 @@ def _layer_from_weights(z, width, w_tr, w_te, ridge, *, family: str, factor: boo
     f = V.rep_flags(z)
     flags = {"finite": f["finite"], "varies": _train_varies(z, w_tr)}
     if family == "affine" and factor:
-        chol = affine_system(m.gram_train, ridge=ridge, mask=protocol.feature_mask(width, z.shape[1], z.dtype))
+        m = m._replace(roots=affine_roots(u, w_tr, w_te, protocol.feature_mask(width, z.shape[1], z.dtype)))
+        chol = roots_system(m.roots, ridge=ridge)
     else:
         chol = jnp.zeros((), z.dtype)
     hashes = jnp.stack([row_hash(z, seed, width) for seed in _HASH_SEEDS])
@@ -264,6 +267,8 @@ def _fit_rows_check(n_fit: int, d_src: int, where: str, *, family: str, ridge: f
 
 
 def _affine_factor(m: LayerMoments, *, ridge: float) -> jax.Array:
+    if m.roots is not None:
+        return roots_system(m.roots, ridge=ridge)
     return affine_system(m.gram_train, ridge=ridge)
 
 
@@ -271,7 +276,9 @@ def _affine_factor(m: LayerMoments, *, ridge: float) -> jax.Array:
 def _affine_hook(ridge: float):
     """The per-layer Cholesky factor for one ridge: one function object per ridge, so that
     measures with the same ridge share it in the grid."""
-    return functools.partial(_affine_factor, ridge=ridge)
+    hook = functools.partial(_affine_factor, ridge=ridge)
+    hook.needs_roots = True  # the grid gives the layers' moments their AffineRoots
+    return hook
 
 
 def _stitch_finish(ctx: MomentPair, *, family: str, ridge: float, which: str) -> tuple[jax.Array, dict]:

@@ -147,6 +147,9 @@ class LayerMoments(NamedTuple):
       gram_test: ``(d, d)`` ``sum_test u u^T``.
       sum_test: ``(d,)`` ``sum_test u``.
       n_test: ``()`` number of test rows.
+      roots: optional :class:`similarity.stitching.AffineRoots`, square roots of the shifted
+        ``gram_train`` and ``gram_test`` from a QR of the rows (the affine stitcher's accurate
+        float32 fit and scores); None where only the moments are known.
     """
 
     mean: jax.Array
@@ -155,6 +158,7 @@ class LayerMoments(NamedTuple):
     gram_test: jax.Array
     sum_test: jax.Array
     n_test: jax.Array
+    roots: Any = None
 
 
 class PairMoments(NamedTuple):

@@ -61,7 +61,11 @@ Conventions used throughout this module:
 Everything is written in terms of per-layer and per-pair second moments
 (:func:`layer_moments`, :func:`pair_moments`) so that the comparison grid
 (:mod:`similarity.grid`) can compute each layer's statistics once, stream
-samples in chunks, and still agree with the pairwise functions.
+samples in chunks, and still agree with the pairwise functions. The affine
+family's per-layer statistics also carry square roots of its moments from a QR of
+the rows (:class:`AffineRoots`; the grid streams that QR over row chunks too):
+normal equations formed from float32 moments would lose the square of the
+source's condition number.
 
 This module holds the public functions and re-exports the rest of the public
 names from where they live: the types, moments, closed-form fits, scores and
@@ -94,10 +98,12 @@ from funsim.similarity._stitch_core import (
 )
 from funsim.similarity._stitch_fit import (
     FAMILIES,
+    AffineRoots,
     HeldOutOverlapWarning,
     ReconstructionScore,
     Stitcher,
     affine_ambiguity,
+    affine_roots,
     affine_system,
     ambiguity_threshold,
     check_fit_rows,
@@ -112,6 +118,7 @@ from funsim.similarity._stitch_fit import (
     raise_not_finite,
     ridge_array,
     ridge_in_range,
+    roots_system,
     score_from_moments,
 )
 from funsim.similarity.moments import LayerMoments as LayerMoments
@@ -127,6 +134,9 @@ __all__ = [
     "layer_moments",
     "pair_moments",
     "affine_system",
+    "AffineRoots",
+    "affine_roots",
+    "roots_system",
     "affine_ambiguity",
     "fit_from_moments",
     "score_from_moments",

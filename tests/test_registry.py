@@ -178,10 +178,13 @@ def _float32_tol(name: str, ref: float) -> float:
     """How far a float32 computation may sit from the float64 value ``ref`` on invariance_data."""
     # whitening (shape alpha < 1) works with the squared condition number (~2e4 here) in float32
     whitened = name.startswith("shape/") and not name.endswith("alpha=1")
-    # so does the affine stitcher's normal-equation solve (in sample: ~5e-4 here), and its held-out
-    # score is extrapolated from only 8 training rows (5 parameters per output): float32 moves it by ~1e-2
+    # the affine stitcher fits through a QR of the rows (error ~ eps times the condition number, 370
+    # here), and its held-out score is extrapolated from only 8 training rows (5 parameters per output):
+    # over 40 seeds of invariance_data and scales 1e-15 ... 1e18, float32 moved it by at most 3.3e-4
+    # (in sample 1.0e-5); from the normal equations' moments it moved by up to 0.11 (5.6e-4)
     affine = name.startswith("stitch/affine")
-    tol = 2e-2 if affine and "/in_sample" not in name else 2e-3 if whitened or affine else 2e-5
+    held_out_affine = affine and "/in_sample" not in name
+    tol = 2e-3 if whitened or held_out_affine else 1e-4 if affine else 2e-5
     # a euclidean shape distance is unbounded (about the data's scale, ~12 here): its rounding is relative
     return tol * max(1.0, abs(ref)) if name.startswith("shape/euclidean") else tol
 

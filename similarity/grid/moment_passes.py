@@ -38,6 +38,8 @@ from jax import lax
 from funsim.similarity import _validate as V
 from funsim.similarity._ladder import bucket
 from funsim.similarity._linalg import pow2_at
+from funsim.similarity._linalg import qr as _qr
+from funsim.similarity._stitch_fit import affine_roots, affine_roots_from_factors
 from funsim.similarity.moments import FullMoments, LayerMoments, MomentPair, PairMoments
 
 
@@ -56,6 +58,17 @@ def hooks(entries) -> tuple:
         if e.spec.layer is not None and e.spec.layer not in seen:
             seen[e.spec.layer] = e.spec.moments
     return tuple(seen.items())
+
+
+def _needs_roots(hook_list) -> bool:
+    """Whether a hook reads the layers' :class:`~similarity.stitching.AffineRoots` (a QR of the rows: the
+    affine stitcher's fit, marked ``needs_roots``), which the split moments then carry."""
+    return any(getattr(h, "needs_roots", False) for h, _ in hook_list)
+
+
+def _masks(widths, size: int, dtype):
+    """``(L, size)``: 1 on each layer's real features, 0 on its zero padding."""
+    return (jnp.arange(size)[None, :] < widths[:, None]).astype(dtype)
 
 
 def _safe(norm):
@@ -211,6 +224,7 @@ class Side(NamedTuple):
 def layer_program(kinds: tuple, hook_list: tuple):
     """One side's per-layer moments, hooks and flags from all its rows, as one compiled program:
     ``run(z (L, n, W), widths (L,), w_tr, w_te) -> Side``."""
+    roots = _needs_roots(hook_list)
 
     def run(z, widths, w_tr, w_te):
         n = z.shape[1]
@@ -218,6 +232,12 @@ def layer_program(kinds: tuple, hook_list: tuple):
         ce = _centres(_pass1(z, w_all, w_tr), n, None if w_tr is None else jnp.sum(w_tr), kinds)
         n_te = None if w_te is None else jnp.sum(w_te)
         moments = _moments(_pass2(z, ce, w_all, w_tr, w_te, kinds), ce, n_te, kinds)
+        if roots:  # the rows the pairwise fit factors: scaled, train-centred, over the train norm
+            m = moments["split"]
+            den = _safe(m.norm / ce.scale)
+            u = (z / ce.scale[:, None, None] - ce.mean_tr[:, None, :]) / den[:, None, None]
+            r = jax.vmap(affine_roots, in_axes=(0, None, None, 0))(u, w_tr, w_te, _masks(widths, z.shape[2], z.dtype))
+            moments["split"] = m._replace(roots=r)
         return Side(moments, _extras(moments, widths, hook_list), ce)
 
     return jax.jit(run)
@@ -233,18 +253,40 @@ def _centres_step(s, n, n_tr, *, kinds):
     return _centres(s, n, n_tr, kinds)
 
 
-@functools.partial(jax.jit, static_argnames="kinds")
-def _pass2_step(acc, z, ce, w_all, w_tr, w_te, *, kinds):
+def _root_update(r, rows):
+    """``(W, W)`` upper ``R'`` with ``R'^T R' = R^T R + rows^T rows``: one step of a QR over row chunks."""
+    return _qr(jnp.concatenate([r, rows], axis=0))[1]
+
+
+@functools.partial(jax.jit, static_argnames=("kinds", "roots"))
+def _pass2_step(acc, z, ce, w_all, w_tr, w_te, *, kinds, roots=False):
+    """Add a chunk's centred sums; with ``roots``, also fold its train and test rows into the running R
+    factors ``r_tr``, ``r_te`` ``(L, W, W)`` of the scaled, train-centred rows (a QR over the chunks)."""
     new = _pass2(z, ce, w_all, w_tr, w_te, kinds)
-    return new if acc is None else jax.tree.map(jnp.add, acc, new)
+    out = new if acc is None else jax.tree.map(jnp.add, {k: acc[k] for k in new}, new)
+    if roots:
+        ut = z / ce.scale[:, None, None] - ce.mean_tr[:, None, :]
+        size = z.shape[2]
+        zero = jnp.zeros((z.shape[0], size, size), z.dtype)
+        for key, w in (("r_tr", w_tr), ("r_te", w_te)):
+            prev = zero if acc is None else acc[key]
+            out[key] = jax.vmap(_root_update)(prev, ut * w[None, :, None])
+    return out
 
 
 @functools.lru_cache(maxsize=None)
 def finish_layers_program(kinds: tuple, hook_list: tuple):
     """Streaming's last per-layer step: moments and hooks from the accumulated centred sums."""
+    roots = _needs_roots(hook_list)
 
     def run(sums, ce, widths, n_te):
         moments = _moments(sums, ce, n_te, kinds)
+        if roots:
+            m = moments["split"]
+            den = _safe(m.norm / ce.scale)
+            mask = _masks(widths, m.gram_train.shape[-1], m.norm.dtype)
+            r_tr, r_te = sums["r_tr"] / den[:, None, None], sums["r_te"] / den[:, None, None]
+            moments["split"] = m._replace(roots=jax.vmap(affine_roots_from_factors)(r_tr, r_te, mask))
         return Side(moments, _extras(moments, widths, hook_list), ce)
 
     return jax.jit(run)
@@ -262,7 +304,7 @@ def stream_side(chunks, widths, weights, n, n_tr, n_te, kinds, hook_list) -> Sid
                        kinds=kinds)
     sums = None
     for z, lo, hi in chunks():
-        sums = _pass2_step(sums, z, ce, *weights(lo, hi, z.shape[1]), kinds=kinds)
+        sums = _pass2_step(sums, z, ce, *weights(lo, hi, z.shape[1]), kinds=kinds, roots=_needs_roots(hook_list))
     return finish_layers_program(kinds, hook_list)(sums, ce, widths,
                                                    None if n_te is None else np.asarray(n_te, z.dtype))
 
