@@ -266,7 +266,9 @@ def _fit_rows_check(n_fit: int, d_src: int, where: str, *, family: str, ridge: f
         raise ValueError(f"{where}: {e}{hint}") from None
 
 
-def _affine_factor(m: LayerMoments, *, ridge: float) -> jax.Array:
+def _affine_factor(m: LayerMoments, *, ridge: float):
+    """The layer's affine solver: a :class:`RootsSolver` from its QR roots (the grid gives them), else
+    the Cholesky factor of its moments."""
     if m.roots is not None:
         return roots_system(m.roots, ridge=ridge)
     return affine_system(m.gram_train, ridge=ridge)
@@ -274,8 +276,8 @@ def _affine_factor(m: LayerMoments, *, ridge: float) -> jax.Array:
 
 @functools.lru_cache(maxsize=None)
 def _affine_hook(ridge: float):
-    """The per-layer Cholesky factor for one ridge: one function object per ridge, so that
-    measures with the same ridge share it in the grid."""
+    """The per-layer affine solver for one ridge (:func:`_affine_factor`): one function object per ridge,
+    so that measures with the same ridge share it in the grid."""
     hook = functools.partial(_affine_factor, ridge=ridge)
     hook.needs_roots = True  # the grid gives the layers' moments their AffineRoots
     return hook

@@ -30,9 +30,11 @@ and the measure modules exchange (docs/design.md §2-3):
   ``"split"`` the row counts ``"n_rows"`` (train + test) and ``"n_test"``).
   The measure's ``core.reason`` reads them; ``value`` is NaN where it says
   undefined. ``layer`` optionally derives a per-layer value from the layer's
-  moments once per layer (the Cholesky factor of the affine stitcher's normal
-  equations); ``check(n_fit, d_src, where)`` optionally raises for widths the
-  measure cannot handle (an unregularised affine fit with too few rows).
+  moments once per layer (the affine stitcher's solver); a ``layer`` function
+  with the attribute ``needs_roots = True`` gets ``"split"`` moments that also
+  carry :class:`similarity.stitching.AffineRoots` (a QR of the layer's rows,
+  streamed over chunks too). ``check(n_fit, d_src, where)`` optionally raises for
+  widths the measure cannot handle (an unregularised affine fit with too few rows).
 
   **Zero features.** The grid pads each layer's width up to a size bucket with
   zero features, so that grids of other architectures reuse its compiled
