@@ -153,8 +153,7 @@ def _affine_shift(gram: jax.Array) -> jax.Array:
     Eigenvalues of ``G`` below it are rounding (a dead unit, a duplicated column: exactly 0 in
     exact arithmetic), and the rank rule of :func:`affine_ambiguity` counts them as null.
     """
-    tr = jnp.trace(gram)
-    return (_RANK_RTOL * jnp.finfo(gram.dtype).eps) * jnp.where(tr > 0, tr, 1.0)
+    return _trace_shift(jnp.trace(gram), gram.dtype)
 
 
 def affine_system(gram: jax.Array, *, ridge: float, mask: jax.Array | None = None) -> jax.Array:
@@ -283,7 +282,7 @@ def affine_roots_from_factors(r_train: jax.Array, r_test: jax.Array, mask: jax.A
 
 
 def _trace_shift(tr: jax.Array, dtype) -> jax.Array:
-    """:func:`_affine_shift` from the trace."""
+    """:func:`_affine_shift` from the trace ``tr(G)`` (the squared norm of any factor of ``G``)."""
     return (_RANK_RTOL * jnp.finfo(dtype).eps) * jnp.where(tr > 0, tr, 1.0)
 
 
@@ -292,7 +291,7 @@ class RootsSolver(NamedTuple):
 
     Attributes:
       rinv: ``(d, d)`` upper triangular ``R^-1``, ``R^T R = G_tr + max(ridge, s_tr) D``.
-      poly: ``(d, d)`` the refinement ``sum_{j <= K} (delta B)^j``, ``B = rinv^T rinv``,
+      poly: ``(d, d)`` the refinement ``sum_{j < 2^K} (delta B)^j``, ``B = rinv^T rinv``,
         ``delta = max(ridge, s_tr) - ridge`` (the identity for a ridge above the shift).
     """
 
@@ -321,13 +320,11 @@ def roots_system(roots: AffineRoots, *, ridge) -> RootsSolver:
     ``2^K`` steps are ``Z = poly Z_0``, ``poly = prod_{i < K} (I + (delta B)^(2^i))``.
     """
     r = roots.train
-    d = r.shape[-1]
-    eye = jnp.eye(d, dtype=r.dtype)
     if V.is_traced(ridge) or float(ridge) != 0.0:
         extra = jnp.maximum(ridge - roots.shift_train, 0.0)
         pos = extra > 0
         root = jnp.where(pos, jnp.sqrt(jnp.where(pos, extra, 1.0)), 0.0).astype(r.dtype)
-        r = _qr(jnp.concatenate([r, root * eye], axis=0))[1]
+        r = _qr(jnp.concatenate([r, root * jnp.eye(r.shape[-1], dtype=r.dtype)], axis=0))[1]
     return _solver(r, (jnp.maximum(ridge, roots.shift_train) - ridge).astype(r.dtype))
 
 
