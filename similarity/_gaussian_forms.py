@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from funsim.similarity._precision import sum_of_products
+
 __all__ = ["Family", "product_moment", "forms_moment", "set_partitions"]
 
 
@@ -137,7 +139,7 @@ def product_moment(cores, etas, kappa1):
     first = traces[0]
     p = cj[first.first, first.last]  # (S, n, 2r, 2r): paths of two forms, J Gamma_{k0 l}
     for lev in traces:  # cyclic orders from the smallest member: tr(P J Gamma_{last k0})
-        tr = jnp.einsum("snij,snji->sn", p, cj[lev.last, lev.first])
+        tr = sum_of_products(p, jnp.swapaxes(cj[lev.last, lev.first], -1, -2), axis=(-2, -1))
         acc = acc + lev.to_mask.T.astype(dt) @ tr
         if len(lev.src):
             step = jnp.matmul(p[lev.src], cj[lev.last[lev.src], lev.nxt])
@@ -145,7 +147,7 @@ def product_moment(cores, etas, kappa1):
     u = _swap_halves(etas, -1)  # (J eta_k)^T: paths of one form
     for depth, lev in enumerate(chains):
         if depth:  # chains of >= 2 forms: (J eta_first)^T J G ... J G eta_last
-            acc = acc + lev.to_mask.T.astype(dt) @ jnp.einsum("sni,sni->sn", u, etas[lev.last])
+            acc = acc + lev.to_mask.T.astype(dt) @ sum_of_products(u, etas[lev.last], axis=-1)
         if len(lev.src):
             step = jnp.einsum("sni,snij->snj", u[lev.src], cj[lev.last[lev.src], lev.nxt])
             u = jnp.einsum("ds,s...->d...", lev.dst.astype(dt), step)

@@ -17,7 +17,7 @@ from jax.typing import ArrayLike
 
 from funsim.similarity import _validate as V
 from funsim.similarity._linalg import pow2_scale
-from funsim.similarity._precision import full_precision
+from funsim.similarity._precision import full_precision, sum_of_products
 
 KERNELS = ("linear", "rbf")
 METHODS = ("auto", "features", "gram")
@@ -231,7 +231,7 @@ def hsic_gram(k: jax.Array, l: jax.Array, debiased: bool) -> jax.Array:
     k1 = jnp.sum(kt, axis=1)
     l1 = jnp.sum(lt, axis=1)
     return (
-        tr + jnp.sum(k1) * jnp.sum(l1) / ((n - 1) * (n - 2)) - 2.0 / (n - 2) * jnp.dot(k1, l1)
+        tr + jnp.sum(k1) * jnp.sum(l1) / ((n - 1) * (n - 2)) - 2.0 / (n - 2) * sum_of_products(k1, l1)
     ) / (n * (n - 3))
 
 
@@ -289,7 +289,7 @@ def hsic_from_terms(c_xy, kx, ky, n: int, debiased: bool) -> jax.Array:
         return c_xy / (n - 1) ** 2
     return (
         c_xy
-        - n / (n - 2) * jnp.dot(kx, ky)
+        - n / (n - 2) * sum_of_products(kx, ky)
         + jnp.sum(kx) * jnp.sum(ky) / ((n - 1) * (n - 2))
     ) / (n * (n - 3))
 

@@ -60,6 +60,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from funsim.similarity._precision import sum_of_products
+
 __all__ = ["arccos_unit", "cho_solve", "cholesky", "eigh", "fmix32", "lstsq", "pow2_at", "pow2_scale", "qr", "row_hash",
            "shared_hashes", "shared_rows", "solve", "sqrt_floor", "svd", "triangular_solve"]
 
@@ -156,7 +158,7 @@ def _svd_uv_jvp(primals, tangents):
 def _svd_s_jvp(primals, tangents):
     (x,), (dx,) = primals, tangents
     u, s, vt = _svd_uv_diff(x)
-    return s, jnp.einsum("im,in,mn->m", u, dx, vt)
+    return s, sum_of_products(u, dx @ jnp.swapaxes(vt, -1, -2), axis=-2)
 
 
 def svd(x: jax.Array, /, *, compute_uv: bool = True):

@@ -27,6 +27,7 @@ from funsim.similarity._linalg import pow2_scale
 from funsim.similarity._linalg import qr as _qr
 from funsim.similarity._linalg import svd as _svd
 from funsim.similarity._linalg import triangular_solve as _triangular_solve
+from funsim.similarity._precision import sum_of_products
 from funsim.similarity.moments import LayerMoments, PairMoments
 
 FAMILIES = ("orthogonal", "scaled_orthogonal", "affine")
@@ -210,7 +211,7 @@ def affine_ambiguity(gram_train: jax.Array, gram_test: jax.Array, ridge, /) -> j
     g, g_te = jax.lax.stop_gradient(gram_train), jax.lax.stop_gradient(gram_test)
     lam, vec = _eigh(g)
     null = (lam <= _affine_shift(g)).astype(g.dtype)
-    part = jnp.einsum("ik,ij,jk,k->", vec, g_te, vec, null)
+    part = sum_of_products(vec * null[None, :], g_te @ vec)
     total = jnp.trace(g_te)
     amb = jnp.sqrt(jnp.clip(part / jnp.where(total > 0, total, 1.0), 0.0, 1.0))
     return jnp.where(jax.lax.stop_gradient(ridge) > 0, jnp.zeros((), g.dtype), amb)
@@ -418,9 +419,9 @@ def _sse(
     w: jax.Array, s: jax.Array, gram: jax.Array, cross: jax.Array, vv: jax.Array, family: str
 ) -> jax.Array:
     """``||V_p - s pad(U) Q||^2`` (orthogonal, padded) or ``||V - U W||^2`` from moments."""
-    lin = jnp.einsum("ij,ij->", w, cross)
+    lin = sum_of_products(w, cross)
     if family == "affine":
-        quad = jnp.einsum("ij,ik,kj->", w, gram, w)
+        quad = sum_of_products(w, gram @ w)
     else:  # padded space: ||pad(U) Q||^2 = ||U||^2
         quad = jnp.trace(gram)
     return vv - 2.0 * s * lin + s**2 * quad
@@ -456,8 +457,8 @@ def score_from_moments(
     if roots is not None:
         quad_tr = _quad_from_root(roots.train, roots.shift_train, w)
         quad_te = _quad_from_root(roots.test, roots.shift_test, w)
-        sse_tr = vv_tr - 2.0 * jnp.einsum("ij,ij->", w, pm.cross_train) + quad_tr
-        sse_te = vv_te - 2.0 * jnp.einsum("ij,ij->", w, pm.cross_test) + quad_te
+        sse_tr = vv_tr - 2.0 * sum_of_products(w, pm.cross_train) + quad_tr
+        sse_te = vv_te - 2.0 * sum_of_products(w, pm.cross_test) + quad_te
     else:
         sse_tr = _sse(w, s, m_src.gram_train, pm.cross_train, vv_tr, family)
         sse_te = _sse(w, s, m_src.gram_test, pm.cross_test, vv_te, family)

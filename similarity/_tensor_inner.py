@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from funsim.similarity._gaussian_forms import set_partitions
+from funsim.similarity._precision import sum_of_products
 from funsim.similarity.multilinear import fold_network
 
 
@@ -92,7 +93,7 @@ def _gram_inner(nodes_a, nodes_b, kernel: int, outputs, same=False):
     for i, (na, nb) in enumerate(zip(nodes_a, nodes_b)):
         k = _KERNELS[kernel](na, nb, g, same=same)
         if i == last:
-            return jnp.einsum("pu,uv,pv->", _select(na.down, outputs), k, _select(nb.down, outputs))
+            return sum_of_products(_select(na.down, outputs), _select(nb.down, outputs) @ k.T)
         g = jnp.einsum("pu,uv,qv->pq", na.down, k, nb.down)
 
 
@@ -111,9 +112,9 @@ def _closure_kernel(node_a, node_b, m_ab, m_aa, m_bb, same=False):
 
     def own(left, right, m):
         if m is None:
-            return jnp.einsum("ui,ui->u", left, right), left[:, 0] * right[:, 0]
+            return sum_of_products(left, right, axis=-1), left[:, 0] * right[:, 0]
         mu = m[:, 0]
-        return jnp.einsum("ui,ij,uj->u", left, m, right), (left @ mu) * (right @ mu)
+        return sum_of_products(left, right @ m.T, axis=-1), (left @ mu) * (right @ mu)
 
     ua, ma = own(la, ra, m_aa)
     ub, mb = own(lb, rb, m_bb)
@@ -126,7 +127,7 @@ def _closure_inner(nodes_a, nodes_b, outputs):
     for i, (na, nb) in enumerate(zip(nodes_a, nodes_b)):
         k = _closure_kernel(na, nb, m_ab, m_aa, m_bb)
         if i == last:
-            return jnp.einsum("pu,uv,pv->", _select(na.down, outputs), k, _select(nb.down, outputs))
+            return sum_of_products(_select(na.down, outputs), _select(nb.down, outputs) @ k.T)
         kaa = _closure_kernel(na, na, m_aa, m_aa, m_aa, same=True)
         kbb = _closure_kernel(nb, nb, m_bb, m_bb, m_bb, same=True)
         m_ab = jnp.einsum("pu,uv,qv->pq", na.down, k, nb.down)
@@ -163,7 +164,7 @@ def _alternating_trace(a1, b1, a2, b2):
         x, y = ak
         u = jnp.einsum("pq,Kqr->Kpr", x, b1)
         v = jnp.einsum("rs,Ksp->Krp", y, b2)
-        return jnp.einsum("Kpr,Krp->K", u, v)
+        return sum_of_products(u, jnp.swapaxes(v, -1, -2), axis=(-2, -1))
 
     return jax.lax.map(one, (a1, a2))
 
@@ -261,9 +262,7 @@ def _gaussian_exact2(nodes_a, nodes_b, outputs):
     pa, qa = _quadratic_forms(nodes_a[0], nodes_a[1])
     pb, qb = _quadratic_forms(nodes_b[0], nodes_b[1])
     e4 = _fourth_moments(pa, qa, pb, qb)
-    return jnp.einsum(
-        "pu,uv,pv->", _select(nodes_a[1].down, outputs), e4, _select(nodes_b[1].down, outputs)
-    )
+    return sum_of_products(_select(nodes_a[1].down, outputs), _select(nodes_b[1].down, outputs) @ e4.T)
 
 
 # ---------------------------------------------------------------------------
@@ -281,7 +280,7 @@ def inner_core(net_a, net_b, kernel, program, outputs, same=False):
     nodes_b = nodes_a if same else fold_network(net_b)
     if program == "linear":
         wa, wb = nodes_a[0], nodes_b[0]
-        return jnp.einsum("pi,pi->", _select(wa, outputs), _select(wb, outputs))
+        return sum_of_products(_select(wa, outputs), _select(wb, outputs))
     if program == "kernel":
         return _gram_inner(nodes_a, nodes_b, kernel, outputs, same)
     if program == "closure":

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from funsim.similarity._precision import full_precision
+from funsim.similarity._precision import full_precision, sum_of_products
 from funsim.similarity._validate import is_concrete
 from funsim.similarity.attention_network import (
     apply_attention_network,
@@ -204,8 +204,8 @@ def quadrature_inner(net_a, net_b, /, *, outputs=None, chunk: int = 65536) -> ja
     dtype = jax.tree.leaves(net_a)[0].dtype
 
     def products(x):
-        return jnp.einsum("no,no->n", _restrict(apply_network(net_a, x), outputs),
-                          _restrict(apply_network(net_b, x), outputs))
+        return sum_of_products(_restrict(apply_network(net_a, x), outputs),
+                               _restrict(apply_network(net_b, x), outputs), axis=-1)
 
     return _finite(_grid_sum(products, n, d, chunk, dtype), "quadrature_inner")
 
@@ -253,7 +253,7 @@ def _attention_mc_core(net_a, net_b, key, scale, context, n_samples, chunk, outp
     def prod(k):
         g = scale * jax.random.normal(k, (chunk, context, net_a.vocab_size), dtype)
         ya, yb = _attention_products(net_a, net_b, g, outputs)
-        return jnp.einsum("ntv,ntv->n", ya, yb)
+        return sum_of_products(ya, yb, axis=(-2, -1))
 
     return _mc_scan(prod, key, n_samples, chunk, dtype)
 
@@ -359,7 +359,7 @@ def attention_quadrature_inner(
 
     def products(x):
         ya, yb = _attention_products(net_a, net_b, scale * x.reshape(-1, int(context), net_a.vocab_size), outputs)
-        return jnp.einsum("ntv,ntv->n", ya, yb)
+        return sum_of_products(ya, yb, axis=(-2, -1))
 
     return check_finite_inner(_grid_sum(products, n, dims, chunk, dtype), "The quadrature of <net_a|net_b>",
                               scale=scale, vocab=net_a.vocab_size, depth=depth)

@@ -68,7 +68,7 @@ from jax.typing import ArrayLike
 from funsim.similarity import _validate as V
 from funsim.similarity._linalg import pow2_scale as _pow2_scale
 from funsim.similarity._linalg import svd as _svd
-from funsim.similarity._precision import full_precision
+from funsim.similarity._precision import full_precision, sum_of_products
 
 __all__ = [
     "MOMENT_KINDS",
@@ -136,7 +136,7 @@ class FullMoments(NamedTuple):
 
 def full_moments_of(norm, gram) -> FullMoments:
     """:class:`FullMoments` from ``norm`` and the normalised ``gram`` (``(..., d, d)``): adds ``gram_norm``."""
-    return FullMoments(norm, gram, jnp.sqrt(jnp.einsum("...ij,...ij->...", gram, gram)))
+    return FullMoments(norm, gram, jnp.sqrt(sum_of_products(gram, gram, axis=(-2, -1))))
 
 
 class LayerMoments(NamedTuple):
@@ -337,6 +337,16 @@ def check_split(n: int, split: float | tuple[ArrayLike, ArrayLike]) -> tuple[int
     return n_tr, n_te
 
 
+def _describe_split(split) -> str:
+    """A bad ``split`` in words: its repr, or an array's shape and dtype (with a boolean mask's fix)."""
+    if np.ndim(split) == 0:
+        return repr(split)
+    a = np.asarray(split)
+    hint = ("; for a boolean train mask m pass (np.flatnonzero(m), np.flatnonzero(~m))"
+            if a.dtype == bool else "; an index array of train rows goes with one of test rows")
+    return f"an array of shape {a.shape} and dtype {a.dtype}{hint}"
+
+
 def _checked_split(n: int, split) -> tuple[int, int, tuple | None]:
     """``(n_train, n_test, (train_idx, test_idx) or None)``; raises for a bad split."""
     idx = None
@@ -358,9 +368,8 @@ def _checked_split(n: int, split) -> tuple[int, int, tuple | None]:
         n_tr, n_te = int(tr.shape[0]), int(te.shape[0])
     else:
         if not isinstance(split, (float, int)) or isinstance(split, bool) or not 0 < split < 1:
-            raise ValueError(
-                f"split must be a train fraction in (0, 1) or (train_idx, test_idx), got {split!r}."
-            )
+            raise ValueError(f"split must be a train fraction in (0, 1) or (train_idx, test_idx), got "
+                             f"{_describe_split(split)}.")
         n_tr = int(round(split * n))
         n_te = n - n_tr
     if n_tr < 2 or n_te < 2:

@@ -51,7 +51,7 @@ from jax.typing import ArrayLike
 from funsim.similarity import _validate as V
 from funsim.similarity._ladder import bucket
 from funsim.similarity._linalg import pow2_scale
-from funsim.similarity._precision import full_precision
+from funsim.similarity._precision import full_precision, sum_of_products
 from funsim.similarity._stitch_fit import FAMILIES, fit_from_moments
 from funsim.similarity.task_stitching import resize_spatial
 
@@ -98,7 +98,7 @@ def _scores(src, tgt, cc, n_rows: int, *, families: tuple[str, ...], mask=None) 
             ac2 = _safe(jnp.trace(gc))
             gu, cu = gc / ac2, cc / jnp.sqrt(ac2 * _safe(yyc))
             w, _ = fit_from_moments(gu, cu, family="affine", mask_src=mask)
-            sse = 1.0 - 2.0 * jnp.sum(w * cu) + jnp.einsum("ij,ik,kj->", w, gu, w)
+            sse = 1.0 - 2.0 * jnp.sum(w * cu) + sum_of_products(w, gu @ w)
             out.append(1.0 - sse * yyc / yy)
             continue
         a2 = jnp.trace(gc) + n_rows * jnp.sum(mp * mp)  # ||P||^2, uncentred

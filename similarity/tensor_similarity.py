@@ -52,7 +52,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from funsim.similarity._linalg import pow2_at
-from funsim.similarity._precision import full_precision
+from funsim.similarity._precision import full_precision, sum_of_products
 from funsim.similarity._tensor_inner import KERNEL_METRICS, inner_core
 from funsim.similarity._validate import (
     check_bool,
@@ -509,11 +509,11 @@ def weight_cosine(net_a, net_b, /) -> jax.Array:
     vb = jnp.concatenate([jnp.ravel(x) for x in lb])
     dt = jnp.promote_types(va.dtype, vb.dtype)
     va, vb = va.astype(dt), vb.astype(dt)
-    na, nb = jnp.vdot(va, va), jnp.vdot(vb, vb)
+    na, nb = sum_of_products(va, va), sum_of_products(vb, vb)
     cause = "all weights are zero, so the cosine is undefined."
     check_positive_result(na, "||net_a weights||^2", cause)
     check_positive_result(nb, "||net_b weights||^2", cause)
-    return jnp.vdot(va, vb) / jnp.sqrt(na * nb)
+    return sum_of_products(va, vb) / jnp.sqrt(na * nb)
 
 
 @full_precision
@@ -554,7 +554,7 @@ def behavioural_similarity(net_a, net_b, x: ArrayLike, /) -> jax.Array:
             "A network outputs the zero vector on some samples of x, where the cosine is "
             "undefined; drop those samples or compare with tensor_similarity."
         )
-    return jnp.mean(jnp.einsum("no,no->n", ya, yb) / (na * nb))
+    return jnp.mean(sum_of_products(ya, yb, axis=-1) / (na * nb))
 
 
 @full_precision

@@ -467,6 +467,9 @@ def test_bad_input(grid):
     assert np.all(np.isnan(np.asarray(g.reverse["stitch/affine"]))) and len(g.reverse_undefined["stitch/affine"]) == 3
     with pytest.raises(ValueError, match="split must be a train fraction"):
         compare_grid(a, b, measures=["nbs"], split=1.5)  # checked even when no measure uses it
+    with pytest.raises(ValueError, match=r"got an array of shape \(36,\) and dtype bool; for a boolean train "
+                                         r"mask m pass \(np.flatnonzero\(m\), np.flatnonzero\(~m\)\)\.$"):
+        compare_grid(a, b, measures=["nbs"], split=np.arange(N) < N // 2)  # named, not printed in full
     # a symmetric measure's reverse table is its own, but the reverse sources are checked all the same,
     # as measure(name)(B_j, A_i) would be
     in_sample = "stitch/orthogonal/in_sample"

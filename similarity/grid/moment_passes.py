@@ -39,6 +39,7 @@ from funsim.similarity import _validate as V
 from funsim.similarity._ladder import bucket
 from funsim.similarity._linalg import pow2_at
 from funsim.similarity._linalg import qr as _qr
+from funsim.similarity._precision import sum_of_products
 from funsim.similarity._stitch_fit import affine_roots, affine_roots_from_factors
 from funsim.similarity.moments import FullMoments, LayerMoments, MomentPair, PairMoments
 
@@ -178,9 +179,9 @@ def _moments(sums: dict, ce: Centres, n_te, kinds) -> dict:
     if "full" in kinds:
         tr = jnp.trace(sums["g_all"], axis1=1, axis2=2)
         g, den = sums["g_all"], _safe(tr)
-        # the gram's norm from the unnormalised gram (a batched dot, no kernel of its own to compile)
+        # the gram's norm from the unnormalised gram (a reduction: a dot over both axes loses digits)
         out["full"] = FullMoments(jnp.sqrt(tr) * c, g / den[:, None, None],
-                                  jnp.sqrt(jnp.einsum("lij,lij->l", g, g)) / den)
+                                  jnp.sqrt(sum_of_products(g, g, axis=(1, 2))) / den)
     if "split" in kinds:
         norm = jnp.sqrt(jnp.trace(sums["g_tr"], axis1=1, axis2=2))
         den = _safe(norm)
