@@ -177,7 +177,9 @@ def make_measure(
       fn: ``fn(x, y) -> ()`` array.
       kind: "score" or "distance".
       symmetric: whether swapping the arguments leaves the value unchanged.
-      invariances: names from :data:`INVARIANCES` (tested, so be exact).
+      invariances: names from :data:`INVARIANCES` (tested, so be exact). The grid
+        relies on ``"rotation"`` for a moment measure: it compares layers wider
+        than their rows in the rows' span (see :mod:`similarity.grid`).
       description: one line.
       bounds: ``(lo, hi)``, the range of possible values (tested).
       stats: optional ``LayerStats(layer, pair)`` with ``fn(x, y) ==

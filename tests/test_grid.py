@@ -597,6 +597,77 @@ def test_integer_and_list_layers_are_cast(grid):
         np.testing.assert_allclose(got.tables[k], t, atol=1e-10, err_msg=k)
 
 
+def _pairwise_or_reason(name, x, y):
+    try:
+        return float(sim.measure(name)(x, y)), None
+    except ValueError as e:
+        return np.nan, str(e)
+
+
+def _wide_layers(r, n):
+    base = r.normal(size=(n, 4))
+    a = [np.tanh(base @ r.normal(size=(4, 40))) + 0.1 * r.normal(size=(n, 40)), r.normal(size=(n, 30))]
+    b = [base @ r.normal(size=(4, 50)) + 0.01 * r.normal(size=(n, 50)), np.c_[base, r.normal(size=(n, 2))]]
+    return a, b
+
+
+def test_layers_wider_than_the_rows_are_compared_in_the_rows_span(monkeypatch):
+    """Every built-in moment measure is invariant to rotations and to zero padding, so layers wider
+    than the rows are evaluated from their rows rotated into the rows' span (n x n per pair, not W x W):
+    the values, undefined cells and reasons of the pairwise calls, both directions, whole or streamed."""
+    from funsim.similarity.grid import MOMENT_MEASURES
+    from funsim.similarity.grid import moment_passes as M
+
+    n = 24
+    a, b = _wide_layers(np.random.default_rng(3), n)
+    widths = []
+    real = M.row_space
+    monkeypatch.setattr(M, "row_space", lambda z, scale: (widths.append(z.shape[2]), real(z, scale))[1])
+    M.layer_program.cache_clear()  # trace afresh, so that the spy sees the programs
+    names = list(MOMENT_MEASURES)
+    with pytest.warns(sim.UndefinedCellWarning):
+        g = compare_grid(a, b, measures=names, reverse=True)
+    assert widths and min(widths) > n  # side a (40, 30 wide) and side b's 50-wide layer were rotated
+    with pytest.warns(sim.UndefinedCellWarning):
+        streamed = compare_grid(a, b, measures=names, reverse=True, chunk_size=10)  # W x W moments
+    defined = 0
+    for name in names:
+        for i, x in enumerate(a):
+            for j, y in enumerate(b):
+                for table, undefined, (src, tgt) in ((g.tables, g.undefined, (x, y)),
+                                                     (g.reverse, g.reverse_undefined, (y, x))):
+                    want, why = _pairwise_or_reason(name, src, tgt)
+                    got = float(table[name][i, j])
+                    if why is None:
+                        np.testing.assert_allclose(got, want, atol=1e-9, err_msg=f"{name} {i} {j}")
+                        defined += 1
+                    else:
+                        assert np.isnan(got) and undefined[name][i, j].startswith(why[:60]), (name, i, j)
+            np.testing.assert_allclose(np.asarray(g.tables[name]), np.asarray(streamed.tables[name]), atol=1e-9)
+    assert defined > 60  # most cells are numbers (the held-out orthogonal fits of wide sources are not)
+
+
+def test_a_measure_not_declared_rotation_invariant_is_not_rotated():
+    """A registered moment measure that reads the features themselves (here the largest diagonal entry
+    of the normalised Gram matrix, which a rotation changes) keeps the layers' own W features."""
+    from funsim.similarity.registry import _REGISTRY
+
+    def diag_max(x, y):
+        xc = np.asarray(x) - np.asarray(x).mean(0)
+        return jnp.asarray(np.max(np.sum(xc * xc, 0)) / np.sum(xc * xc))
+
+    a, b = _wide_layers(np.random.default_rng(4), 24)
+    try:
+        sim.register("tmp/diag_max", diag_max, kind="score", symmetric=False, invariances=("translation",),
+                     description="largest feature share of the variance",
+                     moments=sim.MomentStats("full", lambda ctx: jnp.max(jnp.diagonal(ctx.x.gram))))
+        t = compare_grid(a, b, measures=["tmp/diag_max", "cka/linear"]).tables["tmp/diag_max"]
+        for i, x in enumerate(a):
+            np.testing.assert_allclose(np.asarray(t)[i], float(diag_max(x, b[0])), rtol=1e-9)
+    finally:
+        _REGISTRY.pop("tmp/diag_max", None)
+
+
 def test_rank_deficient_layers_are_batched_and_equal_the_pairwise_calls():
     """Linear layers of a narrower input (pre-activations: rank below the width, widths padded): every cell
     is the batched program's own and equals the pairwise call, the held-out orthogonal scores included

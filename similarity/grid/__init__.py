@@ -39,6 +39,17 @@ across processes, turn on JAX's persistent compilation cache
 (:func:`funsim.runtime.enable_compile_cache`, or
 ``jax.config.update("jax_compilation_cache_dir", path)``).
 
+**Layers wider than the rows.** Where every requested moment measure is
+invariant to rotations (``"rotation" in measure(name).invariances``: every
+built-in one), a group of layers wider than the ``n`` rows is evaluated from its
+rows rotated into their span (``n`` columns, :func:`.moment_passes.row_space`):
+zero padding and a rotation change none of these measures, so the values are
+the same, and each pair's products, SVDs and solves are ``n x n`` instead of
+``W x W`` (layers of 2,048 to 256 features on 600 rows: 7x faster warm on the
+2-core CPU, benchmarks/RESULTS.md). Not with ``chunk_size`` or ``buckets=False``.
+A user-registered moment measure that declares ``"rotation"`` must therefore be
+invariant to it (the registry's tests check the built-in ones).
+
 **Undefined cells.** Where the pairwise call raises a ``ValueError`` for a
 pair of valid layers (a constant layer, a rank-deficient one for CCA, PWCCA
 or the whitened shape metrics, singular normal equations, a source wider
@@ -243,7 +254,8 @@ def compare_grid(
         layers' widths, narrowest first).
       buckets: pad sizes into buckets (see above); ``False`` groups the layers
         by their exact widths instead (one program per pair of widths: only for
-        a user-registered measure whose code reads its input's width).
+        a user-registered measure whose code reads its input's width), and keeps
+        layers wider than the rows in their own features (see the module docstring).
 
     Returns:
       :class:`GridResult` ``(tables, rows, cols, reverse, undefined,
@@ -291,7 +303,9 @@ def compare_grid(
     if moment:
         entries = tuple(M.Entry(name, m.moments, reverse) for name, m in moment)
         tables.update(M.moment_tables(lay, entries, weights=weights, chunk_size=chunk_size, plan=plan,
-                                      stacks=stacks))
+                                      stacks=stacks,
+                                      rotation_invariant=buckets and all("rotation" in m.invariances
+                                                                         for _, m in moment)))
     generic_table = functools.partial(G.generic_table, lay, plan=plan, stats_budget=stats_budget, stacks=stacks,
                                       stats_cache={})
     for name, m in generic:

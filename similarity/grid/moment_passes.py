@@ -13,7 +13,8 @@ layers against every target layer (:func:`block_evaluator`); both are compiled
 once per padded shape, whatever the real widths. Streaming (``chunk_size``) adds
 one program per pass over the row chunks (sums, then centred sums). The layers
 are zero-padded to one width (see :mod:`.layers`): zero features leave every
-moment measure unchanged (see :class:`similarity.MomentStats`).
+moment measure unchanged (see :class:`similarity.MomentStats`). A group wider than its
+rows is, for rotation-invariant measures, evaluated in the rows' span (:func:`row_space`).
 
 Each side's data is divided by its power-of-two scale before any product is
 formed (exact), so float32 moments neither overflow nor underflow (data at
@@ -221,16 +222,38 @@ class Side(NamedTuple):
     centres: Centres
 
 
+def row_space(z, scale):
+    """``(L, n, n)``: each layer's rows in an orthonormal basis of their span, for layers wider than
+    their rows (``W >= n``). ``z = R^T Q^T`` by a QR of the layer's transpose, so ``z Q = R^T``: the
+    rows rotated into ``Q``'s coordinates, with every distance and inner product kept. Zero-padded
+    features stay zero columns (the QR leaves ``R``'s rows beyond the layer's rank at exactly 0).
+    Computed on the layer divided by its power-of-two ``scale`` ``(L,)`` and scaled back (exact), so
+    float32 neither overflows nor underflows."""
+    r = _qr(jnp.swapaxes(z / scale[:, None, None], 1, 2))[1]
+    return jnp.swapaxes(r, 1, 2) * scale[:, None, None]
+
+
 @functools.lru_cache(maxsize=None)
-def layer_program(kinds: tuple, hook_list: tuple):
+def layer_program(kinds: tuple, hook_list: tuple, reduce: bool = False):
     """One side's per-layer moments, hooks and flags from all its rows, as one compiled program:
-    ``run(z (L, n, W), widths (L,), w_tr, w_te) -> Side``."""
+    ``run(z (L, n, W), widths (L,), w_tr, w_te) -> (z or None, Side)``.
+
+    ``reduce`` (for measures invariant to rotations, on layers wider than their rows, ``W > n``):
+    the moments are those of :func:`row_space` ``(L, n, n)``, which is returned as the layers' data
+    for the cross moments (else None: the data is ``z``); the flags are the layers' own (column
+    ranges are not rotation invariant). Every moment measure is invariant to zero padding, so a
+    rotation-invariant one has the same value on the ``n`` rotated columns as on the ``W`` features,
+    and each pair's products, SVDs and solves are ``n x n`` instead of ``W x W``."""
     roots = _needs_roots(hook_list)
 
     def run(z, widths, w_tr, w_te):
         n = z.shape[1]
         w_all = jnp.ones((n,), z.dtype)
-        ce = _centres(_pass1(z, w_all, w_tr), n, None if w_tr is None else jnp.sum(w_tr), kinds)
+        n_tr = None if w_tr is None else jnp.sum(w_tr)
+        ce = _centres(_pass1(z, w_all, w_tr), n, n_tr, kinds)
+        if reduce:
+            z, widths = row_space(z, ce.scale), jnp.minimum(widths, n)
+            ce = _centres(_pass1(z, w_all, w_tr), n, n_tr, kinds)._replace(flags=ce.flags)
         n_te = None if w_te is None else jnp.sum(w_te)
         moments = _moments(_pass2(z, ce, w_all, w_tr, w_te, kinds), ce, n_te, kinds)
         if roots:  # the rows the pairwise fit factors: scaled, train-centred, over the train norm
@@ -239,7 +262,7 @@ def layer_program(kinds: tuple, hook_list: tuple):
             u = (z / ce.scale[:, None, None] - ce.mean_tr[:, None, :]) / den[:, None, None]
             r = jax.vmap(affine_roots, in_axes=(0, None, None, 0))(u, w_tr, w_te, _masks(widths, z.shape[2], z.dtype))
             moments["split"] = m._replace(roots=r)
-        return Side(moments, _extras(moments, widths, hook_list), ce)
+        return (z if reduce else None), Side(moments, _extras(moments, widths, hook_list), ce)
 
     return jax.jit(run)
 
@@ -464,9 +487,12 @@ def _blocks(la: int, size: int) -> list[np.ndarray]:
     return out
 
 
-def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> dict:
+def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks,
+                  rotation_invariant: bool = False) -> dict:
     """``{name: {"fwd": Table, "rev": Table}}`` of the moment measures (``rev`` for the entries with
-    ``reverse``). ``weights``: the split's ``(w_tr, w_te)`` host arrays ``(n,)`` or ``None``."""
+    ``reverse``). ``weights``: the split's ``(w_tr, w_te)`` host arrays ``(n,)`` or ``None``.
+    ``rotation_invariant``: every entry is invariant to rotations of either layer, so a group of
+    layers wider than the rows is evaluated in its :func:`row_space` (without ``chunk_size``)."""
     from funsim.similarity.grid import layers as L
     from funsim.similarity.grid.devices import replicate_computed, tree_to_host
     from funsim.similarity.grid.undefined import Table
@@ -497,11 +523,16 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> 
     c_rows = None if chunk_size is None else min(chunk_size, lay.n)
 
     def side_of(side, g) -> tuple:
-        """``(data or None, Side)`` of one group: one program with all rows, or the streaming passes."""
+        """``(data or None, Side, width)`` of one group: one program with all rows (in the rows' span for
+        layers wider than the rows, where the measures allow), or the streaming passes."""
         if chunks is None:
             z, widths = stacks(side, g)
             w = replicate_computed(plan, (w_tr, w_te))
-            return z, replicate_computed(plan, layer_program(kinds, hook_list)(z, widths, *w))
+            reduce = rotation_invariant and g.width > lay.n
+            zr, s = layer_program(kinds, hook_list, reduce)(z, widths, *w)
+            if reduce:
+                return replicate_computed(plan, zr), replicate_computed(plan, s), lay.n
+            return z, replicate_computed(plan, s), g.width
 
         def gen():
             for lo, hi in chunks:
@@ -509,7 +540,7 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> 
 
         widths = np.asarray(g.widths, np.int32)
         return None, replicate_computed(plan, stream_side(gen, widths, chunk_weights, lay.n, n_tr, n_te, kinds,
-                                                          hook_list))
+                                                          hook_list)), g.width
 
     sides = {}
     for side, groups in (("a", ga), ("b", gb)):
@@ -526,11 +557,11 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks) -> 
 
     kind_of = {e.name: e.spec.moments for e in entries}
     for g_a in ga:
-        za, sa = sides["a", g_a.width, g_a.pidx]
+        za, sa, wa = sides["a", g_a.width, g_a.pidx]
         for g_b in gb:
             key_b = ("a" if lay.same else "b", g_b.width, g_b.pidx)
-            zb, sb = sides[key_b]
-            size = _block_size(len(g_a.pidx), g_a.width, len(g_b.pidx), g_b.width, nmat, itemsize, plan.ndev)
+            zb, sb, wb = sides[key_b]
+            size = _block_size(len(g_a.pidx), wa, len(g_b.pidx), wb, nmat, itemsize, plan.ndev)
             sharding = plan.sharding(None, "pairs")
             evaluate = block_evaluator(entries, kinds, hook_list, chunks is not None, sharding,
                                        size == len(g_a.pidx))
