@@ -15,7 +15,7 @@ identical NaN patterns.
   by collectives; a measure that needs every row in one place is refused with a
   clear error.
 
-Only the first test runs in ``make test``; the rest are marked slow.
+The first and the last test run in ``make test``; the rest are marked slow.
 """
 
 from __future__ import annotations
@@ -304,3 +304,30 @@ def test_different_inputs_per_process_are_refused(model_pair, tmp_path, measures
     for r in results:
         assert "error" in r, f"process {int(r['process_index'])} returned tables from unequal inputs"
         assert "is not the same on each process" in str(r["error"])
+
+
+@pytest.fixture(scope="module")
+def wide_pair(tmp_path_factory) -> str:
+    """Layers wider than the 48 rows (64 and 56 features) beside narrow ones: the grid compares them in the
+    rows' span (a QR of every layer), which must hold when each process has only its rows."""
+    r = np.random.default_rng(5)
+    base = r.normal(size=(N_ROWS, 4))
+    reps = {"a:wide": np.tanh(base @ r.normal(size=(4, 64))) + 0.1 * r.normal(size=(N_ROWS, 64)),
+            "a:narrow": base @ r.normal(size=(4, 6)),
+            "b:wide": base @ r.normal(size=(4, 56)) + 0.1 * r.normal(size=(N_ROWS, 56)),
+            "b:narrow": r.normal(size=(N_ROWS, 5))}
+    path = tmp_path_factory.mktemp("wide") / "reps.npz"
+    np.savez(path, **reps)
+    return str(path)
+
+
+def test_local_rows_of_layers_wider_than_the_rows_same_tables_as_one_process(wide_pair, tmp_path):
+    """The rows' span of a layer whose rows are split over 2 processes: one process's tables."""
+    from funsim import similarity
+
+    measures = similarity.MOMENT_MEASURES
+    ref = grid_worker(wide_pair, measures, reverse=True)
+    assert "error" not in ref and any(np.isfinite(t).all() for t in _tables(ref).values())
+    results = run_in_processes(grid_worker, 2, wide_pair, measures, local_rows=True, reverse=True,
+                               workdir=tmp_path, timeout_s=600)
+    _check_run(results, ref, 2)
