@@ -221,6 +221,23 @@ def test_grid_matches_the_references_cell_by_cell():
     assert not (bad := _grid_errors(g, a, b, moments)), f"streamed, errors in units of the tolerance: {bad}"
 
 
+def test_grid_of_layers_wider_than_the_rows_matches_the_references():
+    """Layers wider than the rows, which the grid compares in the rows' span (a QR of each layer), one
+    of them far from the origin (a mean of 20: the rows are rotated before they are centred)."""
+    r = np.random.default_rng(7)
+    n = 24
+    base = r.normal(size=(n, 3))
+    a = {"w0": np.tanh(base @ r.normal(size=(3, 40))).astype(F32),
+         "w1": (base @ r.normal(size=(3, 32)) + 0.1 * r.normal(size=(n, 32)) + 20.0).astype(F32)}
+    b = {"w2": (base @ r.normal(size=(3, 50)) + 0.1 * r.normal(size=(n, 50))).astype(F32),
+         "n0": r.normal(size=(n, 5)).astype(F32)}
+    # the measures defined on every pair of these (the unregularised fits of wide sources are not)
+    names = ["cka/linear", "nbs", "procrustes", "shape/angular/alpha=1", "shape/euclidean/alpha=1",
+             "stitch/affine/ridge=0.001", "stitch/affine/in_sample/ridge=0.001"]
+    g = similarity.compare_grid(a, b, measures=names, reverse=True)
+    assert not (bad := _grid_errors(g, a, b, names)), f"errors in units of the tolerance: {bad}"
+
+
 # ------------------------------------------------------------------ stitching
 
 
