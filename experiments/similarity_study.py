@@ -233,7 +233,7 @@ def _row(ds, a, la, b, lb, measure, direction, split, task, value) -> dict:
 # ----------------------------------------------------------------------------- stage 1: the grid
 
 
-def _grid(reps: dict, measures: list[str], cfg: StudyConfig) -> dict[str, np.ndarray]:
+def _grid(reps: dict, measures: list[str], cfg: StudyConfig, progress: bool = False) -> dict[str, np.ndarray]:
     """One :func:`similarity.compare_grid` call over every layer of every model: ``{measure: (L, L)}``.
 
     The grid compiles a handful of programs (padded widths); the stitching stage after it compiles more
@@ -244,18 +244,20 @@ def _grid(reps: dict, measures: list[str], cfg: StudyConfig) -> dict[str, np.nda
     """
     if not measures:
         return {}
-    g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed))
+    g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed),
+                                progress=progress)
     tables = {name: np.asarray(t, np.float64) for name, t in g.tables.items()}
     jit_memory.release_if_near_limit()
     return tables
 
 
-def _limited_grid(reps: dict, measures: list[str], cfg: StudyConfig, limit: int | None) -> tuple[dict, int]:
+def _limited_grid(reps: dict, measures: list[str], cfg: StudyConfig, limit: int | None,
+                  progress: bool = False) -> tuple[dict, int]:
     """:func:`_grid` on the layers of at most ``limit`` features; the other cells NaN. Returns the tables and
     the number of layers left out."""
     names = list(reps)
     keep = [k for k, n in enumerate(names) if limit is None or reps[n].shape[1] <= limit]
-    sub = _grid({names[k]: reps[names[k]] for k in keep}, measures, cfg) if keep else {}
+    sub = _grid({names[k]: reps[names[k]] for k in keep}, measures, cfg, progress) if keep else {}
     out = {}
     for m in measures:
         t = np.full((len(names), len(names)), np.nan)
@@ -302,7 +304,8 @@ def _model_pairs(models: list) -> list[tuple]:
     return [(a, b) for k, a in enumerate(models) for b in models[k + 1:]]
 
 
-def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pathlib.Path, log) -> dict:
+def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pathlib.Path, log,
+                progress: bool = False) -> dict:
     """Compare every model pair of ``ds`` (skipping the pairs already written); returns timings."""
     pdir = out / "pairs" / ds
     pairs = _model_pairs(models)
@@ -328,15 +331,16 @@ def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pat
     measures = [m for m in cfg.measures if m not in rsa] + list(stitch_measure_names(cfg))
     log(f"      {ds}: {len(reps)} layers x {len(reps)} layers, {len(measures) + len(rsa)} measures "
         f"({cfg.activation_point}, {cfg.flatten})")
-    tables = _grid(reps, measures, cfg)
-    rsa_tables, skipped = _limited_grid(reps, rsa, cfg, cfg.rsa_max_features)
+    tables = _grid(reps, measures, cfg, progress)
+    rsa_tables, skipped = _limited_grid(reps, rsa, cfg, cfg.rsa_max_features, progress)
     tables.update(rsa_tables)
     undefined = {"rsa_layers_over_max_features": skipped if rsa else 0}
     for conv in cfg.conventions:
         point, _, flat = conv.partition("/")
         creps, cindex = representations(point, flat)
         assert cindex == index  # the same layers in the same order
-        ctables, cskipped = _limited_grid(creps, list(cfg.convention_measures), cfg, cfg.rsa_max_features)
+        ctables, cskipped = _limited_grid(creps, list(cfg.convention_measures), cfg, cfg.rsa_max_features,
+                                          progress)
         log(f"      {ds}: convention {conv}: {len(creps) - cskipped} layers of <= {cfg.rsa_max_features} features "
             f"({cskipped} left out, NaN)")
         tables.update({f"{m}@{conv}": t for m, t in ctables.items()})
@@ -611,7 +615,8 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
         zdata = zoo_lib.load_zoo_data(zoo_dir, ds)
         models = zoo.by_dataset(ds)
         log(f"[{ds}] {len(models)} models, {sum(len(m.layers) for m in models)} layers")
-        grid = _grid_stage(ds, models, _rows(zdata.dataset, cfg.n_rows), cfg, out, log)
+        grid = _grid_stage(ds, models, _rows(zdata.dataset, cfg.n_rows), cfg, out, log,
+                           distributed.show_progress(progress))
         stitch = (_stitch_stage(ds, models, zdata, manifest["datasets"][ds], cfg, out, log, progress)
                   if cfg.stitch_families else {})
         stages[ds] = {"models": len(models), "grid": grid, "stitch": stitch}

@@ -83,6 +83,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
+from tqdm.auto import tqdm
 
 from funsim.similarity import _validate as V
 from funsim.similarity._precision import full_precision
@@ -209,6 +210,7 @@ def compare_grid(
     stats_budget: float = 2.0 * 2**30,
     on_undefined: str = "nan",
     buckets: bool = True,
+    progress: bool = False,
 ) -> GridResult:
     """Compare every layer of ``reps_a`` with every layer of ``reps_b``, for every measure by name.
 
@@ -256,6 +258,9 @@ def compare_grid(
         by their exact widths instead (one program per pair of widths: only for
         a user-registered measure whose code reads its input's width), and keeps
         layers wider than the rows in their own features (see the module docstring).
+      progress: show a progress bar (tqdm, on stderr; the main process only) over
+        the blocks of source layers of the moment measures and over the other
+        measures, for long grids.
 
     Returns:
       :class:`GridResult` ``(tables, rows, cols, reverse, undefined,
@@ -287,6 +292,7 @@ def compare_grid(
     """
     _refuse_tracers(reps_a, reps_b, split, key)
     streaming, reverse, strict, buckets = _check_options(chunk_size, reverse, on_undefined, buckets)
+    progress = V.check_bool(progress, "progress")
     measures = [measures] if isinstance(measures, str) else list(measures)
     moment, generic = _resolve(measures, streaming=streaming)
     if generic:
@@ -300,16 +306,21 @@ def compare_grid(
         for name, _ in moment + generic:
             U.raise_static_sources(name, *reasons[name], lay, reverse=reverse)
     tables: dict[str, dict[str, U.Table]] = {}
-    if moment:
-        entries = tuple(M.Entry(name, m.moments, reverse) for name, m in moment)
-        tables.update(M.moment_tables(lay, entries, weights=weights, chunk_size=chunk_size, plan=plan,
-                                      stacks=stacks,
-                                      rotation_invariant=buckets and all("rotation" in m.invariances
-                                                                         for _, m in moment)))
-    generic_table = functools.partial(G.generic_table, lay, plan=plan, stats_budget=stats_budget, stacks=stacks,
-                                      stats_cache={})
-    for name, m in generic:
-        tables[name] = generic_table(m, directions=("fwd", "rev") if reverse and not m.symmetric else ("fwd",))
+    bar = tqdm(total=len(generic), desc="compare_grid", unit="step", leave=False,
+               disable=not progress or jax.process_index() != 0)
+    with bar:
+        if moment:
+            entries = tuple(M.Entry(name, m.moments, reverse) for name, m in moment)
+            tables.update(M.moment_tables(lay, entries, weights=weights, chunk_size=chunk_size, plan=plan,
+                                          stacks=stacks,
+                                          rotation_invariant=buckets and all("rotation" in m.invariances
+                                                                             for _, m in moment), bar=bar))
+        generic_table = functools.partial(G.generic_table, lay, plan=plan, stats_budget=stats_budget,
+                                          stacks=stacks, stats_cache={})
+        for name, m in generic:
+            bar.set_postfix_str(name)
+            tables[name] = generic_table(m, directions=("fwd", "rev") if reverse and not m.symmetric else ("fwd",))
+            bar.update(1)
     names = list(dict.fromkeys(measures))
     fwd, rev, undefined, rev_undefined = _settle(
         names, dict(moment + generic), tables, reasons, lay, reverse=reverse, strict=strict,

@@ -488,11 +488,12 @@ def _blocks(la: int, size: int) -> list[np.ndarray]:
 
 
 def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks,
-                  rotation_invariant: bool = False) -> dict:
+                  rotation_invariant: bool = False, bar=None) -> dict:
     """``{name: {"fwd": Table, "rev": Table}}`` of the moment measures (``rev`` for the entries with
     ``reverse``). ``weights``: the split's ``(w_tr, w_te)`` host arrays ``(n,)`` or ``None``.
     ``rotation_invariant``: every entry is invariant to rotations of either layer, so a group of
-    layers wider than the rows is evaluated in its :func:`row_space` (without ``chunk_size``)."""
+    layers wider than the rows is evaluated in its :func:`row_space` (without ``chunk_size``).
+    ``bar``: a tqdm bar whose total grows by the number of blocks and that advances once a block."""
     from funsim.similarity.grid import layers as L
     from funsim.similarity.grid.devices import replicate_computed, tree_to_host
     from funsim.similarity.grid.undefined import Table
@@ -556,43 +557,51 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks,
         return layer_flags[key]
 
     kind_of = {e.name: e.spec.moments for e in entries}
+    work = []  # (group a, group b, block size): every block is known before the first runs
     for g_a in ga:
-        za, sa, wa = sides["a", g_a.width, g_a.pidx]
         for g_b in gb:
-            key_b = ("a" if lay.same else "b", g_b.width, g_b.pidx)
-            zb, sb, wb = sides[key_b]
-            size = _block_size(len(g_a.pidx), wa, len(g_b.pidx), wb, nmat, itemsize, plan.ndev)
-            sharding = plan.sharding(None, "pairs")
-            evaluate = block_evaluator(entries, kinds, hook_list, chunks is not None, sharding,
-                                       size == len(g_a.pidx))
-            for idx in _blocks(len(g_a.pidx), size):
-                real = np.asarray(idx) < len(g_a.idx)
-                first = {}
-                for p, pos in enumerate(idx):  # repeated positions (padding) are dropped
-                    first.setdefault(int(pos), p)
-                keep = np.array([first[int(pos)] == p and real[p] for p, pos in enumerate(idx)])
-                sums = None
-                if chunks is not None:
-                    for lo, hi in chunks:
-                        blk = L.host_stack(lay, "a", L.Group(g_a.width, g_a.idx, tuple(g_a.pidx[int(k)] for k in idx),
-                                                             g_a.widths[idx]), lo, hi, rows=c_rows)
-                        zbc = L.host_stack(lay, "b", g_b, lo, hi, rows=c_rows)
-                        sums = cross_step(sums, blk, sa.centres, idx, zbc, sb.centres, *chunk_weights(lo, hi, c_rows),
-                                          kinds=kinds)
-                w = replicate_computed(plan, (w_tr, w_te))
-                fwd, rev = evaluate(za, sa, zb, sb, replicate_computed(plan, idx), *w, sums)
-                fwd, rev = tree_to_host(fwd), tree_to_host(rev)
-                fa = jax.tree.map(lambda t: t[idx], flags_of(("a", g_a.width, g_a.pidx)))
-                rows = np.asarray(g_a.pidx)[idx][keep]
-                cols = np.asarray(g_b.idx)
-                for d, res in (("fwd", fwd), ("rev", rev)):
-                    for name, (value, flags) in res.items():
-                        kind = kind_of[name]
-                        flags = cell_flags(fa[kind], flags_of(key_b)[kind], flags, reverse=d == "rev")
-                        v = np.asarray(value)[keep][:, : len(g_b.idx)]
-                        f = jax.tree.map(lambda a: np.asarray(a)[keep][:, : len(g_b.idx)], flags)
-                        values[name, d][np.ix_(rows, cols)] = v
-                        parts[name, d].append((rows, cols, f))
+            wa, wb = sides["a", g_a.width, g_a.pidx][2], sides["a" if lay.same else "b", g_b.width, g_b.pidx][2]
+            work.append((g_a, g_b, _block_size(len(g_a.pidx), wa, len(g_b.pidx), wb, nmat, itemsize, plan.ndev)))
+    if bar is not None:
+        bar.total += sum(len(_blocks(len(g_a.pidx), size)) for g_a, _, size in work)
+        bar.set_postfix_str("moment measures")
+    for g_a, g_b, size in work:
+        za, sa, _ = sides["a", g_a.width, g_a.pidx]
+        key_b = ("a" if lay.same else "b", g_b.width, g_b.pidx)
+        zb, sb, _ = sides[key_b]
+        sharding = plan.sharding(None, "pairs")
+        evaluate = block_evaluator(entries, kinds, hook_list, chunks is not None, sharding,
+                                   size == len(g_a.pidx))
+        for idx in _blocks(len(g_a.pidx), size):
+            real = np.asarray(idx) < len(g_a.idx)
+            first = {}
+            for p, pos in enumerate(idx):  # repeated positions (padding) are dropped
+                first.setdefault(int(pos), p)
+            keep = np.array([first[int(pos)] == p and real[p] for p, pos in enumerate(idx)])
+            sums = None
+            if chunks is not None:
+                for lo, hi in chunks:
+                    blk = L.host_stack(lay, "a", L.Group(g_a.width, g_a.idx, tuple(g_a.pidx[int(k)] for k in idx),
+                                                         g_a.widths[idx]), lo, hi, rows=c_rows)
+                    zbc = L.host_stack(lay, "b", g_b, lo, hi, rows=c_rows)
+                    sums = cross_step(sums, blk, sa.centres, idx, zbc, sb.centres, *chunk_weights(lo, hi, c_rows),
+                                      kinds=kinds)
+            w = replicate_computed(plan, (w_tr, w_te))
+            fwd, rev = evaluate(za, sa, zb, sb, replicate_computed(plan, idx), *w, sums)
+            fwd, rev = tree_to_host(fwd), tree_to_host(rev)
+            fa = jax.tree.map(lambda t: t[idx], flags_of(("a", g_a.width, g_a.pidx)))
+            rows = np.asarray(g_a.pidx)[idx][keep]
+            cols = np.asarray(g_b.idx)
+            for d, res in (("fwd", fwd), ("rev", rev)):
+                for name, (value, flags) in res.items():
+                    kind = kind_of[name]
+                    flags = cell_flags(fa[kind], flags_of(key_b)[kind], flags, reverse=d == "rev")
+                    v = np.asarray(value)[keep][:, : len(g_b.idx)]
+                    f = jax.tree.map(lambda a: np.asarray(a)[keep][:, : len(g_b.idx)], flags)
+                    values[name, d][np.ix_(rows, cols)] = v
+                    parts[name, d].append((rows, cols, f))
+            if bar is not None:
+                bar.update(1)
     out: dict = {}
     for (name, d), v in values.items():
         out.setdefault(name, {})[d] = Table(v, _assemble(parts[name, d], shape))
