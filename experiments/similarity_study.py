@@ -244,8 +244,14 @@ def _grid(reps: dict, measures: list[str], cfg: StudyConfig, progress: bool = Fa
     """
     if not measures:
         return {}
-    g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed),
-                                progress=progress)
+    with tqdm(desc="grid", unit="step", leave=False, disable=not progress) as bar:
+
+        def on_step(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        g = similarity.compare_grid(reps, reps, measures=measures, split=cfg.split, key=jax.random.key(cfg.seed),
+                                    on_step=on_step)
     tables = {name: np.asarray(t, np.float64) for name, t in g.tables.items()}
     jit_memory.release_if_near_limit()
     return tables

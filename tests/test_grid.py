@@ -597,34 +597,19 @@ def test_integer_and_list_layers_are_cast(grid):
         np.testing.assert_allclose(got.tables[k], t, atol=1e-10, err_msg=k)
 
 
-def test_progress_bar_counts_every_block_and_measure(grid, capsys, monkeypatch):
-    """``progress=True``: a bar on stderr whose total is the moment measures' blocks plus the other
-    measures, and which ends full; the tables are those without it."""
-    import tqdm as tqdm_lib
-
-    import funsim.similarity.grid as grid_module
-
+def test_on_step_counts_every_block_and_measure(grid):
+    """``on_step(done, total)`` after each block of the moment measures and each other measure: ``done``
+    counts up to ``total``, which is final from the first call; the tables are those without it."""
     a, b, g = grid
     names = ["cka/linear", "nbs", "rsa/correlation/pearson"]
-    closed = []
-
-    class Recording(tqdm_lib.tqdm):
-        def close(self):
-            if not self.disable:
-                closed.append((self.n, self.total))
-            super().close()
-
-    monkeypatch.setattr(grid_module, "tqdm", Recording)
-    capsys.readouterr()
-    t = compare_grid(a, b, measures=names, progress=True).tables
-    assert "compare_grid" in capsys.readouterr().err
-    assert len(closed) == 1 and closed[0][0] == closed[0][1] >= 2, closed  # one block and one other measure
+    calls = []
+    t = compare_grid(a, b, measures=names, on_step=lambda done, total: calls.append((done, total))).tables
+    total = calls[0][1]
+    assert total >= 2 and calls == [(k, total) for k in range(1, total + 1)], calls  # a block, then RSA
     for name in names:
         np.testing.assert_array_equal(np.asarray(t[name]), np.asarray(g.tables[name]))
-    compare_grid(a, b, measures=names)
-    assert "compare_grid" not in capsys.readouterr().err and len(closed) == 1  # off by default
-    with pytest.raises(TypeError, match="progress must be True or False"):
-        compare_grid(a, b, measures=names, progress="yes")
+    with pytest.raises(TypeError, match="on_step must be a function on_step\\(done, total\\) or None, got str"):
+        compare_grid(a, b, measures=names, on_step="bar")
 
 
 def _pairwise_or_reason(name, x, y):

@@ -229,3 +229,10 @@ def test_scipy_is_a_test_and_benchmark_dependency_only():
     """SciPy is the tests' float64 reference; the package never imports it (not even lazily)."""
     assert "scipy" not in imported_top_levels()
     assert "scipy" not in declared() and "scipy" in declared("test") and "scipy" in declared("bench")
+
+
+def test_the_library_has_no_progress_bars():
+    """Progress bars are the drivers' (``experiments/``): ``similarity/`` reports progress through callbacks."""
+    found = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "similarity").rglob("*.py")) if "tqdm" in p.read_text()]
+    assert not found, found
+    assert any("tqdm" in p.read_text() for p in (ROOT / "experiments").rglob("*.py"))  # the scan can find it

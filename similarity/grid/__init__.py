@@ -76,14 +76,13 @@ leaky in-sample figure on the train rows), and for the affine family
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
-from tqdm.auto import tqdm
 
 from funsim.similarity import _validate as V
 from funsim.similarity._precision import full_precision
@@ -210,7 +209,7 @@ def compare_grid(
     stats_budget: float = 2.0 * 2**30,
     on_undefined: str = "nan",
     buckets: bool = True,
-    progress: bool = False,
+    on_step: Callable[[int, int], Any] | None = None,
 ) -> GridResult:
     """Compare every layer of ``reps_a`` with every layer of ``reps_b``, for every measure by name.
 
@@ -258,9 +257,10 @@ def compare_grid(
         by their exact widths instead (one program per pair of widths: only for
         a user-registered measure whose code reads its input's width), and keeps
         layers wider than the rows in their own features (see the module docstring).
-      progress: show a progress bar (tqdm, on stderr; the main process only) over
-        the blocks of source layers of the moment measures and over the other
-        measures, for long grids.
+      on_step: ``on_step(done, total)``, called on the host after each step of the
+        work (a block of source layers of the moment measures, or one other
+        measure), for a progress bar around a long grid; ``total`` is final from
+        the first call on.
 
     Returns:
       :class:`GridResult` ``(tables, rows, cols, reverse, undefined,
@@ -292,9 +292,11 @@ def compare_grid(
     """
     _refuse_tracers(reps_a, reps_b, split, key)
     streaming, reverse, strict, buckets = _check_options(chunk_size, reverse, on_undefined, buckets)
-    progress = V.check_bool(progress, "progress")
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step must be a function on_step(done, total) or None, got {type(on_step).__name__}.")
     measures = [measures] if isinstance(measures, str) else list(measures)
     moment, generic = _resolve(measures, streaming=streaming)
+    steps = _Steps(len(generic), on_step)
     if generic:
         _refuse_process_sharded(reps_a, reps_b, generic[0][0])
     lay = L.prepare(reps_a, reps_b, buckets=buckets)
@@ -306,21 +308,17 @@ def compare_grid(
         for name, _ in moment + generic:
             U.raise_static_sources(name, *reasons[name], lay, reverse=reverse)
     tables: dict[str, dict[str, U.Table]] = {}
-    bar = tqdm(total=len(generic), desc="compare_grid", unit="step", leave=False,
-               disable=not progress or jax.process_index() != 0)
-    with bar:
-        if moment:
-            entries = tuple(M.Entry(name, m.moments, reverse) for name, m in moment)
-            tables.update(M.moment_tables(lay, entries, weights=weights, chunk_size=chunk_size, plan=plan,
-                                          stacks=stacks,
-                                          rotation_invariant=buckets and all("rotation" in m.invariances
-                                                                             for _, m in moment), bar=bar))
-        generic_table = functools.partial(G.generic_table, lay, plan=plan, stats_budget=stats_budget,
-                                          stacks=stacks, stats_cache={})
-        for name, m in generic:
-            bar.set_postfix_str(name)
-            tables[name] = generic_table(m, directions=("fwd", "rev") if reverse and not m.symmetric else ("fwd",))
-            bar.update(1)
+    if moment:
+        entries = tuple(M.Entry(name, m.moments, reverse) for name, m in moment)
+        tables.update(M.moment_tables(lay, entries, weights=weights, chunk_size=chunk_size, plan=plan,
+                                      stacks=stacks,
+                                      rotation_invariant=buckets and all("rotation" in m.invariances
+                                                                         for _, m in moment), steps=steps))
+    generic_table = functools.partial(G.generic_table, lay, plan=plan, stats_budget=stats_budget, stacks=stacks,
+                                      stats_cache={})
+    for name, m in generic:
+        tables[name] = generic_table(m, directions=("fwd", "rev") if reverse and not m.symmetric else ("fwd",))
+        steps.advance()
     names = list(dict.fromkeys(measures))
     fwd, rev, undefined, rev_undefined = _settle(
         names, dict(moment + generic), tables, reasons, lay, reverse=reverse, strict=strict,
@@ -328,6 +326,21 @@ def compare_grid(
     U.warn_undefined(undefined, rev_undefined, lay)
     out, rev_out = _arrays(names, fwd, rev, reverse)
     return GridResult(out, lay.rows, lay.cols, rev_out, undefined, rev_undefined if reverse else {})
+
+
+class _Steps:
+    """The grid's steps for ``on_step``: ``total`` grows while the work is planned, ``advance`` reports."""
+
+    def __init__(self, total: int, callback):
+        self.total, self.done, self.callback = total, 0, callback
+
+    def add(self, k: int) -> None:
+        self.total += k
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.callback is not None:
+            self.callback(self.done, self.total)
 
 
 def _arrays(names, fwd, rev, reverse: bool) -> tuple[dict, dict]:

@@ -488,12 +488,12 @@ def _blocks(la: int, size: int) -> list[np.ndarray]:
 
 
 def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks,
-                  rotation_invariant: bool = False, bar=None) -> dict:
+                  rotation_invariant: bool = False, steps=None) -> dict:
     """``{name: {"fwd": Table, "rev": Table}}`` of the moment measures (``rev`` for the entries with
     ``reverse``). ``weights``: the split's ``(w_tr, w_te)`` host arrays ``(n,)`` or ``None``.
     ``rotation_invariant``: every entry is invariant to rotations of either layer, so a group of
     layers wider than the rows is evaluated in its :func:`row_space` (without ``chunk_size``).
-    ``bar``: a tqdm bar whose total grows by the number of blocks and that advances once a block."""
+    ``steps``: counts the blocks (``steps.add`` before the first runs, ``steps.advance`` after each)."""
     from funsim.similarity.grid import layers as L
     from funsim.similarity.grid.devices import replicate_computed, tree_to_host
     from funsim.similarity.grid.undefined import Table
@@ -562,9 +562,8 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks,
         for g_b in gb:
             wa, wb = sides["a", g_a.width, g_a.pidx][2], sides["a" if lay.same else "b", g_b.width, g_b.pidx][2]
             work.append((g_a, g_b, _block_size(len(g_a.pidx), wa, len(g_b.pidx), wb, nmat, itemsize, plan.ndev)))
-    if bar is not None:
-        bar.total += sum(len(_blocks(len(g_a.pidx), size)) for g_a, _, size in work)
-        bar.set_postfix_str("moment measures")
+    if steps is not None:
+        steps.add(sum(len(_blocks(len(g_a.pidx), size)) for g_a, _, size in work))
     for g_a, g_b, size in work:
         za, sa, _ = sides["a", g_a.width, g_a.pidx]
         key_b = ("a" if lay.same else "b", g_b.width, g_b.pidx)
@@ -600,8 +599,8 @@ def moment_tables(lay, entries: tuple, *, weights, chunk_size, plan, stacks,
                     f = jax.tree.map(lambda a: np.asarray(a)[keep][:, : len(g_b.idx)], flags)
                     values[name, d][np.ix_(rows, cols)] = v
                     parts[name, d].append((rows, cols, f))
-            if bar is not None:
-                bar.update(1)
+            if steps is not None:
+                steps.advance()
     out: dict = {}
     for (name, d), v in values.items():
         out.setdefault(name, {})[d] = Table(v, _assemble(parts[name, d], shape))
