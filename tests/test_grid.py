@@ -283,6 +283,57 @@ def test_generic_measures_by_layer_stats(grid):
                                            err_msg=m)
 
 
+def test_generic_statistics_over_the_budget_are_computed_in_blocks(monkeypatch):
+    """Above ``stats_budget`` the per-layer statistics are computed a block of layers at a time: the same
+    tables as all at once, with groups of several widths, blocks that do not divide a group, and reverse."""
+    from funsim.similarity.grid import generic as G
+
+    r = np.random.default_rng(3)
+    a = {f"a{k}": r.normal(size=(N, w)) for k, w in enumerate((3, 4, 5, 3, 7, 9, 3))}
+    b = [r.normal(size=(N, w)) for w in (4, 3, 6, 5, 8)]
+    a["a6"] = np.tanh(a["a0"] @ r.normal(size=(3, 3)))  # one related pair
+    measures = ["rsa/correlation/pearson", "cka/rbf/debiased", "svcca"]
+    whole = compare_grid(a, b, measures=measures, reverse=True)
+    seen = []
+    real = G.block_size
+
+    for size in (2, 3):
+        def fixed(*args, size=size):
+            seen.append(real(*args))
+            return size
+
+        monkeypatch.setattr(G, "block_size", fixed)
+        blocked = compare_grid(a, b, measures=measures, reverse=True)
+        for m in measures:
+            np.testing.assert_allclose(blocked.tables[m], whole.tables[m], rtol=1e-12, atol=1e-14, err_msg=(m, size))
+            np.testing.assert_allclose(blocked.reverse[m], whole.reverse[m], rtol=1e-12, atol=1e-14,
+                                       err_msg=(m, size))
+    assert seen and set(seen) == {0}  # within the default budget, all at once
+    np.testing.assert_allclose(whole.tables["rsa/correlation/pearson"][6, 1],
+                               sim.measure("rsa/correlation/pearson")(a["a6"], b[1]), rtol=1e-10)
+
+
+def test_block_size_fits_two_blocks_in_the_budget():
+    from funsim.similarity.grid import generic as G
+    from funsim.similarity.grid import layers as L
+
+    r = np.random.default_rng(0)
+    reps = {k: r.normal(size=(N, 4)) for k in range(10)}
+    lay = L.prepare(reps, reps, buckets=True)
+    groups = {s: lay.groups(s) for s in "ab"}
+    core = sim.measure("rsa/correlation/pearson").core
+    out = jax.eval_shape(core.layer, jax.ShapeDtypeStruct((N, 4), lay.dtype), jax.ShapeDtypeStruct((), jnp.int32),
+                         tuple(jax.ShapeDtypeStruct((), lay.dtype) for _ in core.opts))
+    per = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(out))
+    assert per >= N * (N - 1) // 2 * 8  # at least the condensed float64 RDM
+    total = per * sum(len(g.pidx) for s in "ab" for g in groups[s])
+    assert G.block_size(core, lay, groups, total) == 0
+    assert G.block_size(core, lay, groups, 0) == 1
+    for k in (1, 2, 3, 7):
+        assert G.block_size(core, lay, groups, 2 * k * per) == k
+        assert G.block_size(core, lay, groups, 2 * (k + 1) * per - 1) == k
+
+
 def test_generic_non_finite_entry_is_an_error(grid):
     a, b, _ = grid
     # a layer whose rows are constant across features: the correlation RDM is 0/0

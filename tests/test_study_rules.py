@@ -418,6 +418,20 @@ def test_authors_protocol_config_stitches_every_depth_pair():
     assert a.verdict_rules == C.RULES
 
 
+def test_authors_mlp_config_fits_every_layer_of_the_paper_code_mlps():
+    """`authors_mlp` reads the `authors_mlp` zoo with more train rows of the held-out split than its widest
+    layer (2,048: the paper code's widest preset), so no fit is refused for too few rows; the grid only, the
+    committed rules, and the conv score of every family."""
+    from funsim.experiments.configs import zoo as Z
+
+    a = C.CONFIGS["authors_mlp"]
+    zoo = Z.CONFIGS[a.zoo]
+    widest = max(max(m.kwargs.get("widths", (0,))) for m in zoo.models)
+    assert widest == 2048 and a.n_rows * a.split > widest
+    assert a.datasets == ("mnist5k",) and a.stitch_families == () and a.verdict_rules == C.RULES
+    assert set(a.spatial_scores) == set(a.families)
+
+
 def test_old_rules_read_model_intervals_with_pairs_beside():
     """The first rules' interval statistics resample models now, with the pair-resampled interval beside."""
     table, _ = _table(np.random.default_rng(0), n_models=7)

@@ -248,7 +248,9 @@ def compare_grid(
       stats_budget: bytes allowed for the per-layer statistics of a measure
         (RDMs, kernel matrices, bases), all layers together. Within it, such a
         measure does its per-layer work once per layer; above it (e.g. ``n^2``
-        RDMs for large ``n``), once per pair.
+        RDMs for large ``n``), a block of layers at a time (two blocks, one per
+        side, fit in it): once per block of the other side; when not one layer
+        per side fits, once per pair.
       on_undefined: ``"nan"`` (default): undefined cells are NaN, with their
         reasons in the result and one warning; ``"raise"``: a ``ValueError`` at
         the first refused source or undefined cell (cells in order of their

@@ -5,8 +5,10 @@ Per side, one program runs ``core.layer`` over the side's padded stack of layers
 layer and shared by every measure with the same layer function and options; one
 program runs ``core.pair`` over all pairs (``lax.map`` over pair indices, sharded
 over devices). When every layer's statistics together exceed ``stats_budget``
-(e.g. ``n x n`` RDMs for large ``n``), the pair program computes both sides'
-statistics per pair instead.
+(e.g. ``n x n`` RDMs for large ``n``), they are computed a block of layers at a
+time (a block of each side fits in the budget), and the pair program runs per
+pair of blocks; when not even one layer per side fits, the pair program computes
+both sides' statistics per pair.
 
 A measure registered without a core (a user's ``fn``, or ``stats=LayerStats``) is
 run through an adapter at its exact widths (one group per width): its code was not
@@ -114,6 +116,13 @@ def _raw_pairs_jit(layer, pair):
     return jax.jit(run)
 
 
+@functools.lru_cache(maxsize=None)
+def _block_layers_jit(layer):
+    """``layer`` on the layers ``idx`` ``(B,)`` of a stack ``(L, n, W)`` (``lax.map``): one block's statistics,
+    one program per function, stack shape and block size (the stack is passed whole, never sliced)."""
+    return jax.jit(lambda z, widths, idx, opts: jax.lax.map(lambda k: layer(z[k], widths[k], opts), idx))
+
+
 def _pick(tree, k):
     return jax.tree.map(lambda t: t[k], tree)
 
@@ -155,15 +164,62 @@ def _pair_index(ga: L.Group, gb: L.Group, plan: Plan, buckets: bool) -> tuple[np
     return np.concatenate([ia, np.repeat(ia[-1:], pad)]), np.concatenate([jb, np.repeat(jb[-1:], pad)]), count
 
 
+def _blocks(count: int, size: int) -> list[tuple[np.ndarray, int]]:
+    """Positions ``0 .. count - 1`` in blocks of ``size``, the last padded by repeats: ``[(positions, real)]``."""
+    out = []
+    for start in range(0, count, size):
+        pos = np.arange(start, min(start + size, count))
+        out.append((np.concatenate([pos, np.repeat(pos[-1:], size - len(pos))]).astype(np.int32), len(pos)))
+    return out
+
+
+def block_size(core: Core, lay: L.Layers, groups: dict, stats_budget: float) -> int:
+    """Layers per block when every layer's statistics together exceed ``stats_budget``: the most such that a
+    block of each side fits in it (0: they all fit; 1: not even one layer per side, so per pair)."""
+    per = [_stats_bytes(core, lay.n, g.width, 1, lay.dtype) for s in "ab" for g in groups[s]]
+    counts = [len(g.pidx) for s in "ab" for g in groups[s]]
+    if sum(b * c for b, c in zip(per, counts)) <= stats_budget:
+        return 0
+    return max(1, int(stats_budget // (2 * max(per))))
+
+
+def _blocked_pairs(lay: L.Layers, core: Core, opts, ga: L.Group, gb: L.Group, size: int, *, plan: Plan,
+                   stacks: Stacks, directions: tuple[str, ...]):
+    """Every pair of two groups, ``size`` layers of each side at a time: each block's statistics computed once
+    per block of the other side (not once per pair). Yields ``(direction, rows, cols, (values, flags))``."""
+    za, wa = stacks("a", ga)
+    zb, wb = stacks("b", gb)
+    # a group smaller than a block is one block of its own padded count (no statistics of repeated layers)
+    for pa, real_a in _blocks(len(ga.idx), min(size, len(ga.pidx))):
+        sa = replicate_computed(plan, _block_layers_jit(core.layer)(za, wa, replicate(plan, pa), opts))
+        for pb, real_b in _blocks(len(gb.idx), min(size, len(gb.pidx))):
+            sb = replicate_computed(plan, _block_layers_jit(core.layer)(zb, wb, replicate(plan, pb), opts))
+            ia, jb = (g.ravel() for g in np.meshgrid(np.arange(real_a), np.arange(real_b), indexing="ij"))
+            count = len(ia)
+            pad = L.bucket(count) - count
+            pad += (-(count + pad)) % plan.ndev
+            ia, jb = np.concatenate([ia, np.repeat(ia[-1:], pad)]), np.concatenate([jb, np.repeat(jb[-1:], pad)])
+            ia_d, jb_d = put_pairs(plan, ia, jb)
+            rows = np.asarray(ga.idx)[pa[ia[:count]]]
+            cols = np.asarray(gb.idx)[pb[jb[:count]]]
+            for d in directions:
+                args = (sa, sb, ia_d, jb_d) if d == "fwd" else (sb, sa, jb_d, ia_d)
+                value, flags = tree_to_host(_pairs_jit(core.pair)(*args, opts))
+                yield d, rows, cols, (value[:count], jax.tree.map(lambda a: a[:count], flags))
+
+
 def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: Plan, stats_budget: float,
                   stacks: Stacks, stats_cache: dict) -> dict[str, Table]:
     """One measure's tables by direction: ``"fwd"`` (``measure(A_i, B_j)``) and/or ``"rev"``
-    (``measure(B_j, A_i)``, indexed ``[i, j]`` too)."""
+    (``measure(B_j, A_i)``, indexed ``[i, j]`` too).
+
+    Per-layer statistics are computed once per layer when all of them fit in ``stats_budget``, else once
+    per block of the other side's layers (:func:`block_size`), else (not one layer per side fits) per pair."""
     core, padded = core_of(measure)
     groups = {s: lay.groups(s) if padded else L.make_groups(lay.side(s), buckets=False) for s in "ab"}
     opts = tuple(np.asarray(o, lay.dtype) for o in core.opts)
-    need = sum(_stats_bytes(core, lay.n, g.width, len(g.pidx), lay.dtype) for s in "ab" for g in groups[s])
-    per_layer = need <= stats_budget
+    size = block_size(core, lay, groups, stats_budget)
+    per_layer = size == 0
     stats = {}
     if per_layer:
         for s in "ab":
@@ -178,6 +234,12 @@ def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: 
     parts: dict[str, list] = {d: [] for d in directions}
     for ga in groups["a"]:
         for gb in groups["b"]:
+            if size > 1:
+                for d, rows, cols, (value, flags) in _blocked_pairs(lay, core, opts, ga, gb, size, plan=plan,
+                                                                    stacks=stacks, directions=directions):
+                    values[d][rows, cols] = value
+                    parts[d].append((rows, cols, flags))
+                continue
             ia, jb, count = _pair_index(ga, gb, plan, padded)
             ia_d, jb_d = put_pairs(plan, ia, jb)
             rows, cols = np.asarray(ga.idx)[ia[:count]], np.asarray(gb.idx)[jb[:count]]
