@@ -183,29 +183,30 @@ def block_size(core: Core, lay: L.Layers, groups: dict, stats_budget: float) -> 
     return max(1, int(stats_budget // (2 * max(per))))
 
 
-def _blocked_pairs(lay: L.Layers, core: Core, opts, ga: L.Group, gb: L.Group, size: int, *, plan: Plan,
-                   stacks: Stacks, directions: tuple[str, ...]):
-    """Every pair of two groups, ``size`` layers of each side at a time: each block's statistics computed once
-    per block of the other side (not once per pair). Yields ``(direction, rows, cols, (values, flags))``."""
+def _blocked_pairs(core: Core, opts, ga: L.Group, groups_b, size: int, *, plan: Plan, stacks: Stacks,
+                   directions: tuple[str, ...]):
+    """Every pair of group ``ga`` with the groups ``groups_b``, ``size`` layers of each side at a time: each
+    block of ``ga`` computed once, each block of the other side once per block of ``ga`` (not once per pair).
+    Yields ``(direction, rows, cols, (values, flags))``."""
     za, wa = stacks("a", ga)
-    zb, wb = stacks("b", gb)
     # a group smaller than a block is one block of its own padded count (no statistics of repeated layers)
     for pa, real_a in _blocks(len(ga.idx), min(size, len(ga.pidx))):
         sa = replicate_computed(plan, _block_layers_jit(core.layer)(za, wa, replicate(plan, pa), opts))
-        for pb, real_b in _blocks(len(gb.idx), min(size, len(gb.pidx))):
-            sb = replicate_computed(plan, _block_layers_jit(core.layer)(zb, wb, replicate(plan, pb), opts))
-            ia, jb = (g.ravel() for g in np.meshgrid(np.arange(real_a), np.arange(real_b), indexing="ij"))
-            count = len(ia)
-            pad = L.bucket(count) - count
-            pad += (-(count + pad)) % plan.ndev
-            ia, jb = np.concatenate([ia, np.repeat(ia[-1:], pad)]), np.concatenate([jb, np.repeat(jb[-1:], pad)])
-            ia_d, jb_d = put_pairs(plan, ia, jb)
-            rows = np.asarray(ga.idx)[pa[ia[:count]]]
-            cols = np.asarray(gb.idx)[pb[jb[:count]]]
-            for d in directions:
-                args = (sa, sb, ia_d, jb_d) if d == "fwd" else (sb, sa, jb_d, ia_d)
-                value, flags = tree_to_host(_pairs_jit(core.pair)(*args, opts))
-                yield d, rows, cols, (value[:count], jax.tree.map(lambda a: a[:count], flags))
+        for gb in groups_b:
+            zb, wb = stacks("b", gb)
+            for pb, real_b in _blocks(len(gb.idx), min(size, len(gb.pidx))):
+                sb = replicate_computed(plan, _block_layers_jit(core.layer)(zb, wb, replicate(plan, pb), opts))
+                ia, jb = (g.ravel() for g in np.meshgrid(np.arange(real_a), np.arange(real_b), indexing="ij"))
+                count = len(ia)
+                pad = L.bucket(count) - count
+                ia, jb = np.concatenate([ia, np.repeat(ia[-1:], pad)]), np.concatenate([jb, np.repeat(jb[-1:], pad)])
+                ia_d, jb_d = put_pairs(plan, ia, jb)  # padded to a multiple of the devices
+                rows = np.asarray(ga.idx)[pa[ia[:count]]]
+                cols = np.asarray(gb.idx)[pb[jb[:count]]]
+                for d in directions:
+                    args = (sa, sb, ia_d, jb_d) if d == "fwd" else (sb, sa, jb_d, ia_d)
+                    value, flags = tree_to_host(_pairs_jit(core.pair)(*args, opts))
+                    yield d, rows, cols, (value[:count], jax.tree.map(lambda a: a[:count], flags))
 
 
 def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: Plan, stats_budget: float,
@@ -233,13 +234,13 @@ def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: 
     values = {d: np.full(shape, np.nan, lay.dtype) for d in directions}
     parts: dict[str, list] = {d: [] for d in directions}
     for ga in groups["a"]:
+        if size > 1:
+            for d, rows, cols, (value, flags) in _blocked_pairs(core, opts, ga, groups["b"], size, plan=plan,
+                                                                stacks=stacks, directions=directions):
+                values[d][rows, cols] = value
+                parts[d].append((rows, cols, flags))
+            continue
         for gb in groups["b"]:
-            if size > 1:
-                for d, rows, cols, (value, flags) in _blocked_pairs(lay, core, opts, ga, gb, size, plan=plan,
-                                                                    stacks=stacks, directions=directions):
-                    values[d][rows, cols] = value
-                    parts[d].append((rows, cols, flags))
-                continue
             ia, jb, count = _pair_index(ga, gb, plan, padded)
             ia_d, jb_d = put_pairs(plan, ia, jb)
             rows, cols = np.asarray(ga.idx)[ia[:count]], np.asarray(gb.idx)[jb[:count]]
