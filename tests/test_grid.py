@@ -326,10 +326,12 @@ def test_block_size_fits_two_blocks_in_the_budget():
                          tuple(jax.ShapeDtypeStruct((), lay.dtype) for _ in core.opts))
     per = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(out))
     assert per >= N * (N - 1) // 2 * 8  # at least the condensed float64 RDM
-    total = per * sum(len(g.pidx) for s in "ab" for g in groups[s])
-    assert G.block_size(core, lay, groups, total) == 0
+    total = per * sum(len(g.pidx) for g in groups["a"])  # a side with itself: one copy of the statistics
+    assert lay.same and G.block_size(core, lay, groups, total) == 0 < G.block_size(core, lay, groups, total - 1)
+    other = L.prepare(reps, dict(reps), buckets=True)  # two sides: both copies
+    assert not other.same and G.block_size(core, other, groups, 2 * total - 1) > 0
     assert G.block_size(core, lay, groups, 0) == 1
-    for k in (1, 2, 3, 7):
+    for k in (1, 2, 3, 5):  # all 12 padded layers fit in 12 layers' bytes
         assert G.block_size(core, lay, groups, 2 * k * per) == k
         assert G.block_size(core, lay, groups, 2 * (k + 1) * per - 1) == k
 

@@ -176,8 +176,9 @@ def _blocks(count: int, size: int) -> list[tuple[np.ndarray, int]]:
 def block_size(core: Core, lay: L.Layers, groups: dict, stats_budget: float) -> int:
     """Layers per block when every layer's statistics together exceed ``stats_budget``: the most such that a
     block of each side fits in it (0: they all fit; 1: not even one layer per side, so per pair)."""
-    per = [_stats_bytes(core, lay.n, g.width, 1, lay.dtype) for s in "ab" for g in groups[s]]
-    counts = [len(g.pidx) for s in "ab" for g in groups[s]]
+    sides = "a" if lay.same else "ab"  # one grid of a side with itself keeps one copy of each layer's statistics
+    per = [_stats_bytes(core, lay.n, g.width, 1, lay.dtype) for s in sides for g in groups[s]]
+    counts = [len(g.pidx) for s in sides for g in groups[s]]
     if sum(b * c for b, c in zip(per, counts)) <= stats_budget:
         return 0
     return max(1, int(stats_budget // (2 * max(per))))
