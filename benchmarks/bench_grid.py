@@ -28,15 +28,19 @@ pairs, extrapolated to the 144 pairs (stated in the table). Ours and the NumPy
 loop run in alternating rounds; each is the minimum over the rounds, in wall
 time and in CPU time (``time.process_time``, which a loaded machine does not inflate).
 
-Part 5: RDMs over the memory budget. RSA on many rows keeps an ``n x n`` RDM per
-layer; when all of them exceed ``stats_budget`` the grid computes them a block of
-layers at a time. The same grid with every RDM in memory, in blocks of 4 layers,
-and once per pair (a budget below one layer per side).
-
 Part 3: compilations for a second architecture pair. A grid of one pair of
 architectures, then a grid of another pair whose layer widths and counts fall in
 the same size buckets: the programs the second call compiles (``jax.monitoring``
 events) and its time, with the size buckets and without (``buckets=False``).
+
+Part 4: layers wider than the rows (4 x 4 layers of 2,048 down to 256 features on
+600 rows), the moment measures in the rows' span against the layers' own features
+(``buckets=False``).
+
+Part 5: RDMs over the memory budget. RSA on many rows keeps an ``n x n`` RDM per
+layer; when all of them exceed ``stats_budget`` the grid computes them a block of
+layers at a time. The same grid with every RDM in memory, in blocks of 4 layers,
+and once per pair (a budget below one layer per side).
 """
 
 from __future__ import annotations

@@ -294,6 +294,7 @@ def test_generic_statistics_over_the_budget_are_computed_in_blocks(monkeypatch):
     a["a6"] = np.tanh(a["a0"] @ r.normal(size=(3, 3)))  # one related pair
     measures = ["rsa/correlation/pearson", "cka/rbf/debiased", "svcca"]
     whole = compare_grid(a, b, measures=measures, reverse=True)
+    square = compare_grid(a, measures=measures)  # one side with itself: one copy of each layer's statistics
     seen = []
     real = G.block_size
 
@@ -308,6 +309,9 @@ def test_generic_statistics_over_the_budget_are_computed_in_blocks(monkeypatch):
             np.testing.assert_allclose(blocked.tables[m], whole.tables[m], rtol=1e-12, atol=1e-14, err_msg=(m, size))
             np.testing.assert_allclose(blocked.reverse[m], whole.reverse[m], rtol=1e-12, atol=1e-14,
                                        err_msg=(m, size))
+        blocked = compare_grid(a, measures=measures)
+        for m in measures:
+            np.testing.assert_allclose(blocked.tables[m], square.tables[m], rtol=1e-12, atol=1e-14, err_msg=(m, size))
     assert seen and set(seen) == {0}  # within the default budget, all at once
     np.testing.assert_allclose(whole.tables["rsa/correlation/pearson"][6, 1],
                                sim.measure("rsa/correlation/pearson")(a["a6"], b[1]), rtol=1e-10)
