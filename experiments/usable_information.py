@@ -358,10 +358,11 @@ def _claim3_spatial(t: _Table, opts: ReportOptions, key) -> dict:
 
 def _claim3_spatial_lines(res: dict) -> list[str]:
     cell = lambda c: "-" if c is None or c.get("value") is None else \
-        f"{c['value']:.3f} [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}]"
+        f"{c['value']:.3f} {_ci(c['interval'])}"
     return ["**Against the paper code's conv score** (conv-conv pairs; R^2 [95% CI] against "
             "`stitch/spatial/scaled_orthogonal`: the source map pooled to the target's size, a closed-form 1x1 map over "
-            "positions, uncentred, in sample; beside R^2 against ours, the pooled in-sample scaled-orthogonal score):", "",
+            "positions, uncentred, in sample; beside R^2 against ours, the pooled in-sample scaled-orthogonal score; "
+            "\"-\": no interval, the pairs hold fewer than 3 models):", "",
             "| measure | paper code's conv score | ours (pooled) | n |", "|---|---|---|---:|",
             *[f"| {k} | {cell(r.get('spatial'))} | {cell(r.get('ours'))} | {r['n']} |" for k, r in res.items()],
             ""] if res else []
@@ -594,7 +595,8 @@ def _fmt(x, nd=3):
 
 
 def _ci(iv):
-    return "-" if iv is None else f"[{iv[0]:.3f}, {iv[1]:.3f}]"
+    """``[low, high]``, or "-" where there is none (None, or NaN: e.g. one model pair)."""
+    return "-" if iv is None or any(v != v for v in iv) else f"[{iv[0]:.3f}, {iv[1]:.3f}]"
 
 
 def _claim1_lines(claim1: dict) -> list[str]:
@@ -696,14 +698,15 @@ def _summary(run_dir: pathlib.Path, cfg: dict, m: dict, opts: ReportOptions, ver
     if pops:
         L += ["", "**By layer population and feature convention** (R^2 [95% CI] against the in-sample "
               "scaled-orthogonal score, the paper code's protocol; `measure@point/flatten`: an extra convention, "
-              "the main grid's otherwise; n: directed pairs). The paper: CKA 0.937, RSA 0.912.", "",
+              "the main grid's otherwise; n: directed pairs; \"-\" for the interval: the pairs hold fewer than 3 "
+              "models). The paper: CKA 0.937, RSA 0.912.", "",
               "| measure | " + " | ".join(POPULATIONS) + " |", "|---|" + "---|" * len(POPULATIONS)]
         for meas, r in pops.items():
             cells = []
             for pop in POPULATIONS:
                 c = r[pop]
                 cells.append(f"- (n {c['n']})" if c.get("value") is None else
-                             f"{c['value']:.3f} [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}] (n {c['n']})")
+                             f"{c['value']:.3f} {_ci(c['interval'])} (n {c['n']})")
             L.append(f"| {meas} | " + " | ".join(cells) + " |")
         L.append("")
         main = f"{cfg.get('activation_point', 'pre_activation')}/{cfg.get('flatten', 'flatten')}"

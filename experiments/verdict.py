@@ -131,12 +131,13 @@ class Rule:
         Args:
           value: the statistic (a number; None or NaN when undefined).
           interval: ``(low, high)`` for a rule with ``interval=True``.
-          reason: why the value is undefined (printed in the label).
+          reason: why the value (or, for an interval rule, its interval) is undefined, printed in
+            the label; an interval rule given no interval but a reason is inconclusive.
           context: the statistics the preconditions in ``requires`` name.
 
         Raises:
           ValueError: a value that is not a number, an interval rule without an
-            interval (or a malformed one), or a precondition whose statistic is missing
+            interval or a reason (or a malformed interval), or a precondition whose statistic is missing
             from ``context``.
         """
         if value is not None and not _is_number(value):
@@ -161,6 +162,8 @@ class Rule:
             return Verdict(self, _float(value), _interval(interval), self.labels[0 if ok else 1],
                            "pass" if ok else "fail", None)
         iv = _interval(interval)
+        if iv is None and reason:  # no interval, for a stated reason (e.g. one model pair): nothing to judge
+            return Verdict(self, _float(value), None, f"{INCONCLUSIVE} ({reason})", "undefined", reason)
         if iv is None:
             raise ValueError(f"Rule {self.claim!r} judges an interval (interval=True) but none was given "
                              f"for {self.statistic!r}; pass interval=(low, high).")

@@ -41,7 +41,7 @@ from funsim.similarity import statistics as st
 from funsim.similarity._precision import full_precision
 
 __all__ = ["order_margin", "sufficiency_lift", "split_half_differences", "noise_statistics", "primary_holm",
-           "model_interval", "mean_abs", "directed_asymmetry", "asymmetry_statistics", "OPPOSITE"]
+           "model_interval", "mean_abs", "directed_asymmetry", "asymmetry_statistics", "OPPOSITE", "ONE_MODEL_PAIR"]
 
 #: The direction a rule fails in: the p-value of a failed rule is that of the opposite claim.
 OPPOSITE = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}
@@ -162,11 +162,35 @@ def _models(keys: Sequence[tuple]) -> tuple[np.ndarray, np.ndarray]:
     return np.array([f"{k[0]}|{k[1]}" for k in keys]), np.array([f"{k[0]}|{k[3]}" for k in keys])
 
 
+ONE_MODEL_PAIR = "one model pair: the model bootstrap needs 3 or more models"
+
+
+def _one_model_pair(stat, arrays, keys) -> dict | None:
+    """The statistic without intervals (None) and with the reason, when ``keys`` hold fewer than 3 models
+    (else None).
+
+    With one model pair every model resample that keeps a pair keeps all of them, so a model (or model-pair)
+    bootstrap interval would be a point: no interval, not a false one of width 0."""
+    a, b = _models(keys)
+    if len(set(a.tolist()) | set(b.tolist())) >= 3:
+        return None
+    try:
+        value = float(stat(*(np.asarray(x, np.float64) for x in arrays)))
+    except ValueError as e:  # undefined on the data itself (a constant array), as in the bootstrap below
+        return _undefined(str(e).split(";")[0])
+    if not np.isfinite(value):
+        return _undefined(f"{getattr(stat, '__name__', 'the statistic')} is {value} on the data (e.g. a constant array)")
+    return {"value": value, "interval": None, "interval_pairs": None, "reason": ONE_MODEL_PAIR}
+
+
 def _model_interval(stat, arrays, keys, key, n_resamples: int, level: float, p_out: dict, name: str,
                     min_n: int = 4) -> dict:
     """``{"value", "interval"}`` of a model bootstrap, its one-sided p-values against 0 into ``p_out[name]``."""
     if len(keys) < min_n:
         return _undefined(f"{len(keys)} pairs (fewer than {min_n})")
+    one = _one_model_pair(stat, arrays, keys)
+    if one is not None:
+        return {k: v for k, v in one.items() if k != "interval_pairs"}
     try:
         est, samples = st.bootstrap_distribution(stat, tuple(arrays), key=key, n_resamples=n_resamples,
                                                  models=_models(keys))
@@ -302,11 +326,16 @@ def model_interval(stat, arrays: Sequence[ArrayLike], keys: Sequence[tuple], /, 
 
     Returns:
       ``{"value", "interval", "interval_pairs"}``, or ``{"value": None, "reason"}`` when the statistic
-      or every model resample is undefined.
+      or every model resample is undefined. With fewer than 3 models (one model pair) both intervals
+      are None with the reason :data:`ONE_MODEL_PAIR` (an interval rule reads that as inconclusive):
+      every resample would hold the same pairs.
     """
     if len(keys) < min_n:
         return _undefined(f"{len(keys)} pairs (fewer than {min_n})")
     arrays = tuple(np.asarray(a, np.float64) for a in arrays)
+    one = _one_model_pair(stat, arrays, keys)
+    if one is not None:
+        return one
     k_models, k_pairs = jax.random.split(key)
     q = [(1 - level) / 2, (1 + level) / 2]
     try:

@@ -349,6 +349,34 @@ def test_model_interval_and_mean_abs_match_numpy():
     assert "constant" in sr.model_interval(st.excess_kurtosis, (np.zeros(8),), keys[:8], key=key)["reason"]
 
 
+def test_one_model_pair_has_no_interval_and_its_rule_is_inconclusive():
+    """Fewer than 3 models: every model resample holds the same pairs, so there is no interval (None with the
+    reason), not a point interval of width 0; an interval rule reads that as inconclusive, and the report's
+    tables print "-"."""
+    from funsim.experiments.usable_information import _ci
+    from funsim.experiments.verdict import Rule
+
+    keys, _, _ = _layer_keys(7)
+    one = [k for k in keys if (k[1], k[3]) == (keys[0][1], keys[0][3])]
+    assert len(one) >= 4 and len({k[1] for k in one} | {k[3] for k in one}) == 2
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=len(one))
+    y = x + rng.normal(size=len(one))
+    r = sr.model_interval(st.r2, (x, y), one, key=jax.random.key(0), n_resamples=200)
+    np.testing.assert_allclose(r["value"], np.corrcoef(x, y)[0, 1] ** 2, rtol=1e-6)
+    assert r["interval"] is None and r["interval_pairs"] is None and r["reason"] == sr.ONE_MODEL_PAIR
+    v = Rule("3a", "r2_cka", ">", 0.8, interval=True).judge(r["value"], interval=r["interval"], reason=r["reason"])
+    assert v.outcome == "undefined" and sr.ONE_MODEL_PAIR in v.label
+    assert _ci(r["interval"]) == "-" and _ci([float("nan")] * 2) == "-" and _ci([0.1, 0.2]) == "[0.100, 0.200]"
+    assert "constant" in sr.model_interval(st.excess_kurtosis, (np.zeros(len(one)),), one, key=jax.random.key(0))["reason"]
+    # three models: an interval again
+    three = one + [k for k in keys if k[1] not in {one[0][1], one[0][3]} or k[3] not in {one[0][1], one[0][3]}][:20]
+    assert len({k[1] for k in three} | {k[3] for k in three}) >= 3
+    x3 = rng.normal(size=len(three))
+    r3 = sr.model_interval(st.r2, (x3, x3 + rng.normal(size=len(three))), three, key=jax.random.key(0), n_resamples=200)
+    assert r3["interval"] is not None and r3["interval"][0] < r3["interval"][1]
+
+
 def test_model_interval_is_wider_than_pairs_with_shared_models():
     """y = u_a + u_b + noise per layer pair: the models' effects are shared across model pairs, so the
     model-resampled interval of the mean is much wider than the pair-resampled one; it covers 0, the pairs' not
