@@ -41,7 +41,7 @@ __all__ = [
     "Interval", "PermutationResult", "r2", "weighted_moments", "excess_kurtosis", "resample_weights",
     "bootstrap", "permutation_test", "tail_statistics", "binned_probability", "count_violations",
     "NORMAL_TAIL", "weighted_mean", "r2_margin", "model_resample_weights", "bootstrap_distribution",
-    "bootstrap_p_value", "holm", "accuracy_difference_se",
+    "bootstrap_p_value", "holm", "accuracy_difference_se", "ONE_MODEL_PAIR", "one_model_pair",
 ]
 
 # For a normal distribution: P(|z| > 3) and (q99 - q01) / (q75 - q25), the references of tail_statistics.
@@ -218,6 +218,24 @@ def _model_index(model_a, model_b) -> tuple[np.ndarray, np.ndarray, int]:
     _, inverse = np.unique(np.concatenate([a, b]).astype(str), return_inverse=True)
     inverse = inverse.reshape(-1)
     return inverse[: a.size], inverse[a.size:], int(inverse.max()) + 1
+
+
+#: Why a statistic over the pairs of fewer than 3 models has no model-bootstrap interval.
+ONE_MODEL_PAIR = "one model pair: the model bootstrap needs 3 or more models"
+
+
+def one_model_pair(model_a: ArrayLike, model_b: ArrayLike, /) -> bool:
+    """Whether the pairs ``(model_a[i], model_b[i])`` hold fewer than 3 models (one model pair).
+
+    Then every model resample that keeps a pair keeps all of them, so a model (or model-pair) bootstrap
+    interval is a point of width 0: callers report the statistic without an interval
+    (:data:`ONE_MODEL_PAIR`).
+
+    Examples:
+      >>> one_model_pair(["a", "a"], ["b", "b"]), one_model_pair(["a", "a"], ["b", "c"])
+      (True, False)
+    """
+    return _model_index(model_a, model_b)[2] < 3
 
 
 @full_precision

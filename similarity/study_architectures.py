@@ -114,10 +114,10 @@ def _cell(stat, arrays, model_a, model_b, key, n_resamples: int, level: float, m
     n, models = len(model_a), len(set(model_a.tolist()) | set(model_b.tolist()))
     if n < min_n:
         return {"value": None, "reason": f"{n} directed pairs (fewer than {min_n})", "n": n, "models": models}
-    if models < 3:  # one model pair: every resample that keeps it keeps it whole, so the interval is a point
+    if st.one_model_pair(model_a.astype(str), model_b.astype(str)):  # the interval would be a point
         value = float(stat(*(np.asarray(a, np.float64) for a in arrays)))
-        return ({"value": value, "interval": None, "interval_reason": "one model pair (the model bootstrap needs "
-                 "3 or more models)", "n": n, "models": models} if np.isfinite(value) else
+        return ({"value": value, "interval": None, "interval_reason": st.ONE_MODEL_PAIR, "n": n, "models": models}
+                if np.isfinite(value) else
                 {"value": None, "reason": f"{getattr(stat, '__name__', 'the statistic')} is {value} on the data "
                  "(e.g. a constant array)", "n": n, "models": models})
     try:

@@ -41,7 +41,7 @@ from funsim.similarity import statistics as st
 from funsim.similarity._precision import full_precision
 
 __all__ = ["order_margin", "sufficiency_lift", "split_half_differences", "noise_statistics", "primary_holm",
-           "model_interval", "mean_abs", "directed_asymmetry", "asymmetry_statistics", "OPPOSITE", "ONE_MODEL_PAIR"]
+           "model_interval", "mean_abs", "directed_asymmetry", "asymmetry_statistics", "OPPOSITE"]
 
 #: The direction a rule fails in: the p-value of a failed rule is that of the opposite claim.
 OPPOSITE = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}
@@ -162,17 +162,13 @@ def _models(keys: Sequence[tuple]) -> tuple[np.ndarray, np.ndarray]:
     return np.array([f"{k[0]}|{k[1]}" for k in keys]), np.array([f"{k[0]}|{k[3]}" for k in keys])
 
 
-ONE_MODEL_PAIR = "one model pair: the model bootstrap needs 3 or more models"
-
-
 def _one_model_pair(stat, arrays, keys) -> dict | None:
     """The statistic without intervals (None) and with the reason, when ``keys`` hold fewer than 3 models
     (else None).
 
     With one model pair every model resample that keeps a pair keeps all of them, so a model (or model-pair)
     bootstrap interval would be a point: no interval, not a false one of width 0."""
-    a, b = _models(keys)
-    if len(set(a.tolist()) | set(b.tolist())) >= 3:
+    if not st.one_model_pair(*_models(keys)):
         return None
     try:
         value = float(stat(*(np.asarray(x, np.float64) for x in arrays)))
@@ -180,7 +176,7 @@ def _one_model_pair(stat, arrays, keys) -> dict | None:
         return _undefined(str(e).split(";")[0])
     if not np.isfinite(value):
         return _undefined(f"{getattr(stat, '__name__', 'the statistic')} is {value} on the data (e.g. a constant array)")
-    return {"value": value, "interval": None, "interval_pairs": None, "reason": ONE_MODEL_PAIR}
+    return {"value": value, "interval": None, "interval_pairs": None, "reason": st.ONE_MODEL_PAIR}
 
 
 def _model_interval(stat, arrays, keys, key, n_resamples: int, level: float, p_out: dict, name: str,
@@ -327,7 +323,7 @@ def model_interval(stat, arrays: Sequence[ArrayLike], keys: Sequence[tuple], /, 
     Returns:
       ``{"value", "interval", "interval_pairs"}``, or ``{"value": None, "reason"}`` when the statistic
       or every model resample is undefined. With fewer than 3 models (one model pair) both intervals
-      are None with the reason :data:`ONE_MODEL_PAIR` (an interval rule reads that as inconclusive):
+      are None with the reason ``statistics.ONE_MODEL_PAIR`` (an interval rule reads that as inconclusive):
       every resample would hold the same pairs.
     """
     if len(keys) < min_n:

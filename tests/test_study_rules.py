@@ -364,9 +364,9 @@ def test_one_model_pair_has_no_interval_and_its_rule_is_inconclusive():
     y = x + rng.normal(size=len(one))
     r = sr.model_interval(st.r2, (x, y), one, key=jax.random.key(0), n_resamples=200)
     np.testing.assert_allclose(r["value"], np.corrcoef(x, y)[0, 1] ** 2, rtol=1e-6)
-    assert r["interval"] is None and r["interval_pairs"] is None and r["reason"] == sr.ONE_MODEL_PAIR
+    assert r["interval"] is None and r["interval_pairs"] is None and r["reason"] == st.ONE_MODEL_PAIR
     v = Rule("3a", "r2_cka", ">", 0.8, interval=True).judge(r["value"], interval=r["interval"], reason=r["reason"])
-    assert v.outcome == "undefined" and sr.ONE_MODEL_PAIR in v.label
+    assert v.outcome == "undefined" and st.ONE_MODEL_PAIR in v.label
     assert _ci(r["interval"]) == "-" and _ci([float("nan")] * 2) == "-" and _ci([0.1, 0.2]) == "[0.100, 0.200]"
     assert "constant" in sr.model_interval(st.excess_kurtosis, (np.zeros(len(one)),), one, key=jax.random.key(0))["reason"]
     # three models: an interval again

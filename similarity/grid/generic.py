@@ -185,9 +185,10 @@ def block_size(core: Core, lay: L.Layers, groups: dict, stats_budget: float) -> 
 
 
 def _blocked_pairs(core: Core, opts, ga: L.Group, groups_b, size: int, *, plan: Plan, stacks: Stacks,
-                   directions: tuple[str, ...]):
+                   directions: tuple[str, ...], same: bool):
     """Every pair of group ``ga`` with the groups ``groups_b``, ``size`` layers of each side at a time: each
-    block of ``ga`` computed once, each block of the other side once per block of ``ga`` (not once per pair).
+    block of ``ga`` computed once, each block of the other side once per block of ``ga`` (not once per pair;
+    ``same``: a side with itself, where a block against itself reuses its statistics).
     Yields ``(direction, rows, cols, (values, flags))``."""
     za, wa = stacks("a", ga)
     # a group smaller than a block is one block of its own padded count (no statistics of repeated layers)
@@ -196,7 +197,8 @@ def _blocked_pairs(core: Core, opts, ga: L.Group, groups_b, size: int, *, plan: 
         for gb in groups_b:
             zb, wb = stacks("b", gb)
             for pb, real_b in _blocks(len(gb.idx), min(size, len(gb.pidx))):
-                sb = replicate_computed(plan, _block_layers_jit(core.layer)(zb, wb, replicate(plan, pb), opts))
+                sb = sa if same and gb is ga and np.array_equal(pa, pb) else \
+                    replicate_computed(plan, _block_layers_jit(core.layer)(zb, wb, replicate(plan, pb), opts))
                 ia, jb = (g.ravel() for g in np.meshgrid(np.arange(real_a), np.arange(real_b), indexing="ij"))
                 count = len(ia)
                 pad = L.bucket(count) - count
@@ -237,7 +239,8 @@ def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: 
     for ga in groups["a"]:
         if size > 1:
             for d, rows, cols, (value, flags) in _blocked_pairs(core, opts, ga, groups["b"], size, plan=plan,
-                                                                stacks=stacks, directions=directions):
+                                                                stacks=stacks, directions=directions,
+                                                                same=lay.same):
                 values[d][rows, cols] = value
                 parts[d].append((rows, cols, flags))
             continue
