@@ -312,6 +312,9 @@ def test_generic_statistics_over_the_budget_are_computed_in_blocks(monkeypatch):
         blocked = compare_grid(a, measures=measures)
         for m in measures:
             np.testing.assert_allclose(blocked.tables[m], square.tables[m], rtol=1e-12, atol=1e-14, err_msg=(m, size))
+        with CompileCounter() as again:  # new values, same shapes: the block programs are reused
+            compare_grid({k: v + 1.0 for k, v in a.items()}, b, measures=measures, reverse=True)
+        assert again.count == 0, size
     assert seen and set(seen) == {0}  # within the default budget, all at once
     np.testing.assert_allclose(whole.tables["rsa/correlation/pearson"][6, 1],
                                sim.measure("rsa/correlation/pearson")(a["a6"], b[1]), rtol=1e-10)
