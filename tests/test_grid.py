@@ -1,6 +1,7 @@
 """The comparison grid agrees with the pairwise functions, streams, and shards."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -341,6 +342,67 @@ def test_block_size_fits_two_blocks_in_the_budget():
     for k in (1, 2, 3, 5):  # all 12 padded layers fit in 12 layers' bytes
         assert G.block_size(core, lay, groups, 2 * k * per) == k
         assert G.block_size(core, lay, groups, 2 * (k + 1) * per - 1) == k
+
+
+def test_default_stats_budget_is_a_quarter_of_the_smallest_free_device_memory():
+    """Where every device reports its memory (a GPU, a TPU) the default budget is a quarter of the least free;
+    where one does not (the CPU reports none), 2 GiB."""
+    from funsim.similarity.grid import devices as D
+
+    class Dev:
+        def __init__(self, stats):
+            self.stats = stats
+
+        def memory_stats(self):
+            return self.stats
+
+    gib = 2.0**30
+    assert jax.devices()[0].memory_stats() is None  # this suite runs on the CPU
+    assert D.default_stats_budget() == D.default_stats_budget(jax.devices()) == D.DEFAULT_STATS_BUDGET == 2 * gib
+    big = Dev({"bytes_limit": int(139 * gib), "bytes_in_use": int(3 * gib)})
+    small = Dev({"bytes_limit": int(80 * gib), "bytes_in_use": int(40 * gib)})
+    assert D.default_stats_budget([big]) == 34 * gib
+    assert D.default_stats_budget([big, small]) == 10 * gib
+    assert D.default_stats_budget([Dev({"bytes_limit": int(16 * gib)})]) == 4 * gib  # nothing in use reported
+    assert D.default_stats_budget([big, Dev(None)]) == D.default_stats_budget([big, Dev({})]) == 2 * gib
+    assert D.default_stats_budget([Dev({"bytes_limit": 10, "bytes_in_use": 20})]) == 0  # full: per pair
+
+
+@pytest.mark.parametrize("budget", [-1, "2GiB", True, float("nan")])
+def test_bad_stats_budget_is_refused_by_name(grid, budget):
+    a, b, _ = grid
+    with pytest.raises(ValueError, match=r"stats_budget must be a number of bytes >= 0 .* got " + re.escape(repr(budget))):
+        compare_grid(a, b, measures="rsa/correlation/pearson", stats_budget=budget)
+
+
+def test_the_grid_keeps_one_measures_statistics_at_a_time(grid, monkeypatch):
+    """Per-layer statistics stay cached only while a later measure uses them (the shape metrics of one alpha
+    share theirs): the grid's memory is one measure's statistics, not every measure's."""
+    from funsim.similarity.grid import generic as G
+
+    a, b, _ = grid
+    measures = ["shape/angular/alpha=0.5", "rsa/correlation/pearson", "shape/euclidean/alpha=0.5", "svcca"]
+    layer = {m: sim.measure(m).core.layer for m in measures}
+    assert layer[measures[0]] is layer[measures[2]] and len(set(map(id, layer.values()))) == 3
+    live, computed = [], []
+    real_table, real_layers = G.generic_table, G._layers_jit
+
+    def spy(lay, measure, *, stats_cache, **kw):
+        live.append({k[0] for k in stats_cache})
+        return real_table(lay, measure, stats_cache=stats_cache, **kw)
+
+    def counted(fn):
+        computed.append(fn)
+        return real_layers(fn)
+
+    monkeypatch.setattr(G, "generic_table", spy)
+    monkeypatch.setattr(G, "_layers_jit", counted)
+    g = compare_grid(a, b, measures=measures)
+    assert live == [set(), {layer[measures[0]]}, {layer[measures[0]]}, set()]
+    assert computed.count(layer[measures[0]]) == len(computed) // 3  # the shared statistics computed once
+    for m in measures:
+        x, y = next(iter(a.values())), b[0]
+        np.testing.assert_allclose(g.tables[m][0, 0], sim.measure(m)(x, y), rtol=1e-9, atol=1e-12, err_msg=m)
 
 
 def test_generic_non_finite_entry_is_an_error(grid):

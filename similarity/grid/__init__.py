@@ -90,7 +90,7 @@ from funsim.similarity.grid import generic as G
 from funsim.similarity.grid import layers as L
 from funsim.similarity.grid import moment_passes as M
 from funsim.similarity.grid import undefined as U
-from funsim.similarity.grid.devices import make_plan
+from funsim.similarity.grid.devices import default_stats_budget, make_plan
 from funsim.similarity.grid.undefined import UndefinedCellWarning
 from funsim.similarity.moments import check_split, split_weights
 from funsim.similarity.registry import Measure, list_measures
@@ -206,7 +206,7 @@ def compare_grid(
     key: jax.Array | None = None,
     chunk_size: int | None = None,
     devices: Sequence[jax.Device] | None = None,
-    stats_budget: float = 2.0 * 2**30,
+    stats_budget: float | None = None,
     on_undefined: str = "nan",
     buckets: bool = True,
     on_step: Callable[[int, int], Any] | None = None,
@@ -250,7 +250,12 @@ def compare_grid(
         measure does its per-layer work once per layer; above it (e.g. ``n^2``
         RDMs for large ``n``), a block of layers at a time (two blocks, one per
         side, fit in it): once per block of the other side; when not one layer
-        per side fits, once per pair.
+        per side fits, once per pair. The grid holds one measure's statistics
+        at a time (kept for a later measure only where it shares them). Default
+        (``None``): a quarter of the smallest free device memory where the
+        devices report it (GPU, TPU), else 2 GiB (the CPU):
+        :func:`.devices.default_stats_budget`. The tables do not depend on it
+        (to rounding).
       on_undefined: ``"nan"`` (default): undefined cells are NaN, with their
         reasons in the result and one warning; ``"raise"``: a ``ValueError`` at
         the first refused source or undefined cell (cells in order of their
@@ -293,7 +298,8 @@ def compare_grid(
       (nan, [(1, 0)], 'UndefinedCellWarning')
     """
     _refuse_tracers(reps_a, reps_b, split, key)
-    streaming, reverse, strict, buckets = _check_options(chunk_size, reverse, on_undefined, buckets)
+    streaming, reverse, strict, buckets = _check_options(chunk_size, reverse, on_undefined, buckets,
+                                                         stats_budget)
     if on_step is not None and not callable(on_step):
         raise TypeError(f"on_step must be a function on_step(done, total) or None, got {type(on_step).__name__}.")
     measures = [measures] if isinstance(measures, str) else list(measures)
@@ -304,6 +310,7 @@ def compare_grid(
     lay = L.prepare(reps_a, reps_b, buckets=buckets)
     n_tr, n_te, weights = _split_rows(lay, split, key, moment)
     plan = make_plan(devices)
+    stats_budget = default_stats_budget(devices) if stats_budget is None else stats_budget
     stacks = G.Stacks(lay, plan)
     reasons = {name: _reason(m, n_tr if _uses_split(m) else lay.n) for name, m in moment + generic}
     if strict:
@@ -316,10 +323,12 @@ def compare_grid(
                                       stacks=stacks,
                                       rotation_invariant=buckets and all("rotation" in m.invariances
                                                                          for _, m in moment), steps=steps))
+    stats_cache: dict = {}
     generic_table = functools.partial(G.generic_table, lay, plan=plan, stats_budget=stats_budget, stacks=stacks,
-                                      stats_cache={})
-    for name, m in generic:
+                                      stats_cache=stats_cache)
+    for k, (name, m) in enumerate(generic):
         tables[name] = generic_table(m, directions=("fwd", "rev") if reverse and not m.symmetric else ("fwd",))
+        G.evict(stats_cache, keep=[later for _, later in generic[k + 1:]])  # one measure's statistics at a time
         steps.advance()
     names = list(dict.fromkeys(measures))
     fwd, rev, undefined, rev_undefined = _settle(
@@ -354,12 +363,17 @@ def _arrays(names, fwd, rev, reverse: bool) -> tuple[dict, dict]:
     return out, rev_out
 
 
-def _check_options(chunk_size, reverse, on_undefined, buckets) -> tuple[bool, bool, bool, bool]:
-    """``(streaming, reverse, strict, buckets)``: :func:`compare_grid`'s options, checked."""
+def _check_options(chunk_size, reverse, on_undefined, buckets, stats_budget) -> tuple[bool, bool, bool, bool]:
+    """``(streaming, reverse, strict, buckets)``: :func:`compare_grid`'s options, checked (``stats_budget``
+    too)."""
     streaming = chunk_size is not None
     if streaming and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
     reverse = V.check_bool(reverse, "reverse")
+    if stats_budget is not None and (isinstance(stats_budget, bool) or not isinstance(stats_budget, (int, float))
+                                     or not stats_budget >= 0):
+        raise ValueError(f"stats_budget must be a number of bytes >= 0 (0: per-pair statistics) or None (the "
+                         f"default, from the devices' memory), got {stats_budget!r}.")
     strict = V.check_choice(on_undefined, "on_undefined", ("nan", "raise")) == "raise"
     return streaming, reverse, strict, V.check_bool(buckets, "buckets")
 

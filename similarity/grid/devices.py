@@ -26,6 +26,34 @@ def make_plan(devices) -> Plan:
     return Plan(Mesh(np.array(devices), ("pairs",)), len(devices))
 
 
+DEFAULT_STATS_BUDGET = 2.0 * 2**30
+"""Bytes for one measure's per-layer statistics where the devices do not report their memory (the CPU)."""
+
+
+def default_stats_budget(devices=None) -> float:
+    """:func:`compare_grid`'s default ``stats_budget``: a quarter of the smallest free memory among
+    ``devices`` (default ``jax.devices()``) where every one reports it (``memory_stats()`` on a GPU or TPU:
+    ``bytes_limit - bytes_in_use``), else :data:`DEFAULT_STATS_BUDGET` (2 GiB; the CPU reports none).
+
+    A quarter leaves room for the pair program's own work and the user's arrays: the grid keeps one measure's
+    statistics at a time (and shares them with a later measure of the same per-layer function).
+
+    Examples:
+      >>> class Gpu:
+      ...     def memory_stats(self):
+      ...         return {"bytes_limit": 8 * 2**30, "bytes_in_use": 2**30}
+      >>> default_stats_budget([Gpu()]) / 2**30
+      1.75
+    """
+    free = []
+    for d in (jax.devices() if devices is None else devices):
+        stats = d.memory_stats()
+        if not stats or "bytes_limit" not in stats:
+            return DEFAULT_STATS_BUDGET
+        free.append(max(0, int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))))
+    return min(free) / 4 if free else DEFAULT_STATS_BUDGET
+
+
 def put_pairs(plan: Plan, *arrs):
     """Shard pair-axis arrays over the mesh (first axis), padding to a device multiple (repeats)."""
     out = []

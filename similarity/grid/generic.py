@@ -212,6 +212,18 @@ def _blocked_pairs(core: Core, opts, ga: L.Group, groups_b, size: int, *, plan: 
                     yield d, rows, cols, (value[:count], jax.tree.map(lambda a: a[:count], flags))
 
 
+def _layer_key(core: Core) -> tuple:
+    """What a layer's statistics depend on besides the layer: the core's layer function and options."""
+    return core.layer, tuple(map(float, core.opts))
+
+
+def evict(stats_cache: dict, keep) -> None:
+    """Drop the cached per-layer statistics that none of the measures ``keep`` uses (in place)."""
+    needed = {_layer_key(core_of(m)[0]) for m in keep}
+    for key in [k for k in stats_cache if k[:2] not in needed]:
+        del stats_cache[key]
+
+
 def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: Plan, stats_budget: float,
                   stacks: Stacks, stats_cache: dict) -> dict[str, Table]:
     """One measure's tables by direction: ``"fwd"`` (``measure(A_i, B_j)``) and/or ``"rev"``
@@ -228,7 +240,7 @@ def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: 
     if per_layer:
         for s in "ab":
             for g in groups[s]:
-                key = (core.layer, tuple(map(float, core.opts)), "a" if lay.same else s, g.width, g.pidx)
+                key = (*_layer_key(core), "a" if lay.same else s, g.width, g.pidx)
                 if key not in stats_cache:
                     z, w = stacks(s, g)
                     stats_cache[key] = replicate_computed(plan, _layers_jit(core.layer)(z, w, opts))
