@@ -41,6 +41,11 @@ Part 5: RDMs over the memory budget. RSA on many rows keeps an ``n x n`` RDM per
 layer; when all of them exceed ``stats_budget`` the grid computes them a block of
 layers at a time. The same grid with every RDM in memory, in blocks of 4 layers,
 and once per pair (a budget below one layer per side).
+
+Part 6: a study-like square grid over the budget: one side with itself (every
+layer of every model against every other), layers of mixed widths in two width
+groups, RSA. Blocks of RDMs span the width groups, and each pair of blocks is held
+once for both orders of its pairs; every RDM in memory against blocks of 4 layers.
 """
 
 from __future__ import annotations
@@ -153,8 +158,9 @@ def _say(msg: str) -> None:
 def main(argv=None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("all", "grid", "cka", "buckets", "wide", "blocks"), default="all",
-                    help="grid: part 1; cka: part 2; buckets: part 3; wide: part 4; blocks: part 5")
+    ap.add_argument("--only", choices=("all", "grid", "cka", "buckets", "wide", "blocks", "square"),
+                    default="all", help="grid: part 1; cka: part 2; buckets: part 3; wide: part 4; blocks: part 5; "
+                                        "square: part 6")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds in part 2")
     args = ap.parse_args(argv)
     r = np.random.default_rng(0)
@@ -174,6 +180,8 @@ def main(argv=None) -> str:
         lines += _wide_part(r, args.quick)
     if args.only in ("all", "blocks"):
         lines += _blocks_part(r, args.quick)
+    if args.only in ("all", "square"):
+        lines += _square_part(r, args.quick)
     table = "\n".join(lines)
     print(table)
     return table
@@ -320,6 +328,38 @@ def _blocks_part(r, quick: bool) -> list[str]:
            "| statistics | first call (s) | warm (s) | warm speed-up over per pair |", "|---|---|---|---|"]
     out += [f"| {label} | {f:.1f} | {w:.2f} | **{base / w:.1f}x** |" for label, (f, w) in times.items()]
     return out + [""]
+
+
+def _square_part(r, quick: bool) -> list[str]:
+    """Part 6: one side with itself, mixed widths, RDMs over the budget: all in memory against blocks of 4."""
+    n, widths = (300, (8,) * 5 + (32,) * 4 + (128,) * 3) if quick else (2000, (32,) * 10 + (256,) * 8 + (1024,) * 6)
+    layers = {f"l{k}": r.normal(size=(n, w)).astype(np.float32) for k, w in enumerate(widths)}
+    measures = ["rsa/correlation/spearman", "rsa/correlation/pearson"]
+    one = 4 * n * (n - 1) // 2  # one layer's condensed float32 RDM
+    groups = len(_prepare(layers).groups("a"))
+    budgets = {"every layer's RDM in memory (default budget)": 2.0 * 2**30, "blocks of 4 layers": 8 * one}
+    times, tables = {}, {}
+    for label, budget in budgets.items():
+        _say(f"part 6: {len(widths)} layers with themselves ({n} rows, {groups} width groups), {label}")
+        first, warm = first_and_warm(lambda budget=budget: compare_grid(layers, measures=measures,
+                                                                        stats_budget=budget).tables, 1)
+        times[label] = (first, warm)
+        tables[label] = compare_grid(layers, measures=measures, stats_budget=budget).tables
+    ref = next(iter(tables.values()))
+    diff = max(float(np.max(np.abs(np.asarray(t[m]) - np.asarray(ref[m])))) for t in tables.values() for m in measures)
+    base = times[list(budgets)[-1]][1]
+    out = [f"**A square grid over the memory budget** ({len(widths)} layers with themselves, widths "
+           f"{sorted(set(widths))} in {groups} width groups, n = {n}; {', '.join(measures)}; the tables agree "
+           f"within {diff:.1e}).", "", "| statistics | first call (s) | warm (s) | warm time over the blocks' |",
+           "|---|---|---|---|"]
+    out += [f"| {label} | {f:.1f} | {w:.2f} | {w / base:.2f} |" for label, (f, w) in times.items()]
+    return out + [""]
+
+
+def _prepare(layers):
+    from funsim.similarity.grid import layers as L
+
+    return L.prepare(layers, layers, buckets=True)
 
 
 if __name__ == "__main__":

@@ -284,16 +284,32 @@ def test_generic_measures_by_layer_stats(grid):
                                            err_msg=m)
 
 
-def test_generic_statistics_over_the_budget_are_computed_in_blocks(monkeypatch):
-    """Above ``stats_budget`` the per-layer statistics are computed a block of layers at a time: the same
-    tables as all at once, with groups of several widths, blocks that do not divide a group, and reverse."""
-    from funsim.similarity.grid import generic as G
+def _split_width_groups(monkeypatch):
+    """Make :func:`layers.partition` split layers of different widths into up to 3 groups (the most it
+    makes); by default the small widths of these tests share one group."""
+    from funsim.similarity.grid import layers as L
 
+    monkeypatch.setattr(L, "PAD_COST", 0.0)
+    monkeypatch.setattr(L, "PAD_FLOOR", 0.0)
+
+
+@pytest.mark.parametrize("split_groups", [False, True])
+def test_generic_statistics_over_the_budget_are_computed_in_blocks(monkeypatch, split_groups):
+    """Above ``stats_budget`` the per-layer statistics are computed a block of layers at a time: the same
+    tables as all at once, with layers of several widths in one group or three, blocks that span groups
+    (width-free statistics: RSA's RDMs) or not (SVCCA's bases), blocks that do not divide a group, and
+    reverse."""
+    from funsim.similarity.grid import generic as G
+    from funsim.similarity.grid import layers as L
+
+    if split_groups:
+        _split_width_groups(monkeypatch)
     r = np.random.default_rng(3)
     a = {f"a{k}": r.normal(size=(N, w)) for k, w in enumerate((3, 4, 5, 3, 7, 9, 3))}
     b = [r.normal(size=(N, w)) for w in (4, 3, 6, 5, 8)]
     a["a6"] = np.tanh(a["a0"] @ r.normal(size=(3, 3)))  # one related pair
     measures = ["rsa/correlation/pearson", "cka/rbf/debiased", "svcca"]
+    assert len(L.make_groups(list(a.values()), buckets=True)) == (3 if split_groups else 1)
     whole = compare_grid(a, b, measures=measures, reverse=True)
     square = compare_grid(a, measures=measures)  # one side with itself: one copy of each layer's statistics
     seen = []
@@ -319,6 +335,47 @@ def test_generic_statistics_over_the_budget_are_computed_in_blocks(monkeypatch):
     assert seen and set(seen) == {0}  # within the default budget, all at once
     np.testing.assert_allclose(whole.tables["rsa/correlation/pearson"][6, 1],
                                sim.measure("rsa/correlation/pearson")(a["a6"], b[1]), rtol=1e-10)
+
+
+def test_blocks_span_width_groups_where_the_statistics_do_not_depend_on_the_width(monkeypatch):
+    """RDMs have one shape at every width, so their blocks take consecutive layers across groups; SVCCA's
+    bases do not, so its blocks stay in a group. Each layer is in exactly one block, and a side with itself
+    computes each block once and each other block once per earlier block (both orders of their pairs while
+    both are held): K + K (K - 1) / 2 block computations for K blocks, against K + K^2 for two sides."""
+    from funsim.similarity.grid import generic as G
+    from funsim.similarity.grid import layers as L
+
+    _split_width_groups(monkeypatch)
+    r = np.random.default_rng(5)
+    reps = [r.normal(size=(N, w)) for w in (3, 4, 5, 3, 7, 9, 3, 12)]
+    lay = L.prepare(reps, reps, buckets=True)
+    groups = lay.groups("a")
+    assert len(groups) == 3
+    rdm, basis = sim.measure("rsa/correlation/pearson").core, sim.measure("svcca").core
+    spans = G.side_blocks(rdm, lay, groups, 3)
+    assert [len(b.layers) for b in spans] == [3, 3, 2] and all(b.slots == 3 for b in spans)
+    assert any(len(b.segments) > 1 for b in spans)  # a block across groups
+    assert sorted(np.concatenate([b.layers for b in spans]).tolist()) == list(range(len(reps)))
+    per_group = G.side_blocks(basis, lay, groups, 3)
+    assert all(len(b.segments) == 1 for b in per_group)
+    assert len(per_group) == sum(-(-len(g.idx) // min(3, L.bucket(len(g.idx)))) for g in groups) > len(spans)
+    assert sorted(np.concatenate([b.layers for b in per_group]).tolist()) == list(range(len(reps)))
+
+    calls = []
+    real = G._block_stats
+    monkeypatch.setattr(G, "block_size", lambda *a: 3)
+    monkeypatch.setattr(G, "_block_stats", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    m = "rsa/correlation/pearson"
+    square = compare_grid(reps, measures=m)
+    assert len(calls) == 3 + 3
+    calls.clear()
+    two = compare_grid(reps, list(reps), measures=m, reverse=True)
+    assert len(calls) == 3 + 3 * 3
+    for i, x in enumerate(reps):
+        for j, y in enumerate(reps):
+            want = float(sim.measure(m)(x, y))
+            np.testing.assert_allclose([square.tables[m][i, j], two.tables[m][i, j], two.reverse[m][j, i]], want,
+                                       rtol=1e-10, err_msg=(i, j))
 
 
 def test_block_size_fits_two_blocks_in_the_budget():
@@ -651,6 +708,12 @@ SHARDED = textwrap.dedent(
     for k in streamed.tables:
         np.testing.assert_allclose(streamed.tables[k], one.tables[k], atol=1e-10, err_msg=k)
         np.testing.assert_allclose(streamed.reverse[k], one.reverse[k], atol=1e-10, err_msg=k)
+    rdm = 24 * 23 // 2 * 8 + 64  # a layer's condensed float64 RDM and its flags: blocks of 2 layers
+    want = compare_grid(a, b, measures="rsa/correlation/pearson", reverse=True, devices=jax.devices()[:1])
+    for budget in (4 * rdm, None):  # the statistics filled in place across the devices, and all at once
+        got = compare_grid(a, b, measures="rsa/correlation/pearson", reverse=True, stats_budget=budget)
+        np.testing.assert_allclose(got.tables["rsa/correlation/pearson"], want.tables["rsa/correlation/pearson"],
+                                   atol=1e-12, err_msg=budget)
     print("SHARDED-OK")
     """
 )

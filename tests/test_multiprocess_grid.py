@@ -87,10 +87,11 @@ def _is_loopback(host_port: str) -> bool:
 
 
 def grid_worker(path: str, measures, *, reverse: bool = True, local_rows: bool = False, chunk_size=None,
-                layers=None, perturb: bool = False, check_sockets: bool = False) -> dict:
+                layers=None, perturb: bool = False, check_sockets: bool = False, stats_budget=None) -> dict:
     """``compare_grid`` on the saved model pair; returns the tables as ``t:<name>`` / ``r:<name>``.
 
     ``layers``: compare only these layers of each model (default: all).
+    ``stats_budget``: compare_grid's (default: from the devices, agreed across processes).
     ``perturb``: process 1 changes one value of its first layer (a user error).
 
     ``local_rows``: this process loads only its share of the rows and passes
@@ -120,7 +121,8 @@ def grid_worker(path: str, measures, *, reverse: bool = True, local_rows: bool =
         a[first] = a[first].copy()
         a[first][0, 0] += 1e-3
     try:
-        g = similarity.compare_grid(a, b, measures=list(measures), reverse=reverse, chunk_size=chunk_size)
+        g = similarity.compare_grid(a, b, measures=list(measures), reverse=reverse, chunk_size=chunk_size,
+                                    stats_budget=stats_budget)
     except (ValueError, AssertionError) as e:  # AssertionError: JAX's check that processes pass equal inputs
         out["error"] = np.array(f"{type(e).__name__}: {e}")
         return out
@@ -208,6 +210,26 @@ def test_two_processes_same_tables_as_one(model_pair, tmp_path):
         assert all(_is_loopback(a) for a in listening), (
             f"process {int(r['process_index'])} listens on {listening}: not only the loopback address (gloo binds "
             "the address this machine's hostname resolves to; the coordinator binds FUNSIM_COORDINATOR_BIND)")
+
+
+def test_two_processes_statistics_in_blocks_same_tables_as_one(model_pair, tmp_path):
+    """RDMs over the budget, in blocks of 2 layers on 2 processes (each block's statistics filled on the
+    devices of both): the tables of one process with every RDM in memory."""
+    from funsim import similarity
+    from funsim.similarity.grid import generic as G
+    from funsim.similarity.grid import layers as L
+
+    measures = ("rsa/correlation/pearson", "rsa/euclidean/spearman")
+    budget = 4 * (N_ROWS * (N_ROWS - 1) // 2 * 8 + 64)  # two layers per side: condensed float64 RDMs and flags
+    a, b = _load(model_pair)
+    lay = L.prepare(a, b, buckets=True)
+    groups = {s: lay.groups(s) for s in "ab"}
+    assert len(a) == len(b) == 3  # blocks of 2 of 3 layers: one full, one partial
+    assert all(G.block_size(similarity.measure(m).core, lay, groups, budget) == 2 for m in measures)
+    ref = grid_worker(model_pair, measures)
+    results = run_in_processes(grid_worker, 2, model_pair, measures, stats_budget=budget, workdir=tmp_path,
+                               timeout_s=300)
+    _check_run(results, ref, 2)
 
 
 @pytest.mark.slow

@@ -36,7 +36,9 @@ def default_stats_budget(devices=None) -> float:
     ``bytes_limit - bytes_in_use``), else :data:`DEFAULT_STATS_BUDGET` (2 GiB; the CPU reports none).
 
     A quarter leaves room for the pair program's own work and the user's arrays: the grid keeps one measure's
-    statistics at a time (and shares them with a later measure of the same per-layer function).
+    statistics at a time (and shares them with a later measure of the same per-layer function). Across
+    processes (``jax.distributed``), each reads its own devices and all take the least, so that every
+    process computes the same blocks.
 
     Examples:
       >>> class Gpu:
@@ -45,8 +47,20 @@ def default_stats_budget(devices=None) -> float:
       >>> default_stats_budget([Gpu()]) / 2**30
       1.75
     """
+    devices = list(jax.devices() if devices is None else devices)
+    local = [d for d in devices if getattr(d, "process_index", 0) == jax.process_index()]
+    budget = _local_budget(local)
+    if len(local) < len(devices):  # other processes' devices: every process must choose the same blocks
+        from jax.experimental import multihost_utils
+
+        budget = float(np.min(multihost_utils.process_allgather(np.float64(budget))))
+    return budget
+
+
+def _local_budget(devices) -> float:
+    """The budget from this process's devices (only these report their memory)."""
     free = []
-    for d in (jax.devices() if devices is None else devices):
+    for d in devices:
         stats = d.memory_stats()
         if not stats or "bytes_limit" not in stats:
             return DEFAULT_STATS_BUDGET

@@ -7,8 +7,10 @@ program runs ``core.pair`` over all pairs (``lax.map`` over pair indices, sharde
 over devices). When every layer's statistics together exceed ``stats_budget``
 (e.g. ``n x n`` RDMs for large ``n``), they are computed a block of layers at a
 time (a block of each side fits in the budget), and the pair program runs per
-pair of blocks; when not even one layer per side fits, the pair program computes
-both sides' statistics per pair.
+pair of blocks. A block spans width groups where the statistics have one shape at
+every width (an RDM), and a side with itself holds each pair of blocks once,
+computing its pairs in both orders; when not even one layer per side fits, the
+pair program computes both sides' statistics per pair.
 
 A measure registered without a core (a user's ``fn``, or ``stats=LayerStats``) is
 run through an adapter at its exact widths (one group per width): its code was not
@@ -20,7 +22,7 @@ names the cell (register the measure with a core to name its undefined cells).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -117,20 +119,42 @@ def _raw_pairs_jit(layer, pair):
 
 
 @functools.lru_cache(maxsize=None)
-def _block_layers_jit(layer):
-    """``layer`` on the layers ``idx`` ``(B,)`` of a stack ``(L, n, W)`` (``lax.map``): one block's statistics,
-    one program per function, stack shape and block size (the stack is passed whole, never sliced)."""
-    return jax.jit(lambda z, widths, idx, opts: jax.lax.map(lambda k: layer(z[k], widths[k], opts), idx))
+def _fill_jit(layer):
+    """``layer`` on the layers ``idx[:m]`` of a stack ``(L, n, W)``, written into the slots ``dest[:m]`` of a
+    block's statistics ``buf`` (donated: filled in place). ``idx``, ``dest`` are ``(B,)``, padded; one program
+    per function, stack shape and block size (the stack is passed whole, never sliced)."""
+
+    def fill(buf, z, widths, idx, dest, m, opts):
+        def one(k, buf):
+            st = layer(z[idx[k]], widths[idx[k]], opts)
+            return jax.tree.map(lambda b, t: jax.lax.dynamic_update_index_in_dim(b, t.astype(b.dtype), dest[k], 0),
+                                buf, st)
+
+        return jax.lax.fori_loop(0, m, one, buf)
+
+    return jax.jit(fill, donate_argnums=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _zeros_jit(treedef, leaves: tuple, sharding):
+    """A block's statistics, zeros: ``leaves`` are ``(shape, dtype)``, made on the devices (not on the host)."""
+    return jax.jit(lambda: jax.tree.unflatten(treedef, [jnp.zeros(s, d) for s, d in leaves]),
+                   out_shardings=sharding)
 
 
 def _pick(tree, k):
     return jax.tree.map(lambda t: t[k], tree)
 
 
-def _stats_bytes(core: Core, n: int, width: int, count: int, dtype) -> int:
+def _stats_shapes(core: Core, n: int, width: int, dtype):
+    """One layer's statistics: a pytree of ``jax.ShapeDtypeStruct`` (nothing is computed)."""
     opts = tuple(jax.ShapeDtypeStruct((), dtype) for _ in core.opts)
-    shapes = jax.eval_shape(core.layer, jax.ShapeDtypeStruct((n, width), dtype),
-                            jax.ShapeDtypeStruct((), jnp.int32), opts)
+    return jax.eval_shape(core.layer, jax.ShapeDtypeStruct((n, width), dtype), jax.ShapeDtypeStruct((), jnp.int32),
+                          opts)
+
+
+def _stats_bytes(core: Core, n: int, width: int, count: int, dtype) -> int:
+    shapes = _stats_shapes(core, n, width, dtype)
     return count * sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
 
 
@@ -164,15 +188,6 @@ def _pair_index(ga: L.Group, gb: L.Group, plan: Plan, buckets: bool) -> tuple[np
     return np.concatenate([ia, np.repeat(ia[-1:], pad)]), np.concatenate([jb, np.repeat(jb[-1:], pad)]), count
 
 
-def _blocks(count: int, size: int) -> list[tuple[np.ndarray, int]]:
-    """Positions ``0 .. count - 1`` in blocks of ``size``, the last padded by repeats: ``[(positions, real)]``."""
-    out = []
-    for start in range(0, count, size):
-        pos = np.arange(start, min(start + size, count))
-        out.append((np.concatenate([pos, np.repeat(pos[-1:], size - len(pos))]).astype(np.int32), len(pos)))
-    return out
-
-
 def block_size(core: Core, lay: L.Layers, groups: dict, stats_budget: float) -> int:
     """Layers per block when every layer's statistics together exceed ``stats_budget``: the most such that a
     block of each side fits in it (0: they all fit; 1: not even one layer per side, so per pair)."""
@@ -184,32 +199,98 @@ def block_size(core: Core, lay: L.Layers, groups: dict, stats_budget: float) -> 
     return max(1, int(stats_budget // (2 * max(per))))
 
 
-def _blocked_pairs(core: Core, opts, ga: L.Group, groups_b, size: int, *, plan: Plan, stacks: Stacks,
+class Block(NamedTuple):
+    """Up to ``slots`` layers of one side whose statistics have one shape, computed together.
+
+    Attributes:
+      leaves: ``((shape, dtype), ...)`` of the block's statistics (leading axis ``slots``); ``treedef`` their
+        structure.
+      segments: ``((group, positions), ...)``: the block's layers, by the group whose stack holds them.
+      layers: ``(real,)`` each real slot's layer (its index into the side), in slot order.
+    """
+
+    treedef: Any
+    leaves: tuple
+    slots: int
+    segments: tuple
+    layers: np.ndarray
+
+
+def side_blocks(core: Core, lay: L.Layers, groups, size: int) -> list[Block]:
+    """A side's layers in blocks of at most ``size``: consecutive layers of the groups whose statistics have
+    one shape. Statistics that do not depend on the width (an RDM: ``n (n - 1) / 2`` numbers) have one
+    shape in every group, so their blocks span groups; a basis ``(n, W)`` has one per group."""
+    classes: dict = {}
+    for g in groups:
+        shapes = _stats_shapes(core, lay.n, g.width, lay.dtype)
+        leaves, treedef = jax.tree.flatten(shapes)
+        key = (treedef, tuple((a.shape, a.dtype) for a in leaves))
+        classes.setdefault(key, []).append(g)
+    out = []
+    for (treedef, leaves), gs in classes.items():
+        items = [(g, p) for g in gs for p in range(len(g.idx))]
+        slots = min(size, L.bucket(len(items)))  # a small class is one block of its bucketed count
+        for start in range(0, len(items), slots):
+            chunk = items[start:start + slots]
+            segments: list = []
+            for g, p in chunk:
+                if segments and segments[-1][0] is g:
+                    segments[-1][1].append(p)
+                else:
+                    segments.append((g, [p]))
+            out.append(Block(treedef, tuple(((slots, *shape), dtype) for shape, dtype in leaves), slots,
+                             tuple((g, np.asarray(ps, np.int32)) for g, ps in segments),
+                             np.asarray([g.idx[p] for g, p in chunk], np.int64)))
+    return out
+
+
+def _block_stats(core: Core, opts, block: Block, side: str, *, plan: Plan, stacks: Stacks):
+    """A block's statistics, its slots filled a group's segment at a time."""
+    buf = _zeros_jit(block.treedef, block.leaves, plan.sharding())()
+    offset = 0
+    for g, pos in block.segments:
+        z, w = stacks(side, g)
+        pad = block.slots - len(pos)
+        idx = np.concatenate([pos, np.zeros(pad, np.int32)])
+        dest = np.concatenate([np.arange(offset, offset + len(pos), dtype=np.int32), np.zeros(pad, np.int32)])
+        buf = _fill_jit(core.layer)(buf, z, w, *replicate(plan, (idx, dest, np.int32(len(pos)))), opts)
+        offset += len(pos)
+    return replicate_computed(plan, buf)
+
+
+def _blocked_pairs(core: Core, opts, groups_a, groups_b, size: int, *, plan: Plan, stacks: Stacks,
                    directions: tuple[str, ...], same: bool):
-    """Every pair of group ``ga`` with the groups ``groups_b``, ``size`` layers of each side at a time: each
-    block of ``ga`` computed once, each block of the other side once per block of ``ga`` (not once per pair;
-    ``same``: a side with itself, where a block against itself reuses its statistics).
+    """Every pair of the layers of ``groups_a`` and ``groups_b``, ``size`` layers of each side at a time
+    (:func:`side_blocks`): each block of side a computed once, each block of side b once per block of a.
+    ``same`` (a side with itself): a block against itself reuses its statistics, and the pairs of two
+    different blocks are computed in both orders while both are held, so each pair of blocks is held once.
     Yields ``(direction, rows, cols, (values, flags))``."""
-    za, wa = stacks("a", ga)
-    # a group smaller than a block is one block of its own padded count (no statistics of repeated layers)
-    for pa, real_a in _blocks(len(ga.idx), min(size, len(ga.pidx))):
-        sa = replicate_computed(plan, _block_layers_jit(core.layer)(za, wa, replicate(plan, pa), opts))
-        for gb in groups_b:
-            zb, wb = stacks("b", gb)
-            for pb, real_b in _blocks(len(gb.idx), min(size, len(gb.pidx))):
-                sb = sa if same and gb is ga and np.array_equal(pa, pb) else \
-                    replicate_computed(plan, _block_layers_jit(core.layer)(zb, wb, replicate(plan, pb), opts))
-                ia, jb = (g.ravel() for g in np.meshgrid(np.arange(real_a), np.arange(real_b), indexing="ij"))
-                count = len(ia)
-                pad = L.bucket(count) - count
-                ia, jb = np.concatenate([ia, np.repeat(ia[-1:], pad)]), np.concatenate([jb, np.repeat(jb[-1:], pad)])
-                ia_d, jb_d = put_pairs(plan, ia, jb)  # padded to a multiple of the devices
-                rows = np.asarray(ga.idx)[pa[ia[:count]]]
-                cols = np.asarray(gb.idx)[pb[jb[:count]]]
-                for d in directions:
-                    args = (sa, sb, ia_d, jb_d) if d == "fwd" else (sb, sa, jb_d, ia_d)
-                    value, flags = tree_to_host(_pairs_jit(core.pair)(*args, opts))
-                    yield d, rows, cols, (value[:count], jax.tree.map(lambda a: a[:count], flags))
+    blocks_a = side_blocks(core, stacks.lay, groups_a, size)
+    blocks_b = blocks_a if same else side_blocks(core, stacks.lay, groups_b, size)
+    for i, ba in enumerate(blocks_a):
+        sa = _block_stats(core, opts, ba, "a", plan=plan, stacks=stacks)
+        for j, bb in enumerate(blocks_b):
+            if same and j < i:
+                continue  # computed with block j in both orders
+            sb = sa if same and j == i else _block_stats(core, opts, bb, "b", plan=plan, stacks=stacks)
+            orders = [(ba, sa, bb, sb)] + ([(bb, sb, ba, sa)] if same and j > i else [])
+            for (b1, s1, b2, s2) in orders:
+                for d, rows, cols, res in _block_pair(core, opts, b1, s1, b2, s2, plan=plan, directions=directions):
+                    yield d, rows, cols, res
+
+
+def _block_pair(core: Core, opts, b1: Block, s1, b2: Block, s2, *, plan: Plan, directions):
+    """Every pair of a block of side a (``b1``, its statistics ``s1``) and one of side b, by direction."""
+    ia, jb = (g.ravel() for g in np.meshgrid(np.arange(len(b1.layers)), np.arange(len(b2.layers)), indexing="ij"))
+    count = len(ia)
+    pad = L.bucket(count) - count
+    ia, jb = np.concatenate([ia, np.repeat(ia[-1:], pad)]), np.concatenate([jb, np.repeat(jb[-1:], pad)])
+    ia_d, jb_d = put_pairs(plan, ia, jb)  # padded to a multiple of the devices
+    rows, cols = b1.layers[ia[:count]], b2.layers[jb[:count]]
+    for d in directions:
+        args = (s1, s2, ia_d, jb_d) if d == "fwd" else (s2, s1, jb_d, ia_d)
+        value, flags = tree_to_host(_pairs_jit(core.pair)(*args, opts))
+        yield d, rows, cols, (value[:count], jax.tree.map(lambda a: a[:count], flags))
 
 
 def _layer_key(core: Core) -> tuple:
@@ -230,7 +311,8 @@ def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: 
     (``measure(B_j, A_i)``, indexed ``[i, j]`` too).
 
     Per-layer statistics are computed once per layer when all of them fit in ``stats_budget``, else once
-    per block of the other side's layers (:func:`block_size`), else (not one layer per side fits) per pair."""
+    per block of the other side's layers (:func:`block_size`, :func:`side_blocks`; a side with itself: once
+    per earlier block), else (not one layer per side fits) per pair."""
     core, padded = core_of(measure)
     groups = {s: lay.groups(s) if padded else L.make_groups(lay.side(s), buckets=False) for s in "ab"}
     opts = tuple(np.asarray(o, lay.dtype) for o in core.opts)
@@ -248,14 +330,13 @@ def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: 
     shape = (len(lay.va), len(lay.vb))
     values = {d: np.full(shape, np.nan, lay.dtype) for d in directions}
     parts: dict[str, list] = {d: [] for d in directions}
+    if size > 1:
+        for d, rows, cols, (value, flags) in _blocked_pairs(core, opts, groups["a"], groups["b"], size, plan=plan,
+                                                            stacks=stacks, directions=directions, same=lay.same):
+            values[d][rows, cols] = value
+            parts[d].append((rows, cols, flags))
+        return {d: Table(values[d], _assemble(parts[d], shape)) for d in directions}
     for ga in groups["a"]:
-        if size > 1:
-            for d, rows, cols, (value, flags) in _blocked_pairs(core, opts, ga, groups["b"], size, plan=plan,
-                                                                stacks=stacks, directions=directions,
-                                                                same=lay.same):
-                values[d][rows, cols] = value
-                parts[d].append((rows, cols, flags))
-            continue
         for gb in groups["b"]:
             ia, jb, count = _pair_index(ga, gb, plan, padded)
             ia_d, jb_d = put_pairs(plan, ia, jb)
