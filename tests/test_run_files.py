@@ -540,3 +540,38 @@ def test_damaged_json_is_named():
     with pytest.raises(xio.DamagedFileError, match=rf"{path} is not valid JSON.*Rerun `funsim zoo --config "
                                                    rf"{path.parent / 'config.json'}.*rebuilds the manifest"):
         zoo.read_manifest(path.parent)
+
+
+def test_source_version_is_the_code_the_process_loaded(tmp_path):
+    """A result records the tree its process started from: an edit during a run does not change the version
+    that process reports (its units stay consistent), and a new process reads the edited tree."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    tree = tmp_path / "funsim"
+    tree.mkdir()
+    (tree / "__init__.py").write_text("")
+    for pkg in ("similarity", "models", "experiments", "data", "runtime"):
+        for f in (root / pkg).rglob("*.py"):
+            dest = tree / f.relative_to(root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(f.read_bytes())
+    script = textwrap.dedent(f"""
+        import pathlib, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from funsim.models import io
+        assert pathlib.Path(io.__file__).resolve().parent.parent == pathlib.Path({str(tree)!r}).resolve()
+        first = io.source_version()
+        if sys.argv[1] == "edit":
+            with open({str(tree / "similarity" / "cka.py")!r}, "a") as f:
+                f.write("# an edit while the run goes on\\n")
+        print(first, io.source_version())
+    """)
+
+    def run(arg):
+        out = subprocess.run([sys.executable, "-c", script, arg], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.split()
+
+    before, during = run("edit")
+    assert before == during  # the process keeps the version of the tree it loaded
+    after, again = run("read")
+    assert after == again != before  # a new process sees the edit
