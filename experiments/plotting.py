@@ -173,7 +173,9 @@ def heatmap(
     """Draw ``matrix (rows, cols)`` on ``ax`` with tick labels, a colorbar and values."""
     m = np.asarray(matrix, dtype=float)
     im = ax.imshow(m, vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto")
-    ax.set_xticks(range(m.shape[1]), col_labels, rotation=30, ha="right", fontsize=8)
+    long = max((len(str(c)) for c in col_labels), default=0) > 12  # slanted long labels overlap their neighbours
+    ax.set_xticks(range(m.shape[1]), col_labels, rotation=90 if long else 30, ha="center" if long else "right",
+                  fontsize=8)
     ax.set_yticks(range(m.shape[0]), row_labels, fontsize=8)
     ax.set_title(title, fontsize=9)
     if xlabel:
