@@ -357,15 +357,15 @@ SOURCE_PACKAGES = ("similarity", "models", "experiments", "data", "runtime")
 
 
 @functools.cache
-@functools.cache
 def source_version() -> str:
     """SHA-256 (first 16 hex digits) of funsim's Python sources: the code that computed a result.
 
     Every ``.py`` file of :data:`SOURCE_PACKAGES`, by relative path and contents; the same
     tree gives the same version on any machine (no git needed), and any edit changes it.
-    Read once per process, at its first call (a study makes it when it starts): the code the
-    process loaded, so that a long run's results record the tree it started from even when
-    the files are edited while it runs; a new process reads the tree again.
+    Read once per process, at its first call: the tree on disk then. A study makes that call
+    when it starts (after importing its modules), so that a long run's results record the tree
+    it started from even when the files are edited while it runs; a new process reads the tree
+    again.
     """
     root = pathlib.Path(__file__).resolve().parent.parent
     h = hashlib.sha256()

@@ -36,7 +36,7 @@ def default_stats_budget(devices=None) -> float:
     ``bytes_limit - bytes_in_use``), else :data:`DEFAULT_STATS_BUDGET` (2 GiB; the CPU reports none).
 
     A quarter leaves room for the pair program's own work and the user's arrays: the grid keeps one measure's
-    statistics at a time (and shares them with a later measure of the same per-layer function). Across
+    statistics at a time (the measures of the same per-layer function run one after the other). Across
     processes (``jax.distributed``), each reads its own devices and all take the least, so that every
     process computes the same blocks.
 
@@ -50,7 +50,9 @@ def default_stats_budget(devices=None) -> float:
     devices = list(jax.devices() if devices is None else devices)
     local = [d for d in devices if getattr(d, "process_index", 0) == jax.process_index()]
     budget = _local_budget(local)
-    if len(local) < len(devices):  # other processes' devices: every process must choose the same blocks
+    # devices of several processes: every process must choose the same blocks (each decides this from the
+    # same list, so all of them take part in the collective or none does)
+    if len({getattr(d, "process_index", 0) for d in devices}) > 1:
         from jax.experimental import multihost_utils
 
         budget = float(np.min(multihost_utils.process_allgather(np.float64(budget))))
