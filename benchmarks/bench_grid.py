@@ -46,6 +46,13 @@ Part 6: a study-like square grid over the budget: one side with itself (every
 layer of every model against every other), layers of mixed widths in two width
 groups, RSA. Blocks of RDMs span the width groups, and each pair of blocks is held
 once for both orders of its pairs; every RDM in memory against blocks of 4 layers.
+
+Part 7: symmetric measures of one side with itself (a study's square grid): the
+grid computes each unordered pair once and mirrors it. SVCCA, debiased linear CKA,
+RBF CKA and RSA over 24 layers of mixed widths, the square call
+``compare_grid(layers)`` against the same layers passed as two sides
+(``compare_grid(layers, list(layers))``: every ordered pair, and each layer's
+statistics once per side).
 """
 
 from __future__ import annotations
@@ -158,9 +165,9 @@ def _say(msg: str) -> None:
 def main(argv=None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("all", "grid", "cka", "buckets", "wide", "blocks", "square"),
+    ap.add_argument("--only", choices=("all", "grid", "cka", "buckets", "wide", "blocks", "square", "symmetric"),
                     default="all", help="grid: part 1; cka: part 2; buckets: part 3; wide: part 4; blocks: part 5; "
-                                        "square: part 6")
+                                        "square: part 6; symmetric: part 7")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds in part 2")
     args = ap.parse_args(argv)
     r = np.random.default_rng(0)
@@ -182,6 +189,8 @@ def main(argv=None) -> str:
         lines += _blocks_part(r, args.quick)
     if args.only in ("all", "square"):
         lines += _square_part(r, args.quick)
+    if args.only in ("all", "symmetric"):
+        lines += _symmetric_part(r, args.quick)
     table = "\n".join(lines)
     print(table)
     return table
@@ -353,6 +362,27 @@ def _square_part(r, quick: bool) -> list[str]:
            f"within {diff:.1e}).", "", "| statistics | first call (s) | warm (s) | warm time over the blocks' |",
            "|---|---|---|---|"]
     out += [f"| {label} | {f:.1f} | {w:.2f} | {w / base:.2f} |" for label, (f, w) in times.items()]
+    return out + [""]
+
+
+def _symmetric_part(r, quick: bool) -> list[str]:
+    """Part 7: symmetric measures of one side with itself, against the same layers as two sides."""
+    # widths below n: no undefined cell (CCA needs more samples than features)
+    n, widths = (200, (8,) * 4 + (32,) * 3 + (64,) * 2) if quick else (1000, (32,) * 10 + (256,) * 8 + (768,) * 6)
+    layers = [r.normal(size=(n, w)).astype(np.float32) for w in widths]
+    measures = ["svcca", "cka/linear/debiased", "cka/rbf", "rsa/correlation/spearman"]
+    out = [f"**Symmetric measures of one side with itself** ({len(widths)} layers, widths {sorted(set(widths))}, "
+           f"n = {n}; each measure alone; the square call computes {len(widths) * (len(widths) + 1) // 2} of the "
+           f"{len(widths) ** 2} pairs).", "",
+           "| measure | square: first (s) | square: warm (s) | two sides: warm (s) | two sides over square (warm) | "
+           "max difference |", "|---|---|---|---|---|---|"]
+    for m in measures:
+        _say(f"part 7: {m}, {len(widths)} layers with themselves, square and as two sides")
+        f_sq, w_sq = first_and_warm(lambda m=m: compare_grid(layers, measures=[m]).tables, 2)
+        _, w_two = first_and_warm(lambda m=m: compare_grid(layers, list(layers), measures=[m]).tables, 2)
+        diff = float(np.max(np.abs(np.asarray(compare_grid(layers, measures=[m]).tables[m])
+                                   - np.asarray(compare_grid(layers, list(layers), measures=[m]).tables[m]))))
+        out.append(f"| {m} | {f_sq:.1f} | {w_sq:.2f} | {w_two:.2f} | {w_two / w_sq:.2f} | {diff:.1e} |")
     return out + [""]
 
 

@@ -176,7 +176,9 @@ def make_measure(
       name: e.g. ``"stitch/affine/r2"``.
       fn: ``fn(x, y) -> ()`` array.
       kind: "score" or "distance".
-      symmetric: whether swapping the arguments leaves the value unchanged.
+      symmetric: whether swapping the arguments leaves the value unchanged. Be exact:
+        :func:`similarity.compare_grid` computes a symmetric measure once per unordered
+        pair of a side with itself and mirrors it (and reuses it for ``reverse``).
       invariances: names from :data:`INVARIANCES` (tested, so be exact). The grid
         relies on ``"rotation"`` for a moment measure: it compares layers wider
         than their rows in the rows' span (see :mod:`similarity.grid`).

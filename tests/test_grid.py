@@ -86,6 +86,46 @@ def test_every_table_is_a_registered_measure():
     assert plain.reverse == {}
     for k in EVERY:
         np.testing.assert_allclose(plain.tables[k], g.tables[k], rtol=1e-12, atol=1e-13, err_msg=k)
+    zs = [*xs, *ys]  # one side with itself: a symmetric measure computes each unordered pair once, and the
+    sq = compare_grid(zs, measures=EVERY, reverse=True)  # reverse table is the forward one transposed
+    off = ~np.eye(len(zs), dtype=bool)
+    for k in EVERY:
+        want = _pairwise(k, zs, zs)
+        for got, w in ((sq.tables[k], want), (sq.reverse[k], want.T)):
+            np.testing.assert_allclose(got[off], w[off], rtol=1e-9, atol=1e-10, err_msg=k)
+            # a distance of a layer to itself is the square root of a cancellation (arccos(1 - eps) for the
+            # angular one), about sqrt(eps) = 1.5e-8 of the table's scale in either computation
+            np.testing.assert_allclose(np.diag(got), np.diag(w), atol=1e-7 * (1 + np.abs(want).max()), err_msg=k)
+
+
+def test_the_reverse_of_a_side_with_itself_is_its_forward_table_transposed(monkeypatch):
+    """``reverse[k][i, j] = measure(A_j, A_i) = tables[k][j, i]`` for one side with itself, so nothing is
+    computed for the reverse: no moment entry asks for it and every generic table is forward only;
+    undefined cells and reasons transpose with it."""
+    from funsim.similarity.grid import generic as G
+    from funsim.similarity.grid import moment_passes as M
+
+    asked, entries = [], []
+    real_table, real_moments = G.generic_table, M.moment_tables
+    monkeypatch.setattr(G, "generic_table", lambda *a, directions, **k: asked.append(directions) or
+                        real_table(*a, directions=directions, **k))
+    monkeypatch.setattr(M, "moment_tables", lambda lay, e, **k: entries.extend(e) or real_moments(lay, e, **k))
+    r = np.random.default_rng(13)
+    reps = [r.normal(size=(N, w)) for w in (3, 5, 4)] + [np.zeros((N, 3))]
+    ms = ["stitch/affine", "cka/linear", "pwcca", "regression/r2", "svcca"]
+    with pytest.warns(sim.UndefinedCellWarning):
+        g = compare_grid(reps, measures=ms, reverse=True)
+    assert asked and set(asked) == {("fwd",)} and entries and not any(e.reverse for e in entries)
+    for m in ms:
+        # exact for a directed measure; a symmetric one's reverse is its own table (equal to rounding)
+        np.testing.assert_allclose(g.reverse[m], np.asarray(g.tables[m]).T, rtol=0 if not sim.measure(m).symmetric
+                                   else 1e-12, atol=0 if not sim.measure(m).symmetric else 1e-15, err_msg=m)
+        assert g.reverse_undefined[m] and {(j, i): w for (i, j), w in g.reverse_undefined[m].items()}.keys() \
+            == g.undefined[m].keys(), m
+        for (i, j), why in g.reverse_undefined[m].items():
+            with pytest.raises(ValueError) as e:
+                sim.measure(m)(reps[j], reps[i])
+            assert why == str(e.value), (m, i, j)
 
 
 def test_streaming_equals_one_shot(grid):
@@ -340,8 +380,8 @@ def test_generic_statistics_over_the_budget_are_computed_in_blocks(monkeypatch, 
 def test_blocks_span_width_groups_where_the_statistics_do_not_depend_on_the_width(monkeypatch):
     """RDMs have one shape at every width, so their blocks take consecutive layers across groups; SVCCA's
     bases do not, so its blocks stay in a group. Each layer is in exactly one block, and a side with itself
-    computes each block once and each other block once per earlier block (both orders of their pairs while
-    both are held): K + K (K - 1) / 2 block computations for K blocks, against K + K^2 for two sides."""
+    computes each block once and each other block once per earlier block (the pairs of both while both are
+    held): K + K (K - 1) / 2 block computations for K blocks, against K + K^2 for two sides."""
     from funsim.similarity.grid import generic as G
     from funsim.similarity.grid import layers as L
 
@@ -376,6 +416,77 @@ def test_blocks_span_width_groups_where_the_statistics_do_not_depend_on_the_widt
             want = float(sim.measure(m)(x, y))
             np.testing.assert_allclose([square.tables[m][i, j], two.tables[m][i, j], two.reverse[m][j, i]], want,
                                        rtol=1e-10, err_msg=(i, j))
+
+
+@pytest.mark.parametrize("path", ["per_layer", "groups", "blocked", "per_pair"])
+def test_a_symmetric_measure_of_a_side_with_itself_computes_each_pair_once(monkeypatch, path):
+    """``measure(A_i, A_j) == measure(A_j, A_i)`` for a symmetric measure, so a grid of one side with itself
+    computes each unordered pair once, ``L (L + 1) / 2`` of its ``L^2`` cells (per layer in one width group or
+    three, over the budget in blocks, or per pair), and mirrors the rest. An undefined cell's reason names the
+    arguments in order ("x of shape ... is constant"), so there the mirrored cells are computed: every cell
+    and reason is the pairwise call's, forward and reverse."""
+    from funsim.similarity.grid import generic as G
+    from funsim.similarity.grid import layers as L
+
+    if path == "groups":
+        _split_width_groups(monkeypatch)
+    if path == "blocked":
+        monkeypatch.setattr(G, "block_size", lambda *a: 2)
+    budget = 0 if path == "per_pair" else None  # not one layer's statistics fit: per pair
+    r = np.random.default_rng(11)
+    reps = [r.normal(size=(N, w)) for w in (3, 4, 5, 3, 7, 6)]
+    reps[5] = np.tanh(reps[1] @ r.normal(size=(4, 6)))  # a related pair
+    assert len(L.make_groups(reps, buckets=True)) == (3 if path == "groups" else 1)
+    counted = []
+    real = G._positions
+    monkeypatch.setattr(G, "_positions", lambda *a: counted.append(len((out := real(*a))[0])) or out)
+    L_ = len(reps)
+    for m in ("rsa/correlation/pearson", "svcca", "cka/rbf/debiased"):
+        assert sim.measure(m).symmetric
+        counted.clear()
+        g = compare_grid(reps, measures=m, stats_budget=budget)
+        assert sum(counted) == L_ * (L_ + 1) // 2, (m, counted)
+        want = np.array([[float(sim.measure(m)(x, y)) for y in reps] for x in reps])
+        np.testing.assert_allclose(g.tables[m], want, rtol=1e-10, atol=1e-12, err_msg=m)
+
+    dead = [*reps[:3], np.zeros((N, 3)), *reps[3:]]  # a constant layer: its cells are undefined
+    for m in ("rsa/correlation/pearson", "svcca"):
+        g = compare_grid(dead, measures=m, stats_budget=budget, reverse=True)
+        for i, x in enumerate(dead):
+            for j, y in enumerate(dead):
+                for table, undefined, (u, v) in ((g.tables, g.undefined, (x, y)),
+                                                 (g.reverse, g.reverse_undefined, (y, x))):
+                    if 3 in (i, j):
+                        with pytest.raises(ValueError) as e:
+                            sim.measure(m)(u, v)
+                        assert undefined[m][i, j] == str(e.value), (m, i, j)
+                        assert np.isnan(table[m][i, j])
+                    else:
+                        assert (i, j) not in undefined[m]
+                        np.testing.assert_allclose(table[m][i, j], float(sim.measure(m)(u, v)), rtol=1e-10,
+                                                   atol=1e-12, err_msg=(m, i, j))
+
+
+def test_a_symmetric_measure_without_a_core_is_mirrored_at_its_own_widths():
+    """A user's symmetric measure (no core: exact widths, one group per width) of a side with itself is
+    mirrored too; a constant layer's cells keep the generic reason, naming its argument in order."""
+    from funsim.similarity.registry import _REGISTRY
+
+    r = np.random.default_rng(12)
+    reps = [r.normal(size=(N, w)) for w in (3, 4, 3, 5)] + [np.ones((N, 4))]
+    try:
+        sim.register("tmp/nbs_sq", lambda x, y: sim.nbs(x, y) ** 2, kind="score", symmetric=True, invariances=(), description="NBS^2")
+        g = compare_grid(reps, measures="tmp/nbs_sq", buckets=False)
+        for i, x in enumerate(reps):
+            for j, y in enumerate(reps):
+                if 4 in (i, j):
+                    assert np.isnan(g.tables["tmp/nbs_sq"][i, j])
+                    assert g.undefined["tmp/nbs_sq"][i, j].startswith("x" if i == 4 else "y"), (i, j)
+                else:
+                    np.testing.assert_allclose(g.tables["tmp/nbs_sq"][i, j], float(sim.nbs(x, y)) ** 2,
+                                               rtol=1e-9, err_msg=(i, j))
+    finally:
+        _REGISTRY.pop("tmp/nbs_sq", None)
 
 
 def test_block_size_fits_two_blocks_in_the_budget():
@@ -425,16 +536,25 @@ def test_default_stats_budget_is_a_quarter_of_the_smallest_free_device_memory():
     assert D.default_stats_budget([Dev({"bytes_limit": 10, "bytes_in_use": 20})]) == 0  # full: per pair
 
 
-@pytest.mark.parametrize("budget", [-1, "2GiB", True, float("nan")])
+@pytest.mark.parametrize("budget", [-1, "2GiB", True, np.bool_(True), float("nan"), np.float32(-1.0)])
 def test_bad_stats_budget_is_refused_by_name(grid, budget):
     a, b, _ = grid
     with pytest.raises(ValueError, match=r"stats_budget must be a number of bytes >= 0 .* got " + re.escape(repr(budget))):
         compare_grid(a, b, measures="rsa/correlation/pearson", stats_budget=budget)
 
 
+def test_a_numpy_stats_budget_is_a_number_of_bytes(grid):
+    a, b, _ = grid
+    want = compare_grid(a, b, measures="rsa/correlation/pearson").tables["rsa/correlation/pearson"]
+    for budget in (np.int64(2**30), np.float32(2**30), np.int32(0)):
+        got = compare_grid(a, b, measures="rsa/correlation/pearson", stats_budget=budget)
+        np.testing.assert_allclose(got.tables["rsa/correlation/pearson"], want, rtol=1e-12, err_msg=repr(budget))
+
+
 def test_the_grid_keeps_one_measures_statistics_at_a_time(grid, monkeypatch):
     """Per-layer statistics stay cached only while a later measure uses them (the shape metrics of one alpha
-    share theirs): the grid's memory is one measure's statistics, not every measure's."""
+    share theirs, and are computed one after the other whatever the order asked): the grid's memory is one
+    measure's statistics, not every measure's."""
     from funsim.similarity.grid import generic as G
 
     a, b, _ = grid
@@ -455,7 +575,8 @@ def test_the_grid_keeps_one_measures_statistics_at_a_time(grid, monkeypatch):
     monkeypatch.setattr(G, "generic_table", spy)
     monkeypatch.setattr(G, "_layers_jit", counted)
     g = compare_grid(a, b, measures=measures)
-    assert live == [set(), {layer[measures[0]]}, {layer[measures[0]]}, set()]
+    assert live == [set(), {layer[measures[0]]}, set(), set()]  # angular, euclidean (shared), rsa, svcca
+    assert list(g.tables) == measures
     assert computed.count(layer[measures[0]]) == len(computed) // 3  # the shared statistics computed once
     for m in measures:
         x, y = next(iter(a.values())), b[0]
@@ -714,6 +835,11 @@ SHARDED = textwrap.dedent(
         got = compare_grid(a, b, measures="rsa/correlation/pearson", reverse=True, stats_budget=budget)
         np.testing.assert_allclose(got.tables["rsa/correlation/pearson"], want.tables["rsa/correlation/pearson"],
                                    atol=1e-12, err_msg=budget)
+    for budget in (4 * rdm, None):  # one side with itself: each unordered pair once, mirrored
+        got = compare_grid(a, measures=["rsa/correlation/pearson", "svcca"], stats_budget=budget)
+        one = compare_grid(a, list(a), measures=["rsa/correlation/pearson", "svcca"], devices=jax.devices()[:1])
+        for k in got.tables:
+            np.testing.assert_allclose(got.tables[k], one.tables[k], atol=1e-12, err_msg=(k, budget))
     print("SHARDED-OK")
     """
 )

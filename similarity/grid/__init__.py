@@ -76,6 +76,7 @@ leaky in-sample figure on the train rows), and for the affine family
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -236,7 +237,9 @@ def compare_grid(
       measures: registry names (``similarity.list_measures()``; parametrised
         names like ``"shape/angular/alpha=0.5"`` too); one name may be passed
         as a plain string.
-      reverse: also return ``GridResult.reverse`` (see above).
+      reverse: also return ``GridResult.reverse`` (see above); for one side with
+        itself (``reps_b`` omitted or ``reps_a`` itself) it is the forward table
+        transposed, and costs nothing.
       split: the train/test split of the held-out reconstruction scores, shared
         by every pair: a train fraction or ``(train_idx, test_idx)``. The
         registered measures use the default (0.5 with ``key=jax.random.key(0)``);
@@ -251,7 +254,7 @@ def compare_grid(
         RDMs for large ``n``), a block of layers at a time (two blocks, one per
         side, fit in it): once per block of the other side; when not one layer
         per side fits, once per pair. The grid holds one measure's statistics
-        at a time (kept for a later measure only where it shares them). Default
+        at a time (the measures that share them run one after the other). Default
         (``None``): a quarter of the smallest free device memory where the
         devices report it (GPU, TPU), else 2 GiB (the CPU):
         :func:`.devices.default_stats_budget`. The tables do not depend on it
@@ -310,15 +313,19 @@ def compare_grid(
     lay = L.prepare(reps_a, reps_b, buckets=buckets)
     n_tr, n_te, weights = _split_rows(lay, split, key, moment)
     plan = make_plan(devices)
-    stats_budget = default_stats_budget(devices) if stats_budget is None else stats_budget
+    if stats_budget is None and generic:  # only the generic measures keep per-layer statistics
+        stats_budget = default_stats_budget(devices)
     stacks = G.Stacks(lay, plan)
     reasons = {name: _reason(m, n_tr if _uses_split(m) else lay.n) for name, m in moment + generic}
     if strict:
         for name, _ in moment + generic:
             U.raise_static_sources(name, *reasons[name], lay, reverse=reverse)
     tables: dict[str, dict[str, U.Table]] = {}
+    # a side with itself: the reverse table is the forward one transposed (measure(B_j, A_i) = fwd[j, i])
+    transpose = reverse and lay.same
+    computed_reverse = reverse and not transpose
     if moment:
-        entries = tuple(M.Entry(name, m.moments, reverse) for name, m in moment)
+        entries = tuple(M.Entry(name, m.moments, computed_reverse) for name, m in moment)
         tables.update(M.moment_tables(lay, entries, weights=weights, chunk_size=chunk_size, plan=plan,
                                       stacks=stacks,
                                       rotation_invariant=buckets and all("rotation" in m.invariances
@@ -326,14 +333,20 @@ def compare_grid(
     stats_cache: dict = {}
     generic_table = functools.partial(G.generic_table, lay, plan=plan, stats_budget=stats_budget, stacks=stacks,
                                       stats_cache=stats_cache)
+    generic = G.by_statistics(generic)  # the measures that share per-layer statistics one after another
     for k, (name, m) in enumerate(generic):
-        tables[name] = generic_table(m, directions=("fwd", "rev") if reverse and not m.symmetric else ("fwd",))
+        tables[name] = generic_table(m, directions=("fwd", "rev") if computed_reverse and not m.symmetric
+                                     else ("fwd",))
         G.evict(stats_cache, keep=[later for _, later in generic[k + 1:]])  # one measure's statistics at a time
         steps.advance()
+    if transpose:
+        for t in tables.values():
+            t["rev"] = U.transposed(t["fwd"])
     names = list(dict.fromkeys(measures))
     fwd, rev, undefined, rev_undefined = _settle(
         names, dict(moment + generic), tables, reasons, lay, reverse=reverse, strict=strict,
-        extra={"n_rows": n_tr + n_te, "n_test": n_te}, generic_table=generic_table)
+        extra={"n_rows": n_tr + n_te, "n_test": n_te},
+        generic_table=lambda m, **kw: _once(generic_table, stats_cache, m, **kw))
     U.warn_undefined(undefined, rev_undefined, lay)
     out, rev_out = _arrays(names, fwd, rev, reverse)
     return GridResult(out, lay.rows, lay.cols, rev_out, undefined, rev_undefined if reverse else {})
@@ -370,8 +383,8 @@ def _check_options(chunk_size, reverse, on_undefined, buckets, stats_budget) -> 
     if streaming and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
     reverse = V.check_bool(reverse, "reverse")
-    if stats_budget is not None and (isinstance(stats_budget, bool) or not isinstance(stats_budget, (int, float))
-                                     or not stats_budget >= 0):
+    if stats_budget is not None and (isinstance(stats_budget, (bool, np.bool_))
+                                     or not isinstance(stats_budget, numbers.Real) or not stats_budget >= 0):
         raise ValueError(f"stats_budget must be a number of bytes >= 0 (0: per-pair statistics) or None (the "
                          f"default, from the devices' memory), got {stats_budget!r}.")
     strict = V.check_choice(on_undefined, "on_undefined", ("nan", "raise")) == "raise"
@@ -391,6 +404,15 @@ def _split_rows(lay: L.Layers, split, key, moment) -> tuple[int, int, tuple | No
         return n_tr, n_te, None
     weights = tuple(np.asarray(w) for w in split_weights(lay.n, split, key, lay.dtype))
     return int(round(float(weights[0].sum()))), int(round(float(weights[1].sum()))), weights
+
+
+def _once(generic_table, stats_cache: dict, measure, **kw):
+    """A generic table computed after the measures' pass (a symmetric measure's reverse where it could differ),
+    its statistics dropped afterwards: the grid holds one measure's statistics at a time."""
+    try:
+        return generic_table(measure, **kw)
+    finally:
+        G.evict(stats_cache, keep=[])
 
 
 def _settle(names, by_name, tables, reasons, lay, *, reverse, strict, extra, generic_table):

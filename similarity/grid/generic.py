@@ -10,7 +10,10 @@ time (a block of each side fits in the budget), and the pair program runs per
 pair of blocks. A block spans width groups where the statistics have one shape at
 every width (an RDM), and a side with itself holds each pair of blocks once,
 computing its pairs in both orders; when not even one layer per side fits, the
-pair program computes both sides' statistics per pair.
+pair program computes both sides' statistics per pair. A symmetric measure of a
+side with itself computes each unordered pair of layers once and mirrors it
+(:func:`_mirror`: the mirrored cells are computed where a value is undefined,
+whose reason names its arguments in order).
 
 A measure registered without a core (a user's ``fn``, or ``stats=LayerStats``) is
 run through an adapter at its exact widths (one group per width): its code was not
@@ -178,9 +181,17 @@ class Stacks:
         return self._cache[key]
 
 
-def _pair_index(ga: L.Group, gb: L.Group, plan: Plan, buckets: bool) -> tuple[np.ndarray, np.ndarray, int]:
-    """Positions ``(ia, jb)`` of every real pair of two groups, padded (repeats) to a bucket of pairs."""
-    ia, jb = (g.ravel() for g in np.meshgrid(np.arange(len(ga.idx)), np.arange(len(gb.idx)), indexing="ij"))
+def _positions(m: int, k: int, upper: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Positions ``(ia, jb)`` of every pair of ``m`` and ``k`` items; ``upper``: only ``ia <= jb``."""
+    ia, jb = (g.ravel() for g in np.meshgrid(np.arange(m), np.arange(k), indexing="ij"))
+    return (ia[ia <= jb], jb[ia <= jb]) if upper else (ia, jb)
+
+
+def _pair_index(ga: L.Group, gb: L.Group, plan: Plan, buckets: bool, upper: bool = False
+                ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Positions ``(ia, jb)`` of every real pair of two groups (``upper``: of a group with itself, each
+    unordered pair once), padded (repeats) to a bucket of pairs."""
+    ia, jb = _positions(len(ga.idx), len(gb.idx), upper)
     count = len(ia)
     size = L.bucket(count) if buckets else count
     size += (-size) % plan.ndev
@@ -259,11 +270,12 @@ def _block_stats(core: Core, opts, block: Block, side: str, *, plan: Plan, stack
 
 
 def _blocked_pairs(core: Core, opts, groups_a, groups_b, size: int, *, plan: Plan, stacks: Stacks,
-                   directions: tuple[str, ...], same: bool):
+                   directions: tuple[str, ...], same: bool, triangle: bool = False):
     """Every pair of the layers of ``groups_a`` and ``groups_b``, ``size`` layers of each side at a time
     (:func:`side_blocks`): each block of side a computed once, each block of side b once per block of a.
     ``same`` (a side with itself): a block against itself reuses its statistics, and the pairs of two
-    different blocks are computed in both orders while both are held, so each pair of blocks is held once.
+    different blocks are computed in both orders while both are held, so each pair of blocks is held once;
+    with ``triangle`` (a symmetric measure) each unordered pair is computed once (:func:`_mirror`).
     Yields ``(direction, rows, cols, (values, flags))``."""
     blocks_a = side_blocks(core, stacks.lay, groups_a, size)
     blocks_b = blocks_a if same else side_blocks(core, stacks.lay, groups_b, size)
@@ -273,29 +285,61 @@ def _blocked_pairs(core: Core, opts, groups_a, groups_b, size: int, *, plan: Pla
             if same and j < i:
                 continue  # computed with block j in both orders
             sb = sa if same and j == i else _block_stats(core, opts, bb, "b", plan=plan, stacks=stacks)
+            if triangle:
+                yield from _block_pair(core, opts, ba, sa, bb, sb, plan=plan, directions=directions,
+                                       upper=j == i, mirror=True)
+                continue
             orders = [(ba, sa, bb, sb)] + ([(bb, sb, ba, sa)] if same and j > i else [])
             for (b1, s1, b2, s2) in orders:
-                for d, rows, cols, res in _block_pair(core, opts, b1, s1, b2, s2, plan=plan, directions=directions):
-                    yield d, rows, cols, res
+                yield from _block_pair(core, opts, b1, s1, b2, s2, plan=plan, directions=directions)
 
 
-def _block_pair(core: Core, opts, b1: Block, s1, b2: Block, s2, *, plan: Plan, directions):
-    """Every pair of a block of side a (``b1``, its statistics ``s1``) and one of side b, by direction."""
-    ia, jb = (g.ravel() for g in np.meshgrid(np.arange(len(b1.layers)), np.arange(len(b2.layers)), indexing="ij"))
+def _block_pair(core: Core, opts, b1: Block, s1, b2: Block, s2, *, plan: Plan, directions, upper: bool = False,
+                mirror: bool = False):
+    """Every pair of a block of side a (``b1``, its statistics ``s1``) and one of side b, by direction
+    (``upper``, ``mirror``: a block with itself, each unordered pair once, and the mirrored cells; see
+    :func:`_mirror`)."""
+    ia, jb = _positions(len(b1.layers), len(b2.layers), upper)
     count = len(ia)
     pad = L.bucket(count) - count
     ia, jb = np.concatenate([ia, np.repeat(ia[-1:], pad)]), np.concatenate([jb, np.repeat(jb[-1:], pad)])
     ia_d, jb_d = put_pairs(plan, ia, jb)  # padded to a multiple of the devices
     rows, cols = b1.layers[ia[:count]], b2.layers[jb[:count]]
-    for d in directions:
+
+    def run(d):
         args = (s1, s2, ia_d, jb_d) if d == "fwd" else (s2, s1, jb_d, ia_d)
         value, flags = tree_to_host(_pairs_jit(core.pair)(*args, opts))
-        yield d, rows, cols, (value[:count], jax.tree.map(lambda a: a[:count], flags))
+        return value[:count], jax.tree.map(lambda a: a[:count], flags)
+
+    for d in directions:
+        res = run(d)
+        yield d, rows, cols, res
+        if mirror:
+            yield d, cols, rows, _mirror(res, run)
+
+
+def _mirror(res, run):
+    """The mirrored cells' ``(values, flags)`` of a symmetric measure on a side with itself: cell ``(j, i)``
+    is ``measure(A_j, A_i) = measure(A_i, A_j)``, so its value is cell ``(i, j)``'s, and so are its flags where
+    they are not read (every value finite: the flags of a finite cell without a static reason are never read,
+    :func:`.undefined.settle`). Where a value is not finite its flags give the reason, which may name the
+    arguments in order, so then the mirrored cells are computed (``run("rev")``: ``measure(B_j, A_i)``)."""
+    return res if np.isfinite(res[0]).all() else run("rev")
 
 
 def _layer_key(core: Core) -> tuple:
     """What a layer's statistics depend on besides the layer: the core's layer function and options."""
     return core.layer, tuple(map(float, core.opts))
+
+
+def by_statistics(measures: list) -> list:
+    """``[(name, measure), ...]`` reordered (stably) so that the measures that share per-layer statistics
+    (:func:`_layer_key`: the shape metrics' angular and Euclidean forms of one alpha) come one after another,
+    in the order of their first appearance: with :func:`evict`, one measure's statistics are held at a time."""
+    order: dict = {}
+    for name, m in measures:
+        order.setdefault(_layer_key(core_of(m)[0]), []).append((name, m))
+    return [item for items in order.values() for item in items]
 
 
 def evict(stats_cache: dict, keep) -> None:
@@ -315,6 +359,8 @@ def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: 
     per earlier block), else (not one layer per side fits) per pair."""
     core, padded = core_of(measure)
     groups = {s: lay.groups(s) if padded else L.make_groups(lay.side(s), buckets=False) for s in "ab"}
+    # a symmetric measure of a side with itself: each unordered pair once, the other cells mirrored (_mirror)
+    triangle = lay.same and measure.symmetric and directions == ("fwd",)
     opts = tuple(np.asarray(o, lay.dtype) for o in core.opts)
     size = block_size(core, lay, groups, stats_budget)
     per_layer = size == 0
@@ -332,16 +378,20 @@ def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: 
     parts: dict[str, list] = {d: [] for d in directions}
     if size > 1:
         for d, rows, cols, (value, flags) in _blocked_pairs(core, opts, groups["a"], groups["b"], size, plan=plan,
-                                                            stacks=stacks, directions=directions, same=lay.same):
+                                                            stacks=stacks, directions=directions, same=lay.same,
+                                                            triangle=triangle):
             values[d][rows, cols] = value
             parts[d].append((rows, cols, flags))
         return {d: Table(values[d], _assemble(parts[d], shape)) for d in directions}
-    for ga in groups["a"]:
-        for gb in groups["b"]:
-            ia, jb, count = _pair_index(ga, gb, plan, padded)
+    for k, ga in enumerate(groups["a"]):
+        for m, gb in enumerate(groups["b"]):
+            if triangle and m < k:
+                continue  # the mirror of group pair (m, k)
+            ia, jb, count = _pair_index(ga, gb, plan, padded, upper=triangle and m == k)
             ia_d, jb_d = put_pairs(plan, ia, jb)
             rows, cols = np.asarray(ga.idx)[ia[:count]], np.asarray(gb.idx)[jb[:count]]
-            for d in directions:
+
+            def run(d, ga=ga, gb=gb, ia_d=ia_d, jb_d=jb_d, count=count):
                 src, tgt, i_src, j_tgt = (("a", ga), ("b", gb), ia_d, jb_d) if d == "fwd" else \
                     (("b", gb), ("a", ga), jb_d, ia_d)
                 if per_layer:
@@ -351,8 +401,15 @@ def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: 
                     (za, wa), (zb, wb) = stacks(*src), stacks(*tgt)
                     res = _raw_pairs_jit(core.layer, core.pair)(za, wa, zb, wb, i_src, j_tgt, opts)
                 value, flags = tree_to_host(res)
-                values[d][rows, cols] = value[:count]
-                parts[d].append((rows, cols, jax.tree.map(lambda a: a[:count], flags)))
+                return value[:count], jax.tree.map(lambda a: a[:count], flags)
+
+            for d in directions:
+                cells = [(rows, cols, run(d))]
+                if triangle:
+                    cells.append((cols, rows, _mirror(cells[0][2], run)))
+                for r, c, (value, flags) in cells:
+                    values[d][r, c] = value
+                    parts[d].append((r, c, flags))
     return {d: Table(values[d], _assemble(parts[d], shape)) for d in directions}
 
 

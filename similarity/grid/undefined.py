@@ -29,6 +29,13 @@ class Table(NamedTuple):
     flags: Any
 
 
+def transposed(table: Table) -> Table:
+    """``table`` with its cells transposed, flags too: the reverse table of a side with itself
+    (``measure(B_j, A_i)`` is the forward cell ``(j, i)``, flags and all)."""
+    flags = None if table.flags is None else jax.tree.map(lambda a: np.asarray(a).T, table.flags)
+    return Table(np.asarray(table.values).T, flags)
+
+
 class UndefinedCellWarning(UserWarning):
     """:func:`compare_grid` left cells undefined (NaN); the reasons are in ``GridResult.undefined``."""
 
