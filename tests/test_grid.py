@@ -467,6 +467,33 @@ def test_a_symmetric_measure_of_a_side_with_itself_computes_each_pair_once(monke
                                                    atol=1e-12, err_msg=(m, i, j))
 
 
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_moment_measures_of_a_side_with_itself_across_width_groups(monkeypatch, chunk):
+    """One side with itself, layers in three width groups, streamed or not, with ``reverse=True`` (the
+    forward table transposed): every cell, undefined reason and reverse cell is the pairwise call's."""
+    _split_width_groups(monkeypatch)
+    r = np.random.default_rng(14)
+    reps = [r.normal(size=(N, w)) for w in (3, 5, 3, 8, 5)]
+    reps[4] = np.tanh(reps[1] @ r.normal(size=(5, 5)))
+    reps.append(np.zeros((N, 8)))  # a constant layer: its cells are undefined
+    ms = ["stitch/affine", "stitch/orthogonal/in_sample", "cka/linear", "procrustes"]
+    with pytest.warns(sim.UndefinedCellWarning):
+        g = compare_grid(reps, measures=ms, reverse=True, chunk_size=chunk)
+    for m in ms:
+        for i, x in enumerate(reps):
+            for j, y in enumerate(reps):
+                for table, undefined, (u, v) in ((g.tables, g.undefined, (x, y)),
+                                                 (g.reverse, g.reverse_undefined, (y, x))):
+                    if 5 in (i, j):
+                        with pytest.raises(ValueError) as e:
+                            sim.measure(m)(u, v)
+                        assert undefined[m][i, j] == str(e.value), (m, i, j)
+                    else:
+                        assert (i, j) not in undefined[m]
+                        np.testing.assert_allclose(table[m][i, j], float(sim.measure(m)(u, v)), rtol=1e-9,
+                                                   atol=1e-10, err_msg=(m, i, j))
+
+
 def test_a_symmetric_measure_without_a_core_is_mirrored_at_its_own_widths():
     """A user's symmetric measure (no core: exact widths, one group per width) of a side with itself is
     mirrored too; a constant layer's cells keep the generic reason, naming its argument in order."""
