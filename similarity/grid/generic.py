@@ -355,8 +355,9 @@ def generic_table(lay: L.Layers, measure, *, directions: tuple[str, ...], plan: 
     (``measure(B_j, A_i)``, indexed ``[i, j]`` too).
 
     Per-layer statistics are computed once per layer when all of them fit in ``stats_budget``, else once
-    per block of the other side's layers (:func:`block_size`, :func:`side_blocks`; a side with itself: once
-    per earlier block), else (not one layer per side fits) per pair."""
+    per block of the other side's layers (:func:`block_size`, :func:`side_blocks`; a side with itself: a
+    block's once for itself and once more for each earlier block), else (not one layer per side fits) per
+    pair. A symmetric measure of a side with itself computes each unordered pair once (:func:`_mirror`)."""
     core, padded = core_of(measure)
     groups = {s: lay.groups(s) if padded else L.make_groups(lay.side(s), buckets=False) for s in "ab"}
     # a symmetric measure of a side with itself: each unordered pair once, the other cells mirrored (_mirror)
