@@ -451,20 +451,25 @@ def test_a_symmetric_measure_of_a_side_with_itself_computes_each_pair_once(monke
 
     dead = [*reps[:3], np.zeros((N, 3)), *reps[3:]]  # a constant layer: its cells are undefined
     for m in ("rsa/correlation/pearson", "svcca"):
-        g = compare_grid(dead, measures=m, stats_budget=budget, reverse=True)
-        for i, x in enumerate(dead):
-            for j, y in enumerate(dead):
-                for table, undefined, (u, v) in ((g.tables, g.undefined, (x, y)),
-                                                 (g.reverse, g.reverse_undefined, (y, x))):
-                    if 3 in (i, j):
-                        with pytest.raises(ValueError) as e:
-                            sim.measure(m)(u, v)
-                        assert undefined[m][i, j] == str(e.value), (m, i, j)
-                        assert np.isnan(table[m][i, j])
-                    else:
-                        assert (i, j) not in undefined[m]
-                        np.testing.assert_allclose(table[m][i, j], float(sim.measure(m)(u, v)), rtol=1e-10,
-                                                   atol=1e-12, err_msg=(m, i, j))
+        _check_square(compare_grid(dead, measures=m, stats_budget=budget, reverse=True), dead, m, dead_at=3,
+                      rtol=1e-10, atol=1e-12)
+
+
+def _check_square(g, reps, m: str, *, dead_at: int, rtol: float, atol: float) -> None:
+    """Every cell of a square grid with ``reverse=True`` against the pairwise call, forward and reverse: the
+    cells of layer ``dead_at`` (constant) undefined with the pairwise call's message, the others its value."""
+    for i, x in enumerate(reps):
+        for j, y in enumerate(reps):
+            for table, undefined, (u, v) in ((g.tables, g.undefined, (x, y)), (g.reverse, g.reverse_undefined, (y, x))):
+                if dead_at in (i, j):
+                    with pytest.raises(ValueError) as e:
+                        sim.measure(m)(u, v)
+                    assert undefined[m][i, j] == str(e.value), (m, i, j)
+                    assert np.isnan(table[m][i, j])
+                else:
+                    assert (i, j) not in undefined[m]
+                    np.testing.assert_allclose(table[m][i, j], float(sim.measure(m)(u, v)), rtol=rtol, atol=atol,
+                                               err_msg=(m, i, j))
 
 
 @pytest.mark.parametrize("chunk", [None, 7])
@@ -480,18 +485,7 @@ def test_moment_measures_of_a_side_with_itself_across_width_groups(monkeypatch, 
     with pytest.warns(sim.UndefinedCellWarning):
         g = compare_grid(reps, measures=ms, reverse=True, chunk_size=chunk)
     for m in ms:
-        for i, x in enumerate(reps):
-            for j, y in enumerate(reps):
-                for table, undefined, (u, v) in ((g.tables, g.undefined, (x, y)),
-                                                 (g.reverse, g.reverse_undefined, (y, x))):
-                    if 5 in (i, j):
-                        with pytest.raises(ValueError) as e:
-                            sim.measure(m)(u, v)
-                        assert undefined[m][i, j] == str(e.value), (m, i, j)
-                    else:
-                        assert (i, j) not in undefined[m]
-                        np.testing.assert_allclose(table[m][i, j], float(sim.measure(m)(u, v)), rtol=1e-9,
-                                                   atol=1e-10, err_msg=(m, i, j))
+        _check_square(g, reps, m, dead_at=5, rtol=1e-9, atol=1e-10)
 
 
 def test_a_symmetric_measure_without_a_core_is_mirrored_at_its_own_widths():
