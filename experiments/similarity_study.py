@@ -602,7 +602,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     """
     _check_config(cfg)
     t0 = time.time()
-    source_version()  # the code this process loaded, read now: its units record it even if files change later
+    source_version()  # the tree on disk now, after the imports: its units record it even if files change later
     n_proc = distributed.process_count()
     if n_proc > 1:
         log = (lambda say: lambda msg: say(distributed.log_prefix() + msg))(log)
