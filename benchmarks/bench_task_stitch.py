@@ -1,6 +1,6 @@
-"""Benchmark: task-loss stitchers, batched vs one by one, and a layer-pair sweep's compilations.
+"""Benchmark: task-loss stitchers, batched vs one by one, a layer-pair sweep's compilations, wide sources.
 
-Run: ``python -m benchmarks.bench_task_stitch [--quick] [--before REV]``.
+Run: ``python -m benchmarks.bench_task_stitch [--quick] [--before REV] [--only batched sweep cayley]``.
 
 1. K = 16 stitchers into one target layer (a frozen ``d -> 64 tanh -> 10``
    tail, a module-level function of its weights), each source a random
@@ -19,11 +19,22 @@ Run: ``python -m benchmarks.bench_task_stitch [--quick] [--before REV]``.
    (the 4 sources into each target layer). With ``--before REV`` the same
    sweep also runs against the old API at git revision ``REV`` (a fresh
    ``lambda`` tail per pair, which compiled every call).
+
+3. Orthogonal stitchers from wide sources into a narrow target (``--only cayley``): sources of 64 to
+   1,024 features (a flattened conv map is this wide) into a 64-wide layer of a frozen ``64 -> 64 tanh ->
+   10`` tail, closed-form start, full-batch Adam. Each stitcher is a point of a Stiefel manifold moved by
+   a Cayley map: a ``64 x 64`` solve per step. With ``--before REV``
+   the same call runs at git revision ``REV`` too (a revision whose Cayley map solves the padded
+   ``M x M`` system, ``M`` the widest source). Each variant is one fresh process; the first call includes
+   compilation, the second is warm; the final training loss and the largest deviation from
+   orthonormality show that both train equally well (the two parametrisations take different paths,
+   so the stitchers themselves differ).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -40,6 +51,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = dict(full=dict(n=1000, width=32, steps=200, batch=128),
              quick=dict(n=256, width=16, steps=20, batch=64))
+CAYLEY = dict(full=dict(n=1200, widths=(64, 256, 512, 1024), steps=50),
+              quick=dict(n=200, widths=(16, 64, 128), steps=10))
 
 
 # ---------------------------------------------------------------------------
@@ -164,8 +177,10 @@ def _sweep(variant: str, size: dict) -> dict:
                 checksum=float(sum(jnp.sum(jnp.abs(w)) for w in weights)))
 
 
-def _run_variant(variant: str, quick: bool, pythonpath: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(pythonpath))
+def _run_variant(variant: str, quick: bool, pythonpath: Path, shim: Path | None = None) -> dict:
+    """One variant in a fresh process run from ``pythonpath``; ``shim``, first on the path, may point
+    ``funsim`` at another tree (a package whose ``__path__`` names it)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in (shim, pythonpath) if p is not None))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--variant", variant]
     out = subprocess.run(cmd + (["--quick"] if quick else []), env=env, cwd=pythonpath,
                          capture_output=True, text=True, check=True)
@@ -202,17 +217,85 @@ def _sweep_table(quick: bool, before: str | None) -> str:
     )
 
 
+# ---------------------------------------------------------------------------
+# 3. Orthogonal stitchers from wide sources (each variant in a fresh process)
+# ---------------------------------------------------------------------------
+
+
+def _cayley(size: dict) -> dict:
+    """One orthogonal ``train_stitchers`` call, twice: wall times, final loss and orthogonality."""
+    from benchmarks._timing import first_and_warm
+    from funsim.similarity import train_stitchers
+
+    rng = np.random.default_rng(0)
+    n = size["n"]
+    latent = rng.normal(size=(n, 32))
+    z_tgt = np.tanh(latent @ rng.normal(size=(32, 64)) / np.sqrt(32))
+    params = (jnp.asarray(rng.normal(size=(64, 64)) / 8.0, jnp.float32),
+              jnp.asarray(rng.normal(size=(64, 10)) / 8.0, jnp.float32))
+    y = jnp.asarray(np.argmax(np.asarray(_tail(params, jnp.asarray(z_tgt, jnp.float32))), axis=1))
+    srcs = [jnp.asarray(latent @ rng.normal(size=(32, w)) / np.sqrt(32) + 0.3 * rng.normal(size=(n, w)), jnp.float32)
+            for w in size["widths"]]
+    out = []
+
+    def call():
+        out[:] = train_stitchers(srcs, y, _tail, params, family="orthogonal", z_tgt=jnp.asarray(z_tgt, jnp.float32),
+                                 steps=size["steps"], batch_size=None, key=jax.random.key(0))
+        return [s.weight for s, _ in out]
+
+    first, warm = first_and_warm(call, 1)
+    return dict(first=first, warm=warm, loss=float(np.mean([h.train_loss[-1] for _, h in out])),
+                loss0=float(np.mean([h.train_loss[0] for _, h in out])),
+                orth=float(max(np.max(h.constraint_error) for _, h in out)))
+
+
+def _cayley_table(quick: bool, before: str | None) -> str:
+    size = CAYLEY["quick" if quick else "full"]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if before:
+            old = Path(tmp) / "old"
+            old.mkdir()
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", before], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+            shim = Path(tmp) / "shim" / "funsim"
+            shim.mkdir(parents=True)
+            (shim / "__init__.py").write_text(f"__path__ = [{str(old)!r}]\n")
+            rows.append((f"before ({before}): M x M Cayley solve", _run_variant("cayley", quick, ROOT, shim.parent)))
+        rows.append(("this tree: Stiefel Cayley map", _run_variant("cayley", quick, ROOT)))
+    base = rows[0][1]["warm"]
+    head = (
+        f"Orthogonal stitchers: {len(size['widths'])} sources of {', '.join(map(str, size['widths']))} features "
+        f"into a 64-wide layer of a frozen 64 -> 64 tanh -> 10 tail, n = {size['n']}, closed-form start, "
+        f"{size['steps']} full-batch Adam steps, float32, {jax.devices()[0].platform.upper()}. Each row one fresh "
+        "process.\n\n"
+        "| variant | first call (s) | warm call (s) | warm vs first row | train loss start -> end | max orthogonality error |\n"
+        "|---|---|---|---|---|---|\n"
+    )
+    return head + "".join(
+        f"| {name} | {r['first']:.2f} | {r['warm']:.2f} | {base / r['warm']:.1f}x | {r['loss0']:.4f} -> {r['loss']:.4f} "
+        f"| {r['orth']:.1e} |\n" for name, r in rows)
+
+
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
     parser.add_argument("--before", default=None, metavar="REV",
-                        help="also run the sweep against the old API at this git revision")
-    parser.add_argument("--variant", choices=("old", "one_by_one", "batched"), help=argparse.SUPPRESS)
+                        help="also run the sweep (and the Cayley part) at this git revision")
+    parser.add_argument("--only", choices=("batched", "sweep", "cayley"), nargs="+", default=None,
+                        help="run only these parts (default: all)")
+    parser.add_argument("--variant", choices=("old", "one_by_one", "batched", "cayley"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.variant:  # one sweep variant, in this (fresh) process
-        print(json.dumps(_sweep(args.variant, SWEEP["quick" if args.quick else "full"])))
+    if args.variant:  # one variant, in this (fresh) process
+        size = (CAYLEY if args.variant == "cayley" else SWEEP)["quick" if args.quick else "full"]
+        print(json.dumps((_cayley if args.variant == "cayley" else functools.partial(_sweep, args.variant))(size)))
         return ""
-    table = _batched_vs_sequential(args.quick) + "\n" + _sweep_table(args.quick, args.before)
+    parts = args.only or ["batched", "sweep", "cayley"]
+    tables = {"batched": lambda: _batched_vs_sequential(args.quick),
+              "sweep": lambda: _sweep_table(args.quick, args.before),
+              "cayley": lambda: _cayley_table(args.quick, args.before)}
+    table = "\n".join(tables[p]() for p in parts)
     print(table)
     return table
 

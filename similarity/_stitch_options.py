@@ -30,9 +30,10 @@ class TrainHistory(NamedTuple):
     Attributes:
       train_loss: ``(steps,)`` the (minibatch) training loss before each step;
         NaN after an early stop.
-      constraint_error: ``(steps,)`` ``max |Q^T Q - I|`` of the square
-        orthogonal matrix the weight is a block of, at each step (0 for
-        affine); NaN after an early stop.
+      constraint_error: ``(steps,)`` ``max |U^T U - I|`` of the weight's
+        orthonormal frame ``U`` (its columns, or its rows when the source is
+        narrower than the target), at each step (0 for affine); NaN after an
+        early stop.
       eval_steps: ``(n_evals,)`` step counts at which the held-out loss was
         measured: 0, ``eval_every``, ... and ``steps`` (empty without ``eval_data``).
       eval_loss: ``(n_evals,)`` the held-out loss there; NaN after an early stop.

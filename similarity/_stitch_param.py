@@ -1,38 +1,54 @@
 """Parametrisations of trainable stitchers, with exact orthogonality (docs/design.md §3).
 
 A batch of stitchers into one target layer is zero-padded to a common source
-width ``D`` (and square width ``M = max(D, d_tgt)``). Each family has its own
-parameter pytree, and a compiled training loop sees one of them:
+width ``D``; the orthogonal families work with frames of ``M = max(D, d_tgt)`` rows and
+``R = min(D, d_tgt)`` columns. Each family has its own parameter pytree, and a compiled
+training loop sees one of them:
 
 * ``affine``: ``{"weight": (D, d_tgt), "bias": (d_tgt,)}``.
-* ``orthogonal``: ``{"gen": (M, M), "bias": (d_tgt,)}``.
-* ``scaled_orthogonal``: ``{"gen": (M, M), "log_scale": (), "bias": (d_tgt,)}``.
+* ``orthogonal``: ``{"gen": (M, R), "bias": (d_tgt,)}``.
+* ``scaled_orthogonal``: ``{"gen": (M, R), "log_scale": (), "bias": (d_tgt,)}``.
 
-The orthogonal families also carry constants ``{"base": (M, M), "mask": (M, M)}``
-(``{}`` for affine). A batch that mixes ``orthogonal`` and ``scaled_orthogonal`` stitchers
-trains as ``scaled_orthogonal`` (one compiled loop) with one more constant, ``"free": ()``,
-1 for a scaled stitcher and 0 for an orthogonal one: its scale is ``exp(log_scale * free)``,
-so an orthogonal stitcher's scale is exactly 1 and its ``log_scale`` gets a zero gradient
-(and stays at 0). A batch that also holds affine stitchers trains as ``mixed``: every
-stitcher carries both parametrisations, ``{"weight": (M, d_tgt), "gen", "log_scale",
-"bias"}``, and one more constant, ``"affine": ()``, selects which one acts (``jnp.where``),
-so the other gets a zero gradient and stays at its start. Each stitcher then follows
-exactly the trajectory of its own family's loop, at the price of a Cayley solve for the
-affine stitchers too (see :func:`merge_families`). The square orthogonal matrix is
+The orthogonal families also carry constants ``{"mask": (M, R), "tall": (), "hh": (M, R),
+"tt": (R, R), "sign": (R,)}`` (``{}`` for affine). A batch that mixes ``orthogonal`` and
+``scaled_orthogonal`` stitchers trains as ``scaled_orthogonal`` (one compiled loop) with one more
+constant, ``"free": ()``, 1 for a scaled stitcher and 0 for an orthogonal one: its scale is
+``exp(log_scale * free)``, so an orthogonal stitcher's scale is exactly 1 and its ``log_scale`` gets a
+zero gradient (and stays at 0). A batch that also holds affine stitchers trains as ``mixed``: every
+stitcher carries both parametrisations, ``{"weight": (M, d_tgt), "gen", "log_scale", "bias"}``, and one
+more constant, ``"affine": ()``, selects which one acts (``jnp.where``), so the other gets a zero
+gradient and stays at its start. Each stitcher then follows exactly the trajectory of its own family's
+loop (see :func:`merge_families`).
 
-    Q = base @ cayley(A),   cayley(A) = (I - A)^{-1} (I + A),   A = (G - G^T) * mask,
+A stitcher from ``d_k`` to ``d_tgt`` features is a point ``U`` of the Stiefel manifold ``St(m_k, r_k)``
+(``m_k x r_k`` with orthonormal columns, ``m_k = max(d_k, d_tgt)``, ``r_k = min(d_k, d_tgt)``): its
+weight when ``d_k >= d_tgt`` (*tall*), its weight's transpose otherwise. With ``Q0`` an orthogonal
+completion of its start ``Y0`` (the closed-form, identity or random start: ``Y0`` is ``Q0``'s first
+``r_k`` columns)::
 
-and the stitcher's weight is ``Q[:D, :d_tgt]``. The Cayley transform of a
-skew-symmetric matrix is orthogonal (``I - A`` has singular values >= 1, so
-it is always invertible), hence ``weight`` has orthonormal columns when
-``d_src >= d_tgt`` and orthonormal rows when ``d_src < d_tgt``, up to the
-rounding of one linear solve. ``mask`` confines ``A`` to the stitcher's own
-``(m_k, m_k)`` block, ``m_k = max(d_k, d_tgt)``; ``base`` is that block's
-orthogonal start, completed with the identity, so the padded coordinates never
-mix with the real ones and the padded stitcher equals the unpadded one. For
-square maps the Cayley map reaches every ``base @ R`` with ``R`` in SO(m)
-without eigenvalue -1: a reflection is reachable from a closed-form or random
-start, not from the identity.
+    U = Q0 (I - B)^{-1} (I + B) E,   B = [[X_f - X_f^T, -C^T], [C, 0]],
+
+``E`` the first ``r_k`` columns of the identity, ``X_f`` (``r_k x r_k``, the frame's own rotations)
+and ``C`` (``(m_k - r_k) x r_k``, its turn into the complement) the generator ``gen`` in ``Q0``'s
+coordinates. For a tall stitcher with a closed-form or identity start this is the earlier
+full-generator parametrisation ``Q0 cayley(G - G^T)`` (a wide one's weight was the first rows of that
+matrix; its transpose is now parametrised as a tall one) with ``G`` kept to its first ``r_k`` columns
+and first ``r_k`` rows (not ``G22``): the complement's rotations among themselves, which move ``U`` only at
+second order, are left out, and ``C`` keeps its two coordinates per entry (``G[r:, :r]`` and
+``G[:r, r:]``) as one coordinate with weight 2 in ``mask``. Adam-type optimisers, whose steps do not
+depend on a coordinate's scale, so take the earlier step sizes (to their ``eps``); plain SGD takes twice
+the earlier step in ``C``. (A random start's ``Q0`` is now the Householder completion of the random
+frame, not the rest of the random orthogonal matrix: another basis of the complement.) The Cayley transform of a
+skew-symmetric matrix is orthogonal (``I - B`` has singular values >= 1), hence ``U`` has
+orthonormal columns at every step, to rounding; :func:`frame_cayley` computes it with an
+``R x R`` solve and ``Q0`` as ``R`` Householder reflectors, ``O(M R^2)`` work (the earlier map solved
+the padded ``M x M`` system): a wide source into a narrow layer, or a narrow source into a wide one,
+costs what its narrow side makes it cost. ``mask`` confines the generator to the stitcher's block, so
+the padded rows and columns of ``U`` are exactly 0: the padded stitcher equals the unpadded one. At
+``gen = 0``, ``U = Y0``, and the derivative spans the manifold's tangent space there: every direction is
+reachable from the start. For square maps (``d_k = d_tgt``) the Cayley map reaches every ``Q0 R`` with
+``R`` in SO(m) without eigenvalue -1: a reflection is reachable from a closed-form or random start, not
+from the identity.
 
 Everything here except :func:`init_params` (host-side set-up) is pure jnp.
 """
@@ -52,29 +68,51 @@ from funsim.similarity.stitching import fit_stitchers
 INITS = ("closed_form", "identity", "random")
 
 
-def cayley(a: jax.Array) -> jax.Array:
-    """Cayley transform ``(I - A)^{-1} (I + A)`` of a skew-symmetric ``a``.
+def frame_cayley(gen: jax.Array, consts: dict) -> jax.Array:
+    """The stitcher's frame ``U = Q0 (I - B)^{-1} (I + B) E``, ``B = X E^T - E X^T``, ``X = gen * mask``.
+
+    ``E`` is the first ``r`` columns of the identity, those of the stitcher's own ``r_k`` (the others
+    zero); ``Q0`` is the stitcher's orthogonal completion of its start, whose first ``r_k`` columns are
+    the start, identity outside its ``(m_k, m_k)`` block. So ``U = Y0`` at ``gen = 0``. In blocks (frame
+    rows first), ``B = [[K, -C^T], [C, 0]]`` with ``K = X_f - X_f^T`` (``X_f`` the frame rows of ``X``) and
+    ``C`` the complement rows, and ``(I - B) W = E`` is ``W = [W1; C W1]``, ``(I - K + C^T C) W1 = I``: an
+    ``r x r`` system whose symmetric part is at least ``I`` (so ``||W1|| <= 1``), and
+    ``(I - B)^{-1} (I + B) E = 2 W - E``. ``Q0`` acts through its ``r`` Householder reflectors. Work
+    ``O(m r^2)`` per call, never an ``m x m`` matrix.
 
     Args:
-      a: ``(m, m)`` skew-symmetric.
+      gen: ``(m, r)`` generator, in the coordinates of ``Q0``.
+      consts: ``mask`` ``(m, r)`` (0 outside the stitcher's block, 1 on its frame rows ``< r_k``, 2 on the
+        complement rows ``r_k .. m_k``); ``Q0 = (I - hh tt hh^T) diag(sign, 1, ..., 1)`` from ``hh``
+        ``(m, r)``, ``tt`` ``(r, r)`` and ``sign`` ``(r,)`` (:func:`_completion`).
 
     Returns:
-      ``(m, m)`` orthogonal (to rounding), with no eigenvalue -1.
+      ``(m, r)``, orthonormal on the stitcher's columns (to rounding), zero on the padded rows and columns.
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> g = jnp.array([[0.0, 0.3], [-0.3, 0.0]])
-      >>> q = cayley(g)
-      >>> bool(jnp.allclose(q.T @ q, jnp.eye(2), atol=1e-6))
+      >>> consts = {"mask": jnp.array([[1.0], [2.0]]), "hh": jnp.zeros((2, 1)), "tt": jnp.zeros((1, 1)),
+      ...           "sign": jnp.ones(1)}
+      >>> u = frame_cayley(jnp.array([[0.0], [0.5]]), consts)   # the unit vector (1, 0) turned
+      >>> bool(jnp.allclose(u.T @ u, 1.0, atol=1e-6))
       True
     """
-    eye = jnp.eye(a.shape[-1], dtype=a.dtype)
-    return solve(eye - a, eye + a)
-
-
-def orthogonal_matrix(gen: jax.Array, base: jax.Array, mask: jax.Array) -> jax.Array:
-    """``base @ cayley((gen - gen^T) * mask)``: ``(M, M)`` orthogonal."""
-    return base @ cayley((gen - gen.T) * mask)
+    mask = consts["mask"]
+    x = gen * mask
+    m, r = x.shape
+    dtype = x.dtype
+    cols = (jnp.max(mask, axis=0) > 0).astype(dtype)  # the stitcher's own r_k columns (= its frame rows)
+    x_f = cols[:, None] * x[:r]  # (r, r): the frame rows
+    c = x - jnp.pad(x_f, ((0, m - r), (0, 0)))  # (m, r): the complement rows
+    s = jnp.eye(r, dtype=dtype) - (x_f - x_f.T) + c.T @ c
+    w1 = solve(s, jnp.diag(cols))  # zero on the padded columns (there s is the identity)
+    v = jnp.pad(2.0 * w1 - jnp.diag(cols), ((0, m - r), (0, 0))) + 2.0 * (c @ w1)
+    # One Newton-Schulz step, v (3I - v^T v) / 2: the identity on an orthonormal v (and, to first order, on
+    # its tangents), it takes the rounding of c^T c (eps |C|^2, large far from the start) back to eps.
+    v = v @ (1.5 * jnp.eye(r, dtype=dtype) - 0.5 * (v.T @ v))
+    v = v.at[:r].multiply(consts["sign"][:, None])
+    hh = consts["hh"]
+    return v - hh @ (consts["tt"] @ (hh.T @ v))
 
 
 def materialise(params: dict, consts: dict, *, family: str):
@@ -82,21 +120,24 @@ def materialise(params: dict, consts: dict, *, family: str):
 
     Args:
       params: the family's parameter dict (see the module docstring).
-      consts: ``{"base", "mask"}`` for the orthogonal families, ``{}`` for affine.
+      consts: ``mask``, ``tall`` and the start's completion (:func:`frame_cayley`) for the orthogonal
+        families, ``{}`` for affine.
       family: one of ``similarity.FAMILIES``, or ``"mixed"`` (see the module docstring).
 
     Returns:
-      ``(weight (D, d_tgt), scale (), bias (d_tgt,), q)`` where ``q`` is the
-      ``(M, M)`` orthogonal matrix (``None`` for affine) and ``D`` the padded
-      source width (``params["weight"]``'s rows, or ``M`` for the orthogonal
-      and mixed families: the caller slices the rows it needs).
+      ``(weight (D, d_tgt), scale (), bias (d_tgt,), u)`` where ``u`` is the ``(M, R)``
+      Stiefel frame (``R = min(D, d_tgt)``) (``None`` for affine) and ``D`` the padded source width (``params["weight"]``'s
+      rows, or ``M`` for the orthogonal and mixed families: the caller slices the rows it needs).
     """
     bias = params["bias"]
     one = jnp.ones((), bias.dtype)
     if family == "affine":
         return params["weight"], one, bias, None
-    q = orthogonal_matrix(params["gen"], consts["base"], consts["mask"])
-    weight = q[:, : bias.shape[0]]
+    u = frame_cayley(params["gen"], consts)
+    (m, r), d_tgt = u.shape, bias.shape[0]
+    weight = jnp.pad(u[:d_tgt].T, ((0, m - r), (0, 0)))  # a wide stitcher's weight is its frame's transpose
+    if r == d_tgt:  # else every source is narrower than the target: no tall stitcher
+        weight = jnp.where(consts["tall"] > 0, u, weight)
     if family == "orthogonal":
         scale = one
     elif "free" in consts:  # a batch mixing orthogonal (free = 0: scale exactly 1) and scaled stitchers
@@ -105,16 +146,18 @@ def materialise(params: dict, consts: dict, *, family: str):
         scale = jnp.exp(params["log_scale"])
     if family == "mixed":  # an affine stitcher (affine = 1) takes its own weight, scale 1 and no constraint
         affine = consts["affine"] > 0
-        return jnp.where(affine, params["weight"], weight), jnp.where(affine, one, scale), bias, q
-    return weight, scale, bias, q
+        return jnp.where(affine, params["weight"], weight), jnp.where(affine, one, scale), bias, u
+    return weight, scale, bias, u
 
 
-def constraint_error(q: jax.Array | None, dtype, consts: dict | None = None) -> jax.Array:
-    """``max |Q^T Q - I|`` (0 when there is no orthogonal matrix, or for an affine stitcher of a mixed batch)."""
-    if q is None:
+def constraint_error(u: jax.Array | None, dtype, consts: dict) -> jax.Array:
+    """``max |U^T U - I|`` over the frame's columns (0 when there is no frame, or for an affine stitcher of a
+    mixed batch)."""
+    if u is None:
         return jnp.zeros((), dtype)
-    err = jnp.max(jnp.abs(q.T @ q - jnp.eye(q.shape[0], dtype=q.dtype)))
-    if consts is not None and "affine" in consts:
+    cols = (jnp.max(consts["mask"], axis=0) > 0).astype(u.dtype)  # 1 on the stitcher's r_k columns
+    err = jnp.max(jnp.abs(u.T @ u - jnp.diag(cols)))
+    if "affine" in consts:
         err = jnp.where(consts["affine"] > 0, jnp.zeros((), err.dtype), err)
     return err
 
@@ -128,23 +171,6 @@ def apply_channels(z: jax.Array, weight: jax.Array, scale, bias: jax.Array) -> j
 # ---------------------------------------------------------------------------
 # Host-side initialisation
 # ---------------------------------------------------------------------------
-
-
-def complete_orthogonal(weight: np.ndarray) -> np.ndarray:
-    """Complete a semi-orthogonal ``(d_s, d_t)`` block to an ``(m, m)`` orthogonal matrix.
-
-    Args:
-      weight: ``(d_s, d_t)`` with orthonormal columns (``d_s >= d_t``) or rows.
-
-    Returns:
-      ``(m, m)``, ``m = max(d_s, d_t)``, orthogonal, with ``weight`` as its
-      top-left block (to rounding).
-    """
-    tall = weight.shape[0] >= weight.shape[1]
-    u = weight if tall else weight.T  # (m, k), orthonormal columns
-    full, r = np.linalg.qr(u, mode="complete")
-    full[:, : u.shape[1]] *= np.sign(np.diag(r))  # so that the first k columns are u itself
-    return full if tall else full.T
 
 
 def _haar(key: jax.Array, m: int) -> np.ndarray:
@@ -261,6 +287,27 @@ def _check_scale(family: str, scale: float, label) -> None:
             "constant or uncorrelated with the target); use init='identity' or 'random'.")
 
 
+def _completion(frame: np.ndarray, m: int, r: int) -> dict:
+    """The orthogonal completion of a ``(m_k, r_k)`` frame, embedded in ``m`` rows and ``r`` columns.
+
+    ``Q0`` (identity outside the frame's ``(m_k, m_k)`` block, its first ``r_k`` columns the frame) in
+    Householder form ``{"hh", "tt", "sign"}`` (see :func:`frame_cayley`): ``O(m r)`` numbers, never the
+    ``m x m`` matrix. Host-side, float64.
+    """
+    m_k, r_k = frame.shape
+    h, tau = np.linalg.qr(np.asarray(frame, np.float64), mode="raw")  # LAPACK's geqrf, h transposed
+    h = h.T
+    hh = np.tril(h, -1) + np.eye(m_k, r_k)  # the reflectors' vectors (unit first entry); R on and above the diagonal
+    tt = np.zeros((r_k, r_k))
+    for i in range(r_k):  # Q = H_1 ... H_k = I - hh tt hh^T (LAPACK's larft, forward, columnwise)
+        tt[:i, i] = -tau[i] * tt[:i, :i] @ (hh[:, :i].T @ hh[:, i])
+        tt[i, i] = tau[i]
+    sign = np.where(np.diag(h) < 0, -1.0, 1.0)  # Q's first columns are the frame's, up to these signs
+    out = {"hh": np.zeros((m, r)), "tt": np.zeros((r, r)), "sign": np.ones(r)}
+    out["hh"][:m_k, :r_k], out["tt"][:r_k, :r_k], out["sign"][:r_k] = hh, tt, sign
+    return out
+
+
 def init_params(
     family: str,
     init: str,
@@ -299,7 +346,7 @@ def init_params(
     """
     widths = [int(s.shape[-1]) for s in srcs]
     d_max = max(widths) if pad_to is None else max(max(widths), int(pad_to))
-    m_max = max(d_max, d_tgt)
+    m_max, r_max = max(d_max, d_tgt), min(d_max, d_tgt)  # an orthogonal stitcher's frame: (m_max, r_max)
     if init == "closed_form" and fits is None:
         fits = _closed_form(family, srcs, z_tgts, ridge, labels)
     elif init != "closed_form":
@@ -307,32 +354,30 @@ def init_params(
     plist, clist = [], []
     for m in range(n_tails):
         for k, d_k in enumerate(widths):
-            m_k = max(d_k, d_tgt)
-            weight, bias, scale, base = np.eye(d_k, d_tgt), np.zeros(d_tgt), 1.0, np.eye(m_k)
+            m_k, r_k, tall = max(d_k, d_tgt), min(d_k, d_tgt), d_k >= d_tgt
+            weight, bias, scale = np.eye(d_k, d_tgt), np.zeros(d_tgt), 1.0
             if fits is not None:
                 weight, bias, scale = fits[m][k]
-                if family != "affine":
-                    base = complete_orthogonal(weight)
             elif init == "random":
                 if family == "affine":
                     weight = np.asarray(jax.random.normal(keys[k], (d_k, d_tgt)), np.float64)
                     weight = weight / math.sqrt(d_k)
-                else:
-                    base = _haar(keys[k], m_k)
+                else:  # a Haar-random orthogonal matrix's (d_k, d_tgt) block
+                    weight = _haar(keys[k], m_k)[:d_k, :d_tgt]
             if family == "affine":
                 padded = np.zeros((d_max, d_tgt))
                 padded[:d_k] = weight
                 plist.append(dict(weight=padded, bias=bias))
                 clist.append({})
                 continue
-            base_full, mask = np.eye(m_max), np.zeros((m_max, m_max))
-            base_full[:m_k, :m_k] = base
-            mask[:m_k, :m_k] = 1.0
-            p = dict(gen=np.zeros((m_max, m_max)), bias=bias)
+            mask = np.zeros((m_max, r_max))
+            mask[:r_k, :r_k], mask[r_k:m_k, :r_k] = 1.0, 2.0
+            p = dict(gen=np.zeros((m_max, r_max)), bias=bias)
             if family == "scaled_orthogonal":
                 p["log_scale"] = np.asarray(np.log(scale))
             plist.append(p)
-            clist.append(dict(base=base_full, mask=mask))
+            clist.append(dict(mask=mask, tall=np.asarray(float(tall)),
+                              **_completion(weight if tall else weight.T, m_max, r_max)))
 
     def stack(trees):  # on the host, in the working dtype (a conversion on the device compiles a program)
         return jax.tree.map(
@@ -350,8 +395,8 @@ def merge_families(groups: Sequence[tuple[str, dict, dict]]) -> tuple[str, dict,
     returned as it is. The two orthogonal families merge into ``scaled_orthogonal``:
     ``orthogonal`` batches get ``log_scale = 0`` and ``free = 0``, ``scaled_orthogonal`` ones
     ``free = 1``. With affine batches too, the loop family is ``mixed``: each batch gets the
-    parameters and constants of the others at a neutral start (an affine stitcher's ``gen`` 0,
-    ``base`` the identity and ``mask`` 0; an orthogonal one's ``weight`` 0), and ``affine``
+    parameters and constants of the others at a neutral start (an affine stitcher's ``gen`` and
+    ``mask`` 0 and an identity ``Q0``; an orthogonal one's ``weight`` 0), and ``affine``
     (1 or 0) selects its map (see the module docstring).
 
     Returns:
@@ -365,9 +410,8 @@ def merge_families(groups: Sequence[tuple[str, dict, dict]]) -> tuple[str, dict,
         return groups[0]
     mixed = "affine" in fams
     loop = "mixed" if mixed else "scaled_orthogonal"
-    ref_p = next(p for f, p, _ in groups if f != "affine")  # an orthogonal batch: its (M, M) shapes
-    d_tgt = ref_p["bias"].shape[-1]
-    m_max = ref_p["gen"].shape[-1]
+    ref_p = next(p for f, p, _ in groups if f != "affine")  # an orthogonal batch: its (M, R) frames
+    (m_max, r_max), d_tgt = ref_p["gen"].shape[-2:], ref_p["bias"].shape[-1]
     ps, cs = [], []
     for family, params, consts in groups:
         lead = params["bias"].shape[:2]  # (M, K)
@@ -377,10 +421,9 @@ def merge_families(groups: Sequence[tuple[str, dict, dict]]) -> tuple[str, dict,
         if family == "affine":
             w = params["weight"]
             p["weight"] = np.concatenate([w, np.zeros(lead + (m_max - w.shape[-2], d_tgt), dtype)], axis=-2)
-            p["gen"], p["log_scale"] = full((m_max, m_max), 0.0), full((), 0.0)
-            c["base"] = np.broadcast_to(np.eye(m_max, dtype=dtype), lead + (m_max, m_max)).copy()
-            c["mask"] = np.zeros_like(c["base"])
-            c["free"] = full((), 0.0)
+            p["gen"], p["log_scale"] = full((m_max, r_max), 0.0), full((), 0.0)
+            c["mask"], c["tall"], c["free"] = full((m_max, r_max), 0.0), full((), 1.0), full((), 0.0)
+            c["hh"], c["tt"], c["sign"] = full((m_max, r_max), 0.0), full((r_max, r_max), 0.0), full((r_max,), 1.0)
         else:
             if family == "orthogonal":
                 p["log_scale"] = full((), 0.0)

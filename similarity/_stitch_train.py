@@ -57,7 +57,7 @@ def loss_from_logits(logits: jax.Array, y: jax.Array, teacher: jax.Array | None,
 
 
 def objective(params, consts, z, y, teacher, tail_params, groups=None, *, tail_apply, family, loss):
-    """Task loss of one padded stitcher and its constraint error ``max |Q^T Q - I|``.
+    """Task loss of one padded stitcher and its constraint error ``max |U^T U - I|`` (its frame ``U``).
 
     Args:
       params, consts: one stitcher (see :mod:`similarity._stitch_param`).
@@ -70,10 +70,10 @@ def objective(params, consts, z, y, teacher, tail_params, groups=None, *, tail_a
     Returns:
       ``(loss (), constraint_error ())``.
     """
-    weight, scale, bias, q = materialise(params, consts, family=family)
+    weight, scale, bias, frame = materialise(params, consts, family=family)
     h = apply_channels(z, weight[: z.shape[-1]], scale, bias)
     value = loss_from_logits(tail_apply(tail_params, h), y, teacher, loss, groups)
-    return value, constraint_error(q, value.dtype, consts)
+    return value, constraint_error(frame, value.dtype, consts)
 
 
 def make_optimizer(name: str, hyper: dict[str, jax.Array], static: tuple) -> optax.GradientTransformation:

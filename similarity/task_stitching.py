@@ -24,9 +24,11 @@ are traced data.
 
 **Families** are nested: ``orthogonal`` ⊂ ``scaled_orthogonal`` ⊂ ``affine``,
 each with a free bias. The orthogonal families are exactly (semi-)orthogonal
-at every step, by a Cayley parametrisation ``Q = Q0 (I - A)^{-1} (I + A)``,
-``A`` skew, ``weight = Q[:d_src, :d_tgt]`` (see :mod:`similarity._stitch_param`),
-never by a soft penalty; ``scaled_orthogonal`` multiplies by ``exp(log_scale)``.
+at every step, by a Cayley parametrisation on the Stiefel manifold,
+``U = Q0 (I - A)^{-1} (I + A) E``, ``A`` skew, ``Q0`` the start's orthogonal completion,
+``E`` the first ``min(d_src, d_tgt)`` columns of the identity, ``weight = U`` (or ``U^T``
+when ``d_src < d_tgt``; see :mod:`similarity._stitch_param`), never by a soft penalty;
+``scaled_orthogonal`` multiplies by ``exp(log_scale)``.
 
 **Convolutional layers** ``(n, H, W, C)`` (NHWC) are stitched by the same
 families acting as 1x1 convolutions over channels. When the spatial sizes

@@ -122,7 +122,7 @@ def _jaxlib_version() -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", jax.lib.__version__)[:2])
 
 
-# The library's own batched solves and Cholesky factors (the Cayley map of the orthogonal stitchers,
+# The library's own batched solves and Cholesky factors (Cayley maps, as the orthogonal stitchers solve,
 # the affine stitchers' normal equations), vmapped in one program with several independent kernels,
 # and several such programs in flight from four threads: with jaxlib 0.10's batched kernels every
 # pool thread ends up waiting on tasks no thread is free to run.
@@ -134,7 +134,7 @@ import jax.numpy as jnp
 import numpy as np
 
 jax.config.update("jax_enable_x64", True)
-from funsim.similarity._stitch_param import cayley
+from funsim.similarity._linalg import solve
 from funsim.similarity.stitching import affine_system
 
 rng = np.random.default_rng(0)
@@ -145,7 +145,8 @@ gram = jnp.asarray(np.einsum("bij,bkj->bik", g, g))
 
 @jax.jit
 def program(s, gm):
-    return ([jnp.sum(jax.vmap(cayley)(s * (k + 1))) for k in range(4)]
+    eye = jnp.eye(32)
+    return ([jnp.sum(jax.vmap(lambda a: solve(eye - a, eye + a))(s * (k + 1))) for k in range(4)]
             + [jnp.sum(jax.vmap(lambda a: affine_system(a, ridge=0.1))(gm * (k + 1))) for k in range(4)])
 
 

@@ -32,7 +32,7 @@ from funsim.similarity import (
     train_stitcher,
     train_stitchers,
 )
-from funsim.similarity._stitch_param import cayley, complete_orthogonal
+from funsim.similarity._stitch_param import frame_cayley
 from funsim.similarity._stitch_train import objective
 from tests._stitch_models import (  # digits, models: shared module-scoped fixtures
     digits,  # noqa: F401  (a fixture)
@@ -105,10 +105,13 @@ def test_vmapped_batch_equals_one_by_one(models, digits):
             assert h.train_loss.shape == (60,) and int(h.steps_run) == 60
 
 
-def test_orthogonality_exact_at_every_step_float32():
-    """Far from the start (Adam, lr 0.2), tall (24 -> 16) and wide (8 -> 16) maps, in float32."""
+@pytest.mark.parametrize("width", [24, 48])
+def test_orthogonality_exact_at_every_step_float32(width):
+    """Far from the start (Adam, lr 0.2), tall (``width`` -> 16) and wide (8 -> 16) maps, in float32. Far from
+    the start the generator's complement block is large, and its Gram matrix (in the r x r solve) rounds at
+    eps |C|^2: without the map's Newton-Schulz step the 48-wide stitchers reached 2.5e-5 here."""
     rng = np.random.default_rng(0)
-    z = rng.normal(size=(128, 24)).astype(np.float32)
+    z = rng.normal(size=(128, width)).astype(np.float32)
     srcs = [z, z, z[:, :8], z[:, :8]]
     fams = ["orthogonal", "scaled_orthogonal"] * 2
     y = jnp.asarray(rng.integers(0, 3, 128))
@@ -126,15 +129,85 @@ def test_orthogonality_exact_at_every_step_float32():
     assert float(out[1].stitcher.scale) > 0 and float(out[1].stitcher.scale) != 1.0
 
 
-def test_cayley_is_orthogonal_and_matches_scipy():
-    rng = np.random.default_rng(4)
-    g = rng.normal(size=(7, 7))
-    a = g - g.T
-    q = np.asarray(cayley(jnp.asarray(a)))
-    ref = scipy.linalg.solve(np.eye(7) - a, np.eye(7) + a)
-    np.testing.assert_allclose(q, ref, atol=1e-12)
-    np.testing.assert_allclose(q.T @ q, np.eye(7), atol=1e-12)
-    assert np.linalg.det(q) > 0  # the Cayley map stays in SO(m)
+def _frame_consts(frame, m, r):
+    """A frame's constants as ``init_params`` makes them: its completion and the generator mask."""
+    from funsim.similarity._stitch_param import _completion
+
+    m_k, r_k = frame.shape
+    mask = np.zeros((m, r))
+    mask[:r_k, :r_k], mask[r_k:m_k, :r_k] = 1.0, 2.0
+    return {k: jnp.asarray(v) for k, v in dict(_completion(frame, m, r), mask=mask).items()}
+
+
+def _cayley_reference(gen, frame):
+    """``base @ (I - B)^{-1} (I + B) E`` by SciPy in float64: ``base`` the frame's completion from
+    NumPy's complete QR, ``B = [[X11 - X11^T, -C^T], [C, 0]]`` with ``X11 = gen[:r]``, ``C = 2 gen[r:]``
+    (a generator over ``B``'s first columns and rows, each entry moved by two coordinates)."""
+    m, r = frame.shape
+    full, rr = np.linalg.qr(frame, mode="complete")
+    full[:, :r] *= np.sign(np.diag(rr))
+    b = np.zeros((m, m))
+    b[:r, :r] = gen[:r] - gen[:r].T
+    b[r:, :r] = 2 * gen[r:]
+    b[:r, r:] = -2 * gen[r:].T
+    return full @ scipy.linalg.solve(np.eye(m) - b, (np.eye(m) + b)[:, :r])
+
+
+@pytest.mark.parametrize("m, r", [(9, 2), (5, 3), (6, 6), (7, 1), (40, 4)])
+def test_frame_cayley_matches_scipy(m, r):
+    """The r x r solve and the completion as Householder reflectors against SciPy's dense m x m Cayley map
+    with NumPy's dense completion; orthonormal columns; the start at zero; a rotation for square frames;
+    and padding: the frame zero-padded in rows and columns gives the same columns and exact zeros in the
+    padding, whatever the padded generator holds."""
+    rng = np.random.default_rng(m * 10 + r)
+    frame = haar(m, m * 10 + r)[:, :r]
+    gen = rng.normal(size=(m, r))
+    ref = _cayley_reference(gen, frame)
+    u = np.asarray(frame_cayley(jnp.asarray(gen), _frame_consts(frame, m, r)))
+    np.testing.assert_allclose(u, ref, atol=1e-12)
+    np.testing.assert_allclose(u.T @ u, np.eye(r), atol=1e-12)
+    np.testing.assert_allclose(frame_cayley(jnp.zeros((m, r)), _frame_consts(frame, m, r)), frame, atol=1e-14)
+    if m == r:
+        assert np.linalg.det(u @ frame.T) > 0  # the Cayley map stays in SO(m)
+    big_m, big_r = m + 3, r + 2
+    junk = np.pad(gen, ((0, big_m - m), (0, big_r - r))) + 5.0 * np.pad(np.zeros((m, r)), ((0, big_m - m), (0, big_r - r)),
+                                                                        constant_values=1.0)
+    up = np.asarray(frame_cayley(jnp.asarray(junk), _frame_consts(frame, big_m, big_r)))
+    np.testing.assert_allclose(up[:m, :r], ref, atol=1e-12)
+    assert not up[m:].any() and not up[:, r:].any()
+
+
+def test_frame_cayley_float32_far_from_the_start():
+    """In float32 with a large, nearly low-rank complement block (entries near 100: far beyond a training
+    run's, whose Adam steps move an entry by the learning rate), the Gram matrix in the r x r solve rounds at
+    eps |C|^2, and the frame is orthonormal (to 2.1e-6 here) only through the map's Newton-Schulz step
+    (without it: 9e-4 on this generator)."""
+    rng = np.random.default_rng(0)
+    m, r = 48, 16
+    consts = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), _frame_consts(haar(m, 0)[:, :r], m, r))
+    gen = 100.0 * rng.normal(size=(m, 2)) @ rng.normal(size=(2, r)) + rng.normal(size=(m, r))
+    u = np.asarray(frame_cayley(jnp.asarray(gen, jnp.float32), consts), np.float64)
+    assert np.abs(u.T @ u - np.eye(r)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("m, r", [(9, 2), (5, 3)])
+def test_frame_cayley_derivatives(m, r):
+    """The tangent at the start, 2 base (X - E X^T E) with X = gen * mask (every tangent direction of the
+    manifold: the frame's own rotations and its complement), and first and second derivatives against finite
+    differences."""
+    from jax.test_util import check_grads
+
+    rng = np.random.default_rng(1)
+    frame = haar(m, 3)[:, :r]
+    consts = _frame_consts(frame, m, r)
+    g = rng.normal(size=(m, r))
+    _, tangent = jax.jvp(lambda x: frame_cayley(x, consts), (jnp.zeros((m, r)),), (jnp.asarray(g),))
+    full, rr = np.linalg.qr(frame, mode="complete")
+    full[:, :r] *= np.sign(np.diag(rr))
+    x = g * np.asarray(consts["mask"])
+    np.testing.assert_allclose(tangent, 2 * full @ (x - np.eye(m, r) @ x[:r].T), atol=1e-12)
+    c = jnp.asarray(rng.normal(size=(m, r)))
+    check_grads(lambda x: jnp.sum(frame_cayley(x, consts) * c), (jnp.asarray(0.3 * g),), order=2, modes=("rev",))
 
 
 def test_gradients_of_stitching_loss():
@@ -154,8 +227,8 @@ def test_gradients_of_stitching_loss():
                                                loss="kl", teacher_logits=teacher))
     check_grads(g, (w, bias, scale), order=1, modes=("fwd", "rev"))
     # Through the exact-orthogonality (Cayley) parametrisation, and in the tail's parameters.
-    m = 5
-    consts = dict(base=jnp.asarray(haar(m, 2)), mask=jnp.ones((m, m)))
+    m = 5  # a wide stitcher 4 -> 5: its weight's transpose is a frame of St(5, 4), padded to 5 columns
+    consts = dict(_frame_consts(haar(m, 2)[:, :4], m, m), tall=jnp.asarray(0.0))
     p0 = dict(gen=jnp.asarray(0.3 * rng.normal(size=(m, m))), log_scale=jnp.asarray(0.2),
               bias=jnp.asarray(rng.normal(size=5)))
     obj = jax.jit(lambda p, hd: objective(p, consts, z, y, None, hd, tail_apply=tail,  # noqa: E731
@@ -240,14 +313,6 @@ def test_float32_and_jit_vmap_of_public_functions():
     batch = jax.tree.map(lambda *a: jnp.stack(a), s, s)
     np.testing.assert_allclose(jax.vmap(lambda st: stitch_representation(st, z))(batch),
                                np.stack([out, out]), rtol=1e-6)
-
-
-def test_complete_orthogonal_blocks():
-    q = haar(6, 1)
-    for blk in (q[:, :4], q[:4, :]):  # orthonormal columns, orthonormal rows
-        full = complete_orthogonal(blk)
-        np.testing.assert_allclose(full @ full.T, np.eye(6), atol=1e-12)
-        np.testing.assert_allclose(full[: blk.shape[0], : blk.shape[1]], blk, atol=1e-12)
 
 
 def test_closed_form_init_is_fit_stitcher(models, digits):
@@ -539,7 +604,7 @@ def test_orthogonal_closed_form_start_with_fewer_rows_than_source_features():
         nuc = np.linalg.svd(xc.T @ yc, compute_uv=False).sum()
         best = np.sum(yc**2) - 2 * s * nuc + s**2 * np.sum(xc**2)
         # the family's residual: the target zero-padded to the source width, a square orthogonal Q
-        full = complete_orthogonal(w)
+        full = np.concatenate([w, scipy.linalg.null_space(w.T)], axis=1)  # a square orthogonal completion
         ypad = np.concatenate([yc, np.zeros((10, 12))], axis=1)
         np.testing.assert_allclose(np.sum((ypad - s * xc @ full) ** 2), best, rtol=1e-9)
         np.testing.assert_allclose(b, y.mean(0) - s * x.mean(0) @ w, atol=1e-12)
