@@ -9,8 +9,9 @@ training loop sees one of them:
 * ``orthogonal``: ``{"gen": (M, R), "bias": (d_tgt,)}``.
 * ``scaled_orthogonal``: ``{"gen": (M, R), "log_scale": (), "bias": (d_tgt,)}``.
 
-The orthogonal families also carry constants ``{"mask": (M, R), "tall": (), "hh": (M, R),
-"tt": (R, R), "sign": (R,)}`` (``{}`` for affine). A batch that mixes ``orthogonal`` and
+The orthogonal families also carry constants ``{"mask": (M, R), "tall": ()}`` and the start's
+completion, ``{"hh": (M, R), "tt": (R, R), "sign": (R,)}`` where ``2 R < M`` and ``{"q0": (M, M)}``
+otherwise (``{}`` for affine). A batch that mixes ``orthogonal`` and
 ``scaled_orthogonal`` stitchers trains as ``scaled_orthogonal`` (one compiled loop) with one more
 constant, ``"free": ()``, 1 for a scaled stitcher and 0 for an orthogonal one: its scale is
 ``exp(log_scale * free)``, so an orthogonal stitcher's scale is exactly 1 and its ``log_scale`` gets a
@@ -41,9 +42,10 @@ the earlier step in ``C``. (A random start's ``Q0`` is now the Householder compl
 frame, not the rest of the random orthogonal matrix: another basis of the complement.) The Cayley transform of a
 skew-symmetric matrix is orthogonal (``I - B`` has singular values >= 1), hence ``U`` has
 orthonormal columns at every step, to rounding; :func:`frame_cayley` computes it with an
-``R x R`` solve and ``Q0`` as ``R`` Householder reflectors, ``O(M R^2)`` work (the earlier map solved
-the padded ``M x M`` system): a wide source into a narrow layer, or a narrow source into a wide one,
-costs what its narrow side makes it cost. ``mask`` confines the generator to the stitcher's block, so
+``R x R`` solve and ``Q0`` as ``R`` Householder reflectors, ``O(M R^2)`` work, where ``2 R < M`` (the
+earlier map solved the padded ``M x M`` system whatever the widths): a wide source into a narrow
+layer, or a narrow source into a wide one, costs what its narrow side makes it cost. Nearly square
+batches (``2 R >= M``) keep the ``M x M`` solve and a dense ``Q0``, which cost less there. ``mask`` confines the generator to the stitcher's block, so
 the padded rows and columns of ``U`` are exactly 0: the padded stitcher equals the unpadded one. At
 ``gen = 0``, ``U = Y0``, and the derivative spans the manifold's tangent space there: every direction is
 reachable from the start. For square maps (``d_k = d_tgt``) the Cayley map reaches every ``Q0 R`` with
@@ -78,13 +80,16 @@ def frame_cayley(gen: jax.Array, consts: dict) -> jax.Array:
     ``C`` the complement rows, and ``(I - B) W = E`` is ``W = [W1; C W1]``, ``(I - K + C^T C) W1 = I``: an
     ``r x r`` system whose symmetric part is at least ``I`` (so ``||W1|| <= 1``), and
     ``(I - B)^{-1} (I + B) E = 2 W - E``. ``Q0`` acts through its ``r`` Householder reflectors. Work
-    ``O(m r^2)`` per call, never an ``m x m`` matrix.
+    ``O(m r^2)`` per call, never an ``m x m`` matrix. Where ``2 r >= m`` (nearly square frames) the
+    ``m x m`` system ``(I - B) W = E`` and a dense ``Q0`` cost less (no Gram matrix, no rounding to
+    clean): the same map, to rounding.
 
     Args:
       gen: ``(m, r)`` generator, in the coordinates of ``Q0``.
       consts: ``mask`` ``(m, r)`` (0 outside the stitcher's block, 1 on its frame rows ``< r_k``, 2 on the
-        complement rows ``r_k .. m_k``); ``Q0 = (I - hh tt hh^T) diag(sign, 1, ..., 1)`` from ``hh``
-        ``(m, r)``, ``tt`` ``(r, r)`` and ``sign`` ``(r,)`` (:func:`_completion`).
+        complement rows ``r_k .. m_k``); ``Q0``: ``q0`` ``(m, m)`` where ``2 r >= m``, else
+        ``(I - hh tt hh^T) diag(sign, 1, ..., 1)`` from ``hh`` ``(m, r)``, ``tt`` ``(r, r)`` and ``sign``
+        ``(r,)`` (:func:`_completion`).
 
     Returns:
       ``(m, r)``, orthonormal on the stitcher's columns (to rounding), zero on the padded rows and columns.
@@ -102,6 +107,10 @@ def frame_cayley(gen: jax.Array, consts: dict) -> jax.Array:
     m, r = x.shape
     dtype = x.dtype
     cols = (jnp.max(mask, axis=0) > 0).astype(dtype)  # the stitcher's own r_k columns (= its frame rows)
+    if "q0" in consts:  # 2r >= m: the m x m system and the dense Q0 cost less than the reflectors
+        e = jnp.eye(m, r, dtype=dtype) * cols[None, :]
+        z = jnp.zeros((m, m), dtype).at[:, :r].set(x)
+        return consts["q0"] @ (2.0 * solve(jnp.eye(m, dtype=dtype) - (z - z.T), e) - e)
     x_f = cols[:, None] * x[:r]  # (r, r): the frame rows
     c = x - jnp.pad(x_f, ((0, m - r), (0, 0)))  # (m, r): the complement rows
     s = jnp.eye(r, dtype=dtype) - (x_f - x_f.T) + c.T @ c
@@ -290,9 +299,9 @@ def _check_scale(family: str, scale: float, label) -> None:
 def _completion(frame: np.ndarray, m: int, r: int) -> dict:
     """The orthogonal completion of a ``(m_k, r_k)`` frame, embedded in ``m`` rows and ``r`` columns.
 
-    ``Q0`` (identity outside the frame's ``(m_k, m_k)`` block, its first ``r_k`` columns the frame) in
-    Householder form ``{"hh", "tt", "sign"}`` (see :func:`frame_cayley`): ``O(m r)`` numbers, never the
-    ``m x m`` matrix. Host-side, float64.
+    ``Q0`` (identity outside the frame's ``(m_k, m_k)`` block, its first ``r_k`` columns the frame): in
+    Householder form ``{"hh", "tt", "sign"}`` (see :func:`frame_cayley`), ``O(m r)`` numbers, where
+    ``2 r < m``; else ``{"q0": (m, m)}``. Host-side, float64.
     """
     m_k, r_k = frame.shape
     h, tau = np.linalg.qr(np.asarray(frame, np.float64), mode="raw")  # LAPACK's geqrf, h transposed
@@ -303,6 +312,11 @@ def _completion(frame: np.ndarray, m: int, r: int) -> dict:
         tt[:i, i] = -tau[i] * tt[:i, :i] @ (hh[:, :i].T @ hh[:, i])
         tt[i, i] = tau[i]
     sign = np.where(np.diag(h) < 0, -1.0, 1.0)  # Q's first columns are the frame's, up to these signs
+    if 2 * r >= m:
+        q0 = np.eye(m)
+        q0[:m_k, :m_k] = np.eye(m_k) - hh @ tt @ hh.T
+        q0[:m_k, :r_k] *= sign
+        return {"q0": q0}
     out = {"hh": np.zeros((m, r)), "tt": np.zeros((r, r)), "sign": np.ones(r)}
     out["hh"][:m_k, :r_k], out["tt"][:r_k, :r_k], out["sign"][:r_k] = hh, tt, sign
     return out
@@ -410,7 +424,7 @@ def merge_families(groups: Sequence[tuple[str, dict, dict]]) -> tuple[str, dict,
         return groups[0]
     mixed = "affine" in fams
     loop = "mixed" if mixed else "scaled_orthogonal"
-    ref_p = next(p for f, p, _ in groups if f != "affine")  # an orthogonal batch: its (M, R) frames
+    ref_p, ref_c = next((p, c) for f, p, c in groups if f != "affine")  # an orthogonal batch: its (M, R) frames
     (m_max, r_max), d_tgt = ref_p["gen"].shape[-2:], ref_p["bias"].shape[-1]
     ps, cs = [], []
     for family, params, consts in groups:
@@ -423,7 +437,10 @@ def merge_families(groups: Sequence[tuple[str, dict, dict]]) -> tuple[str, dict,
             p["weight"] = np.concatenate([w, np.zeros(lead + (m_max - w.shape[-2], d_tgt), dtype)], axis=-2)
             p["gen"], p["log_scale"] = full((m_max, r_max), 0.0), full((), 0.0)
             c["mask"], c["tall"], c["free"] = full((m_max, r_max), 0.0), full((), 1.0), full((), 0.0)
-            c["hh"], c["tt"], c["sign"] = full((m_max, r_max), 0.0), full((r_max, r_max), 0.0), full((r_max,), 1.0)
+            if "q0" in ref_c:
+                c["q0"] = np.broadcast_to(np.eye(m_max, dtype=dtype), lead + (m_max, m_max)).copy()
+            else:
+                c["hh"], c["tt"], c["sign"] = full((m_max, r_max), 0.0), full((r_max, r_max), 0.0), full((r_max,), 1.0)
         else:
             if family == "orthogonal":
                 p["log_scale"] = full((), 0.0)

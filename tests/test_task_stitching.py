@@ -153,12 +153,13 @@ def _cayley_reference(gen, frame):
     return full @ scipy.linalg.solve(np.eye(m) - b, (np.eye(m) + b)[:, :r])
 
 
-@pytest.mark.parametrize("m, r", [(9, 2), (5, 3), (6, 6), (7, 1), (40, 4)])
+@pytest.mark.parametrize("m, r", [(9, 2), (5, 3), (6, 6), (7, 1), (40, 4), (8, 3)])
 def test_frame_cayley_matches_scipy(m, r):
-    """The r x r solve and the completion as Householder reflectors against SciPy's dense m x m Cayley map
-    with NumPy's dense completion; orthonormal columns; the start at zero; a rotation for square frames;
-    and padding: the frame zero-padded in rows and columns gives the same columns and exact zeros in the
-    padding, whatever the padded generator holds."""
+    """Both computations (where 2r < m the r x r solve and the completion as Householder reflectors, else
+    the m x m solve and a dense completion) against SciPy's dense m x m Cayley map with NumPy's dense
+    completion; orthonormal columns; the start at zero; a rotation for square frames; and padding: the
+    frame zero-padded in rows and columns (always the other computation) gives the
+    same columns and exact zeros in the padding, whatever the padded generator holds."""
     rng = np.random.default_rng(m * 10 + r)
     frame = haar(m, m * 10 + r)[:, :r]
     gen = rng.normal(size=(m, r))
@@ -169,7 +170,8 @@ def test_frame_cayley_matches_scipy(m, r):
     np.testing.assert_allclose(frame_cayley(jnp.zeros((m, r)), _frame_consts(frame, m, r)), frame, atol=1e-14)
     if m == r:
         assert np.linalg.det(u @ frame.T) > 0  # the Cayley map stays in SO(m)
-    big_m, big_r = m + 3, r + 2
+    big_m, big_r = (m + 1, r + (m + 2) // 2) if 2 * r < m else (2 * m + 4, r + 1)
+    assert (2 * r < m) != (2 * big_r < big_m)  # padding switches the computation
     junk = np.pad(gen, ((0, big_m - m), (0, big_r - r))) + 5.0 * np.pad(np.zeros((m, r)), ((0, big_m - m), (0, big_r - r)),
                                                                         constant_values=1.0)
     up = np.asarray(frame_cayley(jnp.asarray(junk), _frame_consts(frame, big_m, big_r)))
