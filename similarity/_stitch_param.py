@@ -15,11 +15,9 @@ otherwise (``{}`` for affine). A batch that mixes ``orthogonal`` and
 ``scaled_orthogonal`` stitchers trains as ``scaled_orthogonal`` (one compiled loop) with one more
 constant, ``"free": ()``, 1 for a scaled stitcher and 0 for an orthogonal one: its scale is
 ``exp(log_scale * free)``, so an orthogonal stitcher's scale is exactly 1 and its ``log_scale`` gets a
-zero gradient (and stays at 0). A batch that also holds affine stitchers trains as ``mixed``: every
-stitcher carries both parametrisations, ``{"weight": (M, d_tgt), "gen", "log_scale", "bias"}``, and one
-more constant, ``"affine": ()``, selects which one acts (``jnp.where``), so the other gets a zero
-gradient and stays at its start. Each stitcher then follows exactly the trajectory of its own family's
-loop (see :func:`merge_families`).
+zero gradient (and stays at 0). Affine stitchers of the same call train in a loop of their own
+within the same compiled program (:func:`similarity._stitch_train.fit_loop`), so they never pay for
+an orthogonal map.
 
 A stitcher from ``d_k`` to ``d_tgt`` features is a point ``U`` of the Stiefel manifold ``St(m_k, r_k)``
 (``m_k x r_k`` with orthonormal columns, ``m_k = max(d_k, d_tgt)``, ``r_k = min(d_k, d_tgt)``): its
@@ -131,12 +129,12 @@ def materialise(params: dict, consts: dict, *, family: str):
       params: the family's parameter dict (see the module docstring).
       consts: ``mask``, ``tall`` and the start's completion (:func:`frame_cayley`) for the orthogonal
         families, ``{}`` for affine.
-      family: one of ``similarity.FAMILIES``, or ``"mixed"`` (see the module docstring).
+      family: one of ``similarity.FAMILIES``.
 
     Returns:
       ``(weight (D, d_tgt), scale (), bias (d_tgt,), u)`` where ``u`` is the ``(M, R)``
       Stiefel frame (``R = min(D, d_tgt)``) (``None`` for affine) and ``D`` the padded source width (``params["weight"]``'s
-      rows, or ``M`` for the orthogonal and mixed families: the caller slices the rows it needs).
+      rows, or ``M`` for the orthogonal families: the caller slices the rows it needs).
     """
     bias = params["bias"]
     one = jnp.ones((), bias.dtype)
@@ -153,22 +151,15 @@ def materialise(params: dict, consts: dict, *, family: str):
         scale = jnp.exp(params["log_scale"] * consts["free"])
     else:
         scale = jnp.exp(params["log_scale"])
-    if family == "mixed":  # an affine stitcher (affine = 1) takes its own weight, scale 1 and no constraint
-        affine = consts["affine"] > 0
-        return jnp.where(affine, params["weight"], weight), jnp.where(affine, one, scale), bias, u
     return weight, scale, bias, u
 
 
 def constraint_error(u: jax.Array | None, dtype, consts: dict) -> jax.Array:
-    """``max |U^T U - I|`` over the frame's columns (0 when there is no frame, or for an affine stitcher of a
-    mixed batch)."""
+    """``max |U^T U - I|`` over the frame's columns (0 when there is no frame: affine)."""
     if u is None:
         return jnp.zeros((), dtype)
     cols = (jnp.max(consts["mask"], axis=0) > 0).astype(u.dtype)  # 1 on the stitcher's r_k columns
-    err = jnp.max(jnp.abs(u.T @ u - jnp.diag(cols)))
-    if "affine" in consts:
-        err = jnp.where(consts["affine"] > 0, jnp.zeros((), err.dtype), err)
-    return err
+    return jnp.max(jnp.abs(u.T @ u - jnp.diag(cols)))
 
 
 def apply_channels(z: jax.Array, weight: jax.Array, scale, bias: jax.Array) -> jax.Array:
@@ -402,19 +393,20 @@ def init_params(
 
 
 def merge_families(groups: Sequence[tuple[str, dict, dict]]) -> tuple[str, dict, dict]:
-    """One batch, for one compiled loop, from ``(family, params, consts)`` batches of any families.
+    """One batch, for one loop, from ``(family, params, consts)`` batches of the orthogonal families.
 
     The batches come from :func:`init_params` with one ``pad_to`` (host arrays of one dtype);
-    they are concatenated along the K axis in the order given, on the host. One family is
-    returned as it is. The two orthogonal families merge into ``scaled_orthogonal``:
+    they are concatenated along the K axis in the order given, on the host. One batch (of any
+    family) is returned as it is. The two orthogonal families merge into ``scaled_orthogonal``:
     ``orthogonal`` batches get ``log_scale = 0`` and ``free = 0``, ``scaled_orthogonal`` ones
-    ``free = 1``. With affine batches too, the loop family is ``mixed``: each batch gets the
-    parameters and constants of the others at a neutral start (an affine stitcher's ``gen`` and
-    ``mask`` 0 and an identity ``Q0``; an orthogonal one's ``weight`` 0), and ``affine``
-    (1 or 0) selects its map (see the module docstring).
+    ``free = 1`` (see the module docstring). Affine stitchers train in a loop of their own (another
+    group of the same compiled program: :func:`similarity._stitch_train.fit_loop`).
 
     Returns:
       ``(loop family, params, consts)``, pytrees of ``(M, K_total, ...)`` host arrays.
+
+    Raises:
+      ValueError: a family that is not a stitcher family, or affine merged with another batch.
     """
     fams = [f for f, _, _ in groups]
     for f in fams:
@@ -422,34 +414,17 @@ def merge_families(groups: Sequence[tuple[str, dict, dict]]) -> tuple[str, dict,
             raise ValueError(f"merge_families takes stitcher families, got {f!r}.")
     if len(groups) == 1:
         return groups[0]
-    mixed = "affine" in fams
-    loop = "mixed" if mixed else "scaled_orthogonal"
-    ref_p, ref_c = next((p, c) for f, p, c in groups if f != "affine")  # an orthogonal batch: its (M, R) frames
-    (m_max, r_max), d_tgt = ref_p["gen"].shape[-2:], ref_p["bias"].shape[-1]
+    if "affine" in fams:
+        raise ValueError("merge_families merges the orthogonal families; affine stitchers train in their own loop.")
     ps, cs = [], []
     for family, params, consts in groups:
         lead = params["bias"].shape[:2]  # (M, K)
-        dtype = params["bias"].dtype
-        full = lambda shape, v, lead=lead, dtype=dtype: np.full(lead + shape, v, dtype)  # noqa: E731
+        full = lambda v, lead=lead, dtype=params["bias"].dtype: np.full(lead, v, dtype)  # noqa: E731
         p, c = dict(params), dict(consts)
-        if family == "affine":
-            w = params["weight"]
-            p["weight"] = np.concatenate([w, np.zeros(lead + (m_max - w.shape[-2], d_tgt), dtype)], axis=-2)
-            p["gen"], p["log_scale"] = full((m_max, r_max), 0.0), full((), 0.0)
-            c["mask"], c["tall"], c["free"] = full((m_max, r_max), 0.0), full((), 1.0), full((), 0.0)
-            if "q0" in ref_c:
-                c["q0"] = np.broadcast_to(np.eye(m_max, dtype=dtype), lead + (m_max, m_max)).copy()
-            else:
-                c["hh"], c["tt"], c["sign"] = full((m_max, r_max), 0.0), full((r_max, r_max), 0.0), full((r_max,), 1.0)
-        else:
-            if family == "orthogonal":
-                p["log_scale"] = full((), 0.0)
-            c["free"] = full((), 1.0 if family == "scaled_orthogonal" else 0.0)
-            if mixed:
-                p["weight"] = full((m_max, d_tgt), 0.0)
-        if mixed:
-            c["affine"] = full((), 1.0 if family == "affine" else 0.0)
+        if family == "orthogonal":
+            p["log_scale"] = full(0.0)
+        c["free"] = full(1.0 if family == "scaled_orthogonal" else 0.0)
         ps.append(p)
         cs.append(c)
     cat = lambda *a: np.concatenate(a, axis=1)  # noqa: E731
-    return loop, jax.tree.map(cat, *ps), jax.tree.map(cat, *cs)
+    return "scaled_orthogonal", jax.tree.map(cat, *ps), jax.tree.map(cat, *cs)

@@ -7,8 +7,8 @@ function, which callers make hashable by value, e.g. an NNX graphdef plus a
 layer name; the family, loss and optimiser *names*; the step counts), so a
 second call with the same shapes compiles nothing.
 
-:func:`fit_loop` trains a ``(M tails, K stitchers)`` batch, vmapped twice: each
-stitcher runs :func:`_train_one`, a ``lax.while_loop`` over chunks of
+:func:`fit_loop` trains a ``(M tails, K stitchers)`` batch, per loop group (affine; the
+orthogonal families) vmapped twice: each stitcher runs :func:`_train_one`, a ``lax.while_loop`` over chunks of
 ``chunk`` steps (each a ``lax.scan`` of :func:`train_step`), with the held-out
 evaluation and early stopping between chunks done on the device.
 """
@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from funsim.similarity._stitch_param import apply_channels, constraint_error, materialise
@@ -173,19 +174,23 @@ def _train_one(params, consts, key, z, z_eval, groups, tail_params, teacher, t_e
     return (weight[: z.shape[-1]], bias, scale), history
 
 
-_STATIC = ("tail_apply", "optimizer", "opt_static", "family", "loss", "batch_size", "steps",
+_STATIC = ("tail_apply", "optimizer", "opt_static", "family", "members", "loss", "batch_size", "steps",
            "chunk", "patience")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_params, hyper, groups=None, *,
              tail_apply: Callable[[Any, jax.Array], jax.Array], optimizer: str, opt_static: tuple,
-             family: str, loss: str, batch_size: int | None, steps: int, chunk: int,
-             patience: int | None):
-    """Train ``M x K`` stitchers: K padded sources into each of M stacked tails.
+             family: tuple[str, ...], members: tuple[tuple[int, ...], ...], loss: str, batch_size: int | None,
+             steps: int, chunk: int, patience: int | None):
+    """Train ``M x K`` stitchers: K padded sources into each of M stacked tails, in loop groups.
+
+    Each group is one loop family (affine, or the orthogonal families merged) and trains as its own
+    vmapped loop inside this one program, so an affine stitcher never pays for an orthogonal map.
 
     Args:
-      params, consts: ``(M, K, ...)`` pytrees from :func:`similarity._stitch_param.init_params`.
+      params, consts: per group, ``(M, K_g, ...)`` pytrees from :func:`similarity._stitch_param.init_params`
+        (merged by :func:`similarity._stitch_param.merge_families`).
       keys: ``(K,)`` keys (shared by the tails).
       z: ``(K, n, ..., D)`` padded sources (shared by the tails); y: ``(n,)``.
       teacher: ``(M, n, C)`` or ``None``.
@@ -194,20 +199,30 @@ def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_p
       hyper: optimiser hyperparameters, ``{name: ()}`` arrays.
       groups: ``(K, C)`` int, each stitcher's grouping of the tail's classes into the labels of its
         task (the identity for the fine task), or ``None`` (every stitcher on the fine task).
-      tail_apply, optimizer, opt_static, family, loss, batch_size, steps, chunk,
+      tail_apply, optimizer, opt_static, family (per group), members (per group, its stitchers'
+        indices among the K, increasing; together every index once), loss, batch_size, steps, chunk,
         patience: static (hashable) options.
 
     Returns:
-      ``((weight (M, K, D, d_tgt), bias (M, K, d_tgt), scale (M, K)), history)``,
-      ``history`` a dict of ``(M, K, ...)`` arrays: ``train_loss`` and
+      ``((weight (M, K, D, d_tgt), bias (M, K, d_tgt), scale (M, K)), history)``, in the K sources'
+      order, ``history`` a dict of ``(M, K, ...)`` arrays: ``train_loss`` and
       ``constraint_error`` ``(steps,)`` (NaN after an early stop), ``eval_loss``
       ``(n_evals,)``, ``steps_run`` and ``best_step`` ``()``.
     """
-    one = functools.partial(
-        _train_one, tail_apply=tail_apply, optimizer=optimizer, opt_static=opt_static,
-        family=family, loss=loss, batch_size=batch_size, steps=steps, chunk=chunk,
-        patience=patience,
-    )
-    over_sources = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None, None, None, None, None, None))
-    over_tails = jax.vmap(over_sources, in_axes=(0, 0, None, None, None, None, 0, 0, 0, None, None, None))
-    return over_tails(params, consts, keys, z, z_eval, groups, tail_params, teacher, t_eval, y, y_eval, hyper)
+    outs = []
+    for fam, p, c, idx in zip(family, params, consts, members):
+        one = functools.partial(
+            _train_one, tail_apply=tail_apply, optimizer=optimizer, opt_static=opt_static,
+            family=fam, loss=loss, batch_size=batch_size, steps=steps, chunk=chunk,
+            patience=patience,
+        )
+        over_sources = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None, None, None, None, None, None))
+        over_tails = jax.vmap(over_sources, in_axes=(0, 0, None, None, None, None, 0, 0, 0, None, None, None))
+        at = np.asarray(idx)
+        pick = (lambda a, at=at: None if a is None else a[at])  # noqa: E731
+        outs.append(over_tails(p, c, keys[at], z[at], pick(z_eval), pick(groups), tail_params, teacher, t_eval, y,
+                               y_eval, hyper))
+    if len(outs) == 1:
+        return outs[0]
+    order = np.argsort(np.concatenate([np.asarray(i) for i in members]))  # group by group -> source order
+    return jax.tree.map(lambda *a: jnp.concatenate(a, axis=1)[:, order], *outs)

@@ -438,11 +438,12 @@ def train_stitchers(
                   batch_size=data.batch_size, steps=int(opts.steps), chunk=int(min(opts.eval_every, opts.steps)),
                   patience=None if opts.early_stopping is None else int(opts.early_stopping))
     d_max = max(s.shape[-1] for s in data.srcs)
-    loop_family, params, consts = _starts(fams, opts, data, d_max)
+    loop_families, params, consts, members = _starts(fams, opts, data, d_max)
     z_ev = None if data.evs is None else _pad_stack(data.evs, d_max, data.dtype)
     (weight, bias, scale), hist = fit_loop(
         params, consts, data.keys, _pad_stack(data.srcs, d_max, data.dtype), data.y, data.teacher,
-        z_ev, data.y_eval, data.t_eval, data.tails, data.hyper, data.groups, family=loop_family, **static,
+        z_ev, data.y_eval, data.t_eval, data.tails, data.hyper, data.groups, family=loop_families,
+        members=members, **static,
     )
     return _trained((weight, bias, scale), hist, data, fams, stacked, static["chunk"], opts.steps)
 
@@ -540,9 +541,10 @@ def _inputs(zs_src, y, tail_apply, tail_params, z_tgt, target_shape, stacked: bo
 
 
 def _starts(fams: tuple[str, ...], opts: StitchTraining, data: _Inputs, d_max: int):
-    """``(loop family, params, consts)``: one compiled loop for every family (see
+    """``(loop families, params, consts, members)``: the loop groups of one compiled program (see
     similarity._stitch_param.merge_families): each family's start on the host, padded to the call's
-    widest source ``d_max``, merged, and put back in source order."""
+    widest source ``d_max``; the orthogonal families merged into one group, affine in another.
+    ``members[g]`` are group ``g``'s stitchers' indices in the call's source order (a tuple, static)."""
     init = opts.init
     keys_init = jax.vmap(lambda k: jax.random.fold_in(k, 1))(data.keys) if init == "random" else None
     subs = {f: [i for i, g in enumerate(fams) if g == f] for f in dict.fromkeys(fams)}
@@ -552,18 +554,26 @@ def _starts(fams: tuple[str, ...], opts: StitchTraining, data: _Inputs, d_max: i
     if init == "closed_form":  # every family's starts in one compiled fit
         starts = dict(zip(subs, closed_form_starts(
             [(f, [srcs[i] for i in sub], [f"zs_src[{i}]" for i in sub]) for f, sub in subs.items()], z_host, opts.ridge)))
-    batches, idx = [], []
+    batches = {}
     for f, sub in subs.items():
-        idx += sub
-        batches.append((f, *init_params(
+        batches[f] = (f, *init_params(
             f, init, [srcs[i] for i in sub], z_host, d_tgt=data.tshape[-1],
             n_tails=data.m_count, ridge=opts.ridge, keys=None if keys_init is None else keys_init[np.asarray(sub)],
             dtype=data.dtype, pad_to=d_max, labels=[f"zs_src[{i}]" for i in sub], fits=starts[f],
-        )))
-    loop_family, params, consts = merge_families(batches)
-    order = np.argsort(idx)  # merged (family by family) -> source order
-    params, consts = (jax.tree.map(lambda a: jnp.asarray(a[:, order]), t) for t in (params, consts))
-    return loop_family, params, consts
+        ))
+    loops, params, consts, members = [], [], [], []
+    for group in (("affine",), ("orthogonal", "scaled_orthogonal")):
+        present = [f for f in group if f in batches]
+        if not present:
+            continue
+        loop_family, p, c = merge_families([batches[f] for f in present])
+        idx = [i for f in present for i in subs[f]]
+        order = np.argsort(idx)  # family by family -> source order within the group
+        loops.append(loop_family)
+        params.append(jax.tree.map(lambda a, order=order: jnp.asarray(a[:, order]), p))
+        consts.append(jax.tree.map(lambda a, order=order: jnp.asarray(a[:, order]), c))
+        members.append(tuple(int(i) for i in np.sort(idx)))
+    return tuple(loops), tuple(params), tuple(consts), tuple(members)
 
 
 def _trained(fitted, hist, data: _Inputs, fams, stacked: bool, chunk: int, steps: int) -> list[TrainedStitcher]:

@@ -626,9 +626,9 @@ def test_orthogonal_closed_form_start_with_fewer_rows_than_source_features():
 
 def test_every_family_shares_one_compiled_loop():
     """Affine, orthogonal and scaled-orthogonal stitchers in one call, interleaved, train in one program
-    (the orthogonal ones with their scale held at exactly 1, each stitcher with the other family's
-    parameters held at their start) and equal three one-family calls with the same keys, to rounding;
-    sources of different widths pad to one width."""
+    (the orthogonal ones in one loop with their scale held at exactly 1, the affine ones in their own
+    loop beside it) and equal three one-family calls with the same keys, to rounding, in the call's
+    source order; sources of different widths pad to one width."""
     from funsim.runtime.compile_count import CompileCounter
 
     rng = np.random.default_rng(0)
@@ -662,7 +662,7 @@ def test_every_family_shares_one_compiled_loop():
         np.testing.assert_allclose(b.history.train_loss, a.history.train_loss, rtol=0, atol=1e-12, err_msg=f)
         np.testing.assert_allclose(b.history.constraint_error, a.history.constraint_error, rtol=0, atol=1e-12)
         assert (float(b.stitcher.scale) == 1.0) == (f != "scaled_orthogonal"), f
-    # the affine stitchers really trained (not held at their start)
+    # the affine stitchers really trained
     assert all(float(np.abs(np.diff(b.history.train_loss)).max()) > 0 for (f, _), b in zip(plan, mixed) if f == "affine")
     # a start that cannot be fitted is named: source, tail and family
     dead = np.ones_like(x2)
