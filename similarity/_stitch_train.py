@@ -185,16 +185,17 @@ def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_p
              steps: int, chunk: int, patience: int | None):
     """Train ``M x K`` stitchers: K padded sources into each of M stacked tails, in loop groups.
 
-    Each group is one loop family (affine, or the orthogonal families merged) and trains as its own
-    vmapped loop inside this one program, so an affine stitcher never pays for an orthogonal map.
+    Each group (one loop family, affine or the orthogonal families merged, and one padded width) trains as
+    its own vmapped loop inside this one program, so an affine stitcher never pays for an orthogonal map
+    and a narrow source never pays for a wide one's padding.
 
     Args:
       params, consts: per group, ``(M, K_g, ...)`` pytrees from :func:`similarity._stitch_param.init_params`
         (merged by :func:`similarity._stitch_param.merge_families`).
       keys: ``(K,)`` keys (shared by the tails).
-      z: ``(K, n, ..., D)`` padded sources (shared by the tails); y: ``(n,)``.
+      z: per group, ``(K_g, n, ..., D_g)`` padded sources (shared by the tails); y: ``(n,)``.
       teacher: ``(M, n, C)`` or ``None``.
-      z_eval, y_eval, t_eval: held-out ``(K, n_e, ..., D)``, ``(n_e,)``, ``(M, n_e, C)``, or ``None``.
+      z_eval, y_eval, t_eval: held-out ``(K_g, n_e, ..., D_g)`` per group, ``(n_e,)``, ``(M, n_e, C)``, or ``None``.
       tail_params: pytree with a leading ``M`` axis.
       hyper: optimiser hyperparameters, ``{name: ()}`` arrays.
       groups: ``(K, C)`` int, each stitcher's grouping of the tail's classes into the labels of its
@@ -204,13 +205,13 @@ def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_p
         patience: static (hashable) options.
 
     Returns:
-      ``((weight (M, K, D, d_tgt), bias (M, K, d_tgt), scale (M, K)), history)``, in the K sources'
-      order, ``history`` a dict of ``(M, K, ...)`` arrays: ``train_loss`` and
-      ``constraint_error`` ``(steps,)`` (NaN after an early stop), ``eval_loss``
-      ``(n_evals,)``, ``steps_run`` and ``best_step`` ``()``.
+      per group, ``((weight (M, K_g, D_g, d_tgt), bias (M, K_g, d_tgt), scale (M, K_g)), history)``,
+      ``history`` a dict of ``(M, K_g, ...)`` arrays: ``train_loss`` and ``constraint_error`` ``(steps,)``
+      (NaN after an early stop), ``eval_loss`` ``(n_evals,)``, ``steps_run`` and ``best_step`` ``()``;
+      as ``(fitted per group, history per group)``.
     """
-    outs = []
-    for fam, p, c, idx in zip(family, params, consts, members):
+    fitted, hists = [], []
+    for g, (fam, p, c, idx) in enumerate(zip(family, params, consts, members)):
         one = functools.partial(
             _train_one, tail_apply=tail_apply, optimizer=optimizer, opt_static=opt_static,
             family=fam, loss=loss, batch_size=batch_size, steps=steps, chunk=chunk,
@@ -219,10 +220,8 @@ def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_p
         over_sources = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None, None, None, None, None, None))
         over_tails = jax.vmap(over_sources, in_axes=(0, 0, None, None, None, None, 0, 0, 0, None, None, None))
         at = np.asarray(idx)
-        pick = (lambda a, at=at: None if a is None else a[at])  # noqa: E731
-        outs.append(over_tails(p, c, keys[at], z[at], pick(z_eval), pick(groups), tail_params, teacher, t_eval, y,
-                               y_eval, hyper))
-    if len(outs) == 1:
-        return outs[0]
-    order = np.argsort(np.concatenate([np.asarray(i) for i in members]))  # group by group -> source order
-    return jax.tree.map(lambda *a: jnp.concatenate(a, axis=1)[:, order], *outs)
+        f, h = over_tails(p, c, keys[at], z[g], None if z_eval is None else z_eval[g],
+                          None if groups is None else groups[at], tail_params, teacher, t_eval, y, y_eval, hyper)
+        fitted.append(f)
+        hists.append(h)
+    return tuple(fitted), tuple(hists)

@@ -437,15 +437,15 @@ def train_stitchers(
     static = dict(tail_apply=tail_apply, optimizer=opts.optimizer, opt_static=data.opt_static, loss=opts.loss,
                   batch_size=data.batch_size, steps=int(opts.steps), chunk=int(min(opts.eval_every, opts.steps)),
                   patience=None if opts.early_stopping is None else int(opts.early_stopping))
-    d_max = max(s.shape[-1] for s in data.srcs)
-    loop_families, params, consts, members = _starts(fams, opts, data, d_max)
-    z_ev = None if data.evs is None else _pad_stack(data.evs, d_max, data.dtype)
-    (weight, bias, scale), hist = fit_loop(
-        params, consts, data.keys, _pad_stack(data.srcs, d_max, data.dtype), data.y, data.teacher,
-        z_ev, data.y_eval, data.t_eval, data.tails, data.hyper, data.groups, family=loop_families,
-        members=members, **static,
+    loop_families, widths, params, consts, members = _starts(fams, opts, data)
+    z = tuple(_pad_stack([data.srcs[i] for i in idx], w, data.dtype) for idx, w in zip(members, widths))
+    z_ev = None if data.evs is None else tuple(_pad_stack([data.evs[i] for i in idx], w, data.dtype)
+                                               for idx, w in zip(members, widths))
+    fitted, hist = fit_loop(
+        params, consts, data.keys, z, data.y, data.teacher, z_ev, data.y_eval, data.t_eval, data.tails, data.hyper,
+        data.groups, family=loop_families, members=members, **static,
     )
-    return _trained((weight, bias, scale), hist, data, fams, stacked, static["chunk"], opts.steps)
+    return _trained(fitted, hist, members, data, fams, stacked, static["chunk"], opts.steps)
 
 
 # ---------------------------------------------------------------------------
@@ -540,11 +540,32 @@ def _inputs(zs_src, y, tail_apply, tail_params, z_tgt, target_shape, stacked: bo
                    evs, y_eval, t_eval, tails)
 
 
-def _starts(fams: tuple[str, ...], opts: StitchTraining, data: _Inputs, d_max: int):
-    """``(loop families, params, consts, members)``: the loop groups of one compiled program (see
-    similarity._stitch_param.merge_families): each family's start on the host, padded to the call's
-    widest source ``d_max``; the orthogonal families merged into one group, affine in another.
-    ``members[g]`` are group ``g``'s stitchers' indices in the call's source order (a tuple, static)."""
+def _width_buckets(widths: Sequence[int]) -> list[int]:
+    """The padded width of each source in a ``train_stitchers`` call: the smallest of the call's widest
+    width, a quarter of it, a sixteenth, ... (rounded up, down to 8) that holds the source.
+
+    Sources of one bucket train as one vmapped loop, padded to the bucket's width; the buckets (at most
+    a few: widths that differ by 4x share one) are loops of the same compiled program. The work of an
+    orthogonal stitcher grows with its padded width, so a narrow source beside a flattened conv map no
+    longer pays for the map's width, and padding leaves every stitcher unchanged.
+
+    Examples:
+      >>> _width_buckets([10, 64, 256, 2048])
+      [32, 128, 512, 2048]
+    """
+    ladder = [max(int(w) for w in widths)]
+    while ladder[-1] > 8:
+        ladder.append(max(-(-ladder[-1] // 4), 8))
+    return [min(b for b in ladder if b >= w) for w in widths]
+
+
+def _starts(fams: tuple[str, ...], opts: StitchTraining, data: _Inputs):
+    """``(loop families, widths, params, consts, members)``: the loop groups of one compiled program.
+
+    A group is one width bucket (:func:`_width_buckets`) of affine stitchers, or of orthogonal ones (the
+    two orthogonal families merged: similarity._stitch_param.merge_families); each family's start is
+    computed on the host, padded to its bucket's width. ``members[g]`` are group ``g``'s stitchers'
+    indices in the call's source order, increasing (a tuple: static)."""
     init = opts.init
     keys_init = jax.vmap(lambda k: jax.random.fold_in(k, 1))(data.keys) if init == "random" else None
     subs = {f: [i for i, g in enumerate(fams) if g == f] for f in dict.fromkeys(fams)}
@@ -554,50 +575,62 @@ def _starts(fams: tuple[str, ...], opts: StitchTraining, data: _Inputs, d_max: i
     if init == "closed_form":  # every family's starts in one compiled fit
         starts = dict(zip(subs, closed_form_starts(
             [(f, [srcs[i] for i in sub], [f"zs_src[{i}]" for i in sub]) for f, sub in subs.items()], z_host, opts.ridge)))
-    batches = {}
-    for f, sub in subs.items():
-        batches[f] = (f, *init_params(
-            f, init, [srcs[i] for i in sub], z_host, d_tgt=data.tshape[-1],
-            n_tails=data.m_count, ridge=opts.ridge, keys=None if keys_init is None else keys_init[np.asarray(sub)],
-            dtype=data.dtype, pad_to=d_max, labels=[f"zs_src[{i}]" for i in sub], fits=starts[f],
-        ))
-    loops, params, consts, members = [], [], [], []
-    for group in (("affine",), ("orthogonal", "scaled_orthogonal")):
-        present = [f for f in group if f in batches]
-        if not present:
-            continue
-        loop_family, p, c = merge_families([batches[f] for f in present])
-        idx = [i for f in present for i in subs[f]]
-        order = np.argsort(idx)  # family by family -> source order within the group
-        loops.append(loop_family)
-        params.append(jax.tree.map(lambda a, order=order: jnp.asarray(a[:, order]), p))
-        consts.append(jax.tree.map(lambda a, order=order: jnp.asarray(a[:, order]), c))
-        members.append(tuple(int(i) for i in np.sort(idx)))
-    return tuple(loops), tuple(params), tuple(consts), tuple(members)
+    bucket = _width_buckets([s.shape[-1] for s in srcs])
+    loops, widths, params, consts, members = [], [], [], [], []
+    for width in sorted(set(bucket), reverse=True):
+        for group in (("affine",), ("orthogonal", "scaled_orthogonal")):
+            batches, idx = [], []
+            for f in group:
+                pos = [j for j, i in enumerate(subs.get(f, [])) if bucket[i] == width]  # within the family
+                if not pos:
+                    continue
+                sub = [subs[f][j] for j in pos]
+                fits = None if starts[f] is None else [[row[j] for j in pos] for row in starts[f]]
+                batches.append((f, *init_params(
+                    f, init, [srcs[i] for i in sub], z_host, d_tgt=data.tshape[-1], n_tails=data.m_count,
+                    ridge=opts.ridge, keys=None if keys_init is None else keys_init[np.asarray(sub)], dtype=data.dtype,
+                    pad_to=width, labels=[f"zs_src[{i}]" for i in sub], fits=fits,
+                )))
+                idx += sub
+            if not batches:
+                continue
+            loop_family, p, c = merge_families(batches)
+            order = np.argsort(idx)  # family by family -> source order within the group
+            loops.append(loop_family)
+            widths.append(width)
+            params.append(jax.tree.map(lambda a, order=order: jnp.asarray(a[:, order]), p))
+            consts.append(jax.tree.map(lambda a, order=order: jnp.asarray(a[:, order]), c))
+            members.append(tuple(int(i) for i in np.sort(idx)))
+    return tuple(loops), tuple(widths), tuple(params), tuple(consts), tuple(members)
 
 
-def _trained(fitted, hist, data: _Inputs, fams, stacked: bool, chunk: int, steps: int) -> list[TrainedStitcher]:
-    """The K :class:`TrainedStitcher` of the loop's ``fitted = (weight, bias, scale)`` and history, each
-    stitcher unpadded to its source's width, in source order."""
-    hist = jax.tree.map(np.asarray, hist)
+def _trained(fitted, hist, members, data: _Inputs, fams, stacked: bool, chunk: int,
+             steps: int) -> list[TrainedStitcher]:
+    """The K :class:`TrainedStitcher` of the loop groups' ``fitted = (weight, bias, scale)`` and histories
+    (one per group, its stitchers ``members[g]``), each stitcher unpadded to its source's width, in source
+    order."""
+    hist = [jax.tree.map(np.asarray, h) for h in hist]
     # each stitcher's slice taken on the host (slicing on the device compiles a program per shape)
-    weight, bias, scale = (np.asarray(a) for a in fitted)
-    n_ev = hist["eval_loss"].shape[-1]
-    ev_steps = np.minimum(np.arange(n_ev) * chunk, steps)
+    fitted = [tuple(np.asarray(a) for a in f) for f in fitted]
+    where = {i: (g, j) for g, idx in enumerate(members) for j, i in enumerate(idx)}
     results = []
     for i, src in enumerate(data.srcs):
-        pick = (lambda a: a[:, i]) if stacked else (lambda a: a[0, i])  # noqa: E731
+        g, j = where[i]
+        (weight, bias, scale), h = fitted[g], hist[g]
+        n_ev = h["eval_loss"].shape[-1]
+        ev_steps = np.minimum(np.arange(n_ev) * chunk, steps)
+        pick = (lambda a, j=j: a[:, j]) if stacked else (lambda a, j=j: a[0, j])  # noqa: E731
         d_k = src.shape[-1]
         results.append(TrainedStitcher(
             Stitcher(jnp.asarray(pick(weight)[..., :d_k, :]), jnp.asarray(pick(bias)), jnp.asarray(pick(scale)),
                      fams[i]),
             TrainHistory(
-                train_loss=pick(hist["train_loss"]),
-                constraint_error=pick(hist["constraint_error"]),
+                train_loss=pick(h["train_loss"]),
+                constraint_error=pick(h["constraint_error"]),
                 eval_steps=np.broadcast_to(ev_steps, (data.m_count, n_ev)) if stacked else ev_steps,
-                eval_loss=pick(hist["eval_loss"]),
-                best_step=pick(hist["best_step"]),
-                steps_run=pick(hist["steps_run"]),
+                eval_loss=pick(h["eval_loss"]),
+                best_step=pick(h["best_step"]),
+                steps_run=pick(h["steps_run"]),
             ),
         ))
     return results

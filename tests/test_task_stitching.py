@@ -749,3 +749,31 @@ def test_a_source_given_twice_is_prepared_and_fitted_once(monkeypatch):
         np.testing.assert_allclose(a.stitcher.weight, b.stitcher.weight, rtol=0, atol=1e-12)
     third = train_stitchers([x], y, tail, w_tail, key=keys[2:], **kw)[0]
     np.testing.assert_allclose(twice[2].stitcher.weight, third.stitcher.weight, rtol=0, atol=1e-12)
+
+
+def test_sources_of_far_apart_widths_train_in_width_buckets_of_one_program():
+    """Sources of 3, 20 and 90 features (three width buckets: 90, 23 and 8) of every family in one call:
+    one compiled program, each stitcher equal to its call alone (no padding beyond its own width), to
+    rounding."""
+    from funsim.runtime.compile_count import CompileCounter
+    from funsim.similarity.task_stitching import _width_buckets
+
+    assert _width_buckets([3, 20, 90]) == [8, 23, 90] and _width_buckets([5]) == [5]
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(150, 90))
+    srcs = [x[:, :3], x[:, :20], x]
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int32)
+    w_tail = jnp.asarray(rng.normal(size=(6, 2)))
+    tail = lambda w, h: h @ w  # noqa: E731
+    kw = dict(z_tgt=x[:, :6] + 0.1 * rng.normal(size=(150, 6)), steps=20, batch_size=50)
+    fams = ["affine", "orthogonal", "scaled_orthogonal"]
+    plan = [(f, s) for f in fams for s in range(3)]
+    keys = jax.random.split(jax.random.key(4), len(plan))
+    with CompileCounter() as c:
+        out = train_stitchers([srcs[s] for _, s in plan], y, tail, w_tail, family=[f for f, _ in plan], key=keys, **kw)
+    assert sum("fit_loop" in n for n in c.names) == 1, c.names
+    for (f, s), k, (st, h) in zip(plan, keys, out):
+        st1, h1 = train_stitcher(srcs[s], y, tail, w_tail, family=f, key=k, **kw)
+        assert st.weight.shape == (srcs[s].shape[1], 6) and st.family == f
+        np.testing.assert_allclose(st.weight, st1.weight, rtol=0, atol=1e-10, err_msg=f"{f} {s}")
+        np.testing.assert_allclose(h.train_loss, h1.train_loss, rtol=0, atol=1e-10)
