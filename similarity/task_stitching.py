@@ -358,15 +358,15 @@ def train_stitchers(
     options: StitchTraining | None = None,
     **training: Any,
 ) -> list[TrainedStitcher]:
-    """Train K stitchers into one target layer (of one or M stacked tails) in one compiled loop.
+    """Train K stitchers into one target layer (of one or M stacked tails) in one compiled program.
 
     The stitchers may differ in source (any widths and spatial sizes: sources
-    are zero-padded to a common width, with the orthogonal parametrisation
-    masked so that each equals its unpadded fit), in family and in key. The
-    stitchers of every family are one vmapped, jitted ``lax.scan`` loop: an
-    ``orthogonal`` stitcher trains there as a scaled one whose scale is held at
-    exactly 1, and in a call that mixes affine and orthogonal families each
-    stitcher carries both parametrisations, one of them held at its start. The
+    are zero-padded to width buckets, the call's widest width, a quarter of it,
+    a sixteenth, ..., with the orthogonal parametrisation masked so that each
+    equals its unpadded fit), in family and in key. Each width bucket is one
+    vmapped ``lax.scan`` loop for the affine stitchers and one for the
+    orthogonal ones, all in one jitted program: an ``orthogonal`` stitcher
+    trains there as a scaled one whose scale is held at exactly 1. The
     result equals training each with :func:`train_stitcher` one by one. With ``stacked_tails=True``
     every source is also trained into each of M tails of one architecture at
     once (the tails vmapped), equal to M separate calls.
