@@ -7,8 +7,9 @@ function, which callers make hashable by value, e.g. an NNX graphdef plus a
 layer name; the family, loss and optimiser *names*; the step counts), so a
 second call with the same shapes compiles nothing.
 
-:func:`fit_loop` trains a ``(M tails, K stitchers)`` batch, per loop group (affine; the
-orthogonal families) vmapped twice: each stitcher runs :func:`_train_one`, a ``lax.while_loop`` over chunks of
+:func:`fit_loop` trains a ``(M tails, K stitchers)`` batch, per loop group (a width bucket of
+affine stitchers, or of orthogonal ones) vmapped twice: each stitcher runs :func:`_train_one`, a
+``lax.while_loop`` over chunks of
 ``chunk`` steps (each a ``lax.scan`` of :func:`train_step`), with the held-out
 evaluation and early stopping between chunks done on the device.
 """
@@ -205,10 +206,10 @@ def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_p
         patience: static (hashable) options.
 
     Returns:
-      per group, ``((weight (M, K_g, D_g, d_tgt), bias (M, K_g, d_tgt), scale (M, K_g)), history)``,
-      ``history`` a dict of ``(M, K_g, ...)`` arrays: ``train_loss`` and ``constraint_error`` ``(steps,)``
-      (NaN after an early stop), ``eval_loss`` ``(n_evals,)``, ``steps_run`` and ``best_step`` ``()``;
-      as ``(fitted per group, history per group)``.
+      ``(fitted, histories)``, one entry per group: ``fitted[g] = (weight (M, K_g, D_g, d_tgt), bias
+      (M, K_g, d_tgt), scale (M, K_g))`` and ``histories[g]`` a dict of ``(M, K_g, ...)`` arrays:
+      ``train_loss`` and ``constraint_error`` ``(steps,)`` (NaN after an early stop), ``eval_loss``
+      ``(n_evals,)``, ``steps_run`` and ``best_step`` ``()``.
     """
     fitted, hists = [], []
     for g, (fam, p, c, idx) in enumerate(zip(family, params, consts, members)):
