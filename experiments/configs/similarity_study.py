@@ -215,14 +215,19 @@ _PAPER = StudyConfig(name="paper", zoo="paper", n_rows=2000, flatten="flatten", 
 # (MLP 256x3 and CNN, two seeds: 9 targets and 36 source-target pairs per family, three families,
 # three tasks): 7.6 min wall (grid 80 s, stitching 372 s) at load ~2; 31% of pairs below 0.95. The
 # default zoo's digits models alone have 40 targets and 764 pairs per family (21x): about 2 hours per
-# data set by that scale, 6 for the zoo's three; a GPU run. The rows come from
+# data set by that scale, 6 for the zoo's three; a GPU run (that measure predates the Stiefel stitchers:
+# an orthogonal target from wide sources is now 8.8x faster, benchmarks/RESULTS.md). The rows come from
 # the digits probe (100 rows: 21% of affine dense pairs below 0.95; 200: 0%).
 _UNSATURATED = dataclasses.replace(
     _DEFAULT, name="unsaturated", stitch_families=("orthogonal", "scaled_orthogonal", "affine"), stitch_layers="all",
     stitch_train_rows=200, stitch_train_rows_by_dataset=("digits=100",))
 # The authors' protocol for claim 1: they stitch every source block into every target block; the
 # depth tolerance of `unsaturated` (0.15) drops the depth-mismatched pairs, where asymmetry lives.
-# The rules are RULES, unchanged, committed with this config before any run of it.
+# The rules are RULES, unchanged, committed with this config before any run of it. Its first run (digits, the
+# default zoo, 2026-12-07, with the Stiefel stitchers and width buckets; stopped after 4 of 40 target layers for
+# other work, it resumes): grid 1.5 min, then each target layer of the two seeds of an architecture takes every
+# one of the 80 source layers through three families and three tasks: 5.0 min for a 64-wide dense layer, 1.4 min
+# for 10-wide logits, over 16 min (unfinished) for a 256-wide one, on this 2-core CPU at load about 2.
 _AUTHORS = dataclasses.replace(_UNSATURATED, name="authors_protocol", depth_tolerance=1.0,
                                spatial_scores=("orthogonal", "scaled_orthogonal", "affine"))
 # Claim 3 on the paper code's MLPs (zoo `authors_mlp`: its LinearNet with BatchNorm and dropout at its five
