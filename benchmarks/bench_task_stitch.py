@@ -188,18 +188,27 @@ def _run_variant(variant: str, quick: bool, pythonpath: Path, shim: Path | None 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _checkout(rev: str, tmp: Path) -> tuple[Path, Path]:
+    """The tree at git revision ``rev``, extracted into ``tmp/old``, and a directory to put first on
+    ``PYTHONPATH`` so that ``import funsim`` finds that tree (a package whose ``__path__`` names it), not
+    the installed one: ``(old, shim)``."""
+    old = tmp / "old"
+    old.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    shim = tmp / "shim" / "funsim"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(f"__path__ = [{str(old)!r}]\n")
+    return old, shim.parent
+
+
 def _sweep_table(quick: bool, before: str | None) -> str:
     size = SWEEP["quick" if quick else "full"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if before:
-            old = Path(tmp) / "old"
-            old.mkdir()
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", before], check=True,
-                                     capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
             rows.append((f"before ({before}): 32 `train_stitcher`, fresh `lambda` tails",
-                         _run_variant("old", quick, old)))
+                         _run_variant("old", quick, *_checkout(before, Path(tmp)))))
         rows.append(("after: 32 `train_stitcher`, `split_tail` tails",
                      _run_variant("one_by_one", quick, ROOT)))
         rows.append(("after: 8 `train_stitchers` (4 sources per target layer)",
@@ -264,15 +273,8 @@ def _cayley_table(quick: bool, before: str | None) -> str:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if before:
-            old = Path(tmp) / "old"
-            old.mkdir()
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", before], check=True,
-                                     capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
-            shim = Path(tmp) / "shim" / "funsim"
-            shim.mkdir(parents=True)
-            (shim / "__init__.py").write_text(f"__path__ = [{str(old)!r}]\n")
-            rows.append((f"before ({before}): M x M Cayley solve", _run_variant("cayley", quick, ROOT, shim.parent)))
+            rows.append((f"before ({before}): M x M Cayley solve",
+                         _run_variant("cayley", quick, *_checkout(before, Path(tmp)))))
         rows.append(("this tree: Stiefel Cayley map", _run_variant("cayley", quick, ROOT)))
     base = rows[0][1]["warm"]
     head = (
