@@ -22,7 +22,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from funsim.similarity._stitch_param import apply_channels, constraint_error, materialise
@@ -175,15 +174,15 @@ def _train_one(params, consts, key, z, z_eval, groups, tail_params, teacher, t_e
     return (weight[: z.shape[-1]], bias, scale), history
 
 
-_STATIC = ("tail_apply", "optimizer", "opt_static", "family", "members", "loss", "batch_size", "steps",
+_STATIC = ("tail_apply", "optimizer", "opt_static", "family", "loss", "batch_size", "steps",
            "chunk", "patience")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_params, hyper, groups=None, *,
-             tail_apply: Callable[[Any, jax.Array], jax.Array], optimizer: str, opt_static: tuple,
-             family: tuple[str, ...], members: tuple[tuple[int, ...], ...], loss: str, batch_size: int | None,
-             steps: int, chunk: int, patience: int | None):
+def fit_loop(params, consts, members, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_params, hyper, groups=None,
+             *, tail_apply: Callable[[Any, jax.Array], jax.Array], optimizer: str, opt_static: tuple,
+             family: tuple[str, ...], loss: str, batch_size: int | None, steps: int, chunk: int,
+             patience: int | None):
     """Train ``M x K`` stitchers: K padded sources into each of M stacked tails, in loop groups.
 
     Each group (one loop family, affine or the orthogonal families merged, and one padded width) trains as
@@ -193,6 +192,8 @@ def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_p
     Args:
       params, consts: per group, ``(M, K_g, ...)`` pytrees from :func:`similarity._stitch_param.init_params`
         (merged by :func:`similarity._stitch_param.merge_families`).
+      members: per group, ``(K_g,)`` int, its stitchers' indices among the K (traced: another assignment
+        of the same group sizes compiles nothing).
       keys: ``(K,)`` keys (shared by the tails).
       z: per group, ``(K_g, n, ..., D_g)`` padded sources (shared by the tails); y: ``(n,)``.
       teacher: ``(M, n, C)`` or ``None``.
@@ -201,8 +202,7 @@ def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_p
       hyper: optimiser hyperparameters, ``{name: ()}`` arrays.
       groups: ``(K, C)`` int, each stitcher's grouping of the tail's classes into the labels of its
         task (the identity for the fine task), or ``None`` (every stitcher on the fine task).
-      tail_apply, optimizer, opt_static, family (per group), members (per group, its stitchers'
-        indices among the K, increasing; together every index once), loss, batch_size, steps, chunk,
+      tail_apply, optimizer, opt_static, family (per group), loss, batch_size, steps, chunk,
         patience: static (hashable) options.
 
     Returns:
@@ -220,7 +220,7 @@ def fit_loop(params, consts, keys, z, y, teacher, z_eval, y_eval, t_eval, tail_p
         )
         over_sources = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None, None, None, None, None, None))
         over_tails = jax.vmap(over_sources, in_axes=(0, 0, None, None, None, None, 0, 0, 0, None, None, None))
-        at = np.asarray(idx)
+        at = idx
         f, h = over_tails(p, c, keys[at], z[g], None if z_eval is None else z_eval[g],
                           None if groups is None else groups[at], tail_params, teacher, t_eval, y, y_eval, hyper)
         fitted.append(f)

@@ -442,8 +442,9 @@ def train_stitchers(
     z_ev = None if data.evs is None else tuple(_pad_stack([data.evs[i] for i in idx], w, data.dtype)
                                                for idx, w in zip(members, widths))
     fitted, hist = fit_loop(
-        params, consts, data.keys, z, data.y, data.teacher, z_ev, data.y_eval, data.t_eval, data.tails, data.hyper,
-        data.groups, family=loop_families, members=members, **static,
+        params, consts, tuple(jnp.asarray(np.asarray(idx, np.int32)) for idx in members), data.keys, z, data.y,
+        data.teacher, z_ev, data.y_eval, data.t_eval, data.tails, data.hyper, data.groups, family=loop_families,
+        **static,
     )
     return _trained(fitted, hist, members, data, fams, stacked, static["chunk"], opts.steps)
 
@@ -565,7 +566,7 @@ def _starts(fams: tuple[str, ...], opts: StitchTraining, data: _Inputs):
     A group is one width bucket (:func:`_width_buckets`) of affine stitchers, or of orthogonal ones (the
     two orthogonal families merged: similarity._stitch_param.merge_families); each family's start is
     computed on the host, padded to its bucket's width. ``members[g]`` are group ``g``'s stitchers'
-    indices in the call's source order, increasing (a tuple: static)."""
+    indices in the call's source order, increasing."""
     init = opts.init
     keys_init = jax.vmap(lambda k: jax.random.fold_in(k, 1))(data.keys) if init == "random" else None
     subs = {f: [i for i, g in enumerate(fams) if g == f] for f in dict.fromkeys(fams)}

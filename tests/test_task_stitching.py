@@ -772,6 +772,10 @@ def test_sources_of_far_apart_widths_train_in_width_buckets_of_one_program():
     with CompileCounter() as c:
         out = train_stitchers([srcs[s] for _, s in plan], y, tail, w_tail, family=[f for f, _ in plan], key=keys, **kw)
     assert sum("fit_loop" in n for n in c.names) == 1, c.names
+    with CompileCounter() as c:  # the same families and widths assigned to other positions: nothing new
+        train_stitchers([srcs[s] for _, s in plan[::-1]], y, tail, w_tail, family=[f for f, _ in plan[::-1]], key=keys,
+                        **kw)
+    assert c.count == 0, c.names
     for (f, s), k, (st, h) in zip(plan, keys, out):
         st1, h1 = train_stitcher(srcs[s], y, tail, w_tail, family=f, key=k, **kw)
         assert st.weight.shape == (srcs[s].shape[1], 6) and st.family == f
