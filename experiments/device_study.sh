@@ -4,8 +4,9 @@
 #
 # Usage, on the device machine, from the repository root:
 #   experiments/device_study.sh CONFIG RUN [SECONDS]     # e.g. paper paper 520
-# Before, here: pack the zoo's data into its folder (python -c "from funsim.models.zoo import pack_zoo_data;
-# pack_zoo_data('results/zoo/ZOO')") and carry results/zoo/ZOO (and results/similarity_study/RUN, to resume).
+# Before, here: copy what the study reads of the zoo, data packed in (python -c "from funsim.models.zoo import
+# carry_zoo; carry_zoo('TRAINED/zoo/ZOO', 'results/zoo/ZOO')") and carry results/zoo/ZOO (and
+# results/similarity_study/RUN, to resume).
 # It runs `funsim similarity-study --config CONFIG --run RUN` for at most SECONDS (default 520) with the
 # results in $OUT; the study writes every finished unit (a model pair's grid, a stitching target) atomically,
 # so a run cut off by the limit loses only the unit in progress. At the end the run folder is packed into

@@ -68,6 +68,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import hashlib
 import io
 import pathlib
 import time
@@ -76,6 +77,7 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+from flax import nnx
 from tqdm.auto import tqdm
 
 import funsim.models as models_lib
@@ -103,7 +105,7 @@ from funsim.experiments.io import (
 )
 from funsim.models import CoarseTail, coarsen_logits
 from funsim.models.functional import stitch_into_targets
-from funsim.models.io import merge_units, source_version
+from funsim.models.io import SetupMismatchError, fingerprint, merge_units, source_version
 from funsim.runtime import distributed
 
 __all__ = [
@@ -311,8 +313,9 @@ def _model_pairs(models: list) -> list[tuple]:
 
 
 def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pathlib.Path, log,
-                progress: bool = False) -> dict:
-    """Compare every model pair of ``ds`` (skipping the pairs already written); returns timings."""
+                progress: bool = False, version: dict | None = None) -> dict:
+    """Compare every model pair of ``ds`` (skipping the pairs already written); returns timings. Each unit
+    records ``version`` (:func:`_version`)."""
     pdir = out / "pairs" / ds
     pairs = _model_pairs(models)
     todo = [(a, b) for a, b in pairs if not _unit_done(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json")]
@@ -357,7 +360,7 @@ def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pat
         if (a.id, b.id) not in mine:
             continue
         write_json_atomic(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json",
-                          {"model_a": a.id, "model_b": b.id, "code": source_version(),
+                          {"model_a": a.id, "model_b": b.id, **(version or _version(models)),
                            "rows": _pair_rows(ds, a, b, index, tables, cfg, spatial)})
     return {"pairs": len(pairs), "computed": len(todo), "seconds": round(time.time() - t0, 1), "units": units,
             "undefined": undefined}
@@ -433,7 +436,7 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
 
 
 def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyConfig, out: pathlib.Path, log,
-                  progress: bool) -> dict:
+                  progress: bool, version: dict | None = None) -> dict:
     targets_all = _stitch_targets(models, cfg)
     groupings = {g: tuple(int(c) for c in manifest_ds["coarse"][g]["map"])
                  for g in cfg.coarse_groupings if g in manifest_ds.get("coarse", {})
@@ -455,6 +458,7 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
     n_todo = sum(len(fams) for *_, fams in todo)
     n_pairs = sum(len(s) for _, _, _, s in jobs)
     units = [path(t, *job[:3]) for job in jobs for t in tasks]
+    version = version or _version(models)
     if not todo:
         log(f"      {ds}: all {len(jobs)} stitching targets done before")
         return {"targets": len(jobs), "computed": 0, "seconds": 0.0, "source_target_pairs": n_pairs, "units": units}
@@ -481,7 +485,7 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
         for fam in fams:
             for task in tasks:  # a task the target cannot take (no head after this layer): an empty unit
                 write_json_atomic(path(task, fam, name, lt), {"target": f"{name}:{lt}", "family": fam, "task": task,
-                                                              "code": source_version(), "rows": rows[fam].get(task, [])})
+                                                              **version, "rows": rows[fam].get(task, [])})
     bar.close()
     return {"targets": len(jobs), "computed": n_todo, "seconds": round(time.time() - t0, 1),
             "source_target_pairs": n_pairs, "units": units}
@@ -506,6 +510,54 @@ def _unit_done(path: pathlib.Path) -> bool:
 
 
 UNIT_GLOBS = ("pairs/*/*.json", "stitch/**/*.json")
+
+
+def _zoo_version(models: list) -> str:
+    """SHA-256 (16 hex digits) of a data set's trained models: their ids and every parameter and statistic, in
+    zoo order. Two zoos trained by the same command on different machines may differ in the last bits, and then
+    differ here."""
+    h = hashlib.sha256()
+    for m in models:
+        leaves = [np.asarray(v) for v in jax.tree.leaves(nnx.state(m.model, nnx.Param, nnx.BatchStat))]
+        h.update(m.id.encode() + b"\0" + fingerprint(*leaves).encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _version(models: list) -> dict[str, str]:
+    """What every unit records of how it was computed: ``code`` (:func:`models.io.source_version`) and ``zoo``
+    (:func:`_zoo_version` of its data set's models). A resumed or merged run refuses units of another version."""
+    return {"code": source_version(), "zoo": _zoo_version(models)}
+
+
+def _dataset_units(out: pathlib.Path, ds: str) -> list[pathlib.Path]:
+    return sorted((out / "pairs" / ds).glob("*.json")) + sorted((out / "stitch" / ds).rglob("*.json"))
+
+
+def _stale(unit: dict, version: dict) -> str | None:
+    """How ``unit`` (a read unit file) differs from ``version``, or None."""
+    diff = [f"{k} {unit.get(k, '<absent>')!r} (now {v!r})" for k, v in version.items() if unit.get(k) != v]
+    return ", ".join(diff) or None
+
+
+def _check_units(out: pathlib.Path, ds: str, version: dict) -> None:
+    """Refuse to resume the run ``out`` if any finished unit of ``ds`` was computed by other code or from
+    another zoo: mixing them would give a table no single computation produced. Damaged units are left to
+    :func:`_unit_done` (recomputed)."""
+    stale = []
+    for f in _dataset_units(out, ds):
+        try:
+            unit = read_json(f)
+        except DamagedFileError:
+            continue
+        if isinstance(unit, dict) and (why := _stale(unit, version)):
+            stale.append(f"{f}: {why}")
+    if stale:
+        raise SetupMismatchError(
+            f"Refusing to resume {out}: {len(stale)} of its {ds} units were computed by other code or from other "
+            f"trained models than this run has now (code: models.io.source_version(); zoo: the models' weights):\n  "
+            + "\n  ".join(stale[:10]) + ("\n  ..." if len(stale) > 10 else "")
+            + "\nFinish the run with the tree and the zoo that computed them, or start a new run (--run NEW_NAME), "
+            "or delete those units to recompute them.")
 
 
 def _unit_files(out: pathlib.Path, ds_list: list[str]) -> list[pathlib.Path]:
@@ -599,6 +651,7 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
     Raises:
       FileNotFoundError: no zoo at ``cfg.zoo``.
       ValueError: a bad config, or a run directory holding a study with another config.
+      SetupMismatchError: (a ``ValueError``) the run holds units computed by other code or from another zoo.
     """
     _check_config(cfg)
     t0 = time.time()
@@ -622,9 +675,11 @@ def run(cfg: StudyConfig, *, root: str | pathlib.Path = "results", run_name: str
         zdata = zoo_lib.load_zoo_data(zoo_dir, ds)
         models = zoo.by_dataset(ds)
         log(f"[{ds}] {len(models)} models, {sum(len(m.layers) for m in models)} layers")
+        version = _version(models)
+        _check_units(out, ds, version)
         grid = _grid_stage(ds, models, _rows(zdata.dataset, cfg.n_rows), cfg, out, log,
-                           distributed.show_progress(progress))
-        stitch = (_stitch_stage(ds, models, zdata, manifest["datasets"][ds], cfg, out, log, progress)
+                           distributed.show_progress(progress), version)
+        stitch = (_stitch_stage(ds, models, zdata, manifest["datasets"][ds], cfg, out, log, progress, version)
                   if cfg.stitch_families else {})
         stages[ds] = {"models": len(models), "grid": grid, "stitch": stitch}
         jit_memory.release_if_near_limit()  # this data set's programs, if near the limit (see _grid)
@@ -691,9 +746,19 @@ def summary(cfg: StudyConfig, metrics: dict) -> str:
 def merge(src: str | pathlib.Path, cfg: StudyConfig, *, root: str | pathlib.Path = "results",
           run_name: str | None = None) -> dict[str, int]:
     """Copy the finished units of the study run ``src`` (e.g. computed on a GPU machine) into this run; a rerun
-    then computes only what is missing. Refused for another config or code version (:func:`models.io.merge_units`)."""
+    then computes only what is missing. Refused for another config or code version (:func:`models.io.merge_units`), or
+    for units computed from another zoo than the one this run reads (its weights' hash)."""
     out = open_run("similarity_study", run_name or cfg.name, root=root, config=cfg)
-    return merge_units(src, out, globs=UNIT_GLOBS)
+    versions: dict[str, dict] = {}
+
+    def check(unit_path: pathlib.Path, unit: dict) -> str | None:
+        ds = unit_path.relative_to(src).parts[1]  # pairs/<ds>/... or stitch/<ds>/...
+        if ds not in versions:
+            zoo_dir = _zoo_dir(cfg, root)
+            versions[ds] = _version(zoo_lib.load_zoo(zoo_dir, datasets=(ds,)).by_dataset(ds))
+        return _stale(unit, versions[ds])
+
+    return merge_units(src, out, globs=UNIT_GLOBS, check=check)
 
 
 # ----------------------------------------------------------------------------- CLI

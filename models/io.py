@@ -376,7 +376,8 @@ def source_version() -> str:
 
 
 def merge_units(src: str | os.PathLike, dst: str | os.PathLike, *, globs: tuple[str, ...],
-                version_key: str = "code", version: str | None = None) -> dict[str, int]:
+                version_key: str = "code", version: str | None = None,
+                check: Callable[[pathlib.Path, Any], str | None] | None = None) -> dict[str, int]:
     """Copy the finished unit files of the run folder ``src`` (e.g. computed on another machine) into ``dst``.
 
     Nothing is copied unless every check passes: both folders' ``config.json`` are equal,
@@ -387,6 +388,8 @@ def merge_units(src: str | os.PathLike, dst: str | os.PathLike, *, globs: tuple[
     Args:
       src, dst: run folders (``dst`` is created, with ``src``'s config, if it does not exist).
       globs: the unit files, relative to the run folder (e.g. ``("pairs/*/*.json",)``).
+      check: ``check(path, unit)`` (a unit of ``src`` and its contents, after the version check) returns why the
+        unit must not be merged (e.g. computed from other inputs), or None.
 
     Returns:
       ``{"copied": k, "kept": j}``.
@@ -410,6 +413,10 @@ def merge_units(src: str | os.PathLike, dst: str | os.PathLike, *, globs: tuple[
         raise SetupMismatchError(f"Refusing to merge {src} into {dst}: {len(stale)} units were computed by other "
                                  f"code than this tree's ({version_key} {version!r}):\n  " + "\n  ".join(stale[:10])
                                  + "\nRecompute them with this tree, or merge with the tree that computed them.")
+    if check is not None and (other := [f"{f}: {why}" for f in units if (why := check(f, read_json(f)))]):
+        raise SetupMismatchError(f"Refusing to merge {src} into {dst}: {len(other)} units were computed from other "
+                                 "inputs than this run's:\n  " + "\n  ".join(other[:10])
+                                 + "\nMerge into a run that reads the same inputs (e.g. the same trained zoo).")
     if not (dst / "config.json").is_file():
         write_json_atomic(dst / "config.json", cfg)
     copied = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,10 +22,10 @@ from flax import nnx
 from funsim import data
 from funsim.models import get_model
 from funsim.models.base import FeatureModel
-from funsim.models.io import DamagedFileError, fingerprint, read_json, read_npz, write_atomic
+from funsim.models.io import DamagedFileError, fingerprint, read_json, read_npz, write_atomic, write_json_atomic
 from funsim.models.train import load_checkpoint
 
-__all__ = ["MANIFEST", "ZooModel", "Zoo", "ZooData", "read_manifest", "load_zoo", "load_zoo_data", "pack_zoo_data", "zoo_dataset",
+__all__ = ["MANIFEST", "ZooModel", "Zoo", "ZooData", "read_manifest", "load_zoo", "load_zoo_data", "pack_zoo_data", "carry_zoo", "zoo_dataset",
            "dataset_fingerprint", "build_model", "describe_model"]
 
 MANIFEST = "zoo.json"
@@ -252,6 +253,63 @@ def pack_zoo_data(run_dir: str | pathlib.Path, datasets: tuple[str, ...] | None 
             arrays |= {f"{g}.y_train": c.y_train, f"{g}.y_test": c.y_test, f"{g}.class_names": np.array(c.class_names)}
         paths.append(write_atomic(_pack_path(run_dir, name), lambda f, a=arrays: np.savez_compressed(f, **a)))
     return paths
+
+
+def carry_zoo(run_dir: str | pathlib.Path, dst: str | pathlib.Path,
+              datasets: tuple[str, ...] | None = None) -> dict[str, int]:
+    """Copy what the similarity study reads of a trained zoo into ``dst``: for a machine that takes a bounded
+    folder (a lent GPU: docs/gpu.md).
+
+    The copy holds the manifest (restricted to ``datasets``), each model's last checkpoint only (the trained
+    model, with its checksums; the earlier power-spaced ones stay behind), its training config, and the data
+    packed in (:func:`pack_zoo_data`). :func:`load_zoo` and :func:`load_zoo_data` read it as they read the zoo,
+    to the same weights and rows. The earlier checkpoints are most of a zoo's size.
+
+    Args:
+      run_dir: the trained zoo's folder (complete).
+      dst: the copy's folder; must not exist yet.
+      datasets: which trained data sets (default: all of them).
+
+    Returns:
+      ``{"models": copied models, "bytes": the copy's size}``.
+
+    Raises:
+      FileExistsError: ``dst`` exists.
+      ValueError: the zoo is incomplete, or a data set is not trained in it.
+    """
+    run_dir, dst = pathlib.Path(run_dir), pathlib.Path(dst)
+    manifest = read_manifest(run_dir)
+    if not manifest.get("complete"):
+        raise ValueError(f"The zoo in {run_dir} is incomplete: finish it (rerun its `funsim zoo` command) first.")
+    trained = [k for k, d in manifest["datasets"].items() if d["status"] == "ok"]
+    names = trained if datasets is None else list(datasets)
+    if missing := sorted(set(names) - set(trained)):
+        raise ValueError(f"carry_zoo: data sets {missing} are not trained in the zoo {run_dir}; it has {trained}.")
+    if dst.exists():
+        raise FileExistsError(f"carry_zoo: {dst} exists; give a new folder.")
+    import orbax.checkpoint as ocp
+    tmp = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    models = {k: e for k, e in manifest["models"].items() if e["dataset"] in names}
+    for e in models.values():
+        src = run_dir / e["workdir"]
+        steps = ocp.utils.checkpoint_steps(src / "checkpoints")
+        if not steps:
+            raise FileNotFoundError(f"carry_zoo: no checkpoint in {src / 'checkpoints'}.")
+        (tmp / e["workdir"]).mkdir(parents=True)
+        for f in ("train_config.json", "metrics.json"):
+            if (src / f).is_file():
+                shutil.copy2(src / f, tmp / e["workdir"] / f)
+        last = str(max(steps))
+        shutil.copytree(src / "checkpoints" / last, tmp / e["workdir"] / "checkpoints" / last)
+    for f in ("config.json",):
+        if (run_dir / f).is_file():
+            shutil.copy2(run_dir / f, tmp / f)
+    write_json_atomic(tmp / MANIFEST, {**manifest, "models": models,
+                                       "datasets": {k: d for k, d in manifest["datasets"].items() if k in names}})
+    pack_zoo_data(tmp, tuple(names))
+    tmp.rename(dst)
+    return {"models": len(models), "bytes": sum(f.stat().st_size for f in dst.rglob("*") if f.is_file())}
 
 
 def _unpack(path: pathlib.Path, name: str, groupings) -> tuple[data.Dataset, dict[str, data.Dataset]]:

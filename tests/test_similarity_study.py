@@ -6,6 +6,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from funsim.experiments import cli, verdict
 from funsim.experiments import similarity_study as S
@@ -499,12 +500,54 @@ def test_units_from_another_machine_merge_and_the_run_resumes_to_the_same_table(
     assert pack.name == "digits.npz"
 
 
+def test_units_of_other_code_or_other_trained_models_are_refused_on_resume_and_merge(tiny, tmp_path):
+    """Every unit records the code and the zoo's weights that computed it. A resumed run passes its own units and
+    refuses, naming the unit and both versions, one computed by other code or from other weights (a zoo retrained
+    to other bits, or a unit from before units recorded their zoo); so does a merge. The zoo's version is a
+    function of every parameter: one ulp of one weight changes it."""
+    import shutil
+
+    from funsim.models.io import SetupMismatchError
+    root, run = tiny
+    cfg = S.config_from_dict(TINY)
+    (tmp_path / "zoo").symlink_to(root / "zoo")
+    mine = tmp_path / "similarity_study" / "tiny"
+    shutil.copytree(run, mine)
+    units = S._dataset_units(mine, "digits")
+    models = zoo_lib.load_zoo(root / "zoo" / "tiny", datasets=("digits",)).by_dataset("digits")
+    version = S._version(models)
+    assert len(units) == 15 and all({k: json.loads(u.read_text())[k] for k in version} == version for u in units)
+    table = (mine / "comparisons.csv").read_bytes()
+    S.run(cfg, root=tmp_path, progress=False, log=lambda s: None)  # its own units: resumed, nothing recomputed
+    assert (mine / "comparisons.csv").read_bytes() == table
+    other = dict(version, zoo="0123456789abcdef")
+    for unit, edit, why in [(units[0], {"code": "fedcba9876543210"}, f"code 'fedcba9876543210' \\(now '{version['code']}'\\)"),
+                            (units[-1], {"zoo": other["zoo"]}, f"zoo '0123456789abcdef' \\(now '{version['zoo']}'\\)"),
+                            (units[-1], {"zoo": None}, "zoo None")]:
+        saved = unit.read_bytes()
+        unit.write_text(json.dumps({**json.loads(saved), **edit}))
+        with pytest.raises(SetupMismatchError, match=f"Refusing to resume {mine}: 1 of its digits units .*\n  {unit}: {why}"):
+            S.run(cfg, root=tmp_path, progress=False, log=lambda s: None)
+        if "zoo" in edit:  # the merge reads this tree's zoo and refuses the unit too, copying nothing
+            with pytest.raises(SetupMismatchError, match=f"1 units were computed from other inputs.*\n  {unit}: {why}"):
+                S.merge(mine, cfg, root=tmp_path, run_name="merged")
+            assert not (tmp_path / "similarity_study" / "merged" / "pairs").exists()
+        unit.write_bytes(saved)
+    assert S.merge(mine, cfg, root=tmp_path, run_name="merged") == {"copied": 15, "kept": 0}
+    leaves, tree = jax.tree.flatten(nnx.state(models[-1].model, nnx.Param))
+    w = np.array(leaves[0])
+    w.flat[0] = np.nextafter(w.flat[0], np.inf)  # one ulp up in one entry of one weight
+    nnx.update(models[-1].model, jax.tree.unflatten(tree, [w, *leaves[1:]]))
+    assert S._version(models)["zoo"] != version["zoo"]
+
+
 def test_device_study_script_packs_units_that_merge_here(tiny, tmp_path):
-    """experiments/device_study.sh as the device runs it (here on the CPU, at the tiny size): its units come back
-    as one archive, merge into a run here, and that run's table is the uninterrupted run's."""
+    """experiments/device_study.sh as the device runs it (here on the CPU, at the tiny size), on the zoo as
+    carried there (`models.zoo.carry_zoo`: the last checkpoints and the packed data): its units come back as one
+    archive, merge into a run here (same weights, so the same zoo version), and that run's table is the
+    uninterrupted run's."""
     import os
     import pathlib
-    import shutil
     import subprocess
     import sys
     import tarfile
@@ -512,8 +555,19 @@ def test_device_study_script_packs_units_that_merge_here(tiny, tmp_path):
     from funsim.models import zoo as mzoo
     root, run = tiny
     results, out = tmp_path / "carried", tmp_path / "out"
-    shutil.copytree(root / "zoo" / "tiny", results / "zoo" / "tiny")
-    mzoo.pack_zoo_data(results / "zoo" / "tiny")
+    zoo = root / "zoo" / "tiny"
+    size = mzoo.carry_zoo(zoo, results / "zoo" / "tiny")
+    # the carried zoo: each model's last checkpoint (not the earlier ones), its data packed in
+    for e in mzoo.read_manifest(zoo)["models"].values():
+        assert len(list((zoo / e["workdir"] / "checkpoints").iterdir())) > 1
+        assert [p.name for p in (results / "zoo" / "tiny" / e["workdir"] / "checkpoints").iterdir()] == \
+            [str(max(int(p.name) for p in (zoo / e["workdir"] / "checkpoints").iterdir() if p.name.isdigit()))]
+    assert (results / "zoo" / "tiny" / "data" / "digits.npz").is_file()
+    assert size["models"] == 4 and size["bytes"] < sum(f.stat().st_size for f in zoo.rglob("*") if f.is_file()) / 2
+    with pytest.raises(FileExistsError, match="carried/zoo/tiny exists"):
+        mzoo.carry_zoo(zoo, results / "zoo" / "tiny")
+    with pytest.raises(ValueError, match=r"data sets \['cifar10'\] are not trained in the zoo .*; it has \['digits'\]"):
+        mzoo.carry_zoo(zoo, tmp_path / "other", datasets=("cifar10",))
     (tmp_path / "tiny.json").write_text(json.dumps(TINY))
     script = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "device_study.sh"
     proc = subprocess.run(["bash", str(script), str(tmp_path / "tiny.json"), "dev", "600"], capture_output=True,
