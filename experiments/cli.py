@@ -69,6 +69,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "similarity-study": _driver("similarity-study", "every measure on every layer pair of every model pair of a zoo"),
     "report": _driver("report", "reports over finished runs, e.g. `funsim report usable-information --run DIR`"),
     "launch": _light("launch", "run a subcommand or script as N local processes of one multi-process run"),
+    "ledger": _light("ledger", "keep a long study's finished units in the repository across machines"),
 }
 
 

@@ -541,6 +541,78 @@ def test_units_of_other_code_or_other_trained_models_are_refused_on_resume_and_m
     assert S._version(models)["zoo"] != version["zoo"]
 
 
+def test_a_ledger_keeps_a_study_across_machines(tiny, tmp_path, monkeypatch):
+    """`funsim ledger`: a study cut off on one machine is recorded as a piece, restored on a fresh machine,
+    finished there and recorded again (its new units only); both pieces restored into a third folder finish
+    to the uninterrupted run's table without computing anything. A new ledger without its commit, units of
+    two code versions, a damaged piece and a run folder of another config are refused."""
+    from funsim.experiments import ledger as L
+    root, run = tiny
+    cfg = S.config_from_dict(TINY)
+    book = tmp_path / "ledger"
+
+    def machine(name):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "zoo").symlink_to(root / "zoo")
+        return tmp_path / name, tmp_path / name / "similarity_study" / "tiny"
+
+    real, calls = S._stitch_target, []
+
+    def crashing(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Crash("this machine's time is up")
+        return real(*a, **kw)
+
+    r1, m1 = machine("m1")
+    monkeypatch.setattr(S, "_stitch_target", crashing)
+    with pytest.raises(Crash):
+        S.run(cfg, root=r1, progress=False, log=lambda s: None)
+    monkeypatch.undo()
+    n1 = len(L._units(m1))
+    assert 6 < n1 < 15  # the 6 model pairs' grids and the first target's units
+    with pytest.raises(L.LedgerError, match="a new ledger needs --commit"):
+        L.record(book, m1, device="this CPU")
+    e1 = L.record(book, m1, device="this CPU", commit="c0ffee", seconds=1.5)
+    assert (e1["file"], len(e1["units"])) == ("piece-001.tar.xz", n1)
+    assert L.record(book, m1, device="this CPU") == {"units": []}
+    r2, m2 = machine("m2")
+    assert L.restore(book, m2) == {"restored": n1, "kept": 0}
+    S.run(cfg, root=r2, progress=False, log=lambda s: None)
+    assert cli.main(["ledger", "record", str(book), "--run", str(m2), "--device", "another CPU"]) == 0
+    book_json = json.loads((book / "ledger.json").read_text())
+    assert [len(p["units"]) for p in book_json["pieces"]] == [n1, 15 - n1]
+    assert book_json["zoo"] == {"digits": S._version(zoo_lib.load_zoo(root / "zoo" / "tiny").by_dataset("digits"))["zoo"]}
+    r3, m3 = machine("m3")
+    assert L.restore(book, m3) == {"restored": 15, "kept": 0}
+
+    def nothing_left(*a, **kw):
+        raise AssertionError("a restored unit was computed again")
+
+    monkeypatch.setattr(S, "_stitch_target", nothing_left)
+    monkeypatch.setattr(S, "_grid", nothing_left)
+    S.run(cfg, root=r3, progress=False, log=lambda s: None)
+    monkeypatch.undo()
+    assert (m3 / "comparisons.csv").read_bytes() == (run / "comparisons.csv").read_bytes()
+    assert L.restore(book, m3) == {"restored": 0, "kept": 15}
+    assert "2 pieces" in L.status(book) and "commit c0ffee" in L.status(book)
+    # refused: a unit of another code version; a damaged piece; a run of another config
+    unit = sorted(L._units(m2).values())[-1]
+    unit.write_text(json.dumps({**json.loads(unit.read_text()), "code": "0123456789abcdef"}))
+    with pytest.raises(L.LedgerError, match=r"units of 2 code versions \['0123456789abcdef', '"):
+        L.record(book, m2, device="x")
+    other = {**json.loads((m3 / "config.json").read_text()), "n_rows": 7}
+    (tmp_path / "m4").mkdir()
+    (tmp_path / "m4" / "config.json").write_text(json.dumps(other))
+    with pytest.raises(L.LedgerError, match="the run folder holds another config"):
+        L.restore(book, tmp_path / "m4")
+    piece = book / "piece-002.tar.xz"
+    piece.write_bytes(piece.read_bytes()[:-1] + bytes([piece.read_bytes()[-1] ^ 1]))
+    with pytest.raises(L.LedgerError, match=f"The ledger's piece {piece} is damaged"):
+        L.restore(book, tmp_path / "m5")
+    assert not (tmp_path / "m5").exists()  # nothing written
+
+
 def test_device_study_script_packs_units_that_merge_here(tiny, tmp_path):
     """experiments/device_study.sh as the device runs it (here on the CPU, at the tiny size), on the zoo as
     carried there (`models.zoo.carry_zoo`: the last checkpoints and the packed data): its units come back as one
