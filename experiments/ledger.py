@@ -9,7 +9,10 @@ finished must be kept somewhere that outlives it: a ledger, a folder committed w
   record the same :func:`funsim.models.io.source_version`), the commit holding that code, the version of
   each data set's trained zoo (a hash of the weights; every unit records it), and one entry per piece:
   its file, SHA-256, the units it added, when, on which machine, and how long that machine ran;
-* ``piece-NNN.tar.xz``: the unit files a piece added, never rewritten.
+* ``piece-NNN.tar.xz``: the unit files a piece added, never rewritten;
+* optionally ``zoo.tar.xz``: the trained models the units were computed from, as
+  :func:`funsim.models.zoo.carry_zoo` copies them (last checkpoints and packed data), so that a later
+  machine need not retrain them to the same bits.
 
 ``funsim ledger record LEDGER --run RUN_DIR --device TEXT [--commit C]`` adds the run folder's units
 that the ledger lacks as a new piece; units of another code version, zoo or config are refused.
@@ -32,7 +35,8 @@ import pathlib
 import tarfile
 import tempfile
 
-__all__ = ["LEDGER", "UNIT_GLOBS", "record", "restore", "status", "add_arguments", "main"]
+__all__ = ["LEDGER", "UNIT_GLOBS", "LedgerError", "record", "restore", "record_zoo", "restore_zoo", "status",
+           "add_arguments", "main"]
 
 LEDGER = "ledger.json"
 UNIT_GLOBS = ("pairs/*/*.json", "stitch/**/*.json")  # a similarity study's units (similarity_study.UNIT_GLOBS)
@@ -83,6 +87,65 @@ def _load(ledger: pathlib.Path) -> dict | None:
 
 def _recorded(book: dict | None) -> set[str]:
     return {u for p in (book or {}).get("pieces", []) for u in p["units"]}
+
+
+def _pack(root: pathlib.Path, names: list[str]) -> bytes:
+    """``root``'s files ``names`` (relative paths) as a reproducible tar.xz (no times, owners or modes)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+        for name in names:
+            data = (root / name).read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def record_zoo(ledger: str | os.PathLike, zoo: str | os.PathLike) -> dict:
+    """Keep the zoo the ledger's units were computed from: ``zoo``, a :func:`funsim.models.zoo.carry_zoo` copy,
+    packed as ``zoo.tar.xz`` (once; its SHA-256 and its data sets' versions in ``ledger.json``).
+
+    The weights are not compared with the units' zoo version here (this module reads files only): a study
+    resumed on the restored zoo does that, and refuses units of other weights.
+
+    Raises:
+      LedgerError: no ledger yet (record a piece first), a zoo kept there already, or ``zoo`` is not a carried zoo.
+    """
+    ledger, zoo = pathlib.Path(ledger), pathlib.Path(zoo)
+    book = _load(ledger)
+    if book is None:
+        raise LedgerError(f"No ledger at {ledger / LEDGER}: record a piece first.")
+    if "zoo_archive" in book:
+        raise LedgerError(f"The ledger {ledger} keeps its zoo already ({book['zoo_archive']['file']}).")
+    if not (zoo / "zoo.json").is_file() or not any(zoo.glob("data/*.npz")):
+        raise LedgerError(f"{zoo} is not a carried zoo (zoo.json and data/*.npz): make one with "
+                          "funsim.models.zoo.carry_zoo(TRAINED_ZOO, DIR, datasets=...).")
+    names = sorted(f.relative_to(zoo).as_posix() for f in zoo.rglob("*") if f.is_file())
+    data = _pack(zoo, names)
+    entry = {"file": "zoo.tar.xz", "sha256": _sha256(data), "bytes": len(data), "name": zoo.name}
+    _write_atomic(ledger / entry["file"], data)
+    _write_atomic(ledger / LEDGER, (json.dumps({**book, "zoo_archive": entry}, indent=1) + "\n").encode())
+    return entry
+
+
+def restore_zoo(ledger: str | os.PathLike, dst: str | os.PathLike) -> pathlib.Path:
+    """Unpack the ledger's ``zoo.tar.xz`` (checked against its SHA-256) into ``dst/<zoo name>``, which must not
+    exist; returns that folder."""
+    ledger, dst = pathlib.Path(ledger), pathlib.Path(dst)
+    book = _load(ledger)
+    entry = (book or {}).get("zoo_archive")
+    if entry is None:
+        raise LedgerError(f"The ledger {ledger} keeps no zoo: retrain it with the command in its notes.")
+    data = (ledger / entry["file"]).read_bytes() if (ledger / entry["file"]).is_file() else b""
+    if _sha256(data) != entry["sha256"]:
+        raise LedgerError(f"The ledger's zoo {ledger / entry['file']} is missing or damaged: its SHA-256 differs from "
+                          f"the one recorded in {ledger / LEDGER}.")
+    out = dst / entry["name"]
+    if out.exists():
+        raise LedgerError(f"{out} exists; restore the zoo into another folder.")
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
+        tar.extractall(out, filter="data")
+    return out
 
 
 def record(ledger: str | os.PathLike, run: str | os.PathLike, *, device: str, commit: str | None = None,
@@ -136,14 +199,7 @@ def record(ledger: str | os.PathLike, run: str | os.PathLike, *, device: str, co
         book = {"experiment": "similarity_study", "run": run.name, "config": config, "code": code.pop(),
                 "commit": commit, "zoo": {}, "pieces": []}
     book["zoo"] = {**book["zoo"], **{ds: v.pop() for ds, v in zoo.items()}}
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
-        for name in new:
-            data = units[name].read_bytes()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            tar.addfile(info, io.BytesIO(data))
-    data = buf.getvalue()
+    data = _pack(run, new)
     entry = {"file": f"piece-{len(book['pieces']) + 1:03d}.tar.xz", "sha256": _sha256(data), "bytes": len(data),
              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "device": device, "seconds": seconds, "note": note, "units": new}
@@ -216,9 +272,13 @@ def status(ledger: str | os.PathLike) -> str:
         secs = "" if p["seconds"] is None else f", {p['seconds']:.0f} s"
         lines.append(f"  {p['file']}: {len(p['units'])} units, {p['date']}, {p['device']}{secs}"
                      + (f"; {p['note']}" if p["note"] else ""))
-    lines.append(f"Continue: `git worktree add /tmp/pin {book['commit']}`, train or carry the same zoo, `funsim ledger "
-                 f"restore {ledger} --run RESULTS/similarity_study/{book['run']}`, then run the study with that tree "
-                 "(docs/gpu.md, \"A ledger\").")
+    if "zoo_archive" in book:
+        lines.append(f"  zoo: {book['zoo_archive']['file']} ({book['zoo_archive']['bytes']} bytes, zoo "
+                     f"{book['zoo_archive']['name']!r})")
+    zoo = "--zoo-into RESULTS/zoo " if "zoo_archive" in book else ""
+    lines.append(f"Continue: `git worktree add /tmp/pin {book['commit']}`, `funsim ledger restore {ledger} --run "
+                 f"RESULTS/similarity_study/{book['run']} {zoo}`" + ("" if zoo else " and retrain the same zoo")
+                 + ", then run the study with that tree (docs/gpu.md, \"A ledger\").")
     return "\n".join(lines)
 
 
@@ -231,9 +291,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--commit", help="the commit whose tree computed them (required for a new ledger)")
     p.add_argument("--seconds", type=float, help="how long the machine ran for them")
     p.add_argument("--note", default="", help="recorded beside the piece")
+    p.add_argument("--zoo", help="also keep this carried zoo (models.zoo.carry_zoo) as zoo.tar.xz, once")
     p = sub.add_parser("restore", help="unpack the ledger's units into a run folder")
     p.add_argument("ledger")
     p.add_argument("--run", required=True, help="the run folder to restore into")
+    p.add_argument("--zoo-into", help="also unpack the ledger's zoo into this folder (e.g. results/zoo)")
     p = sub.add_parser("status", help="the ledger's pieces and how to continue")
     p.add_argument("ledger")
 
@@ -244,8 +306,12 @@ def main(args: argparse.Namespace) -> int:
             entry = record(args.ledger, args.run, device=args.device, commit=args.commit, seconds=args.seconds,
                            note=args.note)
             print(f"recorded {len(entry['units'])} new units" + (f" as {entry['file']}" if entry["units"] else ""))
+            if args.zoo:
+                print(f"kept the zoo {args.zoo}: {record_zoo(args.ledger, args.zoo)['file']}")
         elif args.action == "restore":
             print(f"restored into {args.run}: {restore(args.ledger, args.run)}")
+            if args.zoo_into:
+                print(f"restored the zoo into {restore_zoo(args.ledger, args.zoo_into)}")
         print(status(args.ledger))
     except LedgerError as e:
         print(f"funsim ledger: error: {e}")

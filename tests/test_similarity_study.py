@@ -544,16 +544,19 @@ def test_units_of_other_code_or_other_trained_models_are_refused_on_resume_and_m
 def test_a_ledger_keeps_a_study_across_machines(tiny, tmp_path, monkeypatch):
     """`funsim ledger`: a study cut off on one machine is recorded as a piece, restored on a fresh machine,
     finished there and recorded again (its new units only); both pieces restored into a third folder finish
-    to the uninterrupted run's table without computing anything. A new ledger without its commit, units of
-    two code versions, a damaged piece and a run folder of another config are refused."""
+    to the uninterrupted run's table without computing anything. The second machine reads the zoo the ledger
+    keeps (a carried copy), not the one it was trained into. A new ledger without its commit, units of two code
+    versions, a damaged piece or zoo and a run folder of another config are refused."""
     from funsim.experiments import ledger as L
+    from funsim.models import zoo as mzoo
     root, run = tiny
     cfg = S.config_from_dict(TINY)
     book = tmp_path / "ledger"
 
-    def machine(name):
+    def machine(name, zoo=True):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "zoo").symlink_to(root / "zoo")
+        if zoo:
+            (tmp_path / name / "zoo").symlink_to(root / "zoo")
         return tmp_path / name, tmp_path / name / "similarity_study" / "tiny"
 
     real, calls = S._stitch_target, []
@@ -576,8 +579,13 @@ def test_a_ledger_keeps_a_study_across_machines(tiny, tmp_path, monkeypatch):
     e1 = L.record(book, m1, device="this CPU", commit="c0ffee", seconds=1.5)
     assert (e1["file"], len(e1["units"])) == ("piece-001.tar.xz", n1)
     assert L.record(book, m1, device="this CPU") == {"units": []}
-    r2, m2 = machine("m2")
+    mzoo.carry_zoo(root / "zoo" / "tiny", tmp_path / "carried" / "tiny")
+    assert L.record_zoo(book, tmp_path / "carried" / "tiny")["file"] == "zoo.tar.xz"
+    with pytest.raises(L.LedgerError, match="keeps its zoo already"):
+        L.record_zoo(book, tmp_path / "carried" / "tiny")
+    r2, m2 = machine("m2", zoo=False)
     assert L.restore(book, m2) == {"restored": n1, "kept": 0}
+    assert L.restore_zoo(book, r2 / "zoo") == r2 / "zoo" / "tiny"
     S.run(cfg, root=r2, progress=False, log=lambda s: None)
     assert cli.main(["ledger", "record", str(book), "--run", str(m2), "--device", "another CPU"]) == 0
     book_json = json.loads((book / "ledger.json").read_text())
@@ -611,6 +619,9 @@ def test_a_ledger_keeps_a_study_across_machines(tiny, tmp_path, monkeypatch):
     with pytest.raises(L.LedgerError, match=f"The ledger's piece {piece} is damaged"):
         L.restore(book, tmp_path / "m5")
     assert not (tmp_path / "m5").exists()  # nothing written
+    (book / "zoo.tar.xz").write_bytes((book / "zoo.tar.xz").read_bytes()[:-10])
+    with pytest.raises(L.LedgerError, match="The ledger's zoo .*zoo.tar.xz is missing or damaged"):
+        L.restore_zoo(book, tmp_path / "m5")
 
 
 def test_device_study_script_packs_units_that_merge_here(tiny, tmp_path):
