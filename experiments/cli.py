@@ -13,8 +13,8 @@ A subcommand that needs no JAX (``launch``) is one module, named twice.
 
 Mistakes a user can fix are printed as one line, ``funsim COMMAND: error: ...``,
 without a traceback: a bad ``--config`` or ``--set`` (exit status 2, as argparse's own errors),
-a run folder in use by another run, or a damaged result file or checkpoint (exit
-status 1); each message names the file and the fix. Ctrl-C prints one line with the command
+a run folder in use by another run, a damaged result file or checkpoint, or a resume refused
+because the saved setup differs (exit status 1); each message names the file and the fix. Ctrl-C prints one line with the command
 that resumes the run, and exits with status 130.
 
 A subcommand whose arguments module sets ``SUPPORTS_MULTIPROCESS = True`` first joins the
@@ -102,7 +102,7 @@ def _user_error_status(e: BaseException) -> int | None:
     xio, models_io = sys.modules.get("funsim.experiments.io"), sys.modules.get("funsim.models.io")
     if xio is not None and isinstance(e, xio.RunLockedError):
         return 1
-    if models_io is not None and isinstance(e, models_io.DamagedFileError):
+    if models_io is not None and isinstance(e, (models_io.DamagedFileError, models_io.SetupMismatchError)):
         return 1
     return None
 

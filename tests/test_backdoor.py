@@ -170,11 +170,13 @@ def test_backdoor_smoke_end_to_end(tmp_path, capsys, monkeypatch):
     assert cli.main(args) == 0
     assert "resumed at step 120" in capsys.readouterr().out
     assert json.loads((out / "metrics.json").read_text())["block_gap"] == m["block_gap"]
-    # a changed config is refused
+    # a changed config is refused: one error line naming the difference, exit status 1
     p = tmp_path / "other.json"
     p.write_text(json.dumps({**json.loads((out / "config.json").read_text()), "poison_rate": 0.2}))
-    with pytest.raises(ValueError, match="poison_rate: saved 0.1, now 0.2"):
-        cli.main(["backdoor", "--config", str(p), "--run", "smoke", "--no-progress", "--root", str(tmp_path)])
+    capsys.readouterr()
+    assert cli.main(["backdoor", "--config", str(p), "--run", "smoke", "--no-progress", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("funsim backdoor: error: ") and "poison_rate: saved 0.1, now 0.2" in err, err
 
 
 def _network_at(out, cfg, input_shape, steps, i):

@@ -500,7 +500,7 @@ def test_units_from_another_machine_merge_and_the_run_resumes_to_the_same_table(
     assert pack.name == "digits.npz"
 
 
-def test_units_of_other_code_or_other_trained_models_are_refused_on_resume_and_merge(tiny, tmp_path):
+def test_units_of_other_code_or_other_trained_models_are_refused_on_resume_and_merge(tiny, tmp_path, capsys):
     """Every unit records the code and the zoo's weights that computed it. A resumed run passes its own units and
     refuses, naming the unit and both versions, one computed by other code or from other weights (a zoo retrained
     to other bits, or a unit from before units recorded their zoo); so does a merge. The zoo's version is a
@@ -528,6 +528,14 @@ def test_units_of_other_code_or_other_trained_models_are_refused_on_resume_and_m
         unit.write_text(json.dumps({**json.loads(saved), **edit}))
         with pytest.raises(SetupMismatchError, match=f"Refusing to resume {mine}: 1 of its digits units .*\n  {unit}: {why}"):
             S.run(cfg, root=tmp_path, progress=False, log=lambda s: None)
+        if "code" in edit:  # the command line prints it as one error line, with no traceback, status 1
+            (tmp_path / "tiny.json").write_text(json.dumps(TINY))
+            capsys.readouterr()
+            assert cli.main(["similarity-study", "--config", str(tmp_path / "tiny.json"), "--root", str(tmp_path),
+                             "--no-progress"]) == 1
+            err = capsys.readouterr().err
+            assert err.startswith(f"funsim similarity-study: error: Refusing to resume {mine}: 1 of its digits "
+                                  "units") and str(unit) in err and "Traceback" not in err, err
         if "zoo" in edit:  # the merge reads this tree's zoo and refuses the unit too, copying nothing
             with pytest.raises(SetupMismatchError, match=f"1 units were computed from other inputs.*\n  {unit}: {why}"):
                 S.merge(mine, cfg, root=tmp_path, run_name="merged")
