@@ -179,6 +179,9 @@ def record(ledger: str | os.PathLike, run: str | os.PathLike, *, device: str, co
     for ds, v in (book or {}).get("zoo", {}).items():
         zoo.setdefault(ds, set()).add(v)
     problems = []
+    if unversioned := sorted(n for n, u in read.items() if not (isinstance(u, dict) and u.get("code") and u.get("zoo"))):
+        problems.append(f"{len(unversioned)} units record no code or zoo version (computed before units recorded "
+                        f"both), e.g. {run / unversioned[0]}")
     if book and book["config"] != config:
         problems.append(f"the run's config differs from the ledger's ({run / 'config.json'} against {ledger / LEDGER})")
     if len(code) > 1:
@@ -242,7 +245,8 @@ def restore(ledger: str | os.PathLike, run: str | os.PathLike) -> dict[str, int]
                               f"{ledger / LEDGER}. Restore it from version control (git checkout -- {path}).")
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
             for m in tar.getmembers():
-                if m.name not in p["units"] or not m.isfile():
+                parts = pathlib.PurePosixPath(m.name).parts
+                if m.name not in p["units"] or not m.isfile() or parts[0] not in ("pairs", "stitch") or ".." in parts:
                     raise LedgerError(f"The ledger's piece {path} holds {m.name!r}, which its entry does not list.")
                 files[m.name] = tar.extractfile(m).read()
     clash = [n for n, d in files.items() if (run / n).is_file() and (run / n).read_bytes() != d]

@@ -617,6 +617,9 @@ def test_a_ledger_keeps_a_study_across_machines(tiny, tmp_path, monkeypatch):
     unit.write_text(json.dumps({**json.loads(unit.read_text()), "code": "0123456789abcdef"}))
     with pytest.raises(L.LedgerError, match=r"units of 2 code versions \['0123456789abcdef', '"):
         L.record(book, m2, device="x")
+    unit.write_text(json.dumps({k: v for k, v in json.loads(unit.read_text()).items() if k != "zoo"}))
+    with pytest.raises(L.LedgerError, match=f"1 units record no code or zoo version .*, e.g. {unit}"):
+        L.record(book, m2, device="x")
     other = {**json.loads((m3 / "config.json").read_text()), "n_rows": 7}
     (tmp_path / "m4").mkdir()
     (tmp_path / "m4" / "config.json").write_text(json.dumps(other))
