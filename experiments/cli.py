@@ -14,8 +14,8 @@ A subcommand that needs no JAX (``launch``) is one module, named twice.
 Mistakes a user can fix are printed as one line, ``funsim COMMAND: error: ...``,
 without a traceback: a bad ``--config`` or ``--set`` (exit status 2, as argparse's own errors),
 a run folder in use by another run, a damaged result file or checkpoint, or a resume refused
-because the saved setup differs (exit status 1); each message names the file and the fix. Ctrl-C prints one line with the command
-that resumes the run, and exits with status 130.
+because the saved setup differs (exit status 1); each message names the file and the fix.
+Ctrl-C prints one line with the command that resumes the run, and exits with status 130.
 
 A subcommand whose arguments module sets ``SUPPORTS_MULTIPROCESS = True`` first joins the
 multi-process run it belongs to (``distributed.initialize()``: ``funsim launch``,

@@ -32,6 +32,7 @@ import io
 import json
 import os
 import pathlib
+import sys
 import tarfile
 import tempfile
 
@@ -135,7 +136,8 @@ def restore_zoo(ledger: str | os.PathLike, dst: str | os.PathLike) -> pathlib.Pa
     book = _load(ledger)
     entry = (book or {}).get("zoo_archive")
     if entry is None:
-        raise LedgerError(f"The ledger {ledger} keeps no zoo: retrain it with the command in its notes.")
+        raise LedgerError(f"The ledger {ledger} keeps no zoo: retrain the zoo by the command that trained it (the "
+                          "resumed study checks its weights against the zoo version every unit records).")
     data = (ledger / entry["file"]).read_bytes() if (ledger / entry["file"]).is_file() else b""
     if _sha256(data) != entry["sha256"]:
         raise LedgerError(f"The ledger's zoo {ledger / entry['file']} is missing or damaged: its SHA-256 differs from "
@@ -265,11 +267,15 @@ def restore(ledger: str | os.PathLike, run: str | os.PathLike) -> dict[str, int]
 
 
 def status(ledger: str | os.PathLike) -> str:
-    """A few lines: the run, its commit, the pieces (units, machine, seconds) and the next command."""
+    """A few lines: the run, its commit, the pieces (units, machine, seconds) and the next command.
+
+    Raises:
+      LedgerError: no ledger at ``ledger``.
+    """
     ledger = pathlib.Path(ledger)
     book = _load(ledger)
     if book is None:
-        return f"No ledger at {ledger / LEDGER}."
+        raise LedgerError(f"No ledger at {ledger / LEDGER}.")
     lines = [f"{ledger}: run {book['run']!r} ({book['experiment']}), code {book['code']} of commit {book['commit']}, "
              f"zoo {book['zoo']}, {len(_recorded(book))} units in {len(book['pieces'])} pieces:"]
     for p in book["pieces"]:
@@ -318,6 +324,6 @@ def main(args: argparse.Namespace) -> int:
                 print(f"restored the zoo into {restore_zoo(args.ledger, args.zoo_into)}")
         print(status(args.ledger))
     except LedgerError as e:
-        print(f"funsim ledger: error: {e}")
+        print(f"funsim ledger: error: {e}", file=sys.stderr)
         return 1
     return 0
