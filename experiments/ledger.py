@@ -103,8 +103,9 @@ def _pack(root: pathlib.Path, names: list[str]) -> bytes:
 
 
 def record_zoo(ledger: str | os.PathLike, zoo: str | os.PathLike) -> dict:
-    """Keep the zoo the ledger's units were computed from: ``zoo``, a :func:`funsim.models.zoo.carry_zoo` copy,
-    packed as ``zoo.tar.xz`` (once; its SHA-256 and its data sets' versions in ``ledger.json``).
+    """Keep the zoo the ledger's units were computed from: ``zoo``, a :func:`funsim.models.zoo.carry_zoo` copy
+    whose folder name is the zoo's run name (the study's ``zoo``), packed as ``zoo.tar.xz`` (once; its SHA-256 in
+    ``ledger.json``).
 
     The weights are not compared with the units' zoo version here (this module reads files only): a study
     resumed on the restored zoo does that, and refuses units of other weights.
@@ -121,6 +122,9 @@ def record_zoo(ledger: str | os.PathLike, zoo: str | os.PathLike) -> dict:
     if not (zoo / "zoo.json").is_file() or not any(zoo.glob("data/*.npz")):
         raise LedgerError(f"{zoo} is not a carried zoo (zoo.json and data/*.npz): make one with "
                           "funsim.models.zoo.carry_zoo(TRAINED_ZOO, DIR, datasets=...).")
+    if (want := book["config"].get("zoo")) and zoo.name != want:
+        raise LedgerError(f"The carried zoo {zoo} is restored by its folder's name, {zoo.name!r}, but the run reads the "
+                          f"zoo {want!r}: carry it into a folder named {want!r}.")
     names = sorted(f.relative_to(zoo).as_posix() for f in zoo.rglob("*") if f.is_file())
     data = _pack(zoo, names)
     entry = {"file": "zoo.tar.xz", "sha256": _sha256(data), "bytes": len(data), "name": zoo.name}
@@ -285,9 +289,9 @@ def status(ledger: str | os.PathLike) -> str:
     if "zoo_archive" in book:
         lines.append(f"  zoo: {book['zoo_archive']['file']} ({book['zoo_archive']['bytes']} bytes, zoo "
                      f"{book['zoo_archive']['name']!r})")
-    zoo = "--zoo-into RESULTS/zoo " if "zoo_archive" in book else ""
+    zoo = " --zoo-into RESULTS/zoo" if "zoo_archive" in book else ""
     lines.append(f"Continue: `git worktree add /tmp/pin {book['commit']}`, `funsim ledger restore {ledger} --run "
-                 f"RESULTS/similarity_study/{book['run']} {zoo}`" + ("" if zoo else " and retrain the same zoo")
+                 f"RESULTS/similarity_study/{book['run']}{zoo}`" + ("" if zoo else " and retrain the same zoo")
                  + ", then run the study with that tree (docs/gpu.md, \"A ledger\").")
     return "\n".join(lines)
 

@@ -588,6 +588,9 @@ def test_a_ledger_keeps_a_study_across_machines(tiny, tmp_path, monkeypatch):
     assert (e1["file"], len(e1["units"])) == ("piece-001.tar.xz", n1)
     assert L.record(book, m1, device="this CPU") == {"units": []}
     mzoo.carry_zoo(root / "zoo" / "tiny", tmp_path / "carried" / "tiny")
+    (tmp_path / "misnamed").symlink_to(tmp_path / "carried" / "tiny")
+    with pytest.raises(L.LedgerError, match="restored by its folder's name, 'misnamed', but the run reads the zoo 'tiny'"):
+        L.record_zoo(book, tmp_path / "misnamed")
     assert L.record_zoo(book, tmp_path / "carried" / "tiny")["file"] == "zoo.tar.xz"
     with pytest.raises(L.LedgerError, match="keeps its zoo already"):
         L.record_zoo(book, tmp_path / "carried" / "tiny")

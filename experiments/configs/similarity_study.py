@@ -223,11 +223,11 @@ _UNSATURATED = dataclasses.replace(
     stitch_train_rows=200, stitch_train_rows_by_dataset=("digits=100",))
 # The authors' protocol for claim 1: they stitch every source block into every target block; the
 # depth tolerance of `unsaturated` (0.15) drops the depth-mismatched pairs, where asymmetry lives.
-# The rules are RULES, unchanged, committed with this config before any run of it. Its first run (digits, the
-# default zoo, 2026-12-07, with the Stiefel stitchers and width buckets; stopped after 4 of 40 target layers for
-# other work, it resumes): grid 1.5 min, then each target layer of the two seeds of an architecture takes every
-# one of the 80 source layers through three families and three tasks: 5.0 min for a 64-wide dense layer, 1.4 min
-# for 10-wide logits, over 16 min (unfinished) for a 256-wide one, on this 2-core CPU at load about 2.
+# The rules are RULES, unchanged, committed with this config before any run of it. Its digits run (the default
+# zoo, from 2026-12-07) is kept in experiments/ledger/authors_protocol-digits/ and continues across machines: each
+# target layer of the two seeds of an architecture takes every one of the 80 source layers through three families
+# and three tasks: 5.0 min for a 64-wide dense layer at load about 2 on this 2-core CPU, 1.4 min for 10-wide
+# logits, over 40 min for a 256-wide one at load 3-5.
 _AUTHORS = dataclasses.replace(_UNSATURATED, name="authors_protocol", depth_tolerance=1.0,
                                spatial_scores=("orthogonal", "scaled_orthogonal", "affine"))
 # Claim 3 on the paper code's MLPs (zoo `authors_mlp`: its LinearNet with BatchNorm and dropout at its five
