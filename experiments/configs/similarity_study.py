@@ -227,7 +227,7 @@ _UNSATURATED = dataclasses.replace(
 # zoo, from 2026-12-07) is kept in experiments/ledger/authors_protocol-digits/ and continues across machines: each
 # target layer of the two seeds of an architecture takes every one of the 80 source layers through three families
 # and three tasks: 5.0 min for a 64-wide dense layer at load about 2 on this 2-core CPU, 1.4 min for 10-wide
-# logits, over 40 min for a 256-wide one at load 3-5.
+# logits, about 35 min for a 256-wide one at load 2-5.
 _AUTHORS = dataclasses.replace(_UNSATURATED, name="authors_protocol", depth_tolerance=1.0,
                                spatial_scores=("orthogonal", "scaled_orthogonal", "affine"))
 # Claim 3 on the paper code's MLPs (zoo `authors_mlp`: its LinearNet with BatchNorm and dropout at its five
