@@ -313,7 +313,7 @@ def _model_pairs(models: list) -> list[tuple]:
 
 
 def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pathlib.Path, log,
-                progress: bool = False, version: dict | None = None) -> dict:
+                progress: bool, version: dict) -> dict:
     """Compare every model pair of ``ds`` (skipping the pairs already written); returns timings. Each unit
     records ``version`` (:func:`_version`)."""
     pdir = out / "pairs" / ds
@@ -360,7 +360,7 @@ def _grid_stage(ds: str, models: list, x: np.ndarray, cfg: StudyConfig, out: pat
         if (a.id, b.id) not in mine:
             continue
         write_json_atomic(pdir / f"{_slug(a.id)}__{_slug(b.id)}.json",
-                          {"model_a": a.id, "model_b": b.id, **(version or _version(models)),
+                          {"model_a": a.id, "model_b": b.id, **version,
                            "rows": _pair_rows(ds, a, b, index, tables, cfg, spatial)})
     return {"pairs": len(pairs), "computed": len(todo), "seconds": round(time.time() - t0, 1), "units": units,
             "undefined": undefined}
@@ -436,7 +436,9 @@ def _stitch_target(ds: str, lt: str, srcs: list, targets: list, order: dict, fea
 
 
 def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyConfig, out: pathlib.Path, log,
-                  progress: bool, version: dict | None = None) -> dict:
+                  progress: bool, version: dict) -> dict:
+    """Train every stitching target of ``ds`` (skipping the units already written); returns timings. Each unit
+    records ``version`` (:func:`_version`)."""
     targets_all = _stitch_targets(models, cfg)
     groupings = {g: tuple(int(c) for c in manifest_ds["coarse"][g]["map"])
                  for g in cfg.coarse_groupings if g in manifest_ds.get("coarse", {})
@@ -458,7 +460,6 @@ def _stitch_stage(ds: str, models: list, zdata, manifest_ds: dict, cfg: StudyCon
     n_todo = sum(len(fams) for *_, fams in todo)
     n_pairs = sum(len(s) for _, _, _, s in jobs)
     units = [path(t, *job[:3]) for job in jobs for t in tasks]
-    version = version or _version(models)
     if not todo:
         log(f"      {ds}: all {len(jobs)} stitching targets done before")
         return {"targets": len(jobs), "computed": 0, "seconds": 0.0, "source_target_pairs": n_pairs, "units": units}

@@ -24,6 +24,23 @@ class Crash(Exception):
     """A simulated interruption (a killed process) in the middle of a study."""
 
 
+def _run_cut_off(monkeypatch, cfg, **kw):
+    """``S.run(cfg, **kw)`` interrupted (a simulated kill) as it starts its second stitching target: the grid's
+    units and the first target's are written. ``S._stitch_target`` is itself again afterwards."""
+    real, calls = S._stitch_target, []
+
+    def crashing(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Crash("the run was cut off")
+        return real(*a, **k)
+
+    monkeypatch.setattr(S, "_stitch_target", crashing)
+    with pytest.raises(Crash):
+        S.run(cfg, progress=False, log=lambda s: None, **kw)
+    monkeypatch.setattr(S, "_stitch_target", real)
+
+
 # A smaller study than the smoke config, for the default suite (compilation dominates at this size):
 # the smoke zoo's linear and MLP models, linear CKA beside the three families, and task-loss
 # stitching of the layers at equal relative depth (the logits). The full smoke config runs in the
@@ -164,24 +181,13 @@ def test_coarsened_predictions_are_at_least_as_accurate_per_pair(tiny):
 def test_interrupted_study_resumes_to_the_same_table(tiny, monkeypatch):
     root, run = tiny
     cfg = S.config_from_dict(TINY)
-    real, calls = S._stitch_target, []
-
-    def crashing(*a, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            raise Crash("simulated interruption")
-        return real(*a, **kw)
-
-    monkeypatch.setattr(S, "_stitch_target", crashing)
-    with pytest.raises(Crash):
-        S.run(cfg, root=root, run_name="resumed", progress=False, log=lambda s: None)
+    _run_cut_off(monkeypatch, cfg, root=root, run_name="resumed")
     out = root / "similarity_study" / "resumed"
     assert len(list((out / "pairs" / "digits").glob("*.json"))) == 6  # the grid was written pair by pair
     # one stitching target, three tasks: fine, coarse (summed softmax), coarse (new head: an empty unit
     # here, since the linear model's logits have no penultimate stage after them)
     assert len(list((out / "stitch").rglob("*.json"))) == 3
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if p.parent.name != "resumed"}
-    monkeypatch.setattr(S, "_stitch_target", real)
     # the resumed run near the memory-mapping limit: it releases the compiled programs before its target
     from funsim.experiments import jit_memory as M
     released, clear = [], jax.clear_caches
@@ -465,17 +471,7 @@ def test_units_from_another_machine_merge_and_the_run_resumes_to_the_same_table(
     for g in here.coarse:
         np.testing.assert_array_equal(packed.coarse[g].y_test, here.coarse[g].y_test)
     cfg = S.config_from_dict(TINY)
-    real, calls = S._stitch_target, []
-
-    def crashing(*a, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            raise Crash("the device run's time is up")
-        return real(*a, **kw)
-
-    monkeypatch.setattr(S, "_stitch_target", crashing)
-    with pytest.raises(Crash):
-        S.run(cfg, root=device, progress=False, log=lambda s: None)
+    _run_cut_off(monkeypatch, cfg, root=device)  # the device run's time is up
     monkeypatch.undo()
     src = device / "similarity_study" / "tiny"
     (tmp_path / "tiny.json").write_text(json.dumps(TINY))
@@ -567,19 +563,8 @@ def test_a_ledger_keeps_a_study_across_machines(tiny, tmp_path, monkeypatch):
             (tmp_path / name / "zoo").symlink_to(root / "zoo")
         return tmp_path / name, tmp_path / name / "similarity_study" / "tiny"
 
-    real, calls = S._stitch_target, []
-
-    def crashing(*a, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            raise Crash("this machine's time is up")
-        return real(*a, **kw)
-
     r1, m1 = machine("m1")
-    monkeypatch.setattr(S, "_stitch_target", crashing)
-    with pytest.raises(Crash):
-        S.run(cfg, root=r1, progress=False, log=lambda s: None)
-    monkeypatch.undo()
+    _run_cut_off(monkeypatch, cfg, root=r1)  # this machine's time is up
     n1 = len(L._units(m1))
     assert 6 < n1 < 15  # the 6 model pairs' grids and the first target's units
     with pytest.raises(L.LedgerError, match="a new ledger needs --commit"):
