@@ -149,6 +149,11 @@ def fit_stitchers(
     widths and families it mixes (with several families each problem's fit is
     selected from all of them, computed side by side). Padding and slicing run
     on the host (NumPy), so no small program is compiled per width either.
+    Where the padded source has more features than there are rows (wide
+    sources, few rows), the affine fit is solved in the span of the rows
+    (a QR of the rows, ``O(n^2 d)``), not on the ``d x d`` normal equations:
+    the same ridge fit, so ``ridge > 0`` is still needed for a source that
+    itself has at least as many features as rows.
 
     ``bucket`` (kept, with a new meaning): with ``True`` (default) the padded
     widths and the number of problems are rounded up the ladder 1, 2, 3, 4, 6, 8,

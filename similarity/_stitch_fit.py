@@ -742,6 +742,34 @@ def _norm(zc, c, normalize):
     return jnp.where(normalize, jnp.sqrt(jnp.sum(zc * zc)), 1.0 / c)
 
 
+def _affine_in_row_span(u: jax.Array, v: jax.Array, mask_src: jax.Array | None, ridge) -> jax.Array:
+    """The affine fit of ``v`` on ``u`` with fewer rows than features, in the span of the rows.
+
+    With the thin QR ``U^T = Q R`` (``Q`` ``(d, n)`` orthonormal, ``R`` ``(n, n)``), ``G = U^T U = Q (R R^T) Q^T``
+    and ``C = U^T V = Q (R V)``, so ``(G + ridge I) W = C`` is solved by ``W = Q B`` with
+    ``(R R^T + ridge I) B = R V``: :func:`fit_from_moments` (its shift, ``10 eps tr G``, and its refinement)
+    on the ``n`` coordinates that ``Q`` spans. The same fit as on the ``d`` features (exactly so in exact
+    arithmetic, where the ridge is above 0 or the rows span every real feature), for ``O(n^2 d)`` work and
+    memory ``O(n d)``, where the normal equations take ``O(n d^2 + d^3)`` and a ``(d, d)`` matrix (a source of
+    2,048 features and 100 rows: about 40x less arithmetic). Directions that no row spans get weight 0
+    (the normal equations put rounding there, divided by the shift). ``mask_src`` zeroes the padded
+    features' weights.
+
+    Args:
+      u, v: ``(n, d)`` and ``(n, d2)``, the normalised centred rows, ``n < d``.
+      mask_src: ``(d,)`` 1 on real features (None: all real).
+      ridge: ``()`` the ridge (may be traced).
+
+    Returns:
+      ``(d, d2)`` weights.
+    """
+    q, r = _qr(u.T)  # (d, n), (n, n)
+    b, _ = fit_from_moments(jnp.einsum("ik,jk->ij", r, r), jnp.einsum("ik,kj->ij", r, v), family="affine",
+                            ridge=ridge)
+    w = jnp.einsum("ik,kj->ij", q, b)
+    return w if mask_src is None else w * mask_src.astype(w.dtype)[:, None]
+
+
 def fit_impl(x, y, mask_src, *, family, ridge, normalize):
     cx, cy = pow2_scale(x), pow2_scale(y)  # exact; the sums of squares of x / c cannot overflow
     mx, my = jnp.mean(x / cx, axis=0), jnp.mean(y / cy, axis=0)
@@ -754,9 +782,12 @@ def fit_impl(x, y, mask_src, *, family, ridge, normalize):
     # equations here (the scores go through AffineRoots): through a QR its float32 predictions were 10-25x
     # closer to float64 on a source of moment condition 1e5, but 64 fits took 40% longer on the CPU and
     # the weights of a duplicated column split unevenly (0.45 / 0.29 where these give 0.37 / 0.37).
-    gram = jnp.einsum("ni,nj->ij", u, u) if family == "affine" else jnp.sum(u * u)
-    cross = jnp.einsum("ni,nj->ij", u, v)
-    w, s = fit_from_moments(gram, cross, family=family, ridge=ridge, mask_src=mask_src)
+    if family == "affine" and u.shape[0] < u.shape[1]:  # more (padded) features than rows
+        w, s = _affine_in_row_span(u, v, mask_src, ridge), one
+    else:
+        gram = jnp.einsum("ni,nj->ij", u, u) if family == "affine" else jnp.sum(u * u)
+        cross = jnp.einsum("ni,nj->ij", u, v)
+        w, s = fit_from_moments(gram, cross, family=family, ridge=ridge, mask_src=mask_src)
     ratio = ny / nx
     if family == "affine":
         weight, scale = w * ratio, one

@@ -384,6 +384,77 @@ def test_fit_stitchers_one_family_per_problem(rng, stacked):
         fit_stitchers(list(xs), list(ys), family=fams[:2])
 
 
+# ------------------------------------------------------------------ more features than rows: the rows' span
+
+
+def _ridge_ref(x, y, ridge):
+    """The normalised affine ridge fit on the d features, float64 NumPy: ``(weight, bias)`` of the raw map."""
+    mx, my = x.mean(0), y.mean(0)
+    nx, ny = np.linalg.norm(x - mx), np.linalg.norm(y - my)
+    u, v = (x - mx) / nx, (y - my) / ny
+    w = np.linalg.solve(u.T @ u + ridge * np.eye(x.shape[1]), u.T @ v) * (ny / nx)
+    return w, my - mx @ w
+
+
+@pytest.mark.parametrize("n,d", [(12, 40), (30, 31), (8, 300)])
+def test_affine_with_more_features_than_rows_matches_the_ridge_normal_equations(rng, n, d):
+    x, y = _data(rng, n, d, 5)
+    for ridge in (1e-6, 1e-2, 3.0):
+        s = fit_stitcher(x, y, family="affine", ridge=ridge)
+        w, b = _ridge_ref(x, y, ridge)
+        scale = np.abs(w).max()
+        np.testing.assert_allclose(s.weight, w, atol=1e-8 * scale)
+        np.testing.assert_allclose(s.bias, b, atol=1e-8 * (np.abs(b).max() + scale * np.abs(x).max()))
+        # the weights lie in the span of the centred rows (the ridge solution does, for any ridge > 0)
+        xc = x - x.mean(0)
+        resid = s.weight - np.linalg.pinv(xc) @ (xc @ s.weight)
+        assert np.abs(resid).max() <= 1e-8 * scale
+
+
+def test_a_narrow_source_padded_past_the_rows_keeps_its_fit(rng):
+    """In a batch padded to more features than rows, a narrow source at ridge 0 keeps its least-squares fit
+    and exact zeros nowhere else: only the wide source needs the ridge."""
+    n = 20
+    (xn, yn), (xw, yw) = _data(rng, n, 6, 3), _data(rng, n, 64, 3)
+    batch = fit_stitchers([xn, xw], [yn, yw], family="affine", ridge=[0.0, 0.1])
+    assert batch[0].weight.shape == (6, 3) and batch[1].weight.shape == (64, 3)
+    lr = LinearRegression().fit(xn, yn)
+    np.testing.assert_allclose(batch[0].weight, lr.coef_.T, atol=1e-9)
+    np.testing.assert_allclose(batch[0].bias, lr.intercept_, atol=1e-9)
+    w, b = _ridge_ref(xw, yw, 0.1)
+    np.testing.assert_allclose(batch[1].weight, w, atol=1e-10)
+    np.testing.assert_allclose(batch[1].bias, b, atol=1e-9)
+    # the same problems one at a time, unpadded (the narrow one on its normal equations)
+    for s, x, y, r in zip(batch, (xn, xw), (yn, yw), (0.0, 0.1)):
+        ref = fit_stitcher(x, y, family="affine", ridge=r)
+        np.testing.assert_allclose(s.weight, ref.weight, atol=1e-9)
+
+
+def test_wide_affine_fit_is_rotation_equivariant_and_exact_on_a_dead_or_duplicated_feature(rng):
+    x, y = _data(rng, 15, 40, 4)
+    s = fit_stitcher(x, y, family="affine", ridge=0.05)
+    q = _orth(rng, 40)
+    sq = fit_stitcher(x @ q, y, family="affine", ridge=0.05)  # W -> Q^T W: the same predictions
+    np.testing.assert_allclose(sq.weight, q.T @ s.weight, atol=1e-10)
+    np.testing.assert_allclose(apply_stitcher(sq, x @ q), apply_stitcher(s, x), atol=1e-10)
+    x2 = np.concatenate([x, np.zeros((15, 1)), x[:, :1]], axis=1)  # a dead unit and a duplicated column
+    s2 = fit_stitcher(x2, y, family="affine", ridge=0.05)
+    w, b = _ridge_ref(x2, y, 0.05)
+    np.testing.assert_allclose(s2.weight, w, atol=1e-10)
+    assert s2.weight[40].tolist() == [0.0] * 4  # the dead unit: no row spans it
+    np.testing.assert_allclose(s2.weight[41], s2.weight[0], atol=1e-12)  # the duplicates share evenly
+
+
+@given(n=st.integers(4, 20), extra=st.integers(1, 60), log_ridge=st.floats(-4, 1), seed=st.integers(0, 2**16))
+def test_wide_affine_fit_property(n, extra, log_ridge, seed):
+    r = np.random.default_rng(seed)
+    x, y = r.normal(size=(n, n + extra)), r.normal(size=(n, 3))
+    s = fit_stitcher(x, y, family="affine", ridge=10.0**log_ridge)
+    w, b = _ridge_ref(x, y, 10.0**log_ridge)
+    np.testing.assert_allclose(s.weight, w, atol=1e-7 * (1 + np.abs(w).max()))
+    np.testing.assert_allclose(s.bias, b, atol=1e-7 * (1 + np.abs(b).max() + np.abs(w).max() * np.abs(x).max()))
+
+
 def test_public_reexports():
     for name in ("fit_stitcher", "fit_stitchers", "reconstruction_score", "stitching_asymmetry"):
         assert getattr(sim, name) is globals()[name]
