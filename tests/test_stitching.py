@@ -445,6 +445,17 @@ def test_wide_affine_fit_is_rotation_equivariant_and_exact_on_a_dead_or_duplicat
     np.testing.assert_allclose(s2.weight[41], s2.weight[0], atol=1e-12)  # the duplicates share evenly
 
 
+def test_wide_affine_fit_gradient_matches_finite_differences(rng):
+    """The rows'-span fit differentiates through a QR of centred rows (rank n - 1): finite, and equal to a
+    central difference."""
+    x, y = rng.normal(size=(10, 30)), rng.normal(size=(10, 3))
+    f = lambda z: jnp.sum(jnp.sin(fit_stitcher(z, y, family="affine", ridge=0.1).weight))  # noqa: E731
+    g = np.asarray(jax.grad(f)(jnp.asarray(x)))
+    assert np.all(np.isfinite(g))
+    d, e = rng.normal(size=x.shape), 1e-6
+    np.testing.assert_allclose(np.sum(g * d), (f(x + e * d) - f(x - e * d)) / (2 * e), rtol=1e-6)
+
+
 @given(n=st.integers(4, 20), extra=st.integers(1, 60), log_ridge=st.floats(-4, 1), seed=st.integers(0, 2**16))
 def test_wide_affine_fit_property(n, extra, log_ridge, seed):
     r = np.random.default_rng(seed)
