@@ -781,7 +781,9 @@ def fit_impl(x, y, mask_src, *, family, ridge, normalize):
     # the orthogonal families only need tr(U^T U), not the Gram matrix. The affine fit stays on the normal
     # equations here (the scores go through AffineRoots): through a QR its float32 predictions were 10-25x
     # closer to float64 on a source of moment condition 1e5, but 64 fits took 40% longer on the CPU and
-    # the weights of a duplicated column split unevenly (0.45 / 0.29 where these give 0.37 / 0.37).
+    # the weights of a duplicated column split unevenly (0.45 / 0.29 where these give 0.37 / 0.37). With more
+    # (padded) features than rows the affine fit goes through a QR of the rows (_affine_in_row_span): there the
+    # normal equations would be a (d, d) system for n rows' information.
     if family == "affine" and u.shape[0] < u.shape[1]:  # more (padded) features than rows
         w, s = _affine_in_row_span(u, v, mask_src, ridge), one
     else:
