@@ -1,6 +1,6 @@
 """Benchmark: task-loss stitchers, batched vs one by one, a layer-pair sweep's compilations, wide sources.
 
-Run: ``python -m benchmarks.bench_task_stitch [--quick] [--before REV] [--only batched sweep cayley]``.
+Run: ``python -m benchmarks.bench_task_stitch [--quick] [--before REV] [--only batched sweep cayley buckets]``.
 
 1. K = 16 stitchers into one target layer (a frozen ``d -> 64 tanh -> 10``
    tail, a module-level function of its weights), each source a random
@@ -30,6 +30,14 @@ Run: ``python -m benchmarks.bench_task_stitch [--quick] [--before REV] [--only b
    orthonormality show that both train equally well (the two parametrisations take different paths,
    so the stitchers themselves differ). Then the same sources once per family (orthogonal, scaled
    orthogonal, affine: 12 stitchers) in one call, as the similarity study trains them.
+
+4. Width buckets halving or quartering (``--only buckets``): the `authors_protocol` study's dense
+   targets on digits, synthetically: 80 sources of the digits zoo's widths (10 to 2,048 features, the
+   flattened conv maps among them) into a 256-wide layer of two stacked frozen ``256 -> 10`` tails,
+   n = 100, one orthogonal family, closed-form start, full-batch Adam. Each ladder ratio (2: the CPU's,
+   4: an accelerator's) runs in a fresh process, at 5 and at 25 steps, first call and warm call each;
+   the time of a step is the warm difference over the 20 extra steps, and the compile time is the
+   first call minus the warm one.
 """
 
 from __future__ import annotations
@@ -54,6 +62,11 @@ SWEEP = dict(full=dict(n=1000, width=32, steps=200, batch=128),
              quick=dict(n=256, width=16, steps=20, batch=64))
 CAYLEY = dict(full=dict(n=1200, widths=(64, 256, 512, 1024), steps=50),
               quick=dict(n=200, widths=(16, 64, 128), steps=10))
+# the digits zoo's layers flattened, as the authors_protocol study stitches them into a dense layer
+_DIGITS_WIDTHS = ((2048, 2), (1024, 2), (512, 10), (384, 2), (256, 14), (192, 2), (128, 12), (96, 2), (64, 14),
+                  (32, 4), (10, 16))
+BUCKETS = dict(full=dict(n=100, widths=tuple(w for w, c in _DIGITS_WIDTHS for _ in range(c)), d_tgt=256, steps=(5, 25)),
+               quick=dict(n=60, widths=(256, 128, 64, 64, 32, 10), d_tgt=64, steps=(2, 6)))
 
 
 # ---------------------------------------------------------------------------
@@ -293,23 +306,82 @@ def _cayley_table(quick: bool, before: str | None) -> str:
         for name, r in rows)
 
 
+# ---------------------------------------------------------------------------
+# 4. Width buckets: halving against quartering ladders
+# ---------------------------------------------------------------------------
+
+
+def _buckets(size: dict, ratio: int) -> dict:
+    """One orthogonal ``train_stitchers`` call of ``size``'s sources into two stacked tails, with the
+    ladder ``ratio`` forced: first and warm wall seconds at each step count."""
+    from benchmarks._timing import first_and_warm
+    from funsim.similarity import task_stitching, train_stitchers
+
+    task_stitching._bucket_ratio = lambda: ratio  # this process only
+    rng = np.random.default_rng(0)
+    n, d = size["n"], size["d_tgt"]
+    latent = rng.normal(size=(n, 32))
+    z_tgt = np.stack([np.tanh(latent @ rng.normal(size=(32, d)) / np.sqrt(32)) for _ in range(2)])
+    w = np.stack([rng.normal(size=(d, 10)) / np.sqrt(d) for _ in range(2)])
+    y = jnp.asarray(np.argmax(z_tgt[0] @ w[0], axis=1))
+    srcs = [jnp.asarray(latent @ rng.normal(size=(32, k)) / np.sqrt(32) + 0.3 * rng.normal(size=(n, k)), jnp.float32)
+            for k in size["widths"]]
+    tail = jnp.asarray(w, jnp.float32)
+    out = {"buckets": sorted(set(task_stitching._width_buckets(size["widths"], ratio)))}
+    for steps in size["steps"]:
+        out[f"first_{steps}"], out[f"warm_{steps}"] = first_and_warm(lambda steps=steps: [s.weight for s, _ in train_stitchers(
+            srcs, y, _linear_tail, tail, family="orthogonal", z_tgt=jnp.asarray(z_tgt, jnp.float32), stacked_tails=True,
+            steps=steps, batch_size=None, key=jax.random.split(jax.random.key(0), len(srcs)))], 1)
+    return out
+
+
+def _linear_tail(w, h):
+    """The frozen tail ``h @ w``."""
+    return h @ w
+
+
+def _buckets_table(quick: bool) -> str:
+    size = BUCKETS["quick" if quick else "full"]
+    rows = {r: _run_variant(f"buckets{r}", quick, ROOT) for r in (4, 2)}
+    lo, hi = size["steps"]
+    head = (
+        f"Width buckets: {len(size['widths'])} sources of {min(size['widths'])}-{max(size['widths'])} features into a "
+        f"{size['d_tgt']}-wide layer of two stacked frozen linear tails, n = {size['n']}, orthogonal, closed-form start, "
+        f"full batch, float32, {jax.devices()[0].platform.upper()}; each ladder one fresh process.\n\n"
+        f"| ladder | buckets | first / warm call, {lo} steps (s) | first / warm call, {hi} steps (s) | s per step "
+        f"| compile (s, first - warm at {hi} steps) | step vs quartering |\n|---|---|---|---|---|---|---|\n"
+    )
+    per = {r: (v[f"warm_{hi}"] - v[f"warm_{lo}"]) / (hi - lo) for r, v in rows.items()}
+    return head + "".join(
+        f"| {'halving' if r == 2 else 'quartering'} ({r}) | {', '.join(map(str, v['buckets']))} "
+        f"| {v[f'first_{lo}']:.2f} / {v[f'warm_{lo}']:.2f} | {v[f'first_{hi}']:.2f} / {v[f'warm_{hi}']:.2f} "
+        f"| {per[r]:.3f} | {v[f'first_{hi}'] - v[f'warm_{hi}']:.1f} | {per[4] / per[r]:.2f}x |\n"
+        for r, v in rows.items())
+
+
+
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
     parser.add_argument("--before", default=None, metavar="REV",
                         help="also run the sweep (and the Cayley part) at this git revision")
-    parser.add_argument("--only", choices=("batched", "sweep", "cayley"), nargs="+", default=None,
+    parser.add_argument("--only", choices=("batched", "sweep", "cayley", "buckets"), nargs="+", default=None,
                         help="run only these parts (default: all)")
-    parser.add_argument("--variant", choices=("old", "one_by_one", "batched", "cayley"), help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=("old", "one_by_one", "batched", "cayley", "buckets2", "buckets4"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.variant and args.variant.startswith("buckets"):
+        print(json.dumps(_buckets(BUCKETS["quick" if args.quick else "full"], int(args.variant[-1]))))
+        return ""
     if args.variant:  # one variant, in this (fresh) process
         size = (CAYLEY if args.variant == "cayley" else SWEEP)["quick" if args.quick else "full"]
         print(json.dumps((_cayley if args.variant == "cayley" else functools.partial(_sweep, args.variant))(size)))
         return ""
-    parts = args.only or ["batched", "sweep", "cayley"]
+    parts = args.only or ["batched", "sweep", "cayley", "buckets"]
     tables = {"batched": lambda: _batched_vs_sequential(args.quick),
               "sweep": lambda: _sweep_table(args.quick, args.before),
-              "cayley": lambda: _cayley_table(args.quick, args.before)}
+              "cayley": lambda: _cayley_table(args.quick, args.before),
+              "buckets": lambda: _buckets_table(args.quick)}
     table = "\n".join(tables[p]() for p in parts)
     print(table)
     return table

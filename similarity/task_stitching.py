@@ -361,8 +361,10 @@ def train_stitchers(
     """Train K stitchers into one target layer (of one or M stacked tails) in one compiled program.
 
     The stitchers may differ in source (any widths and spatial sizes: sources
-    are zero-padded to width buckets, the call's widest width, a quarter of it,
-    a sixteenth, ..., with the orthogonal parametrisation masked so that each
+    are zero-padded to width buckets, the call's widest width, a half of it, a
+    quarter, ... on the CPU (a quarter, a sixteenth, ... on an accelerator, where
+    arithmetic costs less than compiling a larger program), with the
+    orthogonal parametrisation masked so that each
     equals its unpadded fit), in family and in key. Each width bucket is one
     vmapped ``lax.scan`` loop for the affine stitchers and one for the
     orthogonal ones, all in one jitted program: an ``orthogonal`` stitcher
@@ -541,23 +543,41 @@ def _inputs(zs_src, y, tail_apply, tail_params, z_tgt, target_shape, stacked: bo
                    evs, y_eval, t_eval, tails)
 
 
-def _width_buckets(widths: Sequence[int]) -> list[int]:
+def _width_buckets(widths: Sequence[int], ratio: int = 4) -> list[int]:
     """The padded width of each source in a ``train_stitchers`` call: the smallest of the call's widest
-    width, a quarter of it, a sixteenth, ... (rounded up, down to 8) that holds the source.
+    width, that width divided by ``ratio``, by ``ratio`` squared, ... (rounded up, down to 8) that holds
+    the source.
 
-    Sources of one bucket train as one vmapped loop, padded to the bucket's width; the buckets (at most
-    a few: widths that differ by 4x share one) are loops of the same compiled program. The work of an
-    orthogonal stitcher grows with its padded width, so a narrow source beside a flattened conv map no
-    longer pays for the map's width, and padding leaves every stitcher unchanged.
+    Sources of one bucket train as one vmapped loop, padded to the bucket's width; the buckets are loops
+    of the same compiled program (more buckets: a larger program, not more programs). The work of an
+    orthogonal stitcher grows with its padded width, so a narrow source beside a flattened conv map does
+    not pay for the map's width, and padding leaves every stitcher unchanged. :func:`_bucket_ratio` picks
+    ``ratio`` for the backend.
 
     Examples:
       >>> _width_buckets([10, 64, 256, 2048])
       [32, 128, 512, 2048]
+      >>> _width_buckets([10, 64, 256, 2048], ratio=2)
+      [16, 64, 256, 2048]
     """
+    if int(ratio) < 2:
+        raise ValueError(f"ratio must be an int >= 2, got {ratio!r}.")
     ladder = [max(int(w) for w in widths)]
     while ladder[-1] > 8:
-        ladder.append(max(-(-ladder[-1] // 4), 8))
+        ladder.append(max(-(-ladder[-1] // int(ratio)), 8))
     return [min(b for b in ladder if b >= w) for w in widths]
+
+
+def _bucket_ratio() -> int:
+    """The width-bucket ladder's ratio for the default backend: 2 on the CPU, 4 elsewhere.
+
+    Halves on the CPU, where a training step's arithmetic is what costs: 80 orthogonal stitchers of 10 to
+    2,048 features into a 256-wide layer of two tails took 1.51 s a step in halving buckets against 2.13 s
+    in quartering ones (1.4x), for about 10 s more compiling (``python -m benchmarks.bench_task_stitch
+    --only buckets``), so halving wins from about 16 steps on (the default is 500). On an accelerator the
+    arithmetic is cheap and a larger program compiles longer, so the quartering ladder stays there.
+    """
+    return 2 if jax.default_backend() == "cpu" else 4
 
 
 def _starts(fams: tuple[str, ...], opts: StitchTraining, data: _Inputs):
@@ -576,7 +596,7 @@ def _starts(fams: tuple[str, ...], opts: StitchTraining, data: _Inputs):
     if init == "closed_form":  # every family's starts in one compiled fit
         starts = dict(zip(subs, closed_form_starts(
             [(f, [srcs[i] for i in sub], [f"zs_src[{i}]" for i in sub]) for f, sub in subs.items()], z_host, opts.ridge)))
-    bucket = _width_buckets([s.shape[-1] for s in srcs])
+    bucket = _width_buckets([s.shape[-1] for s in srcs], _bucket_ratio())
     loops, widths, params, consts, members = [], [], [], [], []
     for width in sorted(set(bucket), reverse=True):
         for group in (("affine",), ("orthogonal", "scaled_orthogonal")):

@@ -8,6 +8,7 @@ test_functional.py. Tails here are pure functions of a parameter pytree
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import jax
@@ -16,6 +17,8 @@ import numpy as np
 import optax
 import pytest
 import scipy.linalg
+from hypothesis import given
+from hypothesis import strategies as hst
 from jax.test_util import check_grads
 
 from funsim.runtime.compile_count import CompileCounter
@@ -750,6 +753,36 @@ def test_a_source_given_twice_is_prepared_and_fitted_once(monkeypatch):
         np.testing.assert_allclose(a.stitcher.weight, b.stitcher.weight, rtol=0, atol=1e-12)
     third = train_stitchers([x], y, tail, w_tail, key=keys[2:], **kw)[0]
     np.testing.assert_allclose(twice[2].stitcher.weight, third.stitcher.weight, rtol=0, atol=1e-12)
+
+
+@given(widths=hst.lists(hst.integers(1, 5000), min_size=1, max_size=12), ratio=hst.sampled_from([2, 3, 4]))
+def test_width_buckets_hold_each_width_within_one_rung(widths, ratio):
+    """Each source's bucket holds it, is a rung of the ladder (the widest width divided by ``ratio`` again
+    and again, rounded up, down to 8), and the next rung down would not hold it: a source is padded by
+    less than the ratio (beyond the floor of 8)."""
+    from funsim.similarity.task_stitching import _width_buckets
+
+    top = max(widths)
+    ladder = [top]
+    while ladder[-1] > 8:
+        ladder.append(max(math.ceil(ladder[-1] / ratio), 8))
+    out = _width_buckets(widths, ratio)
+    for w, b in zip(widths, out):
+        assert b >= w and b in ladder
+        lower = [r for r in ladder if r < b]
+        assert not lower or max(lower) < w
+        assert b <= max(ratio * w, 8, w)
+
+
+def test_width_buckets_halve_on_the_cpu_and_refuse_a_ratio_below_two():
+    """The tests run on the CPU, where the ladder halves (a training step's arithmetic costs more than a
+    larger program's compile); a ratio below 2 would never end the ladder."""
+    from funsim.similarity.task_stitching import _bucket_ratio, _width_buckets
+
+    assert jax.default_backend() == "cpu" and _bucket_ratio() == 2
+    assert _width_buckets([10, 64, 200, 256, 2048], _bucket_ratio()) == [16, 64, 256, 256, 2048]
+    with pytest.raises(ValueError, match="ratio must be an int >= 2"):
+        _width_buckets([10, 20], 1)
 
 
 def test_sources_of_far_apart_widths_train_in_width_buckets_of_one_program():
