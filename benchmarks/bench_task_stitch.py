@@ -34,10 +34,11 @@ Run: ``python -m benchmarks.bench_task_stitch [--quick] [--before REV] [--only b
 4. Width buckets halving or quartering (``--only buckets``): the `authors_protocol` study's dense
    targets on digits, synthetically: 80 sources of the digits zoo's widths (10 to 2,048 features, the
    flattened conv maps among them) into a 256-wide layer of two stacked frozen ``256 -> 10`` tails,
-   n = 100, one orthogonal family, closed-form start, full-batch Adam. Each ladder ratio (2: the CPU's,
-   4: an accelerator's) runs in a fresh process, at 5 and at 25 steps, first call and warm call each;
-   the time of a step is the warm difference over the 20 extra steps, and the compile time is the
-   first call minus the warm one.
+   n = 100, one orthogonal family, closed-form start, full-batch Adam, at 5 and at 25 steps, first call
+   and warm call each; the time of a step is the warm difference over the 20 extra steps, and the
+   compile time is the first call minus the warm one. With ``--before REV`` the same call runs at git
+   revision ``REV`` too (each in a fresh process): a revision before the CPU's halving ladder
+   (611dd9c) quarters.
 """
 
 from __future__ import annotations
@@ -311,13 +312,12 @@ def _cayley_table(quick: bool, before: str | None) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _buckets(size: dict, ratio: int) -> dict:
-    """One orthogonal ``train_stitchers`` call of ``size``'s sources into two stacked tails, with the
-    ladder ``ratio`` forced: first and warm wall seconds at each step count."""
+def _buckets(size: dict) -> dict:
+    """One orthogonal ``train_stitchers`` call of ``size``'s sources into two stacked tails: first and warm
+    wall seconds at each step count."""
     from benchmarks._timing import first_and_warm
-    from funsim.similarity import task_stitching, train_stitchers
+    from funsim.similarity import train_stitchers
 
-    task_stitching._bucket_ratio = lambda: ratio  # this process only
     rng = np.random.default_rng(0)
     n, d = size["n"], size["d_tgt"]
     latent = rng.normal(size=(n, 32))
@@ -327,7 +327,7 @@ def _buckets(size: dict, ratio: int) -> dict:
     srcs = [jnp.asarray(latent @ rng.normal(size=(32, k)) / np.sqrt(32) + 0.3 * rng.normal(size=(n, k)), jnp.float32)
             for k in size["widths"]]
     tail = jnp.asarray(w, jnp.float32)
-    out = {"buckets": sorted(set(task_stitching._width_buckets(size["widths"], ratio)))}
+    out = {}
     for steps in size["steps"]:
         out[f"first_{steps}"], out[f"warm_{steps}"] = first_and_warm(lambda steps=steps: [s.weight for s, _ in train_stitchers(
             srcs, y, _linear_tail, tail, family="orthogonal", z_tgt=jnp.asarray(z_tgt, jnp.float32), stacked_tails=True,
@@ -340,38 +340,51 @@ def _linear_tail(w, h):
     return h @ w
 
 
-def _buckets_table(quick: bool) -> str:
+def _ladder(widths, ratio: int) -> list[int]:
+    """The bucket widths a ladder of ``ratio`` gives (the call's widest width, divided by ``ratio`` again and
+    again, rounded up, down to 8), for the table."""
+    rungs = [max(widths)]
+    while rungs[-1] > 8:
+        rungs.append(max(-(-rungs[-1] // ratio), 8))
+    return sorted({min(r for r in rungs if r >= w) for w in widths})
+
+
+def _buckets_table(quick: bool, before: str | None) -> str:
     size = BUCKETS["quick" if quick else "full"]
-    rows = {r: _run_variant(f"buckets{r}", quick, ROOT) for r in (4, 2)}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if before:
+            rows.append((f"before ({before})", _run_variant("buckets", quick, *_checkout(before, Path(tmp)))))
+        rows.append(("this tree", _run_variant("buckets", quick, ROOT)))
     lo, hi = size["steps"]
+    per = [(v[f"warm_{hi}"] - v[f"warm_{lo}"]) / (hi - lo) for _, v in rows]
     head = (
         f"Width buckets: {len(size['widths'])} sources of {min(size['widths'])}-{max(size['widths'])} features into a "
         f"{size['d_tgt']}-wide layer of two stacked frozen linear tails, n = {size['n']}, orthogonal, closed-form start, "
-        f"full batch, float32, {jax.devices()[0].platform.upper()}; each ladder one fresh process.\n\n"
-        f"| ladder | buckets | first / warm call, {lo} steps (s) | first / warm call, {hi} steps (s) | s per step "
-        f"| compile (s, first - warm at {hi} steps) | step vs quartering |\n|---|---|---|---|---|---|---|\n"
+        f"full batch, float32, {jax.devices()[0].platform.upper()}; each row one fresh process. The buckets of a halving "
+        f"ladder: {', '.join(map(str, _ladder(size['widths'], 2)))}; of a quartering one: "
+        f"{', '.join(map(str, _ladder(size['widths'], 4)))}.\n\n"
+        f"| variant | first / warm call, {lo} steps (s) | first / warm call, {hi} steps (s) | s per step "
+        f"| compile (s, first - warm at {hi} steps) | step vs first row |\n|---|---|---|---|---|---|\n"
     )
-    per = {r: (v[f"warm_{hi}"] - v[f"warm_{lo}"]) / (hi - lo) for r, v in rows.items()}
     return head + "".join(
-        f"| {'halving' if r == 2 else 'quartering'} ({r}) | {', '.join(map(str, v['buckets']))} "
-        f"| {v[f'first_{lo}']:.2f} / {v[f'warm_{lo}']:.2f} | {v[f'first_{hi}']:.2f} / {v[f'warm_{hi}']:.2f} "
-        f"| {per[r]:.3f} | {v[f'first_{hi}'] - v[f'warm_{hi}']:.1f} | {per[4] / per[r]:.2f}x |\n"
-        for r, v in rows.items())
-
+        f"| {name} | {v[f'first_{lo}']:.2f} / {v[f'warm_{lo}']:.2f} | {v[f'first_{hi}']:.2f} / {v[f'warm_{hi}']:.2f} "
+        f"| {p:.3f} | {v[f'first_{hi}'] - v[f'warm_{hi}']:.1f} | {per[0] / p:.2f}x |\n"
+        for (name, v), p in zip(rows, per))
 
 
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds")
     parser.add_argument("--before", default=None, metavar="REV",
-                        help="also run the sweep (and the Cayley part) at this git revision")
+                        help="also run the sweep (and the Cayley and bucket parts) at this git revision")
     parser.add_argument("--only", choices=("batched", "sweep", "cayley", "buckets"), nargs="+", default=None,
                         help="run only these parts (default: all)")
-    parser.add_argument("--variant", choices=("old", "one_by_one", "batched", "cayley", "buckets2", "buckets4"),
+    parser.add_argument("--variant", choices=("old", "one_by_one", "batched", "cayley", "buckets"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.variant and args.variant.startswith("buckets"):
-        print(json.dumps(_buckets(BUCKETS["quick" if args.quick else "full"], int(args.variant[-1]))))
+    if args.variant == "buckets":
+        print(json.dumps(_buckets(BUCKETS["quick" if args.quick else "full"])))
         return ""
     if args.variant:  # one variant, in this (fresh) process
         size = (CAYLEY if args.variant == "cayley" else SWEEP)["quick" if args.quick else "full"]
@@ -381,7 +394,7 @@ def main(argv=None) -> str:
     tables = {"batched": lambda: _batched_vs_sequential(args.quick),
               "sweep": lambda: _sweep_table(args.quick, args.before),
               "cayley": lambda: _cayley_table(args.quick, args.before),
-              "buckets": lambda: _buckets_table(args.quick)}
+              "buckets": lambda: _buckets_table(args.quick, args.before)}
     table = "\n".join(tables[p]() for p in parts)
     print(table)
     return table
