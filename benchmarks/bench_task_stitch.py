@@ -35,7 +35,7 @@ Run: ``python -m benchmarks.bench_task_stitch [--quick] [--before REV] [--only b
    targets on digits, synthetically: 80 sources of the digits zoo's widths (10 to 2,048 features, the
    flattened conv maps among them) into a 256-wide layer of two stacked frozen ``256 -> 10`` tails,
    n = 100, one orthogonal family, closed-form start, full-batch Adam, at 5 and at 25 steps, first call
-   and warm call each; the time of a step is the warm difference over the 20 extra steps, and the
+   and the median of three warm calls each; the time of a step is the warm difference over the 20 extra steps, and the
    compile time is the first call minus the warm one. With ``--before REV`` the same call runs at git
    revision ``REV`` too (each in a fresh process): a revision before the CPU's halving ladder
    (611dd9c) quarters.
@@ -331,7 +331,7 @@ def _buckets(size: dict) -> dict:
     for steps in size["steps"]:
         out[f"first_{steps}"], out[f"warm_{steps}"] = first_and_warm(lambda steps=steps: [s.weight for s, _ in train_stitchers(
             srcs, y, _linear_tail, tail, family="orthogonal", z_tgt=jnp.asarray(z_tgt, jnp.float32), stacked_tails=True,
-            steps=steps, batch_size=None, key=jax.random.split(jax.random.key(0), len(srcs)))], 1)
+            steps=steps, batch_size=None, key=jax.random.split(jax.random.key(0), len(srcs)))], 3)
     return out
 
 
