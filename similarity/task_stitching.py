@@ -574,8 +574,8 @@ def _bucket_ratio() -> int:
     Halves on the CPU, where a training step's arithmetic is what costs: 80 orthogonal stitchers of 10 to
     2,048 features into a 256-wide layer of two tails took 1.42 s a step in halving buckets against 2.14 s
     in quartering ones (1.5x), for about 11 s more compiling (``python -m benchmarks.bench_task_stitch
-    --only buckets --before 611dd9c``), so halving wins from about 16 steps on (the default is 500). On an accelerator the
-    arithmetic is cheap and a larger program compiles longer, so the quartering ladder stays there.
+    --only buckets --before 611dd9c``), so halving wins from about 16 steps on (the default is 500). On an
+    accelerator the arithmetic is cheap and a larger program compiles longer, so quartering stays there.
     """
     return 2 if jax.default_backend() == "cpu" else 4
 
