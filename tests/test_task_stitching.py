@@ -775,12 +775,15 @@ def test_width_buckets_hold_each_width_within_one_rung(widths, ratio):
 
 
 def test_width_buckets_halve_on_the_cpu_and_refuse_a_ratio_below_two():
-    """The tests run on the CPU, where the ladder halves (a training step's arithmetic costs more than a
-    larger program's compile); a ratio below 2 would never end the ladder."""
+    """On the CPU the ladder halves (a training step's arithmetic costs more than a larger program's
+    compile), on an accelerator it quarters; a ratio below 2 would never end the ladder."""
     from funsim.similarity.task_stitching import _bucket_ratio, _width_buckets
 
-    assert jax.default_backend() == "cpu" and _bucket_ratio() == 2
-    assert _width_buckets([10, 64, 200, 256, 2048], _bucket_ratio()) == [16, 64, 256, 256, 2048]
+    widths = [10, 64, 200, 256, 2048]
+    if jax.default_backend() == "cpu":
+        assert _bucket_ratio() == 2 and _width_buckets(widths, _bucket_ratio()) == [16, 64, 256, 256, 2048]
+    else:
+        assert _bucket_ratio() == 4 and _width_buckets(widths, _bucket_ratio()) == [32, 128, 512, 512, 2048]
     with pytest.raises(ValueError, match="ratio must be an int >= 2"):
         _width_buckets([10, 20], 1)
 
