@@ -35,10 +35,11 @@ Run: ``python -m benchmarks.bench_task_stitch [--quick] [--before REV] [--only b
    targets on digits, synthetically: 80 sources of the digits zoo's widths (10 to 2,048 features, the
    flattened conv maps among them) into a 256-wide layer of two stacked frozen ``256 -> 10`` tails,
    n = 100, one orthogonal family, closed-form start, full-batch Adam, at 5 and at 25 steps, first call
-   and the median of three warm calls each; the time of a step is the warm difference over the 20 extra steps, and the
-   compile time is the first call minus the warm one. With ``--before REV`` the same call runs at git
-   revision ``REV`` too (each in a fresh process): a revision before the CPU's halving ladder
-   (611dd9c) quarters.
+   and the median of three warm calls each; the time of a step is the warm difference over the 20
+   extra steps, and the compile time is the first call minus the warm one. With ``--before REV`` the
+   same call runs at git revision ``REV`` too (each in a fresh process): a revision before the CPU's
+   halving ladder (611dd9c) quarters (buckets 32, 128, 512, 2,048 here; halving: every power of 2
+   from 16).
 """
 
 from __future__ import annotations
@@ -340,15 +341,6 @@ def _linear_tail(w, h):
     return h @ w
 
 
-def _ladder(widths, ratio: int) -> list[int]:
-    """The bucket widths a ladder of ``ratio`` gives (the call's widest width, divided by ``ratio`` again and
-    again, rounded up, down to 8), for the table."""
-    rungs = [max(widths)]
-    while rungs[-1] > 8:
-        rungs.append(max(-(-rungs[-1] // ratio), 8))
-    return sorted({min(r for r in rungs if r >= w) for w in widths})
-
-
 def _buckets_table(quick: bool, before: str | None) -> str:
     size = BUCKETS["quick" if quick else "full"]
     rows = []
@@ -361,9 +353,7 @@ def _buckets_table(quick: bool, before: str | None) -> str:
     head = (
         f"Width buckets: {len(size['widths'])} sources of {min(size['widths'])}-{max(size['widths'])} features into a "
         f"{size['d_tgt']}-wide layer of two stacked frozen linear tails, n = {size['n']}, orthogonal, closed-form start, "
-        f"full batch, float32, {jax.devices()[0].platform.upper()}; each row one fresh process. The buckets of a halving "
-        f"ladder: {', '.join(map(str, _ladder(size['widths'], 2)))}; of a quartering one: "
-        f"{', '.join(map(str, _ladder(size['widths'], 4)))}.\n\n"
+        f"full batch, float32, {jax.devices()[0].platform.upper()}; each row one fresh process.\n\n"
         f"| variant | first / warm call, {lo} steps (s) | first / warm call, {hi} steps (s) | s per step "
         f"| compile (s, first - warm at {hi} steps) | step vs first row |\n|---|---|---|---|---|---|\n"
     )
